@@ -1,0 +1,1 @@
+"""Shared pytest configuration. Trio mode is on for every async test (pyproject: trio_mode)."""
