@@ -1,0 +1,224 @@
+"""CapacityRequest acknowledgement (seed 000 "Building the roll-up", acknowledgement; ref §5.8).
+
+After each roll-up has been handed to the pending slot, every CapacityRequest seen with phase ""
+or Pending gets one JSON merge-patch on its ``status`` subresource::
+
+    {"status": {"acknowledgedAt": "<RFC 3339 UTC, second precision, Z>", "phase": "Acknowledged"}}
+
+No resourceVersion precondition, so no conflict loop. "Acknowledged" means "included in a roll-up
+built by the operator", not "received by the shard".
+
+Deviations from the Go reference, on purpose:
+
+* The batch runs in the background (an :class:`Acknowledger` task owned by the operator) instead of
+  inside the roll-up loop, so a slow apiserver never delays the next roll-up tick (ref §16.2).
+* A CR is never in two batches at once: :class:`Acknowledger` keeps an in-flight set and skips
+  keys already being patched.
+* ``acknowledgedAt`` is always UTC with a ``Z`` suffix (Go used the process time zone, §18.16).
+
+Failures other than NotFound are logged and not retried here; the CR stays Pending in the
+informer, so the next roll-up cycle submits it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import trio
+
+from bigfleet_trio.kube.errors import KubeError, NotFound
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, Resource
+
+__all__ = [
+    "DEFAULT_ACK_CONCURRENCY",
+    "Acknowledger",
+    "PatchClient",
+    "acknowledge_patch",
+    "format_acknowledged_at",
+    "needs_acknowledgement",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ACK_CONCURRENCY = 16
+"""At most this many acknowledgement patches in flight (``--ack-concurrency``)."""
+
+CRKey = tuple[str, str]
+"""(namespace, name) of a CapacityRequest."""
+
+
+class PatchClient(Protocol):
+    """The one KubeClient method the acknowledger uses (see docs/kube-api.md)."""
+
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        patch_type: str = "merge",
+        subresource: str | None = None,
+    ) -> dict[str, Any]: ...
+
+
+def format_acknowledged_at(when: datetime) -> str:
+    """RFC 3339 UTC timestamp with second precision and a ``Z`` suffix.
+
+    Args:
+        when: an aware datetime (naive values are taken as UTC).
+
+    Returns:
+        e.g. ``"2026-03-01T12:00:05Z"`` (sub-second part truncated, like Go's ``time.RFC3339``).
+    """
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def acknowledge_patch(when: datetime) -> dict[str, Any]:
+    """Merge-patch body for the ``status`` subresource (keys in Go's sorted order)."""
+    return {"status": {"acknowledgedAt": format_acknowledged_at(when), "phase": "Acknowledged"}}
+
+
+def needs_acknowledgement(cr: Mapping[str, Any]) -> bool:
+    """True if the CR's ``status.phase`` is missing, "" or "Pending" (ref §5.8)."""
+    status = cr.get("status")
+    phase = status.get("phase", "") if isinstance(status, Mapping) else ""
+    return phase in ("", "Pending", None)
+
+
+def _key(cr: Mapping[str, Any]) -> CRKey | None:
+    meta = cr.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    name, ns = meta.get("name"), meta.get("namespace")
+    if not isinstance(name, str) or not name or not isinstance(ns, str) or not ns:
+        return None
+    return (ns, name)
+
+
+class Acknowledger:
+    """Background acknowledgement of CapacityRequests, at most ``concurrency`` patches in flight.
+
+    Usage::
+
+        ack = Acknowledger(client)
+        await operator_nursery.start(ack.run)
+        ...
+        ack.submit(crs_seen_in_this_rollup)   # after the roll-up is enqueued; never blocks
+
+    Args:
+        client: a KubeClient (anything with its ``patch``).
+        concurrency: maximum patches in flight (default 16, ``--ack-concurrency``).
+        now: wall clock returning an aware datetime (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        client: PatchClient,
+        *,
+        concurrency: int = DEFAULT_ACK_CONCURRENCY,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"ack concurrency must be >= 1, got {concurrency}")
+        self._client = client
+        self._now = now
+        self._limiter = trio.CapacityLimiter(concurrency)
+        self._in_flight: set[CRKey] = set()
+        self._nursery: trio.Nursery | None = None
+        self.acknowledged_total = 0
+        self.failed_total = 0
+
+    @property
+    def in_flight(self) -> frozenset[CRKey]:
+        """Keys submitted and not finished yet."""
+        return frozenset(self._in_flight)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the patch tasks until cancelled (start with ``nursery.start``)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    def submit(self, crs: Iterable[Mapping[str, Any]]) -> int:
+        """Schedule acknowledgement of every CR in ``crs`` that needs it (non-blocking).
+
+        CRs whose phase is not ""/Pending, without namespace/name, or already in flight are
+        skipped.
+
+        Returns:
+            The number of CRs newly scheduled.
+
+        Raises:
+            RuntimeError: :meth:`run` is not running.
+        """
+        keys = []
+        for cr in crs:
+            if not needs_acknowledgement(cr):
+                continue
+            key = _key(cr)
+            if key is None:
+                log.warning("acknowledge: skipping a CapacityRequest without namespace/name")
+                continue
+            keys.append(key)
+        return self.submit_keys(keys)
+
+    def submit_keys(self, keys: Iterable[CRKey]) -> int:
+        """Schedule acknowledgement of ``(namespace, name)`` keys already known to be Pending.
+
+        Returns:
+            The number of keys newly scheduled (keys already in flight are skipped).
+
+        Raises:
+            RuntimeError: :meth:`run` is not running.
+        """
+        nursery = self._nursery
+        if nursery is None:
+            raise RuntimeError("Acknowledger.run is not running")
+        started = 0
+        for key in keys:
+            if key in self._in_flight:
+                continue
+            self._in_flight.add(key)
+            nursery.start_soon(self._acknowledge_one, key)
+            started += 1
+        if started:
+            log.debug("acknowledge: scheduled=%d in_flight=%d", started, len(self._in_flight))
+        return started
+
+    async def _acknowledge_one(self, key: CRKey) -> None:
+        ns, name = key
+        try:
+            async with self._limiter:
+                await self._client.patch(
+                    CAPACITY_REQUESTS,
+                    name,
+                    acknowledge_patch(self._now()),
+                    ns,
+                    patch_type="merge",
+                    subresource="status",
+                )
+        except NotFound:
+            log.debug("acknowledge: CapacityRequest gone namespace=%s name=%s", ns, name)
+        except KubeError as exc:
+            self.failed_total += 1
+            log.warning(
+                "acknowledge: patch failed, retry next cycle namespace=%s name=%s error=%s",
+                ns,
+                name,
+                exc,
+            )
+        else:
+            self.acknowledged_total += 1
+            log.debug("acknowledge: acknowledged namespace=%s name=%s", ns, name)
+        finally:
+            self._in_flight.discard(key)

@@ -1,0 +1,189 @@
+"""CapacityRequest acknowledgement (ref §5.8; issue 5 "Roll-up", acknowledgement bullet)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import trio
+
+from bigfleet_trio.kube.errors import NotFound, ServerError
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, Resource
+from bigfleet_trio.operator.acknowledge import (
+    Acknowledger,
+    acknowledge_patch,
+    format_acknowledged_at,
+    needs_acknowledgement,
+)
+
+T0 = datetime(2026, 3, 1, 12, 0, 5, 987654, tzinfo=UTC)
+
+
+def _cr(ns: str, name: str, phase: str | None = "Pending") -> dict[str, Any]:
+    cr: dict[str, Any] = {"metadata": {"namespace": ns, "name": name}, "spec": {}}
+    if phase is not None:
+        cr["status"] = {"phase": phase}
+    return cr
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Resource, str, Any, str | None, str, str | None]] = []
+        self.gate: trio.Event | None = None
+        self.errors: dict[str, Exception] = {}
+        self.active = 0
+        self.max_active = 0
+
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        patch_type: str = "merge",
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            self.calls.append((res, name, patch, namespace, patch_type, subresource))
+            if self.gate is not None:
+                await self.gate.wait()
+            else:
+                await trio.sleep(0.01)
+            if name in self.errors:
+                raise self.errors[name]
+            return {}
+        finally:
+            self.active -= 1
+
+
+@pytest.mark.parametrize(
+    ("when", "expected"),
+    [
+        (T0, "2026-03-01T12:00:05Z"),
+        (
+            datetime(2026, 3, 1, 13, 0, 5, tzinfo=timezone(timedelta(hours=1))),
+            "2026-03-01T12:00:05Z",
+        ),
+        (datetime(2025, 12, 31, 23, 59, 59, 999999), "2025-12-31T23:59:59Z"),
+    ],
+)
+def test_format_acknowledged_at(when: datetime, expected: str) -> None:
+    assert format_acknowledged_at(when) == expected
+
+
+def test_acknowledge_patch_body() -> None:
+    assert acknowledge_patch(T0) == {
+        "status": {"acknowledgedAt": "2026-03-01T12:00:05Z", "phase": "Acknowledged"}
+    }
+
+
+@pytest.mark.parametrize(
+    ("cr", "expected"),
+    [
+        (_cr("a", "b", "Pending"), True),
+        (_cr("a", "b", ""), True),
+        (_cr("a", "b", None), True),
+        (_cr("a", "b", "Acknowledged"), False),
+        ({"metadata": {"name": "x", "namespace": "y"}, "status": None}, True),
+    ],
+)
+def test_needs_acknowledgement(cr: dict[str, Any], expected: bool) -> None:
+    assert needs_acknowledgement(cr) is expected
+
+
+async def test_submit_patches_pending_only(autojump_clock: trio.abc.Clock) -> None:
+    client = FakeClient()
+    ack = Acknowledger(client, now=lambda: T0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ack.run)
+        n = ack.submit([_cr("ns1", "a"), _cr("ns1", "b", "Acknowledged"), _cr("ns2", "c", None)])
+        assert n == 2
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    body = {"status": {"acknowledgedAt": "2026-03-01T12:00:05Z", "phase": "Acknowledged"}}
+    assert sorted(client.calls, key=lambda c: c[1]) == [
+        (CAPACITY_REQUESTS, "a", body, "ns1", "merge", "status"),
+        (CAPACITY_REQUESTS, "c", body, "ns2", "merge", "status"),
+    ]
+    assert ack.acknowledged_total == 2
+    assert ack.in_flight == frozenset()
+
+
+async def test_at_most_16_in_flight_and_submit_does_not_block(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    client = FakeClient()
+    client.gate = trio.Event()
+    ack = Acknowledger(client, now=lambda: T0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ack.run)
+        before = trio.current_time()
+        assert ack.submit([_cr("ns", f"cr{i}") for i in range(40)]) == 40
+        assert trio.current_time() == before  # submit returned without waiting
+        await trio.sleep(1)
+        assert client.active == 16
+        assert len(ack.in_flight) == 40
+        client.gate.set()
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert client.max_active == 16
+    assert len(client.calls) == 40
+    assert ack.in_flight == frozenset()
+
+
+async def test_never_in_two_batches_at_once(autojump_clock: trio.abc.Clock) -> None:
+    client = FakeClient()
+    client.gate = trio.Event()
+    ack = Acknowledger(client, now=lambda: T0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ack.run)
+        assert ack.submit([_cr("ns", "a"), _cr("ns", "b")]) == 2
+        await trio.sleep(1)
+        # next roll-up tick still sees them Pending: not scheduled again while in flight
+        assert ack.submit([_cr("ns", "a"), _cr("ns", "b"), _cr("ns", "c")]) == 1
+        client.gate.set()
+        await trio.sleep(1)
+        # finished: a later cycle may submit again (e.g. informer still stale)
+        assert ack.submit([_cr("ns", "a")]) == 1
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert [c[1] for c in client.calls].count("a") == 2
+    assert len(client.calls) == 4
+
+
+async def test_notfound_ignored_other_errors_retried_next_cycle(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    client = FakeClient()
+    client.errors = {
+        "gone": NotFound(404, "NotFound", "gone"),
+        "flaky": ServerError(500, "InternalError", "boom"),
+    }
+    ack = Acknowledger(client, now=lambda: T0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ack.run)
+        ack.submit([_cr("ns", "gone"), _cr("ns", "flaky"), _cr("ns", "ok")])
+        await trio.sleep(1)
+        assert ack.acknowledged_total == 1
+        assert ack.failed_total == 1
+        assert ack.in_flight == frozenset()
+        del client.errors["flaky"]
+        assert ack.submit([_cr("ns", "flaky")]) == 1
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert ack.acknowledged_total == 2
+
+
+def test_submit_without_run_is_an_error() -> None:
+    ack = Acknowledger(FakeClient())
+    with pytest.raises(RuntimeError):
+        ack.submit([_cr("a", "b")])
+
+
+def test_concurrency_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        Acknowledger(FakeClient(), concurrency=0)
