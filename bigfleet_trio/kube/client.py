@@ -1,0 +1,572 @@
+"""Typed-enough Kubernetes REST client on ``httpx.AsyncClient`` under Trio (issue 4).
+
+Objects are plain ``dict``\\ s exactly as the apiserver returns them. Every request waits on the
+client-side token bucket (:mod:`.ratelimit`, QPS/burst 50/100), runs under a Trio deadline
+(``request_timeout``; httpx's own read timeout is disabled so that the same code path is
+testable with ``httpx.MockTransport`` and ``autojump_clock``), and maps error answers to
+:mod:`.errors`.
+
+Retries (tenacity, ``retry_if_exception_type`` on our own classes only, so ``trio.Cancelled``
+is never retried): reads (get/list pages/watch open) on 429, 5xx and transport errors; writes on
+429 (the request was rejected before processing) and, when the write carries a precondition
+(PUT with ``metadata.resourceVersion``, DELETE with ``preconditions``), also on 5xx/transport
+errors. 429 waits honour ``Retry-After`` (capped at ``max_retry_after``). ``evict`` never
+retries (a 429 there is a PodDisruptionBudget verdict the caller handles).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import random
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+import tenacity
+import trio
+
+from .config import KubeConfig
+from .errors import (
+    ApiError,
+    Expired,
+    KubeTransportError,
+    ServerError,
+    TooManyRequests,
+    WatchInactivityTimeout,
+    error_from_status,
+)
+from .ratelimit import AsyncRateLimiter
+from .resources import EVENTS, Resource
+from .watch import WatchDecodeError, WatchEvent, decode_watch_line
+
+__all__ = ["KubeClient", "ObjectList", "WatchStream", "PatchType"]
+
+log = logging.getLogger(__name__)
+
+PatchType = Literal["merge", "json", "strategic", "apply"]
+_PATCH_CONTENT_TYPES = {
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "apply": "application/apply-patch+yaml",
+}
+
+_READ_RETRY = (TooManyRequests, ServerError, KubeTransportError)
+_WRITE_RETRY = (TooManyRequests,)
+
+
+@dataclass
+class ObjectList:
+    """Result of :meth:`KubeClient.list`.
+
+    Attributes:
+        items: all objects across pages (``kind``/``apiVersion`` filled in from the resource).
+        resource_version: collection resourceVersion of the (first page of the) list, the
+            point a subsequent watch resumes from.
+    """
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+    resource_version: str = ""
+
+
+class WatchStream:
+    """Async iterator of :class:`WatchEvent` over one open watch response.
+
+    Blank keep-alive lines are skipped. Ends (``StopAsyncIteration``) when the server closes
+    the stream cleanly.
+
+    Raises (from ``__anext__``):
+        WatchInactivityTimeout: no line within ``inactivity_timeout`` seconds.
+        KubeTransportError: the connection broke or a line was undecodable.
+    """
+
+    def __init__(self, response: httpx.Response, inactivity_timeout: float | None):
+        self._lines = response.aiter_lines()
+        self._timeout = math.inf if inactivity_timeout is None else inactivity_timeout
+        self._done = False
+
+    def __aiter__(self) -> WatchStream:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        while True:
+            if self._done:
+                raise StopAsyncIteration
+            line: str | None = None
+            with trio.move_on_after(self._timeout) as scope:
+                try:
+                    line = await self._lines.__anext__()
+                except StopAsyncIteration:
+                    self._done = True
+                    raise
+                except (httpx.TransportError, httpx.StreamError) as exc:
+                    self._done = True
+                    raise KubeTransportError(f"watch stream broke: {exc!r}") from exc
+            if scope.cancelled_caught or line is None:
+                self._done = True
+                raise WatchInactivityTimeout(
+                    f"no watch event for {self._timeout:g}s (half-open connection?)")
+            try:
+                event = decode_watch_line(line)
+            except WatchDecodeError as exc:
+                self._done = True
+                raise KubeTransportError(str(exc)) from exc
+            if event is not None:
+                return event
+
+
+def rfc3339_micro(when: dt.datetime | None = None) -> str:
+    """``2026-11-21T13:03:09.123456Z`` (Kubernetes MicroTime) for ``when`` (default: now, UTC)."""
+    when = when or dt.datetime.now(dt.timezone.utc)
+    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def rfc3339(when: dt.datetime | None = None) -> str:
+    """``2026-11-21T13:03:09Z`` (Kubernetes Time) for ``when`` (default: now, UTC)."""
+    when = when or dt.datetime.now(dt.timezone.utc)
+    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _Auth(httpx.Auth):
+    def __init__(self, config: KubeConfig):
+        self._config = config
+
+    def auth_flow(self, request: httpx.Request):  # type: ignore[no-untyped-def]
+        token = self._config.bearer_token()
+        if token:
+            request.headers["Authorization"] = f"Bearer {token}"
+        elif self._config.username is not None:
+            request.headers["Authorization"] = httpx.BasicAuth(
+                self._config.username, self._config.password or "")._auth_header
+        yield request
+
+
+class KubeClient:
+    """Async Kubernetes client (see docs/kube-api.md for the contract).
+
+    Args:
+        config: cluster settings from :func:`load_kubeconfig`.
+        qps, burst: client-side token bucket (``qps <= 0`` disables it).
+        transport: injected httpx transport (``httpx.MockTransport`` in tests).
+        request_timeout: deadline in seconds for one non-watch request (Trio clock).
+        max_attempts: attempts per retryable call (1 = no retries).
+        max_retry_after: cap on a server-requested Retry-After wait (seconds).
+        user_agent: User-Agent header.
+
+    Use as ``async with KubeClient(cfg) as client:`` or call :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        config: KubeConfig,
+        *,
+        qps: float = 50,
+        burst: int = 100,
+        transport: httpx.AsyncBaseTransport | None = None,
+        request_timeout: float = 30.0,
+        max_attempts: int = 5,
+        max_retry_after: float = 60.0,
+        user_agent: str = "bigfleet-trio",
+    ):
+        self.config = config
+        self.request_timeout = request_timeout
+        self.max_attempts = max(1, max_attempts)
+        self.max_retry_after = max_retry_after
+        self._limiter = AsyncRateLimiter(qps, burst)
+        verify: Any = True
+        if transport is None and config.is_https:
+            verify = config.ssl_context()
+        headers = {"User-Agent": user_agent, "Accept": "application/json"}
+        if config.tls_server_name and transport is None:
+            # httpx has no SNI override; the Host header is what certificate checks use.
+            log.warning("tls-server-name %s ignored (not supported by httpx)", config.tls_server_name)
+        self._http = httpx.AsyncClient(
+            base_url=config.server,
+            transport=transport,
+            verify=verify,
+            http1=True,
+            http2=False,
+            auth=_Auth(config),
+            headers=headers,
+            timeout=httpx.Timeout(None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
+            trust_env=False,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close pooled connections."""
+        with trio.CancelScope(shield=True):
+            await self._http.aclose()
+
+    # -- low level ---------------------------------------------------------------------------
+
+    def _retrying(self, retry_on: tuple[type[BaseException], ...]) -> tenacity.AsyncRetrying:
+        def wait(state: tenacity.RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
+                return min(exc.retry_after, self.max_retry_after)
+            base = min(10.0, 0.2 * 2 ** (state.attempt_number - 1))
+            return base * (0.5 + random.random() / 2)
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.info("kube retry attempt=%d wait=%.2fs err=%s", state.attempt_number,
+                     state.next_action.sleep if state.next_action else 0.0, exc)
+
+        return tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(retry_on),
+            stop=tenacity.stop_after_attempt(self.max_attempts),
+            wait=wait,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+
+    async def _request_once(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
+                            body: Any = None, content_type: str = "application/json") -> Any:
+        await self._limiter.acquire()
+        content: bytes | None = None
+        headers: dict[str, str] = {}
+        if body is not None:
+            content = body if isinstance(body, bytes) else json.dumps(body).encode()
+            headers["Content-Type"] = content_type
+        request = self._http.build_request(method, path, params=_clean(params), content=content,
+                                           headers=headers)
+        response: httpx.Response | None = None
+        with trio.move_on_after(self.request_timeout):
+            try:
+                response = await self._http.send(request)
+            except httpx.TransportError as exc:
+                raise KubeTransportError(f"{method} {path}: {exc!r}") from exc
+        if response is None:
+            raise KubeTransportError(f"{method} {path}: no answer within {self.request_timeout:g}s")
+        if response.status_code >= 400:
+            raise error_from_status(response.status_code, response.content, response.headers)
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise KubeTransportError(f"{method} {path}: invalid JSON in {response.status_code} answer") from exc
+
+    async def request(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
+                      body: Any = None, content_type: str = "application/json",
+                      retry_on: tuple[type[BaseException], ...] = ()) -> Any:
+        """Send one request (rate-limited, mapped errors, optional retries).
+
+        Args:
+            method: HTTP method.
+            path: absolute URL path, e.g. "/api/v1/pods".
+            params: query parameters (None values dropped; bools as "true"/"false").
+            body: JSON-serialisable body or raw bytes.
+            content_type: body media type.
+            retry_on: exception classes (ours) that trigger a retry; empty = no retry.
+
+        Returns:
+            Decoded JSON body, or None for an empty body.
+
+        Raises:
+            ApiError subclasses, KubeTransportError.
+        """
+        if not retry_on or self.max_attempts == 1:
+            return await self._request_once(method, path, params=params, body=body,
+                                            content_type=content_type)
+        async for attempt in self._retrying(retry_on):
+            with attempt:
+                return await self._request_once(method, path, params=params, body=body,
+                                                content_type=content_type)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """GET one object. Raises NotFound if absent."""
+        return await self.request("GET", res.object_path(name, namespace), retry_on=_READ_RETRY)
+
+    async def list_paged(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        on_items: Callable[[list[dict[str, Any]]], None],
+        on_restart: Callable[[], None] | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int = 500,
+        resource_version: str | None = None,
+    ) -> str:
+        """LIST following ``continue`` tokens, handing each page to ``on_items`` as it arrives.
+
+        If a continue token has expired (410) the list restarts from the first page after
+        calling ``on_restart`` (the consumer must drop what it collected), like client-go's pager
+        with FullListIfExpired.
+
+        Returns:
+            The collection resourceVersion of the first page of the (last) complete pass.
+
+        Raises:
+            ApiError subclasses / KubeTransportError after retries are exhausted.
+        """
+        path = res.collection_path(namespace if res.namespaced else None)
+        base = {"labelSelector": label_selector, "fieldSelector": field_selector,
+                "limit": limit if limit and limit > 0 else None,
+                "resourceVersion": resource_version}
+        restarts = 0
+        while True:
+            token: str | None = None
+            list_rv = ""
+            first = True
+            try:
+                while True:
+                    params = dict(base)
+                    if token:
+                        params["continue"] = token
+                        params["resourceVersion"] = None
+                    page = await self.request("GET", path, params=params, retry_on=_READ_RETRY)
+                    if not isinstance(page, dict):
+                        raise KubeTransportError(f"LIST {path}: answer is not an object")
+                    meta = page.get("metadata") or {}
+                    if first:
+                        list_rv = str(meta.get("resourceVersion") or "")
+                        first = False
+                    items = page.get("items") or []
+                    for item in items:
+                        item.setdefault("kind", res.kind)
+                        item.setdefault("apiVersion", res.api_version)
+                    on_items(items)
+                    token = meta.get("continue") or None
+                    if not token:
+                        return list_rv
+            except Expired:
+                if token is None or restarts >= 3:
+                    raise
+                restarts += 1
+                log.info("kube list continue token expired, restarting full list path=%s", path)
+                if on_restart is not None:
+                    on_restart()
+
+    async def list(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int = 500,
+        resource_version: str | None = None,
+    ) -> ObjectList:
+        """LIST all objects (all pages). See :meth:`list_paged` for semantics."""
+        out = ObjectList()
+        out.resource_version = await self.list_paged(
+            res, namespace, on_items=out.items.extend, on_restart=out.items.clear,
+            label_selector=label_selector, field_selector=field_selector, limit=limit,
+            resource_version=resource_version)
+        return out
+
+    @asynccontextmanager
+    async def watch(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int | None = None,
+        allow_bookmarks: bool = True,
+        inactivity_timeout: float | None = None,
+    ) -> AsyncIterator[WatchStream]:
+        """Open a watch; yields a :class:`WatchStream` of events.
+
+        Opening is retried like a read. ERROR events are yielded as-is (check
+        :func:`bigfleet_trio.kube.watch.is_expired`); an HTTP 410 on open raises Expired.
+
+        Args:
+            inactivity_timeout: seconds without any line after which the stream raises
+                WatchInactivityTimeout (None = wait forever).
+        """
+        path = res.collection_path(namespace if res.namespaced else None)
+        params = _clean({"watch": "1", "resourceVersion": resource_version or None,
+                         "allowWatchBookmarks": "true" if allow_bookmarks else None,
+                         "timeoutSeconds": timeout_seconds, "labelSelector": label_selector,
+                         "fieldSelector": field_selector})
+        response: httpx.Response | None = None
+        async for attempt in self._retrying(_READ_RETRY):
+            with attempt:
+                response = await self._open_stream(path, params)
+        assert response is not None
+        try:
+            yield WatchStream(response, inactivity_timeout)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await response.aclose()
+
+    async def _open_stream(self, path: str, params: dict[str, Any]) -> httpx.Response:
+        await self._limiter.acquire()
+        request = self._http.build_request("GET", path, params=params)
+        response: httpx.Response | None = None
+        with trio.move_on_after(self.request_timeout):
+            try:
+                response = await self._http.send(request, stream=True)
+            except httpx.TransportError as exc:
+                raise KubeTransportError(f"WATCH {path}: {exc!r}") from exc
+        if response is None:
+            raise KubeTransportError(f"WATCH {path}: no answer within {self.request_timeout:g}s")
+        if response.status_code >= 400:
+            body = b""
+            try:
+                with trio.move_on_after(self.request_timeout):
+                    body = await response.aread()
+            except httpx.HTTPError:
+                pass
+            finally:
+                await response.aclose()
+            raise error_from_status(response.status_code, body, response.headers)
+        return response
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def create(self, res: Resource, body: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        """POST a new object. ``namespace`` defaults to ``body.metadata.namespace``.
+
+        Raises:
+            AlreadyExists, Invalid, NotFound (namespace missing), ...
+        """
+        ns = namespace or _meta(body).get("namespace")
+        body = _with_type(res, body)
+        return await self.request("POST", res.collection_path(ns if res.namespaced else None),
+                                  body=body, retry_on=_WRITE_RETRY)
+
+    async def update(self, res: Resource, body: dict[str, Any], namespace: str | None = None, *,
+                     subresource: str | None = None) -> dict[str, Any]:
+        """PUT a full object (or its ``status`` subresource).
+
+        Raises:
+            Conflict: ``metadata.resourceVersion`` is stale. NotFound: object absent.
+        """
+        meta = _meta(body)
+        ns = namespace or meta.get("namespace")
+        name = meta.get("name")
+        if not name:
+            raise ValueError("update: body has no metadata.name")
+        retry = _READ_RETRY if meta.get("resourceVersion") else _WRITE_RETRY
+        return await self.request("PUT", res.object_path(name, ns, subresource),
+                                  body=_with_type(res, body), retry_on=retry)
+
+    async def patch(self, res: Resource, name: str, patch: Any, namespace: str | None = None, *,
+                    patch_type: PatchType = "merge", subresource: str | None = None) -> dict[str, Any]:
+        """PATCH an object: ``merge`` (RFC 7386), ``json`` (RFC 6902 list), ``strategic``
+        (built-in kinds only), ``apply`` (server-side apply; body is the YAML/JSON text)."""
+        try:
+            ctype = _PATCH_CONTENT_TYPES[patch_type]
+        except KeyError:
+            raise ValueError(f"unknown patch_type {patch_type!r}") from None
+        params = {"fieldManager": "bigfleet-trio"} if patch_type == "apply" else None
+        return await self.request("PATCH", res.object_path(name, namespace, subresource),
+                                  params=params, body=patch, content_type=ctype,
+                                  retry_on=_WRITE_RETRY)
+
+    async def delete(self, res: Resource, name: str, namespace: str | None = None, *,
+                     propagation_policy: str | None = None,
+                     preconditions: Mapping[str, str] | None = None,
+                     grace_period_seconds: int | None = None) -> dict[str, Any] | None:
+        """DELETE one object.
+
+        Args:
+            propagation_policy: "Foreground" | "Background" | "Orphan".
+            preconditions: ``{"uid": ..., "resourceVersion": ...}``; mismatch → Conflict.
+
+        Returns:
+            The server's answer (last state or Status), None if empty.
+        """
+        opts: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if propagation_policy:
+            opts["propagationPolicy"] = propagation_policy
+        if preconditions:
+            opts["preconditions"] = dict(preconditions)
+        if grace_period_seconds is not None:
+            opts["gracePeriodSeconds"] = grace_period_seconds
+        retry = _READ_RETRY if preconditions else _WRITE_RETRY
+        return await self.request("DELETE", res.object_path(name, namespace), body=opts, retry_on=retry)
+
+    async def delete_collection(self, res: Resource, namespace: str | None = None, *,
+                                label_selector: str | None = None,
+                                field_selector: str | None = None) -> None:
+        """DELETE a collection (deletecollection verb) matching the selectors."""
+        await self.request("DELETE", res.collection_path(namespace if res.namespaced else None),
+                           params={"labelSelector": label_selector, "fieldSelector": field_selector},
+                           retry_on=_WRITE_RETRY)
+
+    async def evict(self, name: str, namespace: str, *, grace_period_seconds: int | None = None) -> None:
+        """POST a policy/v1 Eviction for a pod (never retried).
+
+        Raises:
+            TooManyRequests: a PodDisruptionBudget blocks it (retry later).
+            NotFound: the pod is gone.
+        """
+        from .resources import PODS
+
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                "metadata": {"name": name, "namespace": namespace}}
+        if grace_period_seconds is not None:
+            body["deleteOptions"] = {"gracePeriodSeconds": grace_period_seconds}
+        await self.request("POST", PODS.object_path(name, namespace, "eviction"), body=body)
+
+    async def create_event(self, involved: Mapping[str, Any], *, reason: str, message: str,
+                           type: str = "Normal", component: str = "bigfleet-trio") -> None:
+        """Record a core/v1 Event about ``involved`` (best effort: errors are logged, not raised)."""
+        meta = _meta(involved)
+        ns = meta.get("namespace") or "default"
+        now = rfc3339()
+        name = f"{meta.get('name', 'unknown')}.{random.getrandbits(64):016x}"
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": ns},
+            "involvedObject": {k: v for k, v in {
+                "apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"),
+                "name": meta.get("name"), "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion"),
+            }.items() if v},
+            "reason": reason, "message": message[:1024], "type": type,
+            "source": {"component": component}, "reportingComponent": component,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            await self.request("POST", EVENTS.collection_path(ns), body=body)
+        except (ApiError, KubeTransportError) as exc:
+            log.warning("kube event dropped reason=%s object=%s/%s err=%s", reason, ns,
+                        meta.get("name"), exc)
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _with_type(res: Resource, body: dict[str, Any]) -> dict[str, Any]:
+    if "kind" in body and "apiVersion" in body:
+        return body
+    return {"apiVersion": res.api_version, "kind": res.kind, **body}
+
+
+def _clean(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not params:
+        return None
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        if v is None:
+            continue
+        out[k] = ("true" if v else "false") if isinstance(v, bool) else v
+    return out or None

@@ -1,0 +1,69 @@
+"""Client-side token-bucket rate limiter on the Trio clock (issue 4; client-go ``rest`` QPS/burst).
+
+Pure bookkeeping lives in :class:`TokenBucket` (``reserve(now)`` returns how long to wait);
+:class:`AsyncRateLimiter` adds the Trio wait. Waiters are served FIFO (a ``trio.Lock`` is fair).
+"""
+
+from __future__ import annotations
+
+import math
+
+import trio
+
+__all__ = ["TokenBucket", "AsyncRateLimiter"]
+
+
+class TokenBucket:
+    """Token bucket: ``qps`` tokens per second, at most ``burst`` banked; starts full.
+
+    ``qps <= 0`` disables limiting (every reservation is free).
+    """
+
+    def __init__(self, qps: float, burst: int, now: float = 0.0):
+        if burst < 1 and qps > 0:
+            raise ValueError("burst must be >= 1")
+        self.qps = float(qps)
+        self.burst = float(burst)
+        self._tokens = float(burst)
+        self._last = now
+
+    def reserve(self, now: float) -> float:
+        """Take one token (possibly going negative = a reservation in the future).
+
+        Returns:
+            Seconds the caller must wait before acting (0.0 if a token was available).
+        """
+        if self.qps <= 0:
+            return 0.0
+        elapsed = max(0.0, now - self._last)
+        self._last = max(self._last, now)
+        self._tokens = min(self.burst, self._tokens + elapsed * self.qps)
+        self._tokens -= 1.0
+        if self._tokens >= 0:
+            return 0.0
+        return -self._tokens / self.qps
+
+    @property
+    def tokens(self) -> float:
+        """Tokens currently banked (negative when reservations are outstanding)."""
+        return self._tokens
+
+
+class AsyncRateLimiter:
+    """Trio wrapper: ``await limiter.acquire()`` before each request."""
+
+    def __init__(self, qps: float = 50.0, burst: int = 100):
+        self._bucket = TokenBucket(qps, burst, now=-math.inf)
+        self._started = False
+
+    async def acquire(self) -> None:
+        """Wait for a token (cancellable; a cancelled wait still consumed its reservation)."""
+        now = trio.current_time()
+        if not self._started:
+            self._bucket._last = now
+            self._started = True
+        delay = self._bucket.reserve(now)
+        if delay > 0:
+            await trio.sleep(delay)
+        else:
+            await trio.lowlevel.checkpoint()

@@ -1,0 +1,216 @@
+"""Sans-IO pieces of the watch protocol (issue 4; ecosystem.md §1.7 recipe; client-go reflector).
+
+* :func:`decode_watch_line` turns one line of a ``?watch=1`` response into a :class:`WatchEvent`.
+* :class:`ResourceVersionTracker` keeps the resourceVersion to resume from (advanced by every
+  ADDED/MODIFIED/DELETED/BOOKMARK event, never by ERROR).
+* :func:`is_expired` recognises the "too old resource version" ERROR event (code 410).
+* :func:`relist_diff` compares the cache with a fresh LIST and synthesises the events that were
+  missed while disconnected (DELETED for vanished keys, MODIFIED for changed ones, ADDED for new).
+* :class:`Backoff` is client-go's reflector backoff (0.8 s → ×2 → 30 s cap, jitter 1.0, reset
+  after 2 min without failures) as a pure object driven by the caller's clock.
+
+Nothing here does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "EventType",
+    "WatchEvent",
+    "WatchDecodeError",
+    "decode_watch_line",
+    "ResourceVersionTracker",
+    "object_rv",
+    "object_key",
+    "is_expired",
+    "relist_diff",
+    "Backoff",
+]
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]
+_TYPES = frozenset(("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"))
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One watch event. ``object`` is the object dict (a ``Status`` dict for ERROR)."""
+
+    type: EventType
+    object: dict[str, Any]
+
+
+class WatchDecodeError(ValueError):
+    """A watch line was not a ``{"type": ..., "object": {...}}`` JSON document."""
+
+
+def decode_watch_line(line: str | bytes) -> WatchEvent | None:
+    """Decode one line of a watch stream.
+
+    Args:
+        line: the line, with or without its trailing newline.
+
+    Returns:
+        The event, or None for a blank line (keep-alive).
+
+    Raises:
+        WatchDecodeError: invalid JSON, unknown ``type`` or non-object ``object``.
+    """
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise WatchDecodeError(f"watch line is not UTF-8: {exc}") from exc
+    text = line.strip()
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise WatchDecodeError(f"watch line is not JSON: {text[:200]!r}") from exc
+    if not isinstance(doc, dict):
+        raise WatchDecodeError(f"watch line is not an object: {text[:200]!r}")
+    etype = doc.get("type")
+    obj = doc.get("object")
+    if etype not in _TYPES:
+        raise WatchDecodeError(f"unknown watch event type {etype!r}")
+    if not isinstance(obj, dict):
+        raise WatchDecodeError(f"watch event {etype} has no object")
+    return WatchEvent(etype, obj)
+
+
+def object_rv(obj: Mapping[str, Any]) -> str:
+    """``metadata.resourceVersion`` of an object ("" if absent)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, Mapping):
+        rv = meta.get("resourceVersion")
+        if isinstance(rv, str):
+            return rv
+    return ""
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """Cache key: ``"namespace/name"`` for namespaced objects, ``"name"`` otherwise.
+
+    Raises:
+        ValueError: the object has no ``metadata.name``.
+    """
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not meta.get("name"):
+        raise ValueError("object has no metadata.name")
+    ns = meta.get("namespace")
+    return f"{ns}/{meta['name']}" if ns else str(meta["name"])
+
+
+class ResourceVersionTracker:
+    """The resourceVersion a watch resumes from.
+
+    Set by :meth:`listed` from a LIST's ``metadata.resourceVersion``; advanced by
+    :meth:`observe` on every non-ERROR event that carries one (BOOKMARKs included).
+    """
+
+    def __init__(self, resource_version: str = ""):
+        self.resource_version = resource_version
+
+    def listed(self, resource_version: str) -> None:
+        """Reset to the collection resourceVersion of a completed LIST."""
+        self.resource_version = resource_version
+
+    def observe(self, event: WatchEvent) -> bool:
+        """Advance from an event.
+
+        Returns:
+            True if the resourceVersion changed.
+        """
+        if event.type == "ERROR":
+            return False
+        rv = object_rv(event.object)
+        if rv and rv != self.resource_version:
+            self.resource_version = rv
+            return True
+        return False
+
+
+def is_expired(event: WatchEvent) -> bool:
+    """True for an ERROR event meaning "resourceVersion too old" (code 410 / reason Expired|Gone)."""
+    if event.type != "ERROR":
+        return False
+    obj = event.object
+    return obj.get("code") == 410 or obj.get("reason") in ("Expired", "Gone")
+
+
+def relist_diff(
+    cached: Mapping[str, Any],
+    fresh: Mapping[str, Any],
+    equal: Callable[[Any, Any], bool] | None = None,
+) -> list[tuple[EventType, Any, Any]]:
+    """Events that turn ``cached`` into ``fresh`` (both keyed like :func:`object_key`).
+
+    Args:
+        cached: the informer's current store contents.
+        fresh: the (already transformed) result of a new LIST, in list order.
+        equal: equality of two stored objects; defaults to ``==`` (compare transformed
+            objects, so a change the transform drops is not an update).
+
+    Returns:
+        ``(type, old, new)`` triples: first ``("DELETED", old, None)`` for keys only in
+        ``cached`` (in cache order), then, in ``fresh`` order, ``("ADDED", None, new)`` for new
+        keys and ``("MODIFIED", old, new)`` for keys whose object differs. Unchanged keys
+        produce nothing.
+    """
+    eq = equal or (lambda a, b: bool(a == b))
+    out: list[tuple[EventType, Any, Any]] = []
+    for key, old in cached.items():
+        if key not in fresh:
+            out.append(("DELETED", old, None))
+    for key, new in fresh.items():
+        old = cached.get(key)
+        if old is None:
+            out.append(("ADDED", None, new))
+        elif not eq(old, new):
+            out.append(("MODIFIED", old, new))
+    return out
+
+
+class Backoff:
+    """Exponential backoff with jitter (client-go reflector defaults).
+
+    delay_n = min(cap, initial * factor**n) * (1 + jitter * U[0,1)), with n reset to 0 when
+    ``reset_after`` seconds passed since the previous failure (a healthy period).
+    """
+
+    def __init__(self, initial: float = 0.8, factor: float = 2.0, cap: float = 30.0,
+                 jitter: float = 1.0, reset_after: float = 120.0,
+                 rng: Callable[[], float] | None = None):
+        self.initial = initial
+        self.factor = factor
+        self.cap = cap
+        self.jitter = jitter
+        self.reset_after = reset_after
+        self._rng = rng or random.random
+        self._n = 0
+        self._last: float | None = None
+
+    def next_delay(self, now: float) -> float:
+        """Delay before the next attempt after a failure observed at ``now`` (seconds)."""
+        if self._last is not None and now - self._last >= self.reset_after:
+            self._n = 0
+        self._last = now
+        base = min(self.cap, self.initial * self.factor ** self._n)
+        self._n += 1
+        return min(self.cap, base * (1.0 + self.jitter * self._rng()))
+
+    def reset(self) -> None:
+        """Forget past failures."""
+        self._n = 0
+        self._last = None
+
+
+def iter_keys(objs: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Keys of objects (convenience for tests and logs)."""
+    return [object_key(o) for o in objs]
