@@ -1,0 +1,310 @@
+"""Tests for bigfleet_trio.durations and bigfleet_trio.config (design.md CLI contract; ref §1, §9, §11)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bigfleet_trio.config import (
+    ConfigError,
+    DemoOptions,
+    OperatorConfig,
+    PodControllerConfig,
+    split_host_port,
+    validate_priority_class_defaults,
+)
+from bigfleet_trio.durations import format_duration, parse_duration
+
+# ------------------------------------------------------------------------------ durations
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("10s", 10.0),
+        ("500ms", 0.5),
+        ("1m30s", 90.0),
+        ("2h", 7200.0),
+        ("1.5s", 1.5),
+        ("1h2m3s", 3723.0),
+        ("250us", 0.00025),
+        ("250µs", 0.00025),
+        ("100ns", 1e-7),
+        ("0", 0.0),
+        ("0s", 0.0),
+        ("10", 10.0),
+        ("0.5", 0.5),
+        (".5s", 0.5),
+        ("1.s", 1.0),
+        (" 3s ", 3.0),
+        ("-1s", -1.0),
+        ("+2m", 120.0),
+        ("1m0.5s", 60.5),
+    ],
+)
+def test_parse_duration_accepts_go_and_plain_forms(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("text", ["", "  ", "s", "10x", "1d", "ten", "1s2", "--1s", "1 s", "-", "1e3s"])
+def test_parse_duration_rejects_garbage(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration(text)
+
+
+def test_parse_duration_error_names_unit() -> None:
+    with pytest.raises(ValueError, match="unknown unit 'd'"):
+        parse_duration("3d")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (10.0, "10s"), (0.5, "500ms"), (90.0, "1m30s"), (7200.0, "2h0m0s"), (600, "10m0s")],
+)
+def test_format_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+# ------------------------------------------------------------------------------ host:port
+
+
+@pytest.mark.parametrize(
+    ("addr", "expected"),
+    [
+        (":8770", ("", 8770)),
+        ("127.0.0.1:0", ("127.0.0.1", 0)),
+        ("shard.example.com:443", ("shard.example.com", 443)),
+        ("[::1]:80", ("::1", 80)),
+        ("0.0.0.0:65535", ("0.0.0.0", 65535)),
+    ],
+)
+def test_split_host_port(addr: str, expected: tuple[str, int]) -> None:
+    assert split_host_port(addr) == expected
+
+
+@pytest.mark.parametrize("addr", ["8770", "host", "host:", "host:x", "host:70000", "::1:80", "[::1]80"])
+def test_split_host_port_rejects(addr: str) -> None:
+    with pytest.raises(ConfigError):
+        split_host_port(addr, flag="--metrics-addr")
+
+
+# ------------------------------------------------------------------------------ OperatorConfig
+
+
+def _op(**kw: object) -> OperatorConfig:
+    base: dict[str, object] = {"cluster_id": "c1", "shard_addr": "shard:9000"}
+    base.update(kw)
+    return OperatorConfig(**base)  # type: ignore[arg-type]
+
+
+def test_operator_defaults_match_reference() -> None:
+    cfg = OperatorConfig()
+    assert cfg.rollup_interval == 10.0
+    assert cfg.ack_concurrency == 16
+    assert cfg.dispatch_concurrency == 32
+    assert cfg.qps == 50
+    assert cfg.burst == 100
+    assert cfg.bootstrap_ttl == 600
+    assert cfg.metrics_addr == ":8770"
+    assert cfg.leader_elect is False
+    assert cfg.leader_election_namespace == "bigfleet-system"
+    assert cfg.log_format == "text"
+    assert cfg.log_level == "info"
+    assert cfg.kubeconfig is None
+
+
+def test_operator_minimal_valid() -> None:
+    cfg = _op()
+    cfg.validate()
+    assert cfg.bootstrap_template is None
+    assert cfg.tls_enabled is False
+
+
+def test_operator_requires_cluster_id() -> None:
+    with pytest.raises(ConfigError, match="^--cluster-id is required$"):
+        OperatorConfig(shard_addr="s:1").validate()
+
+
+def test_operator_requires_shard_addr() -> None:
+    with pytest.raises(ConfigError, match="^--shard-addr is required$"):
+        OperatorConfig(cluster_id="c").validate()
+
+
+@pytest.mark.parametrize("addr", ["shard", ":9000", "shard:0", "shard:abc"])
+def test_operator_rejects_bad_shard_addr(addr: str) -> None:
+    with pytest.raises(ConfigError, match="--shard-addr"):
+        _op(shard_addr=addr).validate()
+
+
+def test_operator_zero_defaults_normalised_like_go() -> None:
+    cfg = _op(rollup_interval=0.0, ack_concurrency=0)
+    cfg.validate()
+    assert cfg.rollup_interval == 10.0
+    assert cfg.ack_concurrency == 16
+
+
+@pytest.mark.parametrize(
+    ("kw", "flag"),
+    [
+        ({"rollup_interval": -1.0}, "--rollup-interval"),
+        ({"ack_concurrency": -1}, "--ack-concurrency"),
+        ({"dispatch_concurrency": 0}, "--dispatch-concurrency"),
+        ({"qps": 0.0}, "--qps"),
+        ({"burst": 0}, "--burst"),
+        ({"bootstrap_ttl": -1.0}, "--bootstrap-ttl"),
+        ({"drain_shutdown_timeout": -1.0}, "--drain-shutdown-timeout"),
+        ({"metrics_addr": "8770"}, "--metrics-addr"),
+        ({"health_probe_addr": "nope"}, "--health-probe-addr"),
+        ({"log_format": "xml"}, "--log-format"),
+        ({"log_level": "loud"}, "--log-level"),
+        ({"leader_elect": True, "leader_election_id": ""}, "--leader-election-id"),
+        ({"reconnect_initial_backoff": 0.0}, "--reconnect-initial-backoff"),
+        ({"reconnect_initial_backoff": 5.0, "reconnect_max_backoff": 1.0}, "--reconnect-max-backoff"),
+    ],
+)
+def test_operator_rejects_bad_values(kw: dict[str, object], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        _op(**kw).validate()
+
+
+def test_operator_metrics_addr_zero_disables() -> None:
+    _op(metrics_addr="0").validate()
+
+
+@pytest.mark.parametrize(
+    ("given", "missing"),
+    [
+        ({"tls_cert": "c"}, "--tls-key, --tls-ca"),
+        ({"tls_key": "k"}, "--tls-cert, --tls-ca"),
+        ({"tls_ca": "a"}, "--tls-cert, --tls-key"),
+        ({"tls_cert": "c", "tls_key": "k"}, "--tls-ca"),
+        ({"tls_cert": "c", "tls_ca": "a"}, "--tls-key"),
+    ],
+)
+def test_operator_partial_tls_is_an_error(given: dict[str, str], missing: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _op(**given).validate()
+    assert str(info.value) == (
+        f"--tls-cert, --tls-key and --tls-ca must be set together (missing {missing})"
+    )
+
+
+def test_operator_full_tls_needs_readable_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    paths = {}
+    for name in ("cert", "key", "ca"):
+        p = tmp_path / f"{name}.pem"
+        p.write_text("x")
+        paths[f"tls_{name}"] = str(p)
+    cfg = _op(**paths)
+    cfg.validate()
+    assert cfg.tls_enabled
+    paths["tls_ca"] = str(tmp_path / "missing.pem")
+    with pytest.raises(ConfigError, match=r"^read tls-ca: .*missing\.pem: No such file"):
+        _op(**paths).validate()
+
+
+def test_operator_server_name_without_tls() -> None:
+    with pytest.raises(ConfigError, match="--tls-server-name"):
+        _op(tls_server_name="shard").validate()
+
+
+def test_operator_unreadable_template(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    missing = tmp_path / "nope.j2"
+    with pytest.raises(ConfigError) as info:
+        _op(bootstrap_template_file=str(missing)).validate()
+    assert str(info.value) == f"read bootstrap-template-file: {missing}: No such file or directory"
+
+
+def test_operator_template_syntax_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "bad.j2"
+    p.write_text("#cloud-config\n{% for r in requirements %}\n")
+    with pytest.raises(ConfigError, match=r"^parse bootstrap-template-file: line \d+: "):
+        _op(bootstrap_template_file=str(p)).validate()
+
+
+def test_operator_template_loaded(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "ok.j2"
+    p.write_text("#cloud-config\n# {{ cluster_id }}\n")
+    cfg = _op(bootstrap_template_file=str(p))
+    cfg.validate()
+    assert cfg.bootstrap_template == "#cloud-config\n# {{ cluster_id }}\n"
+    assert "bootstrap_template=" not in repr(cfg)
+
+
+# ------------------------------------------------------------------------------ PodControllerConfig
+
+
+def test_pod_controller_defaults_match_reference() -> None:
+    cfg = PodControllerConfig()
+    assert cfg.metrics_addr == ":8080"
+    assert cfg.qps == 50
+    assert cfg.burst == 100
+    assert cfg.workers == 16
+    assert cfg.sync_timeout == 600
+    assert cfg.priority_class_defaults is None
+    assert cfg.leader_election_id == "bigfleet-unschedulable-pod-controller"
+    cfg.validate()
+    assert cfg.priority_class_defaults_data == {}
+
+
+def test_pod_controller_priority_defaults_example(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "pc.yaml"
+    p.write_text(
+        'ml-research: {interruptionPenalty: "8192", reclamationPenalty: "65536"}\n'
+        'batch-best-effort: {interruptionPenalty: "16", reclamationPenalty: "0"}\n'
+        "partial: {interruptionPenalty: \"1\", unknownKey: 3}\n"
+    )
+    cfg = PodControllerConfig(priority_class_defaults=str(p))
+    cfg.validate()
+    assert cfg.priority_class_defaults_data == {
+        "ml-research": {"interruptionPenalty": "8192", "reclamationPenalty": "65536"},
+        "batch-best-effort": {"interruptionPenalty": "16", "reclamationPenalty": "0"},
+        "partial": {"interruptionPenalty": "1", "reclamationPenalty": None},
+    }
+
+
+def test_pod_controller_priority_defaults_unquoted_number_fails() -> None:
+    with pytest.raises(ConfigError, match=r"^priority-class-defaults: parse: .*interruptionPenalty"):
+        validate_priority_class_defaults("x: {interruptionPenalty: 5}\n")
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "a: [1]\n", "a: {b: [\n"])
+def test_pod_controller_priority_defaults_bad_shape(text: str) -> None:
+    with pytest.raises(ConfigError, match="^priority-class-defaults: parse: "):
+        validate_priority_class_defaults(text)
+
+
+def test_pod_controller_priority_defaults_empty_file() -> None:
+    assert validate_priority_class_defaults("") == {}
+
+
+def test_pod_controller_unreadable_defaults(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    missing = tmp_path / "x.yaml"
+    with pytest.raises(ConfigError) as info:
+        PodControllerConfig(priority_class_defaults=str(missing)).validate()
+    assert str(info.value) == f"priority-class-defaults: read {missing}: No such file or directory"
+
+
+@pytest.mark.parametrize(
+    ("kw", "flag"),
+    [
+        ({"workers": 0}, "--workers"),
+        ({"sync_timeout": 0.0}, "--sync-timeout"),
+        ({"qps": -1.0}, "--qps"),
+        ({"metrics_addr": "x"}, "--metrics-addr"),
+    ],
+)
+def test_pod_controller_rejects_bad_values(kw: dict[str, object], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        PodControllerConfig(**kw).validate()  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ DemoOptions
+
+
+def test_demo_options(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    DemoOptions().validate()
+    DemoOptions(workloads_dir=str(tmp_path)).validate()
+    with pytest.raises(ConfigError, match="^--workloads: .*: not a directory$"):
+        DemoOptions(workloads_dir=str(tmp_path / "nope")).validate()
+    with pytest.raises(ConfigError, match="--timeout"):
+        DemoOptions(timeout=0).validate()
