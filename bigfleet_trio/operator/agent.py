@@ -1,0 +1,209 @@
+"""The reconnect loop around shard sessions (``Operator.Run`` in the reference).
+
+Seed 000 "The single outbound stream" (first paragraph); facts in reference-behavior.md §2 and the
+decision asked for in §17/§18.1.
+
+Backoff rule (documented deviation from the Go code, which never resets):
+
+* after every session end or failed connect the agent waits ``base * (1 - jitter * U[0,1))``
+  seconds, where ``base`` starts at ``initial_backoff`` (0.5 s) and doubles after each wait up to
+  ``max_backoff`` (30 s): nominal 0.5, 1, 2, 4, 8, 16, 30, 30 ... Jitter only shortens a wait
+  (default up to 20 %), so the cap is never exceeded and reconnecting agents spread out;
+* if the session that just ended had been established (Hello sent) for at least
+  ``healthy_after`` seconds (60 s), ``base`` first resets to ``initial_backoff``: a shard
+  restart after a long healthy session is met with a quick reconnect, while a flapping shard
+  (sessions dying young) still sees the growing backoff.
+
+Why an explicit loop instead of tenacity: a session never "succeeds" (every return is a reason
+to reconnect), and the reset rule makes the next wait depend on the last session's uptime, not
+on an attempt counter. Both fight tenacity's attempt/stop model; the loop below is ten lines and
+the delay arithmetic (:class:`Backoff`) is a plain, unit-tested object. It also catches only
+``Exception``, so ``trio.Cancelled`` can never be retried (tenacity#529).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+
+import trio
+
+from bigfleet_trio.observability import metrics
+from bigfleet_trio.operator.session import (
+    Handlers,
+    RollupSource,
+    Session,
+    SessionConfig,
+    SessionStats,
+)
+from bigfleet_trio.shard.transport import Connector, StreamClosed
+
+log = logging.getLogger(__name__)
+
+
+class Backoff:
+    """Exponential reconnect backoff with subtractive jitter and reset-after-healthy.
+
+    Args:
+        initial: first nominal wait, seconds (> 0).
+        maximum: cap of the nominal wait, seconds (>= initial).
+        jitter: fraction in [0, 1); each wait is ``base * (1 - jitter * rng.random())``.
+        healthy_after: a session up at least this long resets the nominal wait to ``initial``.
+        rng: random source (inject a seeded ``random.Random`` in tests).
+    """
+
+    def __init__(
+        self,
+        initial: float = 0.5,
+        maximum: float = 30.0,
+        jitter: float = 0.2,
+        healthy_after: float = 60.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not 0 < initial <= maximum:
+            raise ValueError(f"need 0 < initial <= maximum, got {initial}, {maximum}")
+        if not 0 <= jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {jitter}")
+        self.initial = initial
+        self.maximum = maximum
+        self.jitter = jitter
+        self.healthy_after = healthy_after
+        self._rng = rng or random.Random()
+        self._base = initial
+
+    def next_delay(self, uptime: float | None) -> float:
+        """Wait before the next connect attempt.
+
+        Args:
+            uptime: seconds the last session was established, or None if it never was.
+
+        Returns:
+            Seconds to sleep, in ``(base * (1 - jitter), base]``.
+        """
+        if uptime is not None and uptime >= self.healthy_after:
+            self._base = self.initial
+        base = self._base
+        self._base = min(base * 2, self.maximum)
+        return base * (1 - self.jitter * self._rng.random())
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Reconnect-loop knobs plus the per-session :class:`SessionConfig`.
+
+    Attributes:
+        session: the per-session config (cluster_id, rollup_interval, ...).
+        initial_backoff / max_backoff / backoff_jitter / healthy_after: see :class:`Backoff`.
+    """
+
+    session: SessionConfig
+    initial_backoff: float = 0.5
+    max_backoff: float = 30.0
+    backoff_jitter: float = 0.2
+    healthy_after: float = 60.0
+
+
+@dataclass
+class AgentState:
+    """Snapshot for /readyz and debugging."""
+
+    session_up: bool
+    stats: SessionStats
+    last_error: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class Agent:
+    """Keeps one shard session alive: connect, run a :class:`Session`, back off, repeat.
+
+    Args:
+        connector: opens one stream per session (grpclib:
+            :class:`bigfleet_trio.shard.grpc.GrpcConnector`; tests:
+            :class:`bigfleet_trio.shard.transport.MemoryConnector`).
+        source: the :class:`RollupSource`.
+        handlers: the :class:`Handlers`.
+        config: :class:`AgentConfig`.
+        rng: random source for the backoff jitter.
+
+    Attributes:
+        session_up: True while a session is established (Hello sent) -- the /readyz signal.
+        stats: cumulative :class:`SessionStats` (frames in/out, drops, reconnects, ...).
+        session: the running :class:`Session`, or None between sessions.
+        last_error: why the last session ended ("" before the first end).
+    """
+
+    def __init__(
+        self,
+        connector: Connector,
+        source: RollupSource,
+        handlers: Handlers,
+        config: AgentConfig,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.stats = SessionStats()
+        self.session_up = False
+        self.session: Session | None = None
+        self.last_error = ""
+        self._connector = connector
+        self._source = source
+        self._handlers = handlers
+        self._backoff = Backoff(
+            config.initial_backoff, config.max_backoff, config.backoff_jitter,
+            config.healthy_after, rng,
+        )
+
+    def state(self) -> AgentState:
+        """A snapshot of :attr:`session_up`, :attr:`stats` and :attr:`last_error`."""
+        return AgentState(self.session_up, self.stats, self.last_error)
+
+    async def run(self) -> None:
+        """Run sessions forever; returns only by cancellation (then no task is left running).
+
+        With the grpclib connector, call this inside ``async with trio_asyncio.open_loop():``
+        (or :func:`bigfleet_trio.shard.grpc.open_loop`) so every session shares one asyncio loop.
+        """
+        cluster = self.config.session.cluster_id
+        while True:
+            established_at: float | None = None
+
+            def on_established() -> None:
+                nonlocal established_at
+                established_at = trio.current_time()
+                self.session_up = True
+                metrics.SESSION_UP.set(1)
+                self.stats.sessions += 1
+
+            try:
+                async with self._connector.connect() as stream:
+                    session = Session(
+                        stream, self.config.session, self._source, self._handlers, self.stats
+                    )
+                    self.session = session
+                    await session.run(on_established)
+            except Exception as exc:  # noqa: BLE001 - every failure means "reconnect"
+                self.last_error = _describe(exc)
+            finally:
+                self.session = None
+                self.session_up = False
+                metrics.SESSION_UP.set(0)
+            uptime = None if established_at is None else trio.current_time() - established_at
+            delay = self._backoff.next_delay(uptime)
+            self.stats.reconnects += 1
+            metrics.SESSION_RECONNECTS.inc()
+            log.warning(
+                "shard session ended cluster=%s uptime=%s error=%s; reconnecting in %.3fs",
+                cluster, "never" if uptime is None else f"{uptime:.1f}s", self.last_error, delay,
+            )
+            await trio.sleep(delay)
+
+
+def _describe(exc: BaseException) -> str:
+    """One-line reason, unwrapping single-exception groups from the session nursery."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, StreamClosed):
+        return f"stream closed: {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"

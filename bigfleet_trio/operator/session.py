@@ -1,0 +1,473 @@
+"""One shard session: Hello, then the send, recv and roll-up Trio tasks over one stream.
+
+Seed 000 "The single outbound stream"; facts in reference-behavior.md §2 (runOnce), §3 (send
+path), §4 (receive path and dispatch) and §5.1 (roll-up loop). The queue/coalescing rules live in
+:mod:`bigfleet_trio.operator.queues` (sans-IO); this module only wires them to Trio.
+
+Task layout (all in one nursery owned by :meth:`Session.run`)::
+
+    send     -- drains SendQueues (roll-up slot + outbox) onto the stream, one frame at a time
+    recv     -- reads ShardMessages and dispatches them (below)
+    rollup   -- RollupSource.build() at once, then every rollup_interval; enqueue never blocks
+    handlers -- one task per dispatched frame / per machine (node-state worker)
+    ack      -- RollupSource.after_enqueue(), at most one at a time (see _schedule_after_enqueue)
+
+The first exception in send/recv/rollup cancels everything else (handlers included) and
+propagates out of :meth:`Session.run`; the reconnect loop (:mod:`.agent`) decides what next.
+
+Dispatch and backpressure (a deliberate, documented divergence from the Go recv loop):
+
+* ReclaimInstruction, AvailableCapacityUpdate and NodeStateUpdate handlers write the apiserver;
+  they run under one semaphore of ``dispatch_concurrency`` (32) slots. A NodeStateUpdate worker
+  holds one slot for its whole drain loop (as in Go).
+* BootstrapRequest bypasses the semaphore entirely (the shard waits on it with a one-cycle
+  deadline), and Acknowledgement is only logged, inline.
+* The Go recv pump blocks on the semaphore itself, so a 33rd slow frame stalls *every* later
+  frame -- a BootstrapRequest behind it included, which is exactly what the bypass was meant to
+  prevent. We instead admit up to ``dispatch_concurrency + dispatch_backlog`` bounded tasks
+  (running or waiting for a slot, FIFO); only when that admission limit is reached does the recv
+  pump block, which then back-pressures the shard through HTTP/2 flow control as in Go. Memory
+  stays bounded (node-state workers are additionally bounded by the number of machines).
+
+Handlers learn that the session is going away by being cancelled (``trio.Cancelled`` at their
+next checkpoint). :func:`current_session` gives handler code the running :class:`Session`, whose
+:attr:`Session.closing` event is set as soon as teardown starts; work that must outlive the
+session (drains) must be handed to a longer-lived nursery before the handler returns.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol
+
+import betterproto
+import trio
+
+from bigfleet_trio.observability import metrics
+from bigfleet_trio.operator.queues import OUTBOX_CAPACITY, NodeStateCoalescer, SendQueues
+from bigfleet_trio.proto import pb
+from bigfleet_trio.shard.transport import OperatorStream
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = "v1alpha1"
+
+Reply = Callable[[pb.OperatorMessage], bool]
+"""Enqueue one frame into the session's outbox without blocking; False when it was dropped."""
+
+
+class RollupSource(Protocol):
+    """Builds the cluster's complete desired state (seed 000 "Building the roll-up")."""
+
+    async def build(self) -> pb.ClusterCapacityNeeds:
+        """Return the full roll-up (never a delta). Errors are logged; the session goes on."""
+        ...
+
+    async def after_enqueue(self) -> None:
+        """Post-enqueue hook (Pending->Acknowledged walk of the CRs seen by the last build).
+
+        Runs in a background task of the session, never delaying the next tick, and never
+        overlapping itself: if roll-ups are enqueued while it runs, it runs exactly once more
+        afterwards. Cancelled when the session ends.
+        """
+        ...
+
+
+class Handlers(Protocol):
+    """Inbound frame handlers (seed 000 "Receive-side dispatch is split by cost").
+
+    Every handler runs in its own task inside the session nursery and is cancelled when the
+    session ends. Exceptions are logged and counted; they never end the session.
+    """
+
+    async def on_bootstrap_request(self, req: pb.BootstrapRequest) -> pb.BootstrapBlobResponse:
+        """Render the bootstrap blob; the session enqueues the response (request_id echoed)."""
+        ...
+
+    async def on_reclaim_instruction(self, instr: pb.ReclaimInstruction, reply: Reply) -> None:
+        """Cordon, then ``reply(OperatorMessage(reclaim_ack=...))``; hand the drain elsewhere."""
+        ...
+
+    async def on_node_state_update(self, u: pb.NodeStateUpdate) -> None:
+        """Reflect the (latest) machine state; called by at most one worker per machine_id."""
+        ...
+
+    async def on_available_capacity(self, u: pb.AvailableCapacityUpdate) -> None:
+        """Upsert the AvailableCapacity object for ``u.supersedes_key``."""
+        ...
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Per-session knobs.
+
+    Attributes:
+        cluster_id: sent in Hello and filled into roll-ups that lack it. Required.
+        rollup_interval: seconds between roll-up ticks (first tick at connect). Default 10.
+        dispatch_concurrency: semaphore size for apiserver-writing handlers. Default 32.
+        dispatch_backlog: bounded frames that may wait for a slot before the recv pump blocks.
+        outbox_capacity: bound of the response outbox (drop-newest). Default 256.
+        protocol_version: Hello.protocol_version. Default "v1alpha1".
+    """
+
+    cluster_id: str
+    rollup_interval: float = 10.0
+    dispatch_concurrency: int = 32
+    dispatch_backlog: int = 1024
+    outbox_capacity: int = OUTBOX_CAPACITY
+    protocol_version: str = PROTOCOL_VERSION
+
+    def __post_init__(self) -> None:
+        if not self.cluster_id:
+            raise ValueError("SessionConfig.cluster_id is required")
+        if not self.rollup_interval > 0:
+            raise ValueError(f"rollup_interval must be > 0, got {self.rollup_interval}")
+        if self.dispatch_concurrency < 1:
+            raise ValueError(f"dispatch_concurrency must be >= 1, got {self.dispatch_concurrency}")
+        if self.dispatch_backlog < 0:
+            raise ValueError(f"dispatch_backlog must be >= 0, got {self.dispatch_backlog}")
+        if self.outbox_capacity < 1:
+            raise ValueError(f"outbox_capacity must be >= 1, got {self.outbox_capacity}")
+
+
+@dataclass
+class SessionStats:
+    """Counters, cumulative over every session that shares the object (the agent keeps one)."""
+
+    sessions: int = 0
+    reconnects: int = 0
+    frames_in: int = 0
+    frames_out: int = 0
+    rollups_built: int = 0
+    rollups_replaced: int = 0
+    outbox_dropped: int = 0
+    node_states_coalesced: int = 0
+    handler_errors: int = 0
+    rollup_errors: int = 0
+
+
+_current: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
+    "bigfleet_current_session", default=None
+)
+
+
+def current_session() -> Session | None:
+    """The :class:`Session` whose task tree the caller runs in (None outside a session)."""
+    return _current.get()
+
+
+_KINDS_IN = ("ack", "bootstrap_request", "reclaim_instruction", "node_state_update",
+             "available_capacity", "unknown")
+_KINDS_OUT = ("hello", "rollup", "bootstrap_response", "reclaim_ack", "unknown")
+_FRAMES_IN = {k: metrics.FRAMES.labels("in", k) for k in _KINDS_IN}
+_FRAMES_OUT = {k: metrics.FRAMES.labels("out", k) for k in _KINDS_OUT}
+_HANDLER_ERRORS = {k: metrics.HANDLER_ERRORS.labels(k) for k in _KINDS_IN}
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            out.extend(_leaves(exc))
+        else:
+            out.append(exc)
+    return out
+
+
+def _kind_out(msg: pb.OperatorMessage) -> str:
+    name, _ = betterproto.which_one_of(msg, "payload")
+    return name if name in _FRAMES_OUT else "unknown"
+
+
+class Session:
+    """The tasks of one connected ``Shard.Session`` stream. Queues live and die with it.
+
+    Args:
+        stream: the agent end of an open stream (the caller owns and closes it).
+        config: :class:`SessionConfig`.
+        source: the injected :class:`RollupSource`.
+        handlers: the injected :class:`Handlers`.
+        stats: counters to add to (shared across sessions by the agent); a fresh one if None.
+    """
+
+    def __init__(
+        self,
+        stream: OperatorStream,
+        config: SessionConfig,
+        source: RollupSource,
+        handlers: Handlers,
+        stats: SessionStats | None = None,
+    ) -> None:
+        self.config = config
+        self.stats = stats if stats is not None else SessionStats()
+        self.queues = SendQueues(config.outbox_capacity)
+        self.node_states: NodeStateCoalescer[str, pb.NodeStateUpdate] = NodeStateCoalescer()
+        #: set as soon as the session starts tearing down (first task ended or cancelled).
+        self.closing = trio.Event()
+        self._stream = stream
+        self._source = source
+        self._handlers = handlers
+        self._wakeup = trio.Event()
+        self._slots = trio.Semaphore(config.dispatch_concurrency)
+        self._admission = trio.Semaphore(config.dispatch_concurrency + config.dispatch_backlog)
+        self._ack_dirty = False
+        self._ack_running = False
+
+    # ---- public, non-blocking ----------------------------------------------------------------
+
+    def enqueue(self, msg: pb.OperatorMessage) -> bool:
+        """Put a response frame in the outbox without blocking (the handlers' ``reply``).
+
+        Returns:
+            False when the outbox was full and the frame was dropped (metric + warning logged;
+            the shard re-issues on its own timeout).
+        """
+        if not self.queues.outbox.offer(msg):
+            self.stats.outbox_dropped += 1
+            metrics.OUTBOX_DROPPED.inc()
+            name, value = betterproto.which_one_of(msg, "payload")
+            ident = getattr(value, "request_id", "") or getattr(value, "instruction_id", "")
+            log.warning(
+                "outbox full; dropped frame kind=%s id=%s capacity=%d cluster=%s "
+                "(shard will re-issue on timeout)",
+                name, ident, self.queues.outbox.capacity, self.config.cluster_id,
+            )
+            return False
+        self._wakeup.set()
+        return True
+
+    def enqueue_rollup(self, needs: pb.ClusterCapacityNeeds) -> None:
+        """Store a roll-up in the pending slot (replacing an unsent one). Never blocks."""
+        if not needs.cluster_id:
+            needs.cluster_id = self.config.cluster_id
+        if self.queues.rollup.put(pb.OperatorMessage(rollup=needs)):
+            self.stats.rollups_replaced += 1
+            metrics.COALESCED_FRAMES.labels("rollup").inc()
+            log.debug("pending roll-up replaced by a newer one cluster=%s", self.config.cluster_id)
+        self._wakeup.set()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self, on_established: Callable[[], None] | None = None) -> NoReturn:
+        """Send Hello, then run send/recv/roll-up until one fails; never returns normally.
+
+        Args:
+            on_established: called once, right after Hello was sent.
+
+        Raises:
+            StreamClosed: the stream ended (peer close, transport error).
+            Exception: any other failure of the three tasks (a bug); the reconnect loop logs it.
+        """
+        token = _current.set(self)
+        try:
+            hello = pb.OperatorMessage(
+                hello=pb.Hello(
+                    cluster_id=self.config.cluster_id,
+                    protocol_version=self.config.protocol_version,
+                )
+            )
+            await self._send_frame(hello)
+            log.info(
+                "session established cluster=%s protocol=%s",
+                self.config.cluster_id, self.config.protocol_version,
+            )
+            if on_established is not None:
+                on_established()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._guard, self._send_loop, name="session-send")
+                    nursery.start_soon(self._guard, self._recv_loop, nursery, name="session-recv")
+                    nursery.start_soon(
+                        self._guard, self._rollup_loop, nursery, name="session-rollup"
+                    )
+            except BaseExceptionGroup as group:
+                # The first failure cancels the rest, so the group normally holds one error (plus
+                # Cancelled when an outer cancel raced it): re-raise that error bare so callers
+                # can ``except StreamClosed``. An outer cancel re-fires at the caller's next
+                # checkpoint, so nothing is lost by dropping Cancelled here.
+                errors = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
+                if errors and all(isinstance(e, Exception) for e in errors):
+                    for extra in errors[1:]:
+                        log.warning("session: further error while tearing down: %r", extra)
+                    raise errors[0] from None
+                raise
+            raise AssertionError("session tasks never return normally")  # pragma: no cover
+        finally:
+            self.closing.set()
+            _current.reset(token)
+
+    async def _guard(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        try:
+            await fn(*args)
+        finally:
+            self.closing.set()
+
+    # ---- send --------------------------------------------------------------------------------
+
+    async def _send_frame(self, msg: pb.OperatorMessage) -> None:
+        await self._stream.send(msg)
+        self.stats.frames_out += 1
+        _FRAMES_OUT[_kind_out(msg)].inc()
+
+    async def _send_loop(self) -> NoReturn:
+        while True:
+            msg = self.queues.next_frame()
+            if msg is None:
+                self._wakeup = trio.Event()
+                await self._wakeup.wait()
+                continue
+            await self._send_frame(msg)
+
+    # ---- roll-up -----------------------------------------------------------------------------
+
+    async def _rollup_loop(self, nursery: trio.Nursery) -> NoReturn:
+        interval = self.config.rollup_interval
+        next_tick = trio.current_time()
+        while True:
+            await self._rollup_once(nursery)
+            next_tick += interval
+            # A build slower than the interval makes the next tick fire at once (no burst).
+            next_tick = max(next_tick, trio.current_time())
+            await trio.sleep_until(next_tick)
+
+    async def _rollup_once(self, nursery: trio.Nursery) -> None:
+        started = time.perf_counter()
+        try:
+            needs = await self._source.build()
+        except Exception:
+            self.stats.rollup_errors += 1
+            metrics.ROLLUP_ERRORS.labels("build").inc()
+            log.exception("roll-up build failed; keeping the session cluster=%s",
+                          self.config.cluster_id)
+            return
+        enqueue_start = time.perf_counter()
+        self.enqueue_rollup(needs)
+        self.stats.rollups_built += 1
+        now = time.perf_counter()
+        metrics.ROLLUP_PHASE_DURATION.labels("enqueue").observe(now - enqueue_start)
+        metrics.ROLLUP_DURATION.observe(now - started)
+        log.debug("roll-up enqueued cluster=%s needs=%d", self.config.cluster_id, len(needs.needs))
+        self._schedule_after_enqueue(nursery)
+
+    def _schedule_after_enqueue(self, nursery: trio.Nursery) -> None:
+        self._ack_dirty = True
+        if not self._ack_running:
+            self._ack_running = True
+            nursery.start_soon(self._after_enqueue_runner, name="session-after-enqueue")
+
+    async def _after_enqueue_runner(self) -> None:
+        try:
+            while self._ack_dirty:
+                self._ack_dirty = False
+                try:
+                    await self._source.after_enqueue()
+                except Exception:
+                    self.stats.rollup_errors += 1
+                    metrics.ROLLUP_ERRORS.labels("after_enqueue").inc()
+                    log.exception("roll-up after_enqueue hook failed cluster=%s",
+                                  self.config.cluster_id)
+        finally:
+            self._ack_running = False
+
+    # ---- receive and dispatch ----------------------------------------------------------------
+
+    async def _recv_loop(self, nursery: trio.Nursery) -> NoReturn:
+        while True:
+            msg = await self._stream.receive()
+            self.stats.frames_in += 1
+            value: Any
+            kind, value = betterproto.which_one_of(msg, "payload")
+            if kind == "node_state_update":
+                _FRAMES_IN[kind].inc()
+                before = self.node_states.coalesced
+                if self.node_states.offer(value.machine_id, value):
+                    await self._admission.acquire()
+                    nursery.start_soon(self._node_state_worker, value.machine_id)
+                elif self.node_states.coalesced != before:
+                    self.stats.node_states_coalesced += 1
+                    metrics.COALESCED_FRAMES.labels("node_state_update").inc()
+            elif kind == "reclaim_instruction":
+                _FRAMES_IN[kind].inc()
+                await self._admission.acquire()
+                nursery.start_soon(
+                    self._bounded, kind, self._handlers.on_reclaim_instruction, value, self.enqueue
+                )
+            elif kind == "available_capacity":
+                _FRAMES_IN[kind].inc()
+                await self._admission.acquire()
+                nursery.start_soon(self._bounded, kind, self._handlers.on_available_capacity, value)
+            elif kind == "bootstrap_request":
+                _FRAMES_IN[kind].inc()
+                nursery.start_soon(self._bootstrap, value)
+            elif kind == "ack":
+                _FRAMES_IN[kind].inc()
+                level = logging.INFO if value.echo == "hello" else logging.DEBUG
+                log.log(level, "shard ack echo=%s term=%d epoch=%d cluster=%s", value.echo,
+                        value.coordinator_term, value.shard_epoch, self.config.cluster_id)
+            else:
+                _FRAMES_IN["unknown"].inc()
+                log.warning("unknown ShardMessage payload ignored cluster=%s",
+                            self.config.cluster_id)
+
+    async def _call_handler(self, kind: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """Run one handler; log and count an exception (return None) instead of raising it."""
+        try:
+            return await fn(*args)
+        except Exception:
+            self.stats.handler_errors += 1
+            _HANDLER_ERRORS[kind].inc()
+            log.exception("dispatch failed kind=%s cluster=%s", kind, self.config.cluster_id)
+            return None
+
+    async def _bounded(self, kind: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        try:
+            async with self._slots:
+                metrics.DISPATCH_INFLIGHT.inc()
+                try:
+                    await self._call_handler(kind, fn, *args)
+                finally:
+                    metrics.DISPATCH_INFLIGHT.dec()
+        finally:
+            self._admission.release()
+
+    async def _node_state_worker(self, machine_id: str) -> None:
+        clean = False
+        try:
+            async with self._slots:
+                metrics.DISPATCH_INFLIGHT.inc()
+                try:
+                    while (u := self.node_states.take_next(machine_id)) is not None:
+                        await self._call_handler(
+                            "node_state_update", self._handlers.on_node_state_update, u
+                        )
+                    clean = True
+                finally:
+                    metrics.DISPATCH_INFLIGHT.dec()
+        finally:
+            self._admission.release()
+            if not clean:
+                self.node_states.abandon(machine_id)
+
+    async def _bootstrap(self, req: pb.BootstrapRequest) -> None:
+        metrics.DISPATCH_INFLIGHT.inc()
+        try:
+            try:
+                resp = await self._handlers.on_bootstrap_request(req)
+            except Exception as exc:
+                self.stats.handler_errors += 1
+                _HANDLER_ERRORS["bootstrap_request"].inc()
+                log.exception("dispatch failed kind=bootstrap_request request_id=%s cluster=%s",
+                              req.request_id, self.config.cluster_id)
+                # Answer with an error so the shard falls back now instead of timing out.
+                resp = pb.BootstrapBlobResponse(
+                    request_id=req.request_id, error=f"operator: bootstrap handler failed: {exc}"
+                )
+            if not resp.request_id:
+                resp.request_id = req.request_id
+            self.enqueue(pb.OperatorMessage(bootstrap_response=resp))
+        finally:
+            metrics.DISPATCH_INFLIGHT.dec()

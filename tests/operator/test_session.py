@@ -1,0 +1,423 @@
+"""Session tasks over the in-memory stream (seed 000 "The single outbound stream"; reference §2-4).
+
+All tests use the autojump clock: times asserted are virtual seconds worked out from the rules.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import betterproto
+import pytest
+import trio
+import trio.testing
+from prometheus_client import REGISTRY
+
+from bigfleet_trio.operator.session import Reply, Session, SessionConfig, current_session
+from bigfleet_trio.proto import pb
+from bigfleet_trio.shard.transport import ShardStream, StreamClosed, memory_stream_pair
+
+
+class FakeSource:
+    """Roll-up n carries timestamp_unix_nanos=n so tests can tell roll-ups apart."""
+
+    def __init__(self) -> None:
+        self.built = 0
+        self.after = 0
+        self.after_block: trio.Event | None = None
+        self.fail_build = False
+
+    async def build(self) -> pb.ClusterCapacityNeeds:
+        self.built += 1
+        if self.fail_build:
+            raise RuntimeError("informer not synced")
+        return pb.ClusterCapacityNeeds(timestamp_unix_nanos=self.built)
+
+    async def after_enqueue(self) -> None:
+        self.after += 1
+        if self.after_block is not None:
+            await self.after_block.wait()
+
+
+class FakeHandlers:
+    def __init__(self) -> None:
+        self.block = trio.Event()  # never set unless a test does
+        self.block_bounded = False
+        self.node_delay = 0.0
+        self.node_calls: list[tuple[float, str, str]] = []
+        self.bounded_started = 0
+        self.cancelled = 0
+        self.fail_kinds: set[str] = set()
+
+    async def _maybe_block(self) -> None:
+        if self.block_bounded:
+            try:
+                await self.block.wait()
+            except trio.Cancelled:
+                self.cancelled += 1
+                raise
+
+    async def on_bootstrap_request(self, req: pb.BootstrapRequest) -> pb.BootstrapBlobResponse:
+        if "bootstrap" in self.fail_kinds:
+            raise ValueError("template exploded")
+        return pb.BootstrapBlobResponse(user_data=b"#cloud-config " + req.request_id.encode())
+
+    async def on_reclaim_instruction(self, instr: pb.ReclaimInstruction, reply: Reply) -> None:
+        self.bounded_started += 1
+        if "reclaim" in self.fail_kinds:
+            raise RuntimeError("cordon failed")
+        await self._maybe_block()
+        reply(
+            pb.OperatorMessage(
+                reclaim_ack=pb.ReclaimAck(
+                    instruction_id=instr.instruction_id, nodes_started=len(instr.nodes)
+                )
+            )
+        )
+
+    async def on_node_state_update(self, u: pb.NodeStateUpdate) -> None:
+        self.bounded_started += 1
+        self.node_calls.append((trio.current_time(), u.machine_id, u.supersedes_key))
+        await self._maybe_block()
+        await trio.sleep(self.node_delay)
+
+    async def on_available_capacity(self, u: pb.AvailableCapacityUpdate) -> None:
+        self.bounded_started += 1
+        await self._maybe_block()
+
+
+def payload(msg: Any) -> tuple[str, Any]:
+    return betterproto.which_one_of(msg, "payload")
+
+
+def cfg(**kw: Any) -> SessionConfig:
+    return SessionConfig(cluster_id="c1", **kw)
+
+
+async def start_session(
+    nursery: trio.Nursery,
+    *,
+    buffer: float = math.inf,
+    source: FakeSource | None = None,
+    handlers: FakeHandlers | None = None,
+    **kw: Any,
+) -> tuple[Session, ShardStream, FakeSource, FakeHandlers]:
+    op, shard = memory_stream_pair(buffer)
+    source = source or FakeSource()
+    handlers = handlers or FakeHandlers()
+    session = Session(op, cfg(**kw), source, handlers)
+    nursery.start_soon(session.run)
+    return session, shard, source, handlers
+
+
+def dropped_metric() -> float:
+    return REGISTRY.get_sample_value("bigfleet_operator_outbox_dropped_total") or 0.0
+
+
+async def test_hello_is_first_frame_then_rollup_at_once(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        _, shard, _, _ = await start_session(n)
+        kind, hello = payload(await shard.receive())
+        assert kind == "hello"
+        assert hello.cluster_id == "c1"
+        assert hello.protocol_version == "v1alpha1"
+        t0 = trio.current_time()
+        kind, rollup = payload(await shard.receive())
+        assert kind == "rollup"
+        assert rollup.timestamp_unix_nanos == 1
+        assert rollup.cluster_id == "c1"  # filled in from the config when the source leaves it ""
+        assert trio.current_time() == t0
+        n.cancel_scope.cancel()
+
+
+async def test_rollup_at_once_then_every_interval(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        _, shard, _, _ = await start_session(n, rollup_interval=10.0)
+        t0 = trio.current_time()
+        await shard.receive()  # hello
+        seen = []
+        for _ in range(4):
+            kind, r = payload(await shard.receive())
+            assert kind == "rollup"
+            seen.append((trio.current_time() - t0, r.timestamp_unix_nanos))
+        assert seen == [(0.0, 1), (10.0, 2), (20.0, 3), (30.0, 4)]
+        n.cancel_scope.cancel()
+
+
+async def test_three_rollups_behind_blocked_send_only_last_is_sent(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        # buffer=0: every send waits for the shard to read (a stalled HTTP/2 window).
+        session, shard, _, _ = await start_session(n, buffer=0, rollup_interval=10.0)
+        t0 = trio.current_time()
+        await shard.receive()  # hello; roll-up 1 (t=0) is now stuck in stream.send
+        await trio.sleep(35)  # roll-ups 2, 3, 4 at t=10, 20, 30 queue behind it
+        assert session.stats.rollups_replaced == 2  # 2 replaced by 3, 3 replaced by 4
+        first = payload(await shard.receive())[1].timestamp_unix_nanos
+        second = payload(await shard.receive())[1].timestamp_unix_nanos
+        assert (first, second) == (1, 4)
+        assert trio.current_time() - t0 == 35
+        with trio.move_on_after(4.9):  # nothing else until roll-up 5 at t=40
+            await shard.receive()
+            pytest.fail("a stale roll-up was sent")
+        assert payload(await shard.receive())[1].timestamp_unix_nanos == 5
+        n.cancel_scope.cancel()
+
+
+async def test_257th_outbox_item_dropped_and_counted_session_lives(autojump_clock: Any) -> None:
+    before = dropped_metric()
+    async with trio.open_nursery() as n:
+        session, shard, _, _ = await start_session(n, buffer=0)
+        await shard.receive()  # hello; roll-up 1 now blocks the send task
+        for i in range(257):
+            await shard.send(
+                pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id=f"b{i}"))
+            )
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(session.queues.outbox) == 256
+        assert session.stats.outbox_dropped == 1
+        assert dropped_metric() - before == 1
+        # The session is alive: roll-up 1, then the 256 responses in order (b256 was dropped).
+        assert payload(await shard.receive())[0] == "rollup"
+        ids = []
+        for _ in range(256):
+            kind, resp = payload(await shard.receive())
+            assert kind == "bootstrap_response"
+            ids.append(resp.request_id)
+        assert ids == [f"b{i}" for i in range(256)]
+        # ...and keeps going: the next roll-up and a new request's answer arrive.
+        await shard.send(pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id="late")))
+        got = {payload(await shard.receive())[0] for _ in range(2)}
+        assert got == {"rollup", "bootstrap_response"}
+        n.cancel_scope.cancel()
+
+
+async def test_32_stuck_handlers_bootstrap_still_answered(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        session, shard, _, h = await start_session(n)
+        h.block_bounded = True
+        await shard.receive()  # hello
+        await shard.receive()  # roll-up 1
+        for i in range(32):
+            await shard.send(
+                pb.ShardMessage(node_state_update=pb.NodeStateUpdate(machine_id=f"m{i}"))
+            )
+        # a 33rd apiserver-writing frame must wait for a slot
+        await shard.send(
+            pb.ShardMessage(reclaim_instruction=pb.ReclaimInstruction(instruction_id="r"))
+        )
+        await shard.send(pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id="boot")))
+        with trio.fail_after(1):
+            kind, resp = payload(await shard.receive())
+        assert kind == "bootstrap_response"
+        assert resp.request_id == "boot"
+        assert resp.user_data == b"#cloud-config boot"
+        assert h.bounded_started == 32  # the reclaim is still waiting for a slot
+        h.block.set()  # release: the reclaim runs and its ack goes out
+        kind, ack = payload(await shard.receive())
+        assert (kind, ack.instruction_id) == ("reclaim_ack", "r")
+        assert h.bounded_started == 33
+        n.cancel_scope.cancel()
+
+
+async def test_dispatch_concurrency_is_configurable(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        _, shard, _, h = await start_session(n, dispatch_concurrency=2)
+        h.block_bounded = True
+        for i in range(5):
+            await shard.send(
+                pb.ShardMessage(
+                    available_capacity=pb.AvailableCapacityUpdate(supersedes_key=f"p{i}")
+                )
+            )
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.bounded_started == 2
+        n.cancel_scope.cancel()
+
+
+async def test_recv_pump_blocks_when_admission_backlog_full(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        # 1 slot + 1 backlog: the third bounded frame blocks the recv pump, so a bootstrap
+        # request behind it is not read until a slot frees (backpressure, bounded memory).
+        _, shard, _, h = await start_session(n, dispatch_concurrency=1, dispatch_backlog=1)
+        h.block_bounded = True
+        await shard.receive()  # hello
+        await shard.receive()  # roll-up
+        for i in range(3):
+            await shard.send(
+                pb.ShardMessage(reclaim_instruction=pb.ReclaimInstruction(instruction_id=f"r{i}"))
+            )
+        await shard.send(pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id="b")))
+        with trio.move_on_after(5):
+            await shard.receive()
+            pytest.fail("recv pump should be blocked")
+        h.block.set()
+        kinds = [payload(await shard.receive())[0] for _ in range(4)]
+        assert sorted(kinds) == ["bootstrap_response"] + ["reclaim_ack"] * 3
+        n.cancel_scope.cancel()
+
+
+async def test_100_frames_one_machine_slow_write_at_most_two_calls(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        session, shard, _, h = await start_session(n)
+        h.node_delay = 1.0  # a slow apiserver write
+        t0 = trio.current_time()
+        for i in range(100):
+            await shard.send(
+                pb.ShardMessage(
+                    node_state_update=pb.NodeStateUpdate(
+                        machine_id="m1", supersedes_key=f"s{i}", state=pb.MachineState.CONFIGURING
+                    )
+                )
+            )
+            if i == 0:
+                await trio.testing.wait_all_tasks_blocked()  # the first write is in progress
+        await trio.sleep(10)
+        # call 1 takes frame 0 at t=0; frames 1..99 coalesce; call 2 takes frame 99 at t=1.
+        assert [(t - t0, key) for t, _, key in h.node_calls] == [(0.0, "s0"), (1.0, "s99")]
+        assert session.stats.node_states_coalesced == 98
+        assert not session.node_states.in_flight("m1")
+        n.cancel_scope.cancel()
+
+
+async def test_burst_for_one_machine_last_state_wins(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        _, shard, _, h = await start_session(n)
+        h.node_delay = 1.0
+        for i in range(100):  # back to back, no pause: however the reads interleave...
+            await shard.send(
+                pb.ShardMessage(
+                    node_state_update=pb.NodeStateUpdate(machine_id="m1", supersedes_key=f"s{i}")
+                )
+            )
+        await trio.sleep(10)
+        assert 1 <= len(h.node_calls) <= 2  # ...at most one running + one pending call
+        assert h.node_calls[-1][2] == "s99"  # and the last state wins
+        n.cancel_scope.cancel()
+
+
+async def test_machines_are_handled_concurrently(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        _, shard, _, h = await start_session(n)
+        h.node_delay = 1.0
+        t0 = trio.current_time()
+        for i, m in enumerate(("a", "b", "a", "b")):
+            await shard.send(pb.ShardMessage(node_state_update=pb.NodeStateUpdate(machine_id=m)))
+            if i == 1:
+                await trio.testing.wait_all_tasks_blocked()  # both first writes in progress
+        await trio.sleep(5)
+        starts = sorted((t - t0, m) for t, m, _ in h.node_calls)
+        assert starts == [(0.0, "a"), (0.0, "b"), (1.0, "a"), (1.0, "b")]
+        n.cancel_scope.cancel()
+
+
+async def test_handler_errors_are_counted_and_session_goes_on(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        session, shard, _, h = await start_session(n)
+        h.fail_kinds = {"reclaim", "bootstrap"}
+        await shard.receive()  # hello
+        await shard.receive()  # roll-up
+        await shard.send(
+            pb.ShardMessage(reclaim_instruction=pb.ReclaimInstruction(instruction_id="r"))
+        )
+        await shard.send(pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id="b")))
+        await shard.send(pb.ShardMessage())  # no payload: logged and ignored
+        await shard.send(pb.ShardMessage(ack=pb.Acknowledgement(echo="rollup", coordinator_term=3)))
+        kind, resp = payload(await shard.receive())
+        # a failing bootstrap handler still answers, with the error echoed (shard falls back now)
+        assert (kind, resp.request_id) == ("bootstrap_response", "b")
+        assert "template exploded" in resp.error
+        await trio.testing.wait_all_tasks_blocked()
+        assert session.stats.handler_errors == 2
+        assert session.stats.frames_in == 4
+        kind, _ = payload(await shard.receive())  # next tick: still alive
+        assert kind == "rollup"
+        n.cancel_scope.cancel()
+
+
+async def test_rollup_build_error_keeps_session(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        src = FakeSource()
+        src.fail_build = True
+        session, shard, _, _ = await start_session(n, source=src, rollup_interval=10.0)
+        await shard.receive()  # hello
+        await trio.sleep(15)  # builds at t=0 and t=10 fail
+        assert session.stats.rollup_errors == 2
+        src.fail_build = False
+        t0 = trio.current_time()
+        kind, r = payload(await shard.receive())
+        assert (kind, r.timestamp_unix_nanos, trio.current_time() - t0) == ("rollup", 3, 5.0)
+        n.cancel_scope.cancel()
+
+
+async def test_after_enqueue_never_delays_ticks_nor_overlaps(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        src = FakeSource()
+        src.after_block = trio.Event()
+        _, shard, _, _ = await start_session(n, source=src, rollup_interval=10.0)
+        t0 = trio.current_time()
+        await shard.receive()  # hello
+        times = []
+        for _ in range(3):
+            await shard.receive()
+            times.append(trio.current_time() - t0)
+        assert times == [0.0, 10.0, 20.0]  # the hook (still blocked) did not delay the ticks
+        assert src.after == 1  # and did not run concurrently with itself
+        src.after_block.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert src.after == 2  # one catch-up run for the roll-ups enqueued meanwhile
+        n.cancel_scope.cancel()
+
+
+async def test_recv_error_cancels_send_rollup_and_handlers(autojump_clock: Any) -> None:
+    op, shard = memory_stream_pair()
+    h = FakeHandlers()
+    h.block_bounded = True
+    session = Session(op, cfg(), FakeSource(), h)
+    seen_session: list[Session | None] = []
+
+    async def shard_side() -> None:
+        await shard.receive()
+        await shard.send(
+            pb.ShardMessage(reclaim_instruction=pb.ReclaimInstruction(instruction_id="x"))
+        )
+        await trio.sleep(3)
+        await shard.aclose()  # the peer goes away: recv raises StreamClosed
+
+    orig = h.on_reclaim_instruction
+
+    async def spy(instr: pb.ReclaimInstruction, reply: Reply) -> None:
+        seen_session.append(current_session())
+        await orig(instr, reply)
+
+    h.on_reclaim_instruction = spy  # type: ignore[method-assign]
+    t0 = trio.current_time()
+    async with trio.open_nursery() as n:
+        n.start_soon(shard_side)
+        with pytest.raises(StreamClosed):
+            await session.run()
+    # run() returning at all means send and roll-up (infinite loops) were cancelled.
+    assert trio.current_time() - t0 == 3
+    assert h.cancelled == 1  # the stuck handler was cancelled with the session
+    assert session.closing.is_set()
+    assert seen_session == [session]  # handlers can find their session
+    assert current_session() is None
+
+
+async def test_send_error_ends_session(autojump_clock: Any) -> None:
+    op, shard = memory_stream_pair()
+    session = Session(op, cfg(), FakeSource(), FakeHandlers())
+    await shard.aclose()
+    with pytest.raises(StreamClosed):
+        await session.run()  # Hello cannot be sent
+
+
+def test_session_config_validation() -> None:
+    with pytest.raises(ValueError, match="cluster_id"):
+        SessionConfig(cluster_id="")
+    with pytest.raises(ValueError, match="rollup_interval"):
+        SessionConfig(cluster_id="c", rollup_interval=0)
+    with pytest.raises(ValueError, match="dispatch_concurrency"):
+        SessionConfig(cluster_id="c", dispatch_concurrency=0)
+    with pytest.raises(ValueError, match="outbox_capacity"):
+        SessionConfig(cluster_id="c", outbox_capacity=0)
