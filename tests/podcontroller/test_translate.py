@@ -693,8 +693,7 @@ def test_is_terminal(status: dict[str, Any] | None, expected: bool) -> None:
         # sha256("ABC") = b5d4045c3f466fa91fe2cc6abe79232a1a57cdf104f7a26e716e0a1e2789df78
         pytest.param(
             "ABC",
-            "cr-b5d4045c3f466fa91fe2cc6abe7923"
-            "2a1a57cdf104f7a26e716e0a1e2789df78",
+            "cr-b5d4045c3f466fa91fe2cc6abe79232a1a57cdf104f7a26e716e0a1e2789df78",
             id="uppercase-hashed",
         ),
     ],
