@@ -1,0 +1,547 @@
+"""NodeStateUpdate -> UpcomingNode (seed 000 "UpcomingNode"; ref §6, §18.5, §18.7, §18.15)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import trio
+
+from bigfleet_trio.kube.errors import (
+    AlreadyExists,
+    Conflict,
+    Forbidden,
+    KubeTransportError,
+    NotFound,
+    ServerError,
+)
+from bigfleet_trio.kube.resources import UPCOMING_NODES, Resource
+from bigfleet_trio.operator.upcoming import (
+    DELETE,
+    DrainMemory,
+    UpcomingNodeHandler,
+    merge_diff,
+    phase_for_state,
+    plan_node_state_update,
+    spec_equal,
+    spec_from_update,
+    upcoming_node_name,
+)
+from bigfleet_trio.proto import pb
+
+MS = pb.MachineState
+NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+NOW_S = "2026-03-01T12:00:00Z"
+
+
+def nsu(state: int, machine_id: str = "m-1", **kw: Any) -> pb.NodeStateUpdate:
+    return pb.NodeStateUpdate(
+        supersedes_key=f"node:{machine_id}", machine_id=machine_id, state=state, **kw
+    )
+
+
+def obj(
+    phase: str | None = None, spec: dict[str, Any] | None = None, **status: Any
+) -> dict[str, Any]:
+    o: dict[str, Any] = {"metadata": {"name": "un-m-1"}, "spec": spec or {"resources": {}}}
+    if phase is not None:
+        o["status"] = {"phase": phase, "provisioningStartTime": "2026-01-01T00:00:00Z", **status}
+    return o
+
+
+# --------------------------------------------------------------------------- pure
+
+
+@pytest.mark.parametrize(
+    ("state", "phase"),
+    [
+        (MS.SPECULATIVE, "Provisioning"),
+        (MS.CREATING, "Provisioning"),
+        (MS.IDLE, "Launched"),
+        (MS.CONFIGURING, "Registered"),
+        (MS.CONFIGURED, "Ready"),
+        (MS.DRAINING, "Draining"),
+        (MS.DELETING, DELETE),
+        (MS.FAILED, "Failed"),
+        (MS.UNSPECIFIED, None),
+        (42, None),
+    ],
+)
+def test_phase_table(state: int, phase: str | None) -> None:
+    assert phase_for_state(state) == phase
+
+
+def test_name_valid_is_verbatim() -> None:
+    assert upcoming_node_name("m-000123") == "un-m-000123"
+    assert upcoming_node_name("i-0abc.zone-a") == "un-i-0abc.zone-a"
+
+
+def test_name_sanitised_with_hash_suffix() -> None:
+    h = hashlib.sha256(b"Pool/M_7").hexdigest()[:8]
+    assert upcoming_node_name("Pool/M_7") == f"un-pool-m-7-{h}"
+    # two IDs that sanitise alike still differ
+    assert upcoming_node_name("pool/m_7") != upcoming_node_name("Pool/M_7")
+
+
+def test_name_trailing_junk_stripped() -> None:
+    h = hashlib.sha256(b"abc_").hexdigest()[:8]
+    assert upcoming_node_name("abc_") == f"un-abc-{h}"
+
+
+def test_name_too_long_is_truncated() -> None:
+    mid = "a" * 300
+    name = upcoming_node_name(mid)
+    assert name is not None
+    assert len(name) == 253
+    assert name.endswith("-" + hashlib.sha256(mid.encode()).hexdigest()[:8])
+
+
+@pytest.mark.parametrize("mid", ["", "___", "//"])
+def test_name_rejected(mid: str) -> None:
+    assert upcoming_node_name(mid) is None
+
+
+def test_spec_from_update() -> None:
+    u = nsu(
+        MS.IDLE,
+        labels={"zone": "a"},
+        resources=pb.Resources(resources={"memory": "1024Mi", "cpu": "2000m", "bad": "x1"}),
+        taints=[pb.Taint(key="k", value="v", effect="NoSchedule")],
+    )
+    assert spec_from_update(u) == {
+        "resources": {"cpu": "2", "memory": "1Gi"},
+        "labels": {"zone": "a"},
+        "taints": [{"key": "k", "value": "v", "effect": "NoSchedule"}],
+    }
+    assert spec_from_update(nsu(MS.IDLE)) == {"resources": {}}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "equal"),
+    [
+        ({"resources": {}}, {"resources": {}}, True),
+        (None, {"resources": {}}, True),
+        ({"resources": {"memory": "1024Mi"}}, {"resources": {"memory": "1Gi"}}, True),
+        ({"resources": {"memory": "1000Mi"}}, {"resources": {"memory": "1Gi"}}, False),
+        ({"resources": {"memory": "junk"}}, {"resources": {"memory": "1Gi"}}, False),
+        ({"resources": {}, "labels": {"x": ""}}, {"resources": {}, "labels": {"y": ""}}, False),
+        ({"resources": {}, "labels": {}}, {"resources": {}}, True),
+        (
+            {"resources": {}, "taints": [{"key": "a", "effect": "NoSchedule", "timeAdded": "t"}]},
+            {"resources": {}, "taints": [{"key": "a", "value": "", "effect": "NoSchedule"}]},
+            True,
+        ),
+        (
+            {"resources": {}, "taints": [{"key": "a"}, {"key": "b"}]},
+            {"resources": {}, "taints": [{"key": "b"}, {"key": "a"}]},
+            False,
+        ),
+    ],
+)
+def test_spec_equal(old: dict[str, Any] | None, new: dict[str, Any], equal: bool) -> None:
+    assert spec_equal(old, new) is equal
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "patch"),
+    [
+        ({"a": 1}, {"a": 1}, {}),
+        ({"a": 1}, {"a": 2}, {"a": 2}),
+        ({"a": 1, "b": 2}, {"a": 1}, {"b": None}),
+        ({"m": {"x": "1", "y": "2"}}, {"m": {"x": "1", "z": "3"}}, {"m": {"y": None, "z": "3"}}),
+        ({"l": [1, 2]}, {"l": [2]}, {"l": [2]}),
+        (None, {"a": {"b": 1}}, {"a": {"b": 1}}),
+    ],
+)
+def test_merge_diff(old: dict[str, Any] | None, new: dict[str, Any], patch: dict[str, Any]) -> None:
+    assert merge_diff(old, new) == patch
+
+
+def test_plan_first_sight_creates_then_full_status() -> None:
+    p = plan_node_state_update(nsu(MS.CREATING, provider_id="aws:///i-1"), None, None, NOW)
+    assert p.op == "create"
+    assert p.name == "un-m-1"
+    assert p.spec == {"resources": {}}
+    assert p.status_patch == {
+        "status": {
+            "phase": "Provisioning",
+            "providerID": "aws:///i-1",
+            "provisioningStartTime": NOW_S,
+        }
+    }
+
+
+def test_plan_status_patch_only_changed_fields_and_sticky() -> None:
+    existing = obj(
+        "Launched", providerID="p-1", nodeRef={"kind": "Node", "name": "n1"}, lastError="e"
+    )
+    p = plan_node_state_update(nsu(MS.CONFIGURED), existing, None, NOW)
+    assert p.op == "update"
+    assert p.spec_patch is None
+    # empty provider_id / node_name / last_error never clear the stored values
+    assert p.status_patch == {"status": {"phase": "Ready"}}
+
+
+def test_plan_node_ref_from_node_name() -> None:
+    existing = obj("Registered")
+    p = plan_node_state_update(nsu(MS.CONFIGURED, node_name="ip-10-0-0-1"), existing, None, NOW)
+    assert p.status_patch == {
+        "status": {"phase": "Ready", "nodeRef": {"kind": "Node", "name": "ip-10-0-0-1"}}
+    }
+
+
+def test_plan_noop_short_circuit() -> None:
+    existing = obj("Ready", providerID="p", nodeRef={"kind": "Node", "name": "n", "uid": "u"})
+    p = plan_node_state_update(
+        nsu(MS.CONFIGURED, provider_id="p", node_name="n"), existing, None, NOW
+    )
+    assert p.op == "update"
+    assert p.spec_patch is None and p.status_patch is None
+    assert p.reason == "no-op"
+
+
+def test_plan_noop_needs_provisioning_start_time() -> None:
+    existing = {
+        "metadata": {"name": "un-m-1"},
+        "spec": {"resources": {}},
+        "status": {"phase": "Ready"},
+    }
+    p = plan_node_state_update(nsu(MS.CONFIGURED), existing, None, NOW)
+    assert p.status_patch == {"status": {"provisioningStartTime": NOW_S}}
+
+
+def test_plan_failed_sets_last_error() -> None:
+    p = plan_node_state_update(nsu(MS.FAILED, last_error="quota"), obj("Provisioning"), None, NOW)
+    assert p.status_patch == {"status": {"phase": "Failed", "lastError": "quota"}}
+
+
+def test_plan_spec_patch_changed_fields_only() -> None:
+    existing = obj(
+        "Launched",
+        spec={"resources": {"cpu": "2", "memory": "1024Mi"}, "labels": {"a": "1", "b": "2"}},
+    )
+    u = nsu(
+        MS.IDLE,
+        labels={"a": "1", "c": "3"},
+        resources=pb.Resources(resources={"cpu": "2", "memory": "1Gi"}),
+    )
+    p = plan_node_state_update(u, existing, None, NOW)
+    assert p.spec_patch == {"spec": {"labels": {"b": None, "c": "3"}}}
+    assert p.status_patch is None
+
+
+def test_plan_spec_unchanged_no_spec_patch() -> None:
+    existing = obj("Launched", spec={"resources": {"cpu": "2"}, "labels": {"a": "1"}})
+    u = nsu(MS.IDLE, labels={"a": "1"}, resources=pb.Resources(resources={"cpu": "2000m"}))
+    assert plan_node_state_update(u, existing, None, NOW).spec_patch is None
+
+
+def test_plan_labels_removed_entirely() -> None:
+    existing = obj("Launched", spec={"resources": {}, "labels": {"a": "1"}})
+    p = plan_node_state_update(nsu(MS.IDLE), existing, None, NOW)
+    assert p.spec_patch == {"spec": {"labels": None}}
+
+
+@pytest.mark.parametrize(
+    ("stored", "memory", "op", "mem_after"),
+    [
+        # Draining -> Idle, sequential
+        ("Draining", "draining", "delete", "drained"),
+        ("Draining", None, "delete", "drained"),
+        # Draining+Idle coalesced into one Idle frame after a reclaim-started drain
+        ("Ready", "draining", "delete", "drained"),
+        # ... and without the reclaim path: Ready -> Idle still means the machine left
+        ("Ready", None, "delete", "drained"),
+        ("Registered", None, "delete", "drained"),
+        # reclaim wrote Drained (object still there) then Idle arrives
+        ("Drained", "drained", "delete", "drained"),
+        # reclaim wrote Drained and deleted; replayed Idle must not recreate
+        (None, "drained", "ignore", "keep"),
+        (None, "draining", "ignore", "keep"),
+        # plain Idle: Launched
+        ("Provisioning", None, "update", "keep"),
+        (None, None, "create", "keep"),
+        ("Failed", None, "update", "keep"),
+    ],
+)
+def test_drained_inference(stored: str | None, memory: Any, op: str, mem_after: str) -> None:
+    existing = obj(stored) if stored is not None else None
+    p = plan_node_state_update(nsu(MS.IDLE), existing, memory, NOW)
+    assert p.op == op
+    assert p.memory == mem_after
+    if op in ("delete", "ignore") and (memory or stored not in (None, "Provisioning", "Failed")):
+        assert p.phase == "Drained"
+
+
+@pytest.mark.parametrize(
+    ("state", "memory", "mem_after"),
+    [
+        (MS.DRAINING, None, "draining"),
+        (MS.CONFIGURING, "drained", "forget"),
+        (MS.CREATING, "draining", "forget"),
+        (MS.FAILED, "draining", "keep"),
+    ],
+)
+def test_memory_transitions(state: int, memory: Any, mem_after: str) -> None:
+    assert plan_node_state_update(nsu(state), obj("Ready"), memory, NOW).memory == mem_after
+
+
+def test_plan_deleting_and_unspecified() -> None:
+    assert plan_node_state_update(nsu(MS.DELETING), obj("Ready"), None, NOW).op == "delete"
+    assert plan_node_state_update(nsu(MS.DELETING), None, None, NOW).op == "ignore"
+    p = plan_node_state_update(nsu(MS.UNSPECIFIED), obj("Ready"), None, NOW)
+    assert (p.op, p.name) == ("ignore", "un-m-1")
+
+
+def test_plan_rejects_empty_and_invalid_machine_id() -> None:
+    assert plan_node_state_update(nsu(MS.IDLE, machine_id=""), None, None, NOW).op == "ignore"
+    assert plan_node_state_update(nsu(MS.IDLE, machine_id="__"), None, None, NOW).op == "ignore"
+
+
+def test_drain_memory_bounded() -> None:
+    m = DrainMemory(capacity=2)
+    m.mark_draining("a")
+    m.mark_drained("b")
+    m.mark_draining("c")
+    assert (m.get("a"), m.get("b"), m.get("c"), len(m)) == (None, "drained", "draining", 2)
+    m.forget("b")
+    assert m.get("b") is None
+
+
+# --------------------------------------------------------------------------- handler
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        elif isinstance(v, dict) and isinstance(target.get(k), dict):
+            _merge(target[k], v)
+        else:
+            target[k] = copy.deepcopy(v)
+
+
+class FakeKube:
+    """In-memory cluster-scoped objects with status-subresource semantics and error injection."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str, Any]] = []
+        self.fail: dict[str, list[Exception]] = {}
+
+    def _maybe_fail(self, op: str) -> None:
+        errs = self.fail.get(op)
+        if errs:
+            raise errs.pop(0)
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        self._maybe_fail("get")
+        if name not in self.objects:
+            raise NotFound(404, "NotFound", name)
+        return copy.deepcopy(self.objects[name])
+
+    async def create(
+        self, res: Resource, body: dict[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        self.calls.append(("create", body["metadata"]["name"], copy.deepcopy(body)))
+        self._maybe_fail("create")
+        name = body["metadata"]["name"]
+        if name in self.objects:
+            raise AlreadyExists(409, "AlreadyExists", name)
+        stored = copy.deepcopy(body)
+        stored.pop("status", None)
+        self.objects[name] = stored
+        return copy.deepcopy(stored)
+
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        patch_type: str = "merge",
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        assert res == UPCOMING_NODES and patch_type == "merge"
+        self.calls.append(("patch/" + (subresource or "main"), name, copy.deepcopy(patch)))
+        self._maybe_fail("patch")
+        if name not in self.objects:
+            raise NotFound(404, "NotFound", name)
+        part = (
+            {"status": patch["status"]}
+            if subresource == "status"
+            else {k: v for k, v in patch.items() if k != "status"}
+        )
+        _merge(self.objects[name], part)
+        return copy.deepcopy(self.objects[name])
+
+    async def delete(
+        self, res: Resource, name: str, namespace: str | None = None, **kw: Any
+    ) -> None:
+        await trio.lowlevel.checkpoint()
+        self.calls.append(("delete", name, None))
+        self._maybe_fail("delete")
+        if name not in self.objects:
+            raise NotFound(404, "NotFound", name)
+        del self.objects[name]
+
+    def writes(self) -> list[tuple[str, str, Any]]:
+        out = list(self.calls)
+        self.calls.clear()
+        return out
+
+
+def handler(kube: FakeKube, memory: DrainMemory | None = None) -> UpcomingNodeHandler:
+    return UpcomingNodeHandler(kube, memory or DrainMemory(), now=lambda: NOW)
+
+
+async def test_lifecycle_to_drained_deleted(autojump_clock: trio.abc.Clock) -> None:
+    kube = FakeKube()
+    h = handler(kube)
+    await h.on_node_state_update(nsu(MS.CREATING, labels={"zone": "a"}))
+    assert kube.writes() == [
+        (
+            "create",
+            "un-m-1",
+            {
+                "apiVersion": "bigfleet.lucy.sh/v1alpha1",
+                "kind": "UpcomingNode",
+                "metadata": {"name": "un-m-1"},
+                "spec": {"resources": {}, "labels": {"zone": "a"}},
+            },
+        ),
+        (
+            "patch/status",
+            "un-m-1",
+            {"status": {"phase": "Provisioning", "provisioningStartTime": NOW_S}},
+        ),
+    ]
+    await h.on_node_state_update(nsu(MS.IDLE, labels={"zone": "a"}, provider_id="p-1"))
+    assert kube.writes() == [
+        ("patch/status", "un-m-1", {"status": {"phase": "Launched", "providerID": "p-1"}})
+    ]
+    await h.on_node_state_update(nsu(MS.CONFIGURED, labels={"zone": "a"}, node_name="n-1"))
+    assert kube.writes() == [
+        (
+            "patch/status",
+            "un-m-1",
+            {"status": {"phase": "Ready", "nodeRef": {"kind": "Node", "name": "n-1"}}},
+        )
+    ]
+    # rebroadcast on reconnect: nothing written
+    await h.on_node_state_update(nsu(MS.CONFIGURED, labels={"zone": "a"}))
+    assert kube.writes() == []
+    assert kube.objects["un-m-1"]["status"] == {
+        "phase": "Ready",
+        "provisioningStartTime": NOW_S,
+        "providerID": "p-1",
+        "nodeRef": {"kind": "Node", "name": "n-1"},
+    }
+    await h.on_node_state_update(nsu(MS.DRAINING, labels={"zone": "a"}))
+    assert kube.writes() == [("patch/status", "un-m-1", {"status": {"phase": "Draining"}})]
+    assert h.memory.get("un-m-1") == "draining"
+    await h.on_node_state_update(nsu(MS.IDLE, labels={"zone": "a"}))
+    assert kube.writes() == [("delete", "un-m-1", None)]
+    assert kube.objects == {}
+    # a replayed Idle does not resurrect the object
+    await h.on_node_state_update(nsu(MS.IDLE, labels={"zone": "a"}))
+    assert kube.writes() == []
+    assert kube.objects == {}
+
+
+async def test_coalesced_draining_idle_deletes(autojump_clock: trio.abc.Clock) -> None:
+    kube = FakeKube()
+    kube.objects["un-m-1"] = obj("Ready")
+    await handler(kube).on_node_state_update(nsu(MS.IDLE))
+    assert kube.writes() == [("delete", "un-m-1", None)]
+
+
+async def test_reclaim_drained_then_idle(autojump_clock: trio.abc.Clock) -> None:
+    kube = FakeKube()
+    memory = DrainMemory()
+    memory.mark_drained("un-m-1")  # the reclaim path wrote Drained and deleted the object
+    await handler(kube, memory).on_node_state_update(nsu(MS.IDLE))
+    assert kube.writes() == []
+    assert kube.objects == {}
+
+
+async def test_conflict_and_transient_errors_retried(autojump_clock: trio.abc.Clock) -> None:
+    kube = FakeKube()
+    kube.objects["un-m-1"] = obj("Launched")
+    kube.fail = {
+        "patch": [Conflict(409, "Conflict", "x"), ServerError(503, "ServiceUnavailable", "y")],
+        "get": [KubeTransportError("reset")],
+    }
+    await handler(kube).on_node_state_update(nsu(MS.CONFIGURING))
+    assert kube.objects["un-m-1"]["status"]["phase"] == "Registered"
+    assert [c[0] for c in kube.writes()] == ["patch/status"] * 3
+
+
+async def test_permanent_error_gives_up_without_raising(autojump_clock: trio.abc.Clock) -> None:
+    kube = FakeKube()
+    kube.objects["un-m-1"] = obj("Launched")
+    kube.fail = {"patch": [Forbidden(403, "Forbidden", "rbac")]}
+    await handler(kube).on_node_state_update(nsu(MS.CONFIGURING))
+    assert len(kube.writes()) == 1
+    assert kube.objects["un-m-1"]["status"]["phase"] == "Launched"
+
+
+async def test_transient_forever_gives_up(autojump_clock: trio.abc.Clock) -> None:
+    kube = FakeKube()
+    kube.objects["un-m-1"] = obj("Launched")
+    kube.fail = {"patch": [ServerError(500, "InternalError", "x") for _ in range(20)]}
+    await handler(kube).on_node_state_update(nsu(MS.CONFIGURING))
+    assert len(kube.writes()) == 8
+
+
+async def test_concurrent_create_replans(autojump_clock: trio.abc.Clock) -> None:
+    kube = FakeKube()
+    real_get = kube.get
+    first = True
+
+    async def get_then_race(
+        res: Resource, name: str, namespace: str | None = None
+    ) -> dict[str, Any]:
+        nonlocal first
+        if first:
+            first = False
+            kube.objects[name] = obj("Provisioning")  # someone creates it right after our Get
+            raise NotFound(404, "NotFound", name)
+        return await real_get(res, name, namespace)
+
+    kube.get = get_then_race  # type: ignore[method-assign]
+    await handler(kube).on_node_state_update(nsu(MS.IDLE))
+    assert [c[0] for c in kube.writes()] == ["create", "patch/status"]
+    assert kube.objects["un-m-1"]["status"]["phase"] == "Launched"
+
+
+async def test_unspecified_writes_nothing_and_deleting_deletes(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    kube = FakeKube()
+    kube.objects["un-m-1"] = obj("Ready")
+    h = handler(kube)
+    await h.on_node_state_update(nsu(MS.UNSPECIFIED))
+    assert kube.writes() == []
+    await h.on_node_state_update(nsu(MS.DELETING))
+    assert kube.writes() == [("delete", "un-m-1", None)]
+    await h.on_node_state_update(nsu(MS.DELETING))
+    assert kube.writes() == []
+
+
+async def test_spec_refresh_written_once(autojump_clock: trio.abc.Clock) -> None:
+    kube = FakeKube()
+    kube.objects["un-m-1"] = obj("Launched", spec={"resources": {"cpu": "2"}, "labels": {"a": "1"}})
+    h = handler(kube)
+    u = nsu(MS.IDLE, labels={"a": "2"}, resources=pb.Resources(resources={"cpu": "2"}))
+    await h.on_node_state_update(u)
+    assert kube.writes() == [("patch/main", "un-m-1", {"spec": {"labels": {"a": "2"}}})]
+    await h.on_node_state_update(u)
+    assert kube.writes() == []
