@@ -387,6 +387,7 @@ class KubeClient:
         timeout_seconds: int | None = None,
         allow_bookmarks: bool = True,
         inactivity_timeout: float | None = None,
+        retry: bool = True,
     ) -> AsyncIterator[WatchStream]:
         """Open a watch; yields a :class:`WatchStream` of events.
 
@@ -396,6 +397,8 @@ class KubeClient:
         Args:
             inactivity_timeout: seconds without any line after which the stream raises
                 WatchInactivityTimeout (None = wait forever).
+            retry: retry opening like a read (False: one attempt; the informer runs its own
+                backoff).
         """
         path = res.collection_path(namespace if res.namespaced else None)
         params = _clean({"watch": "1", "resourceVersion": resource_version or None,
@@ -403,9 +406,12 @@ class KubeClient:
                          "timeoutSeconds": timeout_seconds, "labelSelector": label_selector,
                          "fieldSelector": field_selector})
         response: httpx.Response | None = None
-        async for attempt in self._retrying(_READ_RETRY):
-            with attempt:
-                response = await self._open_stream(path, params)
+        if not retry or self.max_attempts == 1:
+            response = await self._open_stream(path, params)
+        else:
+            async for attempt in self._retrying(_READ_RETRY):
+                with attempt:
+                    response = await self._open_stream(path, params)
         assert response is not None
         try:
             yield WatchStream(response, inactivity_timeout)

@@ -148,7 +148,7 @@ def relist_diff(
     cached: Mapping[str, Any],
     fresh: Mapping[str, Any],
     equal: Callable[[Any, Any], bool] | None = None,
-) -> list[tuple[EventType, Any, Any]]:
+) -> list[tuple[EventType, str, Any, Any]]:
     """Events that turn ``cached`` into ``fresh`` (both keyed like :func:`object_key`).
 
     Args:
@@ -158,22 +158,22 @@ def relist_diff(
             objects, so a change the transform drops is not an update).
 
     Returns:
-        ``(type, old, new)`` triples: first ``("DELETED", old, None)`` for keys only in
-        ``cached`` (in cache order), then, in ``fresh`` order, ``("ADDED", None, new)`` for new
-        keys and ``("MODIFIED", old, new)`` for keys whose object differs. Unchanged keys
-        produce nothing.
+        ``(type, key, old, new)`` tuples: first ``("DELETED", key, old, None)`` for keys only in
+        ``cached`` (in cache order), then, in ``fresh`` order, ``("ADDED", key, None, new)`` for
+        new keys and ``("MODIFIED", key, old, new)`` for keys whose object differs. Unchanged
+        keys produce nothing.
     """
     eq = equal or (lambda a, b: bool(a == b))
-    out: list[tuple[EventType, Any, Any]] = []
+    out: list[tuple[EventType, str, Any, Any]] = []
     for key, old in cached.items():
         if key not in fresh:
-            out.append(("DELETED", old, None))
+            out.append(("DELETED", key, old, None))
     for key, new in fresh.items():
         old = cached.get(key)
         if old is None:
-            out.append(("ADDED", None, new))
+            out.append(("ADDED", key, None, new))
         elif not eq(old, new):
-            out.append(("MODIFIED", old, new))
+            out.append(("MODIFIED", key, old, new))
     return out
 
 

@@ -90,6 +90,7 @@ class FakeKube:
     oldest_rv: int = 0
     watchers: list[_Watcher] = field(default_factory=list)
     requests: list[httpx.Request] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
     injected: list[_Injected] = field(default_factory=list)
     partitioned: set[str] = field(default_factory=set)
     expire_continue: bool = False
@@ -159,6 +160,9 @@ class FakeKube:
     def watch_requests(self) -> list[httpx.Request]:
         return [r for r in self.requests if r.url.params.get("watch") == "1"]
 
+    def watch_times(self) -> list[float]:
+        return [t for r, t in zip(self.requests, self.times) if r.url.params.get("watch") == "1"]
+
     # -- internals ---------------------------------------------------------------------------
 
     def _send(self, w: _Watcher, doc: dict[str, Any]) -> None:
@@ -191,6 +195,7 @@ class FakeKube:
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
+        self.times.append(trio.current_time())
         path = request.url.path
         for inj in list(self.injected):
             if inj.method == request.method and inj.pattern in path:

@@ -1,0 +1,387 @@
+"""Informer = reflector (LIST + resumable WATCH) feeding an indexed in-memory store (issue 4).
+
+Follows ../shared/notes/ecosystem.md §1.7 and client-go's ``tools/cache`` reflector:
+
+* LIST with ``limit``/``continue`` pages (a 410 on a continue token restarts the list); each
+  item is keyed (``"ns/name"`` or ``"name"``) and passed through the optional ``transform``
+  as soon as its page arrives, so only slim projections stay in memory.
+* WATCH from the list's resourceVersion with ``allowWatchBookmarks=true`` and a randomised
+  ``timeoutSeconds`` in [300, 600]; the resourceVersion advances on every event including
+  BOOKMARKs. A clean end re-watches at once from the last resourceVersion.
+* Every line read runs under an inactivity deadline (``inactivity_timeout``, 90 s, a Trio
+  cancel scope); on expiry the watch is re-opened from the last resourceVersion.
+* HTTP 410 or an ERROR event with code 410 → relist, and the fresh list is diffed against the
+  store: vanished keys get a synthesised DELETED, changed ones MODIFIED, new ones ADDED
+  (:func:`bigfleet_trio.kube.watch.relist_diff`).
+* Other failures → exponential backoff with jitter (0.8 s doubling to 30 s, reset after 2 min
+  healthy; at least ``Retry-After`` on 429), then re-watch from the last resourceVersion (or
+  re-list if the list itself failed).
+
+Handlers run synchronously in event order inside the informer task; exceptions they raise are
+logged and swallowed. Handlers must not block.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from .client import KubeClient
+from .errors import ApiError, Expired, KubeTransportError, TooManyRequests, WatchInactivityTimeout, error_from_status
+from .resources import Resource
+from .watch import Backoff, ResourceVersionTracker, WatchEvent, is_expired, object_key, relist_diff
+
+__all__ = ["Store", "Informer", "Transform", "IndexFunc"]
+
+log = logging.getLogger(__name__)
+
+Transform = Callable[[dict[str, Any]], Any]
+IndexFunc = Callable[[Any], list[str]]
+
+
+class Store:
+    """Keyed cache with secondary indexes (client-go ``cache.Indexer`` analogue).
+
+    Keys are ``"namespace/name"`` for namespaced objects and ``"name"`` for cluster-scoped ones.
+    Values are whatever the informer's transform produced (the raw dict without one).
+
+    Args:
+        indexers: index name → function(stored object) → list of index values.
+    """
+
+    __slots__ = ("_items", "_indexers", "_indices")
+
+    def __init__(self, indexers: dict[str, IndexFunc] | None = None):
+        self._items: dict[str, Any] = {}
+        self._indexers: dict[str, IndexFunc] = dict(indexers or {})
+        self._indices: dict[str, dict[str, set[str]]] = {name: {} for name in self._indexers}
+
+    def get(self, key: str) -> Any | None:
+        """Object stored under ``key``, or None."""
+        return self._items.get(key)
+
+    def list(self) -> list[Any]:
+        """All stored objects (insertion order)."""
+        return list(self._items.values())
+
+    def keys(self) -> list[str]:
+        """All keys (insertion order)."""
+        return list(self._items)
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        """Iterate ``(key, object)`` pairs (do not mutate the store while iterating)."""
+        return iter(self._items.items())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def index_keys(self, name: str, value: str) -> list[str]:
+        """Keys whose objects the indexer ``name`` maps to ``value`` (sorted).
+
+        Raises:
+            KeyError: no such indexer.
+        """
+        return sorted(self._indices[name].get(value, ()))
+
+    def by_index(self, name: str, value: str) -> list[Any]:
+        """Objects whose indexer ``name`` yields ``value`` (sorted by key).
+
+        Raises:
+            KeyError: no such indexer.
+        """
+        items = self._items
+        return [items[k] for k in self.index_keys(name, value)]
+
+    def index_values(self, name: str) -> list[str]:
+        """Distinct values currently present in index ``name``."""
+        return list(self._indices[name])
+
+    # -- mutation (the informer's) -------------------------------------------------------------
+
+    def _values(self, name: str, fn: IndexFunc, obj: Any) -> list[str]:
+        try:
+            return list(fn(obj) or ())
+        except Exception:  # a broken indexer must not take the informer down
+            log.exception("kube indexer failed index=%s", name)
+            return []
+
+    def _unindex(self, key: str, obj: Any) -> None:
+        for name, fn in self._indexers.items():
+            idx = self._indices[name]
+            for value in self._values(name, fn, obj):
+                keys = idx.get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del idx[value]
+
+    def _index(self, key: str, obj: Any) -> None:
+        for name, fn in self._indexers.items():
+            idx = self._indices[name]
+            for value in self._values(name, fn, obj):
+                idx.setdefault(value, set()).add(key)
+
+    def _set(self, key: str, obj: Any) -> Any | None:
+        old = self._items.get(key)
+        if old is not None and self._indexers:
+            self._unindex(key, old)
+        self._items[key] = obj
+        if self._indexers:
+            self._index(key, obj)
+        return old
+
+    def _pop(self, key: str) -> Any | None:
+        old = self._items.pop(key, None)
+        if old is not None and self._indexers:
+            self._unindex(key, old)
+        return old
+
+    def _replace_all(self, items: dict[str, Any]) -> None:
+        self._items = items
+        self._indices = {name: {} for name in self._indexers}
+        if self._indexers:
+            for key, obj in items.items():
+                self._index(key, obj)
+
+
+@dataclass(frozen=True, slots=True)
+class _Handler:
+    on_add: Callable[[Any], None] | None
+    on_update: Callable[[Any, Any], None] | None
+    on_delete: Callable[[Any], None] | None
+
+
+class Informer:
+    """List+watch one resource into a :class:`Store` and fan events out to handlers.
+
+    Args:
+        client: the :class:`KubeClient`.
+        res: resource to mirror.
+        namespace: restrict to one namespace (None = all / cluster-scoped).
+        label_selector, field_selector: server-side filters.
+        transform: ``obj -> stored value`` applied to every object before storing
+            (slim projections); handlers receive transformed values.
+        indexers: index name → function(stored value) → list[str].
+        page_size: LIST ``limit``.
+        inactivity_timeout: seconds without a watch line before re-watching (90).
+        watch_timeout_range: bounds (s) of the random server ``timeoutSeconds`` (300, 600).
+        backoff: error backoff policy (client-go defaults).
+        rng: random source (tests pass a seeded ``random.Random``).
+
+    Usage::
+
+        inf = Informer(client, CAPACITY_REQUESTS, transform=slim)
+        inf.add_handler(on_add=..., on_update=..., on_delete=...)
+        await nursery.start(inf.run)
+        await inf.wait_synced()
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        res: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        transform: Transform | None = None,
+        indexers: dict[str, IndexFunc] | None = None,
+        page_size: int = 500,
+        inactivity_timeout: float = 90.0,
+        watch_timeout_range: tuple[int, int] = (300, 600),
+        backoff: Backoff | None = None,
+        rng: random.Random | None = None,
+    ):
+        self.client = client
+        self.res = res
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.transform = transform
+        self.store = Store(indexers)
+        self.page_size = page_size
+        self.inactivity_timeout = inactivity_timeout
+        self.watch_timeout_range = watch_timeout_range
+        self._backoff = backoff or Backoff()
+        self._rng = rng or random.Random()
+        self._rv = ResourceVersionTracker()
+        self._handlers: list[_Handler] = []
+        self._synced = trio.Event()
+        self.relists = 0
+        self.watches = 0
+
+    @property
+    def synced(self) -> bool:
+        """True once the first LIST has been applied to the store."""
+        return self._synced.is_set()
+
+    @property
+    def resource_version(self) -> str:
+        """resourceVersion the next watch resumes from."""
+        return self._rv.resource_version
+
+    async def wait_synced(self) -> None:
+        """Block until the first LIST has been applied (handlers have seen every ADD)."""
+        await self._synced.wait()
+
+    def add_handler(self, on_add: Callable[[Any], None] | None = None,
+                    on_update: Callable[[Any, Any], None] | None = None,
+                    on_delete: Callable[[Any], None] | None = None) -> None:
+        """Register callbacks ``on_add(obj)``, ``on_update(old, new)``, ``on_delete(obj)``.
+
+        Handlers added after sync do not get a replay; call ``store.list()`` for the current state.
+        """
+        self._handlers.append(_Handler(on_add, on_update, on_delete))
+
+    # -- the task ------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run list+watch forever (until cancelled). Signals started at once, not at sync."""
+        task_status.started()
+        name = self._name()
+        need_list = True
+        while True:
+            stage = "list" if need_list else "watch"
+            try:
+                if need_list:
+                    await self._relist()
+                    need_list = False
+                    stage = "watch"
+                await self._watch_once()
+            except WatchInactivityTimeout as exc:
+                log.warning("kube watch idle, re-watching informer=%s rv=%s err=%s", name,
+                            self._rv.resource_version, exc)
+            except Expired as exc:
+                if stage == "watch":
+                    log.info("kube watch expired, relisting informer=%s rv=%s", name,
+                             self._rv.resource_version)
+                    need_list = True
+                    continue
+                await self._sleep_backoff(exc, stage)
+            except (ApiError, KubeTransportError) as exc:
+                await self._sleep_backoff(exc, stage)
+
+    async def _sleep_backoff(self, exc: Exception, stage: str) -> None:
+        delay = self._backoff.next_delay(trio.current_time())
+        if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
+            delay = max(delay, min(exc.retry_after, 60.0))
+        log.warning("kube %s failed informer=%s rv=%s retry_in=%.2fs err=%s", stage, self._name(),
+                    self._rv.resource_version, delay, exc)
+        await trio.sleep(delay)
+
+    def _name(self) -> str:
+        return f"{self.res.plural}{'@' + self.namespace if self.namespace else ''}"
+
+    def _keyed(self, raw: dict[str, Any]) -> tuple[str, Any] | None:
+        try:
+            key = object_key(raw)
+        except ValueError:
+            log.warning("kube object without name skipped informer=%s", self._name())
+            return None
+        if self.transform is None:
+            return key, raw
+        try:
+            return key, self.transform(raw)
+        except Exception:
+            log.exception("kube transform failed, object skipped informer=%s key=%s", self._name(), key)
+            return None
+
+    async def _relist(self) -> None:
+        fresh: dict[str, Any] = {}
+
+        def on_items(items: list[dict[str, Any]]) -> None:
+            for raw in items:
+                kv = self._keyed(raw)
+                if kv is not None:
+                    fresh[kv[0]] = kv[1]
+            items.clear()  # let the raw page go as soon as it is projected
+
+        rv = await self.client.list_paged(
+            self.res, self.namespace, on_items=on_items, on_restart=fresh.clear,
+            label_selector=self.label_selector, field_selector=self.field_selector,
+            limit=self.page_size)
+        self.relists += 1
+        if len(self.store) == 0:
+            self.store._replace_all(fresh)
+            for obj in fresh.values():
+                self._dispatch("ADDED", None, obj)
+            counts = {"ADDED": len(fresh)}
+        else:
+            counts = {"ADDED": 0, "MODIFIED": 0, "DELETED": 0}
+            for etype, key, old, new in relist_diff(self.store._items, fresh):
+                counts[etype] += 1
+                if etype == "DELETED":
+                    self.store._pop(key)
+                else:
+                    self.store._set(key, new)
+                self._dispatch(etype, old, new)
+        self._rv.listed(rv)
+        log.info("kube listed informer=%s rv=%s objects=%d diff=%s", self._name(), rv,
+                 len(self.store), counts)
+        if not self._synced.is_set():
+            self._synced.set()
+
+    async def _watch_once(self) -> None:
+        lo, hi = self.watch_timeout_range
+        timeout = self._rng.randint(lo, hi)
+        start = trio.current_time()
+        events = 0
+        self.watches += 1
+        async with self.client.watch(
+            self.res, self.namespace, resource_version=self._rv.resource_version,
+            label_selector=self.label_selector, field_selector=self.field_selector,
+            timeout_seconds=timeout, allow_bookmarks=True,
+            inactivity_timeout=self.inactivity_timeout, retry=False,
+        ) as stream:
+            async for event in stream:
+                events += 1
+                if event.type == "ERROR":
+                    if is_expired(event):
+                        raise Expired(410, "Expired", str(event.object.get("message", "")), event.object)
+                    code = event.object.get("code")
+                    raise error_from_status(code if isinstance(code, int) else 500, event.object)
+                self._rv.observe(event)
+                if event.type != "BOOKMARK":
+                    self._apply(event)
+        if events == 0 and trio.current_time() - start < 1.0:
+            # An instantly-closed empty watch is a failure, not a healthy end (client-go
+            # "very short watch"); without this a broken proxy would make us spin.
+            raise KubeTransportError("watch closed immediately without events")
+        log.debug("kube watch ended cleanly informer=%s rv=%s events=%d", self._name(),
+                  self._rv.resource_version, events)
+
+    def _apply(self, event: WatchEvent) -> None:
+        kv = self._keyed(event.object)
+        if kv is None:
+            return
+        key, obj = kv
+        if event.type == "DELETED":
+            old = self.store._pop(key)
+            if old is not None:
+                self._dispatch("DELETED", old, obj)
+            return
+        old = self.store._set(key, obj)
+        self._dispatch("ADDED" if old is None else "MODIFIED", old, obj)
+
+    def _dispatch(self, etype: str, old: Any, new: Any) -> None:
+        for h in self._handlers:
+            try:
+                if etype == "ADDED":
+                    if h.on_add is not None:
+                        h.on_add(new)
+                elif etype == "MODIFIED":
+                    if h.on_update is not None:
+                        h.on_update(old, new)
+                elif h.on_delete is not None:
+                    h.on_delete(new if new is not None else old)
+            except Exception:
+                log.exception("kube informer handler failed informer=%s event=%s", self._name(), etype)
+
