@@ -1,0 +1,45 @@
+"""Simulated BigFleet shard (issue 7): machine catalog, sans-IO engine, Trio session layer.
+
+- :mod:`.catalog`: :class:`MachineShape`, :class:`Catalog`, :func:`default_catalog`.
+- :mod:`.engine`: :class:`ShardEngine` (pure, deterministic, seeded) and its effects.
+- :mod:`.session`: :class:`SimShard` (serves ``ShardStream`` sessions on the Trio clock),
+  :class:`NodeHooks` / :class:`NoopNodeHooks`, :class:`SessionRejected`.
+- :mod:`.nodes`: :class:`KubeNodeHooks` (Nodes through the Kubernetes API), :func:`node_manifest`.
+- :mod:`.cli`: :func:`run_cli` for ``bigfleet-trio sim shard``.
+"""
+
+from .catalog import Catalog, MachineShape, ShapeTaint, default_catalog, offer
+from .cli import run_cli
+from .engine import (
+    Effect,
+    EngineConfig,
+    EngineEvent,
+    InvalidRollup,
+    Machine,
+    MachineConfigured,
+    MachineInfo,
+    MachineReleased,
+    NeedStatus,
+    ReclaimRecord,
+    SendFrame,
+    ShardEngine,
+    grace_for_priority,
+    labels_match,
+    need_key,
+    profile_fingerprint,
+    requirement_matches,
+    same_satisfied,
+)
+from .nodes import KubeNodeHooks, node_manifest
+from .session import NodeHooks, NoopNodeHooks, SessionRejected, SimShard
+
+__all__ = [
+    "Catalog", "MachineShape", "ShapeTaint", "default_catalog", "offer",
+    "Effect", "EngineConfig", "EngineEvent", "InvalidRollup", "Machine", "MachineConfigured",
+    "MachineInfo", "MachineReleased", "NeedStatus", "ReclaimRecord", "SendFrame", "ShardEngine",
+    "grace_for_priority", "labels_match", "need_key", "profile_fingerprint",
+    "requirement_matches", "same_satisfied",
+    "KubeNodeHooks", "node_manifest",
+    "NodeHooks", "NoopNodeHooks", "SessionRejected", "SimShard",
+    "run_cli",
+]

@@ -1,0 +1,94 @@
+"""``bigfleet-trio sim shard --port PORT [--kubeconfig PATH]``: the simulated shard as a process.
+
+Issue 7 "Simulated shard"; design.md CLI contract. Serves the real ``Shard.Session`` protocol over
+grpclib via :func:`bigfleet_trio.shard.server.serve_shard`, each session handled by
+:meth:`SimShard.serve_session`. With ``--kubeconfig`` (or a resolvable default kubeconfig when the
+flag is given) Configured machines register Nodes through the Kubernetes API.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from contextlib import AsyncExitStack
+from functools import partial
+from typing import Any
+
+import trio
+
+from .catalog import Catalog
+from .engine import EngineConfig
+from .nodes import KubeNodeHooks
+from .session import NodeHooks, SimShard
+
+log = logging.getLogger(__name__)
+
+
+def run_cli(
+    port: int,
+    kubeconfig: str | None,
+    *,
+    host: str = "0.0.0.0",
+    catalog: Catalog | None = None,
+    config: EngineConfig | None = None,
+) -> int:
+    """Run the simulated shard until SIGINT/SIGTERM. Returns the process exit code.
+
+    Args:
+        port: TCP port to listen on (0 picks a free one; the bound port is logged).
+        kubeconfig: register Nodes through this cluster; None = no Node registration.
+        host: listen address.
+        catalog, config: engine setup (defaults: :func:`default_catalog`, :class:`EngineConfig`).
+
+    Returns:
+        0 after a signal, 1 on a startup error (one line ``sim shard: <what>`` on stderr).
+    """
+    try:
+        return trio.run(partial(_main, port, kubeconfig, host, catalog, config))
+    except _StartupError as exc:
+        print(f"sim shard: {exc}", file=sys.stderr)
+        return 1
+
+
+class _StartupError(Exception):
+    pass
+
+
+async def _main(port: int, kubeconfig: str | None, host: str, catalog: Catalog | None,
+                config: EngineConfig | None) -> int:
+    try:
+        from bigfleet_trio.shard.server import serve_shard
+    except ImportError as exc:
+        raise _StartupError(f"grpc server unavailable ({exc})") from None
+    if not 0 <= port <= 65535:
+        raise _StartupError(f"--port {port} out of range")
+    async with AsyncExitStack() as stack:
+        hooks: NodeHooks | None = None
+        if kubeconfig is not None:
+            from bigfleet_trio.kube import KubeClient, load_kubeconfig
+            from bigfleet_trio.kube.errors import KubeConfigError
+
+            try:
+                cfg = load_kubeconfig(kubeconfig)
+            except KubeConfigError as exc:
+                raise _StartupError(str(exc)) from None
+            client = await stack.enter_async_context(KubeClient(cfg))
+            hooks = KubeNodeHooks(client)
+        shard = SimShard(catalog, config, hooks=hooks)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(shard.run)
+            try:
+                bound: Any = await nursery.start(
+                    partial(serve_shard, shard.serve_session, host=host, port=port)
+                )
+            except OSError as exc:
+                raise _StartupError(f"cannot listen on {host}:{port}: {exc}") from None
+            log.info("sim shard listening on %s (requested port %s)",
+                     bound or f"{host}:{port}", port)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    log.info("signal %s: shutting down", signal.Signals(signum).name)
+                    break
+            nursery.cancel_scope.cancel()
+    return 0

@@ -1,0 +1,118 @@
+"""Kubernetes Node registration for simulated machines (issue 7: "register a Node for each
+Configured machine through the Kubernetes API").
+
+:class:`KubeNodeHooks` implements :class:`~bigfleet_trio.sim.shard.session.NodeHooks` with the
+project's raw-httpx client: a Configured machine becomes a Ready Node named after its
+``node_name`` (labels, providerID, taints, capacity = allocatable); a released machine's Node is
+deleted. :func:`node_manifest` is the pure part and is what tests check.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+from .engine import MachineInfo
+
+log = logging.getLogger(__name__)
+
+ANNOTATION_MACHINE_ID = "bigfleet.lucy.sh/machine-id"
+
+
+def node_manifest(machine: MachineInfo, *, now: dt.datetime | None = None) -> dict[str, Any]:
+    """The core/v1 Node a simulated kubelet would register for this machine (status Ready).
+
+    Returns a JSON-ready dict with ``metadata.name = machine.node_name``, the machine's labels, an
+    annotation carrying the machine id, ``spec.providerID``, ``spec.taints``, and
+    ``status.capacity``/``allocatable`` = the machine's allocatable, condition Ready=True.
+    """
+    stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    node: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": machine.node_name,
+            "labels": dict(machine.labels),
+            "annotations": {ANNOTATION_MACHINE_ID: machine.machine_id},
+        },
+        "spec": {"providerID": machine.provider_id},
+        "status": node_status(machine, stamp),
+    }
+    if machine.taints:
+        node["spec"]["taints"] = [
+            {"key": t.key, "value": t.value, "effect": t.effect} if t.value
+            else {"key": t.key, "effect": t.effect}
+            for t in machine.taints
+        ]
+    return node
+
+
+def node_status(machine: MachineInfo, stamp: str) -> dict[str, Any]:
+    """``status`` of a Ready simulated Node (capacity = allocatable)."""
+    return {
+        "capacity": dict(machine.allocatable),
+        "allocatable": dict(machine.allocatable),
+        "conditions": [{
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "simulated kubelet is posting ready status",
+            "lastHeartbeatTime": stamp,
+            "lastTransitionTime": stamp,
+        }],
+        "nodeInfo": {
+            "architecture": machine.labels.get("kubernetes.io/arch", "amd64"),
+            "operatingSystem": machine.labels.get("kubernetes.io/os", "linux"),
+            "kubeletVersion": "v1.31.0-sim",
+            "containerRuntimeVersion": "sim://1.0",
+            "kernelVersion": "",
+            "osImage": "bigfleet-trio simulated node",
+            "kubeProxyVersion": "",
+            "machineID": machine.machine_id,
+            "systemUUID": machine.machine_id,
+            "bootID": machine.machine_id,
+        },
+    }
+
+
+class KubeNodeHooks:
+    """Create/delete Nodes through a :class:`bigfleet_trio.kube.KubeClient` (owned by the caller).
+
+    Create: POST the Node; on AlreadyExists merge-patch its metadata/spec instead; then
+    merge-patch the ``status`` subresource (an apiserver drops status on create). Delete: DELETE,
+    NotFound ignored. Errors propagate (the shard logs them and carries on).
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def on_machine_configured(self, machine: MachineInfo) -> None:
+        """Register the machine's Node and mark it Ready."""
+        from bigfleet_trio.kube import NODES
+        from bigfleet_trio.kube.errors import AlreadyExists
+
+        body = node_manifest(machine)
+        try:
+            await self.client.create(NODES, body)
+        except AlreadyExists:
+            await self.client.patch(
+                NODES, machine.node_name,
+                {"metadata": {"labels": body["metadata"]["labels"],
+                              "annotations": body["metadata"]["annotations"]},
+                 "spec": {**body["spec"], "unschedulable": None}},
+            )
+        await self.client.patch(NODES, machine.node_name, {"status": body["status"]},
+                                subresource="status")
+        log.info("node registered node=%s machine=%s", machine.node_name, machine.machine_id)
+
+    async def on_machine_released(self, machine: MachineInfo) -> None:
+        """Delete the machine's Node."""
+        from bigfleet_trio.kube import NODES
+        from bigfleet_trio.kube.errors import NotFound
+
+        try:
+            await self.client.delete(NODES, machine.node_name)
+        except NotFound:
+            pass
+        log.info("node deleted node=%s machine=%s", machine.node_name, machine.machine_id)

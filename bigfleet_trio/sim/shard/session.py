@@ -1,0 +1,358 @@
+"""Trio layer of the simulated shard: sessions over a ShardStream, the engine clock, node hooks.
+
+Issue 7 "Simulated shard"; shard-side session rules from reference-behavior §2 item 4: the first
+frame must be a Hello with a non-empty ``cluster_id`` (else the stream is closed with
+InvalidArgument); the shard answers ``Ack{echo:"hello"}`` and then ``Ack{echo:"rollup"}`` for each
+roll-up it accepts; a new session for the cluster replaces (and closes) the previous one; on each
+(re)connect the current NodeStateUpdate of every bound machine is replayed.
+
+All decisions live in :class:`~bigfleet_trio.sim.shard.engine.ShardEngine` (sans-IO). This module
+only moves frames: one task per session receives frames and feeds the engine, one clock task calls
+``engine.advance`` at the engine's deadlines, and one executor task performs the engine's effects
+in order (send a frame on the session that was current when it was produced, or call a node hook).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import betterproto
+import trio
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from bigfleet_trio.proto import pb
+from bigfleet_trio.shard.transport import ShardStream, StreamClosed
+
+from .catalog import Catalog, default_catalog
+from .engine import (
+    Effect,
+    EngineConfig,
+    EngineEvent,
+    InvalidRollup,
+    MachineConfigured,
+    MachineInfo,
+    MachineReleased,
+    ReclaimRecord,
+    SendFrame,
+    ShardEngine,
+)
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = "v1alpha1"
+
+
+class NodeHooks(Protocol):
+    """Called when a machine's Kubernetes Node should appear or disappear.
+
+    The demo implements this by creating/deleting a Node through the Kubernetes API. Errors are
+    logged by the shard and never stop it. Calls are made one at a time, in engine order, before
+    the frames that follow them (so the Node exists when the agent hears Configured).
+    """
+
+    async def on_machine_configured(self, machine: MachineInfo) -> None:
+        """The machine reached Configured: register its Node (name ``machine.node_name``)."""
+
+    async def on_machine_released(self, machine: MachineInfo) -> None:
+        """The machine was reclaimed and drained back to Idle: delete its Node."""
+
+
+class NoopNodeHooks:
+    """:class:`NodeHooks` that does nothing (the default)."""
+
+    async def on_machine_configured(self, machine: MachineInfo) -> None:
+        """Do nothing."""
+
+    async def on_machine_released(self, machine: MachineInfo) -> None:
+        """Do nothing."""
+
+
+class SessionRejected(GRPCError):
+    """The session's first frame was not a valid Hello; the stream was closed.
+
+    A ``grpclib`` ``GRPCError`` with status INVALID_ARGUMENT, so a grpclib server handler that lets
+    it propagate answers the agent with that status (as the real shard does).
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(Status.INVALID_ARGUMENT, reason)
+        self.reason = reason
+
+
+@dataclass
+class _Session:
+    stream: ShardStream
+    gen: int
+    cluster_id: str
+    cancel_scope: trio.CancelScope
+
+
+class SimShard:
+    """A simulated shard: one :class:`ShardEngine` driven on the Trio clock, serving sessions.
+
+    Usage::
+
+        shard = SimShard(config=EngineConfig(seed=1), hooks=my_hooks)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(shard.run)          # engine clock + effect executor
+            nursery.start_soon(shard.serve_session, shard_stream)   # one per accepted stream
+
+    Args:
+        catalog: machine shapes (default :func:`default_catalog`).
+        config: engine knobs (default :class:`EngineConfig`).
+        hooks: node registration callbacks (default :class:`NoopNodeHooks`).
+        hello_timeout: seconds to wait for the first frame (default ``config.bootstrap_timeout``,
+            one cycle).
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog | None = None,
+        config: EngineConfig | None = None,
+        *,
+        hooks: NodeHooks | None = None,
+        hello_timeout: float | None = None,
+    ) -> None:
+        self.engine = ShardEngine(catalog or default_catalog(), config)
+        self.hooks: NodeHooks = hooks or NoopNodeHooks()
+        self.hello_timeout = (
+            hello_timeout if hello_timeout is not None else self.engine.config.bootstrap_timeout
+        )
+        self.sessions_started = 0
+        self.rejections: list[str] = []
+        self.hook_errors = 0
+        self._gen = 0
+        self._current: _Session | None = None
+        self._running = False
+        self._wake = trio.Event()
+        self._changed = trio.Event()
+        self._fx_send, self._fx_recv = trio.open_memory_channel[tuple[int, Effect]](math.inf)
+
+    # ---------------------------------------------------------------- views for the demo
+
+    @property
+    def connected(self) -> bool:
+        """A session with a valid Hello is up."""
+        return self._current is not None
+
+    @property
+    def cluster_id(self) -> str:
+        """The cluster of the last valid Hello ("" before any)."""
+        return self.engine.cluster_id
+
+    def machines_by_state(self) -> dict[str, int]:
+        """Bound machines per state name (``"CONFIGURED"``, ...) plus ``"FREE"`` for the pool."""
+        return self.engine.machines_by_state()
+
+    @property
+    def last_rollup(self) -> pb.ClusterCapacityNeeds | None:
+        """The last roll-up the engine accepted."""
+        return self.engine.last_rollup
+
+    @property
+    def reclaims_issued(self) -> list[ReclaimRecord]:
+        """Every ReclaimInstruction issued so far (one per machine), in order."""
+        return list(self.engine.reclaims)
+
+    @property
+    def reclaims_acked(self) -> list[ReclaimRecord]:
+        """The issued instructions the agent acknowledged."""
+        return [r for r in self.engine.reclaims if r.acked_at is not None]
+
+    @property
+    def events(self) -> list[EngineEvent]:
+        """The engine's event log (bounded), oldest first."""
+        return list(self.engine.events)
+
+    async def wait_until(self, predicate: Callable[[SimShard], bool]) -> None:
+        """Block until ``predicate(self)`` is true (re-checked after every engine change)."""
+        while not predicate(self):
+            await self._changed.wait()
+
+    # ---------------------------------------------------------------- background
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the engine clock and the effect executor until cancelled."""
+        if self._running:
+            raise RuntimeError("SimShard.run() is already running")
+        self._running = True
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._clock)
+                nursery.start_soon(self._executor)
+                task_status.started()
+        finally:
+            self._running = False
+
+    async def _clock(self) -> None:
+        while True:
+            deadline = self.engine.next_deadline()
+            with trio.move_on_at(deadline if deadline is not None else math.inf):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            self._enqueue(self._current_gen(), self.engine.advance(trio.current_time()))
+
+    async def _executor(self) -> None:
+        async for gen, eff in self._fx_recv:
+            if isinstance(eff, SendFrame):
+                cur = self._current
+                if cur is None or cur.gen != gen:
+                    log.debug("frame dropped (no session for it): %s",
+                              betterproto.which_one_of(eff.frame, "payload")[0])
+                else:
+                    try:
+                        await cur.stream.send(eff.frame)
+                    except StreamClosed as exc:
+                        log.info("send failed, session ending: %s", exc.reason)
+            elif isinstance(eff, MachineConfigured):
+                await self._hook("on_machine_configured", eff.machine)
+            elif isinstance(eff, MachineReleased):
+                await self._hook("on_machine_released", eff.machine)
+            self._pulse()
+
+    async def _hook(self, name: str, machine: MachineInfo) -> None:
+        try:
+            await getattr(self.hooks, name)(machine)
+        except Exception:
+            self.hook_errors += 1
+            log.exception("node hook %s failed machine=%s node=%s", name, machine.machine_id,
+                          machine.node_name)
+
+    def _enqueue(self, gen: int, effects: list[Effect]) -> None:
+        for eff in effects:
+            self._fx_send.send_nowait((gen, eff))
+        self._pulse()
+
+    def _pulse(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _kick(self) -> None:
+        self._wake.set()
+
+    def _current_gen(self) -> int:
+        return self._current.gen if self._current is not None else 0
+
+    # ---------------------------------------------------------------- sessions
+
+    async def serve_session(self, stream: ShardStream) -> None:
+        """Serve one ``Shard.Session`` stream until it ends, is replaced, or is cancelled.
+
+        Closes the stream on return.
+
+        Raises:
+            SessionRejected: the first frame was missing (``hello_timeout``), not a Hello, had an
+                empty ``cluster_id`` or a ``protocol_version`` other than ``"v1alpha1"``.
+            RuntimeError: :meth:`run` is not running.
+        """
+        if not self._running:
+            raise RuntimeError("SimShard.run() must be running before serving sessions")
+        try:
+            first: Any = None
+            with trio.move_on_after(self.hello_timeout):
+                first = await stream.receive()
+            if first is None:
+                await self._reject(stream, f"no Hello within {self.hello_timeout:g}s")
+            try:
+                kind, hello = betterproto.which_one_of(first, "payload")
+            except Exception:
+                kind, hello = "", None
+            if kind != "hello":
+                await self._reject(stream, f"first frame must be Hello, got {kind or 'nothing'!r}")
+            if not hello.cluster_id:
+                await self._reject(stream, "Hello.cluster_id is empty")
+            if hello.protocol_version != PROTOCOL_VERSION:
+                await self._reject(
+                    stream,
+                    f"Hello.protocol_version {hello.protocol_version!r} "
+                    f"is not {PROTOCOL_VERSION!r}",
+                )
+        except StreamClosed as exc:
+            log.info("session ended before Hello: %s", exc.reason)
+            await self._close(stream)
+            return
+
+        previous = self._current
+        if previous is not None:
+            log.info("session for cluster=%s replaced by a new one", previous.cluster_id)
+            previous.cancel_scope.cancel()
+        self._gen += 1
+        self.sessions_started += 1
+        session = _Session(stream, self._gen, hello.cluster_id, trio.CancelScope())
+        self._current = session
+        now = trio.current_time()
+        log.info("session up cluster=%s", hello.cluster_id)
+        self._enqueue(session.gen,
+                      [SendFrame(self.engine.ack("hello"))]
+                      + self.engine.on_connect(hello.cluster_id, now))
+        self._kick()
+        try:
+            with session.cancel_scope:
+                while True:
+                    msg = await stream.receive()
+                    self._handle(msg, session)
+        except StreamClosed as exc:
+            log.info("session closed cluster=%s: %s", session.cluster_id, exc.reason)
+        finally:
+            if self._current is session:
+                self._current = None
+                self.engine.on_disconnect(trio.current_time())
+                self._pulse()
+            await self._close(stream)
+
+    def _handle(self, msg: Any, session: _Session) -> None:
+        now = trio.current_time()
+        try:
+            kind, val = betterproto.which_one_of(msg, "payload")
+        except Exception:
+            log.warning("ignored a frame that is not an OperatorMessage: %r", type(msg).__name__)
+            return
+        effects: list[Effect] = []
+        if kind == "rollup":
+            try:
+                effects = [SendFrame(self.engine.ack("rollup"))] + self.engine.on_rollup(val, now)
+            except InvalidRollup as exc:
+                log.warning("rollup rejected cluster=%s: %s (keeping the last good demand)",
+                            session.cluster_id, exc)
+                return
+        elif kind == "bootstrap_response":
+            effects = self.engine.on_bootstrap_response(val, now)
+        elif kind == "reclaim_ack":
+            effects = self.engine.on_reclaim_ack(val, now)
+        elif kind == "hello":
+            log.warning("duplicate Hello ignored cluster=%s", session.cluster_id)
+        else:
+            log.warning("unknown OperatorMessage payload %r ignored", kind)
+        self._enqueue(session.gen, effects)
+        self._kick()
+
+    async def _reject(self, stream: ShardStream, reason: str) -> None:
+        log.error("session rejected: %s", reason)
+        self.rejections.append(reason)
+        self.engine.events.append(
+            EngineEvent(time=trio.current_time(), kind="session_rejected",
+                        fields={"reason": reason})
+        )
+        await self._close(stream)
+        self._pulse()
+        raise SessionRejected(reason)
+
+    @staticmethod
+    async def _close(stream: ShardStream) -> None:
+        with trio.CancelScope(shield=True):
+            try:
+                await stream.aclose()
+            except Exception:  # closing is best effort
+                log.debug("stream close failed", exc_info=True)
+
+
+def run_cli(port: int, kubeconfig: str | None) -> int:
+    """``bigfleet-trio sim shard --port PORT [--kubeconfig PATH]`` (see :func:`.cli.run_cli`)."""
+    from .cli import run_cli as _run_cli
+
+    return _run_cli(port, kubeconfig)
