@@ -86,6 +86,7 @@ __all__ = [
     "UpcomingPlan",
     "UpcomingNodeHandler",
     "KubeLike",
+    "Replan",
     "is_transient",
     "kube_retrying",
     "merge_diff",
@@ -527,13 +528,13 @@ class KubeLike(Protocol):
     ) -> dict[str, Any] | None: ...
 
 
-class _Replan(Exception):
+class Replan(Exception):
     """The object changed under us (created or deleted concurrently): fetch again and re-plan."""
 
 
 def is_transient(exc: BaseException) -> bool:
     """Retryable Kubernetes failures: Conflict, 429, 5xx, transport errors, re-plan signals."""
-    return isinstance(exc, (Conflict, TooManyRequests, ServerError, KubeTransportError, _Replan))
+    return isinstance(exc, (Conflict, TooManyRequests, ServerError, KubeTransportError, Replan))
 
 
 def kube_retrying(
@@ -612,7 +613,7 @@ class UpcomingNodeHandler:
             async for attempt in kube_retrying(self._attempts):
                 with attempt:
                     await self._apply_once(u)
-        except (KubeError, _Replan) as exc:
+        except (KubeError, Replan) as exc:
             log.error(
                 "upcoming: write failed, giving up machine_id=%s state=%s error=%s",
                 u.machine_id,
@@ -662,7 +663,7 @@ class UpcomingNodeHandler:
             try:
                 await self._client.create(UPCOMING_NODES, body)
             except AlreadyExists as exc:
-                raise _Replan(f"UpcomingNode {plan.name} created concurrently") from exc
+                raise Replan(f"UpcomingNode {plan.name} created concurrently") from exc
             log.info("upcoming: created name=%s phase=%s", plan.name, plan.phase)
         elif plan.spec_patch is not None:
             await self._patch(plan.name, plan.spec_patch, None)
@@ -687,7 +688,7 @@ class UpcomingNodeHandler:
         try:
             await self._client.patch(UPCOMING_NODES, name, body, subresource=subresource)
         except NotFound as exc:
-            raise _Replan(f"UpcomingNode {name} deleted concurrently") from exc
+            raise Replan(f"UpcomingNode {name} deleted concurrently") from exc
 
     async def _delete(self, name: str) -> bool:
         try:

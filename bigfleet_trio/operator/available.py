@@ -1,0 +1,232 @@
+"""AvailableCapacityUpdate -> AvailableCapacity (seed 000 "UpcomingNode" (AvailableCapacity follows
+the same upsert shape); ref §8; issue 5 "AvailableCapacityUpdate -> AvailableCapacity").
+
+One cluster-scoped ``AvailableCapacity`` per ``supersedes_key`` (the shard sets it to
+``available:<profile fingerprint>``), named ``ac-`` + the first 32 hex characters of
+sha256(supersedes_key) because fingerprints contain characters no object name may hold. The raw
+key is kept in the annotation ``bigfleet.lucy.sh/supersedes-key`` so the object can be traced back.
+
+Spec mapping (pure, :func:`spec_from_update`):
+
+* ``availability``: CONFIDENCE_LOW/MEDIUM/HIGH -> Low/Medium/High; NONE, UNSPECIFIED and unknown
+  values -> None.
+* ``availableCount``: ``available_count``.
+* ``cost``: ``cost_per_hour`` (USD per hour) as a canonical Kubernetes quantity -- the shortest
+  decimal that round-trips the double (Python ``repr``), rounded up to nano like Go's parser, in
+  Go's canonical DecimalSI form: 0.0416 -> ``41600u``, 1.5 -> ``1500m``, 2 -> ``2``, 0 -> ``0``.
+  NaN, infinities and negative values are not prices: ``0`` with a log line. (The reference never
+  wrote cost, §18.6.)
+* ``requirements``: standard operators only (In, NotIn, Exists, DoesNotExist); Same and
+  unspecified have no meaning in a core-style requirement and are dropped with a log line (the
+  reference wrote "Same" and "", §18.6). ``values`` is omitted when empty.
+* ``resources``: canonical quantities; malformed ones skipped with a log line.
+
+Upsert: Get; NotFound -> Create (AlreadyExists -> Get again and patch); found -> a JSON merge-patch
+of the changed spec fields only (removed resource keys become null; requirements are replaced
+wholesale), skipped when nothing changed. No resourceVersion guard; Conflict, 429, 5xx and
+transport errors are retried (the reference dropped the update on AlreadyExists and did not retry
+a Conflict, §18.6).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any, Final
+
+from bigfleet_trio.kube.errors import AlreadyExists, KubeError, NotFound
+from bigfleet_trio.kube.resources import AVAILABLE_CAPACITIES
+from bigfleet_trio.operator.upcoming import KubeLike, Replan, kube_retrying, merge_diff
+from bigfleet_trio.proto import pb
+from bigfleet_trio.quantity import Quantity, QuantityError
+
+__all__ = [
+    "AC_PREFIX",
+    "SUPERSEDES_KEY_ANNOTATION",
+    "AVAILABILITY_BY_CONFIDENCE",
+    "AvailableCapacityHandler",
+    "available_capacity_name",
+    "availability_for_confidence",
+    "cost_quantity",
+    "requirements_to_spec",
+    "spec_from_update",
+]
+
+log = logging.getLogger(__name__)
+
+AC_PREFIX: Final = "ac-"
+SUPERSEDES_KEY_ANNOTATION: Final = "bigfleet.lucy.sh/supersedes-key"
+
+Conf = pb.AvailableCapacityUpdateConfidence
+AVAILABILITY_BY_CONFIDENCE: Final[Mapping[int, str]] = {
+    Conf.CONFIDENCE_UNSPECIFIED: "None",
+    Conf.CONFIDENCE_NONE: "None",
+    Conf.CONFIDENCE_LOW: "Low",
+    Conf.CONFIDENCE_MEDIUM: "Medium",
+    Conf.CONFIDENCE_HIGH: "High",
+}
+
+_STANDARD_OPERATORS: Final[Mapping[int, str]] = {
+    pb.NodeSelectorRequirementOperator.OPERATOR_IN: "In",
+    pb.NodeSelectorRequirementOperator.OPERATOR_NOT_IN: "NotIn",
+    pb.NodeSelectorRequirementOperator.OPERATOR_EXISTS: "Exists",
+    pb.NodeSelectorRequirementOperator.OPERATOR_DOES_NOT_EXIST: "DoesNotExist",
+}
+
+
+def available_capacity_name(supersedes_key: str) -> str:
+    """``"ac-"`` + first 32 lowercase hex chars of sha256(supersedes_key, UTF-8) (35 chars)."""
+    return AC_PREFIX + hashlib.sha256(supersedes_key.encode("utf-8")).hexdigest()[:32]
+
+
+def availability_for_confidence(confidence: int) -> str:
+    """Confidence enum value -> ``availability`` ("None" for NONE, UNSPECIFIED and unknown)."""
+    return AVAILABILITY_BY_CONFIDENCE.get(int(confidence), "None")
+
+
+def cost_quantity(cost_per_hour: float) -> str:
+    """USD/hour double -> canonical quantity string (see module docstring).
+
+    Examples: 0.0416 -> "41600u", 0.5 -> "500m", 3.0 -> "3", 1e-12 -> "1n", NaN -> "0".
+    """
+    if math.isnan(cost_per_hour) or math.isinf(cost_per_hour) or cost_per_hour < 0:
+        log.warning("available: cost_per_hour=%r is not a price, writing 0", cost_per_hour)
+        return "0"
+    text = format(Decimal(repr(float(cost_per_hour))), "f")
+    return str(Quantity.parse(text))
+
+
+def requirements_to_spec(
+    reqs: list[pb.NodeSelectorRequirement], where: str = ""
+) -> list[dict[str, Any]]:
+    """Wire requirements -> core-style ``[{key, operator, values?}]`` (standard operators only)."""
+    out: list[dict[str, Any]] = []
+    for r in reqs:
+        op = _STANDARD_OPERATORS.get(int(r.operator))
+        if op is None:
+            log.info(
+                "available: requirement dropped (operator not expressible) %s key=%s operator=%s",
+                where,
+                r.key,
+                int(r.operator),
+            )
+            continue
+        item: dict[str, Any] = {"key": r.key, "operator": op}
+        if r.values:
+            item["values"] = list(r.values)
+        out.append(item)
+    return out
+
+
+def spec_from_update(u: pb.AvailableCapacityUpdate) -> dict[str, Any]:
+    """Desired ``spec`` of the AvailableCapacity for ``u`` (pure).
+
+    Returns:
+        ``{"availability", "availableCount", "cost", "resources", "requirements"?}``;
+        ``requirements`` is omitted when none survive.
+    """
+    where = f"supersedes_key={u.supersedes_key!r}"
+    resources: dict[str, str] = {}
+    raw = u.resources.resources if u.resources is not None else {}
+    for key, value in sorted(raw.items()):
+        try:
+            resources[key] = str(Quantity.parse(value))
+        except QuantityError as exc:
+            log.warning(
+                "available: malformed quantity skipped %s resource=%s error=%s", where, key, exc
+            )
+    spec: dict[str, Any] = {
+        "availability": availability_for_confidence(u.confidence),
+        "availableCount": int(u.available_count),
+        "cost": cost_quantity(u.cost_per_hour),
+        "resources": resources,
+    }
+    reqs = requirements_to_spec(list(u.requirements), where)
+    if reqs:
+        spec["requirements"] = reqs
+    return spec
+
+
+def _spec_patch(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    owned = ("availability", "availableCount", "cost", "resources", "requirements")
+    old = {k: existing[k] for k in owned if k in existing}
+    diff = merge_diff(old, desired)
+    if "cost" in diff and "cost" in old:
+        try:
+            if Quantity.parse(old["cost"]) == Quantity.parse(desired["cost"]):
+                del diff["cost"]
+        except QuantityError:
+            pass
+    return diff
+
+
+class AvailableCapacityHandler:
+    """Upserts AvailableCapacity objects (the session's ``on_available_capacity``).
+
+    Args:
+        client: a KubeClient.
+        attempts: tries per update for transient errors.
+    """
+
+    def __init__(self, client: KubeLike, *, attempts: int = 8) -> None:
+        self._client = client
+        self._attempts = attempts
+
+    async def on_available_capacity(self, u: pb.AvailableCapacityUpdate) -> None:
+        """Upsert for one update; logs and gives up (never raises) on a permanent error."""
+        if not u.supersedes_key:
+            log.info("available: update without supersedes_key ignored")
+            return
+        name = available_capacity_name(u.supersedes_key)
+        spec = spec_from_update(u)
+        try:
+            async for attempt in kube_retrying(self._attempts):
+                with attempt:
+                    await self._upsert_once(name, u.supersedes_key, spec)
+        except (KubeError, Replan) as exc:
+            log.error(
+                "available: write failed, giving up name=%s supersedes_key=%r error=%s",
+                name,
+                u.supersedes_key,
+                exc,
+            )
+
+    async def _upsert_once(self, name: str, key: str, spec: dict[str, Any]) -> None:
+        try:
+            existing = await self._client.get(AVAILABLE_CAPACITIES, name)
+        except NotFound:
+            existing = None
+        if existing is None:
+            body = {
+                "apiVersion": AVAILABLE_CAPACITIES.api_version,
+                "kind": AVAILABLE_CAPACITIES.kind,
+                "metadata": {"name": name, "annotations": {SUPERSEDES_KEY_ANNOTATION: key}},
+                "spec": spec,
+            }
+            try:
+                await self._client.create(AVAILABLE_CAPACITIES, body)
+            except AlreadyExists:
+                log.info("available: created concurrently, patching name=%s", name)
+                existing = await self._client.get(AVAILABLE_CAPACITIES, name)
+            else:
+                log.info(
+                    "available: created name=%s availability=%s count=%s cost=%s",
+                    name,
+                    spec["availability"],
+                    spec["availableCount"],
+                    spec["cost"],
+                )
+                return
+        old_spec = existing.get("spec") if isinstance(existing.get("spec"), Mapping) else {}
+        diff = _spec_patch(old_spec or {}, spec)
+        if not diff:
+            log.debug("available: no-op name=%s", name)
+            return
+        try:
+            await self._client.patch(AVAILABLE_CAPACITIES, name, {"spec": diff})
+        except NotFound as exc:
+            raise Replan(f"AvailableCapacity {name} deleted concurrently") from exc
+        log.info("available: patched name=%s fields=%s", name, sorted(diff))
