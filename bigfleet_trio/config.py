@@ -389,6 +389,9 @@ class PodControllerConfig:
     )
     """Parsed defaults after ``validate()``: name → {interruptionPenalty, reclamationPenalty}."""
 
+    priority_class_defaults_parsed: Any = field(default=None, repr=False)
+    """``podcontroller.defaults.PriorityClassDefaults`` after ``validate()`` (``None`` = none)."""
+
     def validate(self) -> None:
         """Check rates, addresses and the PriorityClass defaults file.
 
@@ -416,8 +419,25 @@ class PodControllerConfig:
                     f"priority-class-defaults: read {self.priority_class_defaults}: {reason}"
                 ) from exc
             self.priority_class_defaults_data = validate_priority_class_defaults(text)
+            self.priority_class_defaults_parsed = _parse_quantities(text)
         else:
             self.priority_class_defaults_data = {}
+            self.priority_class_defaults_parsed = None
+
+
+def _parse_quantities(text: str) -> Any:
+    """Full check with the pod controller's loader (quantities) when it is importable."""
+    try:
+        from bigfleet_trio.podcontroller.defaults import (
+            PriorityClassDefaultsError,
+            parse_priority_class_defaults,
+        )
+    except ImportError:  # pragma: no cover - the loader ships with the pod controller
+        return None
+    try:
+        return parse_priority_class_defaults(text)
+    except PriorityClassDefaultsError as exc:
+        raise ConfigError(" ".join(str(exc).split())) from exc
 
 
 @dataclass

@@ -308,3 +308,10 @@ def test_demo_options(tmp_path) -> None:  # type: ignore[no-untyped-def]
         DemoOptions(workloads_dir=str(tmp_path / "nope")).validate()
     with pytest.raises(ConfigError, match="--timeout"):
         DemoOptions(timeout=0).validate()
+
+
+def test_pod_controller_bad_quantity_fails_startup(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "pc.yaml"
+    p.write_text('ml: {interruptionPenalty: "lots"}\n')
+    with pytest.raises(ConfigError, match=r"^priority-class-defaults: .*ml.*interruptionPenalty"):
+        PodControllerConfig(priority_class_defaults=str(p)).validate()

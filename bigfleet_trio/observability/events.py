@@ -1,0 +1,317 @@
+"""In-process event feed: what the agent decides, as small JSON-able dicts, for live followers.
+
+Issue 7 "Diagnostics": a WebSocket event feed (``/events``, JSON lines of what the agent does) and
+``bigfleet-trio events --addr`` that follows it. The operator and the demo call
+:meth:`EventFeed.publish` at each decision (``rollup_sent``, ``cr_acknowledged``,
+``upcoming_node``, ``reclaim``, ``drain_started``, ``drain_finished``, …); the HTTP layer
+(:mod:`bigfleet_trio.observability.http`) streams a subscription to each WebSocket client.
+
+Semantics:
+
+* ``publish`` is a plain function: it never blocks, never raises and costs almost nothing when
+  nobody listens.
+* Each subscriber has its own bounded buffer. When a subscriber falls behind, the *oldest*
+  buffered events are dropped and the subscriber's next receive returns a marker
+  ``{"kind": "dropped", "count": N, ...}`` in their place, so a follower always knows it missed
+  something and always sees the newest state.
+* Events carry ``seq`` (feed-wide, from 1), ``ts`` (Unix seconds, wall clock) and ``kind``, then
+  the publisher's fields (converted to JSON-able values).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import IO, Any
+
+import trio
+
+__all__ = ["EventFeed", "EventSubscription", "FeedStatistics", "follow_events", "DROPPED"]
+
+log = logging.getLogger(__name__)
+
+DROPPED = "dropped"
+_RESERVED = ("seq", "ts", "kind")
+
+
+def _jsonable(value: Any, depth: int = 0) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if depth > 8:
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v, depth + 1) for v in value]
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class FeedStatistics:
+    """Snapshot of an :class:`EventFeed` (trio-style ``statistics()``)."""
+
+    published: int
+    """Events published since the feed was created."""
+    subscribers: int
+    """Currently open subscriptions."""
+    dropped: int
+    """Events dropped across all subscribers (slow followers)."""
+
+
+class EventSubscription(trio.abc.ReceiveChannel[dict[str, Any]]):
+    """One follower's view of the feed: a receive channel with a drop-oldest bounded buffer.
+
+    Obtain it from :meth:`EventFeed.subscribe`. ``receive()`` returns the next event dict (or a
+    ``dropped`` marker), raises ``trio.EndOfChannel`` after the feed is closed and drained, and
+    ``trio.ClosedResourceError`` after ``aclose()``. Iterate with ``async for``.
+    """
+
+    def __init__(self, feed: EventFeed, maxlen: int, kinds: frozenset[str] | None) -> None:
+        self._feed = feed
+        self._maxlen = maxlen
+        self._kinds = kinds
+        self._buf: deque[dict[str, Any]] = deque()
+        self._missed = 0
+        self._lot = trio.lowlevel.ParkingLot()
+        self._closed = False
+
+    @property
+    def dropped(self) -> int:
+        """Events dropped for this subscriber that it has not yet been told about."""
+        return self._missed
+
+    def _push(self, event: dict[str, Any]) -> None:
+        if self._kinds is not None and event["kind"] not in self._kinds:
+            return
+        if len(self._buf) >= self._maxlen:
+            self._buf.popleft()
+            self._missed += 1
+            self._feed._dropped_total += 1
+        self._buf.append(event)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._lot.statistics().tasks_waiting:
+            self._lot.unpark_all()
+
+    def receive_nowait(self) -> dict[str, Any]:
+        """Return the next event or marker without waiting.
+
+        Raises:
+            trio.WouldBlock: nothing buffered.
+            trio.EndOfChannel: the feed is closed and everything was delivered.
+            trio.ClosedResourceError: this subscription was closed.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("subscription is closed")
+        if self._missed:
+            count, self._missed = self._missed, 0
+            return {"seq": None, "ts": time.time(), "kind": DROPPED, "count": count}
+        if self._buf:
+            return self._buf.popleft()
+        if self._feed._closed:
+            raise trio.EndOfChannel
+        raise trio.WouldBlock
+
+    async def receive(self) -> dict[str, Any]:
+        """Wait for the next event (a checkpoint whether or not one is ready)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            try:
+                value = self.receive_nowait()
+            except trio.WouldBlock:
+                await self._lot.park()
+                continue
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return value
+
+    async def aclose(self) -> None:
+        """Stop receiving; buffered events are discarded."""
+        self._close()
+        await trio.lowlevel.checkpoint()
+
+    def _close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._buf.clear()
+            self._feed._subs.discard(self)
+            self._lot.unpark_all()
+
+
+class EventFeed:
+    """Fan-out of decision events to any number of bounded subscribers.
+
+    Args:
+        buffer_size: default per-subscriber buffer (events) before drop-oldest kicks in.
+        clock: wall-clock source for ``ts`` (Unix seconds); injectable for tests.
+    """
+
+    def __init__(self, buffer_size: int = 1024, *, clock: Callable[[], float] = time.time) -> None:
+        if buffer_size < 1:
+            raise ValueError("buffer_size must be >= 1")
+        self._buffer_size = buffer_size
+        self._clock = clock
+        self._subs: set[EventSubscription] = set()
+        self._seq = 0
+        self._dropped_total = 0
+        self._closed = False
+
+    def publish(self, kind: str, /, **fields: Any) -> None:
+        """Publish one event to every current subscriber. Never blocks, never raises.
+
+        Args:
+            kind: event kind, e.g. ``"rollup_sent"``, ``"reclaim"``, ``"drain_finished"``.
+            **fields: identifying fields (cluster, node, machine, request_id, counts…); values
+                that are not JSON-able are stringified. ``seq``/``ts``/``kind`` are reserved and
+                a field with one of those names is renamed with a trailing underscore.
+        """
+        try:
+            self._seq += 1
+            if not self._subs or self._closed:
+                return
+            event: dict[str, Any] = {"seq": self._seq, "ts": self._clock(), "kind": str(kind)}
+            for key, value in fields.items():
+                name = key + "_" if key in _RESERVED else key
+                event[name] = _jsonable(value)
+            for sub in list(self._subs):
+                sub._push(event)
+        except Exception:  # pragma: no cover - defensive: publishing must never fail
+            log.debug("event publish failed", exc_info=True, extra={"event_kind": kind})
+
+    @asynccontextmanager
+    async def subscribe(
+        self, *, buffer_size: int | None = None, kinds: Iterable[str] | None = None
+    ) -> AsyncIterator[EventSubscription]:
+        """Follow the feed from now on.
+
+        Usage::
+
+            async with feed.subscribe() as events:
+                async for event in events:
+                    ...
+
+        Args:
+            buffer_size: this subscriber's buffer (default: the feed's).
+            kinds: only these kinds (``None`` = all); ``dropped`` markers always come through.
+
+        Yields:
+            An :class:`EventSubscription` (a ``trio.abc.ReceiveChannel[dict]``), closed on exit.
+        """
+        size = self._buffer_size if buffer_size is None else buffer_size
+        if size < 1:
+            raise ValueError("buffer_size must be >= 1")
+        sub = EventSubscription(self, size, frozenset(kinds) if kinds is not None else None)
+        self._subs.add(sub)
+        try:
+            await trio.lowlevel.checkpoint()
+            yield sub
+        finally:
+            sub._close()
+
+    def close(self) -> None:
+        """End the feed: subscribers drain their buffers, then get ``trio.EndOfChannel``."""
+        self._closed = True
+        for sub in list(self._subs):
+            sub._wake()
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def statistics(self) -> FeedStatistics:
+        """Counters for diagnostics."""
+        return FeedStatistics(
+            published=self._seq, subscribers=len(self._subs), dropped=self._dropped_total
+        )
+
+
+_default_feed: EventFeed | None = None
+
+
+def default_feed() -> EventFeed:
+    """The process-wide feed, for code that has no feed injected (created on first use)."""
+    global _default_feed
+    if _default_feed is None:
+        _default_feed = EventFeed()
+    return _default_feed
+
+
+def events_url(addr: str, kinds: Iterable[str] = ()) -> str:
+    """Turn ``HOST:PORT`` (or an http(s)/ws(s) URL) into the ``/events`` WebSocket URL.
+
+    Examples: ``"127.0.0.1:8770" -> "ws://127.0.0.1:8770/events"``,
+    ``"http://h:1" -> "ws://h:1/events"``, ``":8770" -> "ws://127.0.0.1:8770/events"``.
+    """
+    a = addr.strip()
+    scheme = "ws"
+    for prefix, sch in (("https://", "wss"), ("wss://", "wss"), ("http://", "ws"), ("ws://", "ws")):
+        if a.startswith(prefix):
+            a, scheme = a[len(prefix) :], sch
+            break
+    a = a.rstrip("/")
+    if a.endswith("/events"):
+        a = a[: -len("/events")]
+    if a.startswith(":"):
+        a = "127.0.0.1" + a
+    url = f"{scheme}://{a}/events"
+    kinds = list(kinds)
+    if kinds:
+        url += "?kind=" + ",".join(kinds)
+    return url
+
+
+async def follow_events(
+    addr: str,
+    out: IO[str],
+    *,
+    kinds: Iterable[str] = (),
+    max_events: int = 0,
+) -> int:
+    """Follow a server's ``/events`` WebSocket and write each event as one JSON line to ``out``.
+
+    Args:
+        addr: ``HOST:PORT`` of the metrics/health listener (or a URL).
+        out: text stream (flushed after each line).
+        kinds: only these event kinds (server-side filter).
+        max_events: stop after this many lines (0 = until the server closes).
+
+    Returns:
+        Number of lines written.
+
+    Raises:
+        OSError: cannot connect. ``trio_websocket.HandshakeError``: not a WebSocket endpoint.
+    """
+    from trio_websocket import ConnectionClosed, open_websocket_url
+
+    url = events_url(addr, kinds)
+    written = 0
+    async with open_websocket_url(url) as ws:
+        while max_events <= 0 or written < max_events:
+            try:
+                message = await ws.get_message()
+            except ConnectionClosed:
+                break
+            text = message.decode("utf-8", "replace") if isinstance(message, bytes) else message
+            for line in text.splitlines():
+                line = line.strip()
+                if not line or (max_events > 0 and written >= max_events):
+                    continue
+                try:
+                    json.loads(line)
+                except ValueError:
+                    line = json.dumps({"kind": "raw", "text": line})
+                out.write(line + "\n")
+                out.flush()
+                written += 1
+    return written

@@ -1,0 +1,220 @@
+"""Diagnostics HTTP listener: /metrics, /healthz, /readyz and the /events WebSocket.
+
+Issue 7 "Diagnostics": Prometheus metrics behind a small Trio-served ASGI app, ``/healthz``,
+``/readyz`` true only once informers synced and a shard session is up, and a WebSocket event feed
+(``/events``, JSON lines). Reference §1: ``--metrics-addr`` (``:8770`` = all interfaces; ``"0"``
+disables). A Starlette app served by hypercorn's Trio worker.
+
+Endpoints:
+
+* ``GET /metrics``: ``prometheus_client.make_asgi_app`` over the given registry (default: the
+  process-wide one), content negotiation included (text 0.0.4 or OpenMetrics).
+* ``GET /healthz``: ``200 ok`` while the process serves.
+* ``GET /readyz``: calls the injected ``readiness()``; ``(True, detail)`` → 200
+  ``{"ready": true, "detail": …}``; ``(False, reasons)`` → 503 ``{"ready": false, "reasons": […]}``.
+  ``readiness`` may be sync or async and may return a string or a list of strings as detail; an
+  exception counts as not ready.
+* ``WS /events``: each event of the :class:`~bigfleet_trio.observability.events.EventFeed` as one
+  JSON text message (``?kind=a,b`` filters kinds).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+from prometheus_client import REGISTRY, CollectorRegistry, make_asgi_app
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from ..config import split_host_port
+from .events import EventFeed
+
+__all__ = ["build_app", "serve_observability", "Readiness", "ReadinessResult"]
+
+log = logging.getLogger(__name__)
+
+ReadinessResult = tuple[bool, "str | Sequence[str]"]
+Readiness = Callable[[], "ReadinessResult | Awaitable[ReadinessResult]"]
+
+
+class _AsgiEndpoint:
+    """Wrap a raw ASGI callable so Starlette's Route passes it through (not as a view fn)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+
+def _as_list(detail: Any) -> list[str]:
+    if detail is None or detail == "":
+        return []
+    if isinstance(detail, str):
+        return [detail]
+    if isinstance(detail, (list, tuple, set, frozenset)):
+        return [str(d) for d in detail]
+    return [str(detail)]
+
+
+async def _check_ready(readiness: Readiness | None) -> tuple[bool, list[str]]:
+    if readiness is None:
+        return True, []
+    try:
+        result = readiness()
+        if inspect.isawaitable(result):
+            result = await result
+        ok, detail = result  # type: ignore[misc]
+    except Exception as exc:  # a broken probe means "not ready", never a 500
+        log.warning("readiness check failed", extra={"error": repr(exc)})
+        return False, [f"readiness check failed: {exc!r}"]
+    return bool(ok), _as_list(detail)
+
+
+def build_app(
+    *,
+    readiness: Readiness | None = None,
+    feed: EventFeed | None = None,
+    registry: CollectorRegistry = REGISTRY,
+    ws_buffer: int = 1024,
+) -> Starlette:
+    """Build the diagnostics ASGI app.
+
+    Args:
+        readiness: ``() -> (ok, detail)`` (sync or async); ``None`` means always ready.
+        feed: event feed for ``/events``; ``None`` leaves ``/events`` unrouted (404/403).
+        registry: Prometheus registry for ``/metrics``.
+        ws_buffer: per-WebSocket subscription buffer (events) before drop-oldest.
+
+    Returns:
+        A Starlette application.
+    """
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok\n")
+
+    async def readyz(request: Request) -> Response:
+        ok, detail = await _check_ready(readiness)
+        if ok:
+            return JSONResponse({"ready": True, "detail": detail})
+        return JSONResponse({"ready": False, "reasons": detail}, status_code=503)
+
+    routes: list[BaseRoute] = [
+        Route("/metrics", _AsgiEndpoint(make_asgi_app(registry=registry))),
+        Route("/healthz", healthz, methods=["GET", "HEAD"]),
+        Route("/livez", healthz, methods=["GET", "HEAD"]),
+        Route("/readyz", readyz, methods=["GET", "HEAD"]),
+    ]
+
+    if feed is not None:
+        event_feed = feed
+
+        async def events(websocket: WebSocket) -> None:
+            kinds_param = websocket.query_params.get("kind")
+            kinds = [k for k in (kinds_param or "").split(",") if k] or None
+            await websocket.accept()
+            client = f"{websocket.client.host}:{websocket.client.port}" if websocket.client else "?"
+            log.info("events follower connected", extra={"client": client})
+            try:
+                async with (
+                    event_feed.subscribe(buffer_size=ws_buffer, kinds=kinds) as sub,
+                    trio.open_nursery() as nursery,
+                ):
+
+                    async def watch_disconnect() -> None:
+                        while True:
+                            message = await websocket.receive()
+                            if message["type"] == "websocket.disconnect":
+                                nursery.cancel_scope.cancel()
+                                return
+
+                    nursery.start_soon(watch_disconnect)
+                    try:
+                        async for event in sub:
+                            await websocket.send_text(json.dumps(event, separators=(",", ":")))
+                    except trio.EndOfChannel:  # pragma: no cover - async for handles it
+                        pass
+                    nursery.cancel_scope.cancel()
+            except Exception as exc:  # the client went away mid-send
+                log.debug("events follower ended", extra={"client": client, "error": repr(exc)})
+            else:
+                if event_feed.closed:
+                    try:
+                        await websocket.close(code=1001)
+                    except Exception:  # pragma: no cover - already gone
+                        pass
+            log.info("events follower disconnected", extra={"client": client})
+
+        routes.append(WebSocketRoute("/events", events))
+
+    return Starlette(routes=routes)
+
+
+def _bind_for(addr: str) -> str:
+    host, port = split_host_port(addr, flag="address")
+    if not host:
+        host = "0.0.0.0"
+    if ":" in host:
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+async def serve_observability(
+    addr: str,
+    *,
+    readiness: Readiness | None = None,
+    feed: EventFeed | None = None,
+    registry: CollectorRegistry = REGISTRY,
+    task_status: trio.TaskStatus[str | None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve :func:`build_app` on ``addr`` until cancelled.
+
+    Start with ``bound = await nursery.start(partial(serve_observability, ":8770", ...))``.
+
+    Args:
+        addr: ``HOST:PORT``; ``":8770"`` listens on all interfaces, port 0 picks a free port,
+            ``"0"`` disables (``task_status.started(None)`` and return at once).
+        readiness: see :func:`build_app`.
+        feed: see :func:`build_app`.
+        registry: Prometheus registry for ``/metrics``.
+        task_status: receives the bound ``"host:port"`` once the socket listens.
+
+    Raises:
+        ConfigError: malformed ``addr``. OSError: the address cannot be bound.
+    """
+    if addr.strip() == "0":
+        log.info("diagnostics listener disabled")
+        task_status.started(None)
+        return
+    bind = _bind_for(addr)
+    config = HypercornConfig()
+    config.bind = [bind]
+    config.accesslog = None
+    config.errorlog = logging.getLogger(__name__ + ".server")
+    config.graceful_timeout = 1.0
+    config.keep_alive_timeout = 30.0
+    app = build_app(readiness=readiness, feed=feed, registry=registry)
+    binds: list[str] = await _start_hypercorn(app, config, task_status)
+    del binds  # pragma: no cover - serve never returns before cancellation
+
+
+async def _start_hypercorn(
+    app: Starlette, config: HypercornConfig, task_status: trio.TaskStatus[str | None]
+) -> list[str]:
+    async with trio.open_nursery() as nursery:
+        binds: list[str] = await nursery.start(serve, app, config)  # type: ignore[arg-type]
+        bound = binds[0].split("://", 1)[-1] if binds else None
+        log.info("diagnostics listening", extra={"addr": bound})
+        task_status.started(bound)
+    return binds
