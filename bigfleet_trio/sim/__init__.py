@@ -1,0 +1,1 @@
+"""Simulation: embedded Kubernetes API server, simulated shard, workloads and demo."""

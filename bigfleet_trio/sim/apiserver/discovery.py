@@ -1,0 +1,271 @@
+"""Discovery (legacy and aggregated v2), the minimal OpenAPI v3 kubectl's validation needs, and
+server-side Table rendering (kube-testserver notes §1).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import re
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from .resources import ALL_VERBS, ResourceType
+
+if TYPE_CHECKING:
+    from .state import ApiServer
+
+AGG_CT = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+TABLE_CT = "application/json;as=Table;v=v1;g=meta.k8s.io"
+
+
+def wants_aggregated(accept: str) -> bool:
+    """True when the Accept header asks for aggregated discovery v2 first."""
+    first = accept.split(",")[0].replace(" ", "")
+    return "g=apidiscovery.k8s.io" in first and "v=v2" in first
+
+
+def wants_table(accept: str) -> bool:
+    """True when the Accept header asks for a meta.k8s.io/v1 Table."""
+    return "as=Table" in accept.replace(" ", "")
+
+
+def _groups(server: ApiServer) -> dict[str, dict[str, list[ResourceType]]]:
+    out: dict[str, dict[str, list[ResourceType]]] = defaultdict(lambda: defaultdict(list))
+    for res in server.resources.values():
+        out[res.group][res.version].append(res)
+    return out
+
+
+def _verbs(res: ResourceType) -> list[str]:
+    return list(ALL_VERBS)
+
+
+def legacy_api(server: ApiServer) -> dict[str, Any]:
+    """``GET /api``."""
+    return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
+
+
+def legacy_apis(server: ApiServer) -> dict[str, Any]:
+    """``GET /apis`` (APIGroupList)."""
+    groups = []
+    for g, versions in sorted(_groups(server).items()):
+        if not g:
+            continue
+        vs = [{"groupVersion": f"{g}/{v}", "version": v} for v in sorted(versions)]
+        groups.append({"name": g, "versions": vs, "preferredVersion": vs[0]})
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
+
+def legacy_group(server: ApiServer, group: str) -> dict[str, Any] | None:
+    """``GET /apis/<group>`` (APIGroup)."""
+    versions = _groups(server).get(group)
+    if not versions:
+        return None
+    vs = [{"groupVersion": f"{group}/{v}", "version": v} for v in sorted(versions)]
+    return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": vs, "preferredVersion": vs[0]}
+
+
+def resource_list(server: ApiServer, group: str, version: str) -> dict[str, Any] | None:
+    """``GET /api/v1`` or ``/apis/<g>/<v>`` (APIResourceList) incl. subresources."""
+    resources = _groups(server).get(group, {}).get(version)
+    if not resources:
+        return None
+    out = []
+    for res in sorted(resources, key=lambda r: r.plural):
+        entry: dict[str, Any] = {
+            "name": res.plural,
+            "singularName": res.singular,
+            "namespaced": res.namespaced,
+            "kind": res.kind,
+            "verbs": _verbs(res),
+        }
+        if res.short_names:
+            entry["shortNames"] = list(res.short_names)
+        if res.categories:
+            entry["categories"] = list(res.categories)
+        out.append(entry)
+        if res.status:
+            out.append({"name": f"{res.plural}/status", "singularName": "", "namespaced": res.namespaced,
+                        "kind": res.kind, "verbs": ["get", "patch", "update"]})
+        if "eviction" in res.extra_subresources:
+            out.append({"name": f"{res.plural}/eviction", "singularName": "", "namespaced": res.namespaced,
+                        "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]})
+    gv = f"{group}/{version}" if group else version
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out}
+
+
+def aggregated(server: ApiServer, core: bool) -> dict[str, Any]:
+    """Aggregated discovery v2 for ``/api`` (core=True) or ``/apis``."""
+    items = []
+    for g, versions in sorted(_groups(server).items()):
+        if (g == "") != core:
+            continue
+        vlist = []
+        for v, resources in sorted(versions.items()):
+            rlist = []
+            for res in sorted(resources, key=lambda r: r.plural):
+                entry: dict[str, Any] = {
+                    "resource": res.plural,
+                    "responseKind": {"group": res.group, "version": res.version, "kind": res.kind},
+                    "scope": "Namespaced" if res.namespaced else "Cluster",
+                    "singularResource": res.singular,
+                    "verbs": _verbs(res),
+                }
+                if res.short_names:
+                    entry["shortNames"] = list(res.short_names)
+                if res.categories:
+                    entry["categories"] = list(res.categories)
+                subs = []
+                if res.status:
+                    subs.append({"subresource": "status", "responseKind": {"group": res.group, "version": res.version, "kind": res.kind},
+                                 "verbs": ["get", "patch", "update"]})
+                if "eviction" in res.extra_subresources:
+                    subs.append({"subresource": "eviction", "responseKind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+                                 "verbs": ["create"]})
+                if subs:
+                    entry["subresources"] = subs
+                rlist.append(entry)
+            vlist.append({"version": v, "resources": rlist, "freshness": "Current"})
+        items.append({"metadata": {"name": g, "creationTimestamp": None}, "versions": vlist})
+    return {"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items}
+
+
+def _gv_path(group: str, version: str) -> str:
+    return f"api/{version}" if not group else f"apis/{group}/{version}"
+
+
+def openapi_root(server: ApiServer) -> dict[str, Any]:
+    """``GET /openapi/v3``: one entry per group-version, hashes change with the registry."""
+    paths = {}
+    for g, versions in _groups(server).items():
+        for v in versions:
+            p = _gv_path(g, v)
+            h = hashlib.sha256(f"{p}:{server.discovery_epoch}".encode()).hexdigest()[:16].upper()
+            paths[p] = {"serverRelativeURL": f"/openapi/v3/{p}?hash={h}"}
+    return {"paths": paths}
+
+
+def openapi_gv(server: ApiServer, group: str, version: str) -> dict[str, Any] | None:
+    """``GET /openapi/v3/<gv>``: PATCH operations declaring the fieldValidation parameter."""
+    resources = _groups(server).get(group, {}).get(version)
+    if not resources:
+        return None
+    paths: dict[str, Any] = {}
+    prefix = "/" + _gv_path(group, version)
+    for res in resources:
+        gvk = {"group": res.group, "version": res.version, "kind": res.kind}
+        op = {
+            "x-kubernetes-group-version-kind": gvk,
+            "x-kubernetes-action": "patch",
+            "parameters": [{"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True}}],
+            "responses": {"200": {"description": "OK"}},
+        }
+        item = f"{prefix}/namespaces/{{namespace}}/{res.plural}/{{name}}" if res.namespaced else f"{prefix}/{res.plural}/{{name}}"
+        paths[item] = {"patch": op}
+    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.37.0"}, "paths": paths, "components": {"schemas": {}}}
+
+
+# ---- Tables ----------------------------------------------------------------------------------
+
+
+def human_duration(seconds: float) -> str:
+    """Kubernetes ``duration.HumanDuration`` (e.g. ``5s``, ``3m20s``, ``2d3h``)."""
+    s = int(seconds)
+    if s < 0:
+        return "<invalid>"
+    if s < 120:
+        return f"{s}s"
+    m = s // 60
+    if m < 10:
+        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
+    if m < 180:
+        return f"{m}m"
+    h = s // 3600
+    if h < 8:
+        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
+    if h < 48:
+        return f"{h}h"
+    d = h // 24
+    if h < 24 * 8:
+        return f"{d}d{h % 24}h" if h % 24 else f"{d}d"
+    if h < 24 * 365 * 2:
+        return f"{d}d"
+    return f"{d // 365}y{d % 365}d" if d % 365 else f"{d // 365}y"
+
+
+_SEG = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def jsonpath_get(obj: Any, path: str) -> Any:
+    """Evaluate a simple JSONPath (``.a.b[0].c``); None when absent."""
+    cur = obj
+    for m in _SEG.finditer(path.strip().lstrip("{").rstrip("}")):
+        name, idx = m.group(1), m.group(2)
+        if name is not None:
+            if not isinstance(cur, dict):
+                return None
+            cur = cur.get(name)
+        else:
+            if not isinstance(cur, list) or int(idx) >= len(cur):
+                return None
+            cur = cur[int(idx)]
+        if cur is None:
+            return None
+    return cur
+
+
+def _cell(col: dict[str, Any], obj: dict[str, Any], now: _dt.datetime) -> Any:
+    fn = col.get("fn")
+    if fn is not None:
+        return fn(obj)
+    v = jsonpath_get(obj, col.get("jsonPath", ""))
+    if v is None:
+        return None
+    if col["type"] == "date" and isinstance(v, str):
+        try:
+            t = _dt.datetime.strptime(v, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.UTC)
+            return human_duration((now - t).total_seconds())
+        except ValueError:
+            return v
+    if isinstance(v, (dict, list)):
+        import json
+
+        return json.dumps(v, separators=(",", ":"))
+    return v
+
+
+def column_definitions(res: ResourceType) -> list[dict[str, Any]]:
+    cols = [{"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}]
+    for c in res.columns:
+        cols.append({"name": c["name"], "type": c["type"], "format": c.get("format", ""), "description": c.get("description", ""), "priority": c.get("priority", 0)})
+    return cols
+
+
+def table_row(res: ResourceType, obj: dict[str, Any], now: _dt.datetime | None = None) -> dict[str, Any]:
+    """One Table row with a PartialObjectMetadata ``object``."""
+    now = now or _dt.datetime.now(_dt.UTC)
+    cells = [obj["metadata"].get("name")] + [_cell(c, obj, now) for c in res.columns]
+    return {
+        "cells": cells,
+        "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]},
+    }
+
+
+def table(res: ResourceType, objs: list[dict[str, Any]], *, rv: str = "", cont: str = "", remaining: int | None = None, with_columns: bool = True) -> dict[str, Any]:
+    """A meta.k8s.io/v1 Table for ``objs``."""
+    now = _dt.datetime.now(_dt.UTC)
+    meta: dict[str, Any] = {}
+    if rv:
+        meta["resourceVersion"] = rv
+    if cont:
+        meta["continue"] = cont
+    if remaining is not None:
+        meta["remainingItemCount"] = remaining
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": meta,
+        "columnDefinitions": column_definitions(res) if with_columns else [],
+        "rows": [table_row(res, o, now) for o in objs],
+    }
