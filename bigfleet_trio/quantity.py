@@ -50,6 +50,7 @@ from typing import Final, Literal
 
 __all__ = [
     "BINARY_SI",
+    "EXACT_CONTEXT",
     "DECIMAL_EXPONENT",
     "DECIMAL_SI",
     "Format",
@@ -65,9 +66,10 @@ DECIMAL_SI: Final = "DecimalSI"
 BINARY_SI: Final = "BinarySI"
 DECIMAL_EXPONENT: Final = "DecimalExponent"
 
-# Exact arithmetic: inputs are bounded to < 10^100 at nano granularity (<= ~110 digits), and
+# Exact arithmetic (use EXACT_CONTEXT.add / .subtract on Quantity.value): inputs are bounded
+# to < 10^100 at nano granularity (<= ~110 digits), and
 # sums of up to millions of them stay far below 400 digits.
-_CTX: Final = decimal.Context(
+EXACT_CONTEXT: Final = decimal.Context(
     prec=400,
     rounding=decimal.ROUND_HALF_EVEN,
     Emax=decimal.MAX_EMAX,
@@ -231,16 +233,16 @@ class Quantity:
         if not isinstance(other, Quantity):
             return NotImplemented
         fmt = other._fmt if not self._d else self._fmt
-        return Quantity(_CTX.add(self._d, other._d), fmt)
+        return Quantity(EXACT_CONTEXT.add(self._d, other._d), fmt)
 
     def __sub__(self, other: object) -> Quantity:
         if not isinstance(other, Quantity):
             return NotImplemented
         fmt = other._fmt if not self._d else self._fmt
-        return Quantity(_CTX.subtract(self._d, other._d), fmt)
+        return Quantity(EXACT_CONTEXT.subtract(self._d, other._d), fmt)
 
     def __neg__(self) -> Quantity:
-        return Quantity(_CTX.minus(self._d), self._fmt)
+        return Quantity(EXACT_CONTEXT.minus(self._d), self._fmt)
 
     # ------------------------------------------------------------------ comparison
     def __eq__(self, other: object) -> bool:

@@ -1,0 +1,102 @@
+"""Slim informer projection of a CapacityRequest (seed 000 "Building the roll-up").
+
+The roll-up lists every CR from the informer cache each cycle, so the cache holds one object per
+Pod in the cluster (100K at scale). :func:`slim` is the informer ``transform``: it keeps only what
+the roll-up (``spec``) and the acknowledgement (identity + ``status.phase``) read:
+
+    {"apiVersion", "kind",
+     "metadata": {"name", "namespace", "uid", "resourceVersion"},
+     "spec": {requirements, resources, priority, topologySpread, coLocation,
+              interruptionPenalty, reclamationPenalty},
+     "status": {"phase"}}
+
+Memory: specs repeat massively (~hundreds of profiles for 100K Pods), so equal specs and equal
+status objects are shared through a bounded intern table, and short strings are interned. The
+projection is therefore **read-only**: never mutate a cached CR in place (patch the apiserver).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any, Final
+
+__all__ = ["SPEC_FIELDS", "slim"]
+
+SPEC_FIELDS: Final = (
+    "requirements",
+    "resources",
+    "priority",
+    "topologySpread",
+    "coLocation",
+    "interruptionPenalty",
+    "reclamationPenalty",
+)
+_METADATA_FIELDS: Final = ("name", "namespace", "uid", "resourceVersion")
+_INTERN_LIMIT: Final = 20_000
+_specs: dict[str, dict[str, Any]] = {}
+_statuses: dict[str, dict[str, Any]] = {}
+
+
+def _intern(v: Any) -> Any:
+    if isinstance(v, str):
+        return sys.intern(v) if len(v) <= 256 else v
+    if isinstance(v, Mapping):
+        return {_intern(k): _intern(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_intern(x) for x in v]
+    return v
+
+
+def _shared_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {k: spec[k] for k in SPEC_FIELDS if k in spec}
+    try:
+        sig = json.dumps(kept, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return _intern(kept)  # type: ignore[no-any-return]
+    hit = _specs.get(sig)
+    if hit is not None:
+        return hit
+    out: dict[str, Any] = _intern(kept)
+    if len(_specs) < _INTERN_LIMIT:
+        _specs[sig] = out
+    return out
+
+
+def slim(cr: dict[str, Any]) -> dict[str, Any]:
+    """Informer transform: the slim, read-only view of a CapacityRequest.
+
+    Args:
+        cr: the full object from list/watch.
+
+    Returns:
+        A new dict (shape in the module docstring). Missing parts are simply absent;
+        a non-object spec is kept as-is so the roll-up can report it.
+    """
+    md = cr.get("metadata") or {}
+    out: dict[str, Any] = {
+        "apiVersion": _intern(cr.get("apiVersion", "")),
+        "kind": _intern(cr.get("kind", "")),
+        "metadata": {
+            k: (sys.intern(md[k]) if k == "namespace" and isinstance(md[k], str) else md[k])
+            for k in _METADATA_FIELDS
+            if k in md
+        },
+    }
+    spec = cr.get("spec")
+    if isinstance(spec, Mapping):
+        out["spec"] = _shared_spec(spec)
+    elif spec is not None:
+        out["spec"] = spec
+    status = cr.get("status")
+    if isinstance(status, Mapping) and "phase" in status:
+        phase = status.get("phase")
+        key = phase if isinstance(phase, str) else repr(phase)
+        shared = _statuses.get(key)
+        if shared is None:
+            shared = {"phase": phase}
+            if len(_statuses) < 64:
+                _statuses[key] = shared
+        out["status"] = shared
+    return out
