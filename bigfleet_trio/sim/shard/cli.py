@@ -46,19 +46,59 @@ def run_cli(
     """
     try:
         return trio.run(partial(_main, port, kubeconfig, host, catalog, config))
-    except _StartupError as exc:
-        print(f"sim shard: {exc}", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt:
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - turned into one line and exit code 1
+        leaf = _first_leaf(exc)
+        if isinstance(leaf, _StartupError):
+            print(f"sim shard: {leaf}", file=sys.stderr)
+            return 1
+        if isinstance(leaf, OSError):
+            print(f"sim shard: cannot listen on {host}:{port}: {leaf}", file=sys.stderr)
+            return 1
+        raise
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 class _StartupError(Exception):
     pass
 
 
+async def serve_sim_shard(
+    shard: SimShard,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    ssl: Any = None,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run ``shard`` (engine clock) and serve it over grpclib until cancelled.
+
+    Reports the bound port through ``task_status`` (use ``port = await nursery.start(...)``).
+
+    Raises:
+        OSError: the address cannot be bound.
+        ImportError: the grpclib server module is unavailable.
+    """
+    from bigfleet_trio.shard.server import serve_shard
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(shard.run)
+        bound = await nursery.start(
+            partial(serve_shard, shard.serve_session, host=host, port=port, ssl=ssl)
+        )
+        task_status.started(bound)
+
+
 async def _main(port: int, kubeconfig: str | None, host: str, catalog: Catalog | None,
                 config: EngineConfig | None) -> int:
     try:
-        from bigfleet_trio.shard.server import serve_shard
+        import bigfleet_trio.shard.server  # noqa: F401
     except ImportError as exc:
         raise _StartupError(f"grpc server unavailable ({exc})") from None
     if not 0 <= port <= 65535:
@@ -77,15 +117,8 @@ async def _main(port: int, kubeconfig: str | None, host: str, catalog: Catalog |
             hooks = KubeNodeHooks(client)
         shard = SimShard(catalog, config, hooks=hooks)
         async with trio.open_nursery() as nursery:
-            await nursery.start(shard.run)
-            try:
-                bound: Any = await nursery.start(
-                    partial(serve_shard, shard.serve_session, host=host, port=port)
-                )
-            except OSError as exc:
-                raise _StartupError(f"cannot listen on {host}:{port}: {exc}") from None
-            log.info("sim shard listening on %s (requested port %s)",
-                     bound or f"{host}:{port}", port)
+            bound = await nursery.start(partial(serve_sim_shard, shard, host=host, port=port))
+            log.info("sim shard listening on %s:%s", host, bound)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
                     log.info("signal %s: shutting down", signal.Signals(signum).name)
