@@ -1,0 +1,280 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, client-go semantics (issue 4; seed 000 HA).
+
+API::
+
+    elector = LeaderElector(client, name="bigfleet-operator", namespace="bigfleet-system",
+                            identity=pod_name)            # lease 15 s, renew deadline 10 s, retry 2 s
+
+    # 1) guarded block: waits until leader, runs the body while renewing in the background.
+    async with elector.leading() as leadership:
+        await do_leader_work()          # cancelled if the lease is lost
+    if leadership.lost: ...             # the block ended because leadership was lost
+
+    # 2) or a loop that re-campaigns after a loss and returns when ``work`` returns:
+    await elector.run(do_leader_work)   # also usable as ``await nursery.start(elector.run, work)``
+
+Semantics (``k8s.io/client-go/tools/leaderelection``):
+
+* Campaign: every ``retry_period`` (jittered up to ×2.2 like client-go's JitterFactor 1.2) GET the
+  Lease; create it if absent; take it if its holder is empty or the record has not changed for
+  ``leaseDurationSeconds`` *as observed on our own clock* (the remote renewTime is never compared
+  with the local wall clock, so clock skew does not matter). Writes are PUTs carrying the read
+  ``resourceVersion``; a Conflict/AlreadyExists means someone else won this round.
+* Taking the lease sets ``holderIdentity``, ``leaseDurationSeconds``, ``acquireTime`` and
+  ``renewTime`` (RFC 3339 with microseconds) and increments ``leaseTransitions`` (kept as is
+  when renewing our own lease).
+* Renewal: every ``retry_period`` after a successful renew; if no renewal succeeds within
+  ``renew_deadline`` the lease counts as lost, ``leadership.lost`` becomes True and the guarded
+  body is cancelled through the leadership cancel scope. Since renew_deadline + retry_period
+  < lease_duration, we stop acting before any follower may take over.
+* Clean exit (body returns, raises, or an outer cancellation) releases the lease (holder "",
+  leaseDurationSeconds 1) so a follower takes over within one retry period.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from .client import KubeClient, rfc3339_micro
+from .errors import AlreadyExists, ApiError, Conflict, KubeTransportError, NotFound
+from .resources import LEASES
+
+__all__ = ["LeaderElector", "Leadership"]
+
+log = logging.getLogger(__name__)
+
+JITTER_FACTOR = 1.2
+
+
+@dataclass
+class Leadership:
+    """One tenure as leader.
+
+    Attributes:
+        identity: our holderIdentity.
+        acquired_at: Trio time leadership started.
+        lost: True if the tenure ended because renewal failed (not by a clean exit).
+        cancel_scope: scope around the guarded body (cancel it to step down early).
+    """
+
+    identity: str
+    acquired_at: float
+    lost: bool = False
+    cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+
+class LeaderElector:
+    """Lease-based leader election.
+
+    Args:
+        client: the KubeClient.
+        name, namespace: the Lease object.
+        identity: this candidate's holderIdentity (unique per process, e.g. the pod name).
+        lease_duration: seconds a follower waits after the last observed change before
+            taking over (15).
+        renew_deadline: seconds the leader keeps retrying a renewal before stepping down (10).
+        retry_period: seconds between attempts (2).
+        release_on_exit: release the lease when the guarded block exits cleanly.
+        rng: jitter source returning U[0,1) (tests pass ``lambda: 0.0``).
+        wall_clock: returns the current UTC datetime for acquireTime/renewTime.
+
+    Raises:
+        ValueError: lease_duration <= renew_deadline, or renew_deadline <= 1.2 × retry_period,
+            or a non-positive period.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        name: str,
+        namespace: str,
+        identity: str,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        release_on_exit: bool = True,
+        rng: Callable[[], float] | None = None,
+        wall_clock: Callable[[], dt.datetime] | None = None,
+    ):
+        if not identity:
+            raise ValueError("identity must not be empty")
+        if min(lease_duration, renew_deadline, retry_period) <= 0:
+            raise ValueError("lease_duration, renew_deadline and retry_period must be > 0")
+        if lease_duration <= renew_deadline:
+            raise ValueError("lease_duration must be greater than renew_deadline")
+        if renew_deadline <= JITTER_FACTOR * retry_period:
+            raise ValueError("renew_deadline must be greater than 1.2 × retry_period")
+        self.client = client
+        self.name = name
+        self.namespace = namespace
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.release_on_exit = release_on_exit
+        self._rng = rng or random.random
+        self._wall = wall_clock or (lambda: dt.datetime.now(dt.timezone.utc))
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_time = 0.0
+        self._lease: dict[str, Any] | None = None
+        self.is_leader = False
+
+    @property
+    def leader(self) -> str | None:
+        """holderIdentity last observed on the Lease (None/"" if none)."""
+        return self._observed[0] if self._observed else None
+
+    # -- one attempt ----------------------------------------------------------------------------
+
+    def _observe(self, spec: dict[str, Any]) -> None:
+        record = (spec.get("holderIdentity") or "", spec.get("leaseDurationSeconds"),
+                  spec.get("acquireTime"), spec.get("renewTime"), spec.get("leaseTransitions"))
+        if record != self._observed:
+            if self._observed is None or record[0] != self._observed[0]:
+                log.info("lease holder observed lease=%s/%s holder=%s me=%s", self.namespace,
+                         self.name, record[0] or "<none>", self.identity)
+            self._observed = record
+            self._observed_time = trio.current_time()
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One GET + create/PUT round (client-go ``tryAcquireOrRenew``).
+
+        Returns:
+            True if we hold the lease afterwards. API/transport errors return False (logged).
+        """
+        now = rfc3339_micro(self._wall())
+        try:
+            try:
+                lease = await self.client.get(LEASES, self.name, self.namespace)
+            except NotFound:
+                spec = {"holderIdentity": self.identity,
+                        "leaseDurationSeconds": int(self.lease_duration),
+                        "acquireTime": now, "renewTime": now, "leaseTransitions": 0}
+                created = await self.client.create(LEASES, {
+                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec},
+                    self.namespace)
+                self._lease = created
+                self._observe(created.get("spec") or spec)
+                return True
+            spec = dict(lease.get("spec") or {})
+            self._observe(spec)
+            holder = spec.get("holderIdentity") or ""
+            duration = spec.get("leaseDurationSeconds") or self.lease_duration
+            if (holder and holder != self.identity
+                    and self._observed_time + float(duration) > trio.current_time()):
+                return False
+            if holder == self.identity:
+                spec["renewTime"] = now
+            else:  # taking over (from another holder or a released lease)
+                spec["acquireTime"] = now
+                spec["renewTime"] = now
+                spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+            spec["holderIdentity"] = self.identity
+            spec["leaseDurationSeconds"] = int(self.lease_duration)
+            lease["spec"] = spec
+            updated = await self.client.update(LEASES, lease, self.namespace)
+            self._lease = updated
+            self._observe(updated.get("spec") or spec)
+            return True
+        except (AlreadyExists, Conflict) as exc:
+            log.info("lease race lost lease=%s/%s me=%s: %s", self.namespace, self.name,
+                     self.identity, exc.reason)
+            return False
+        except (ApiError, KubeTransportError) as exc:
+            log.warning("lease attempt failed lease=%s/%s me=%s err=%s", self.namespace, self.name,
+                        self.identity, exc)
+            return False
+
+    # -- loops ----------------------------------------------------------------------------------
+
+    async def acquire(self) -> None:
+        """Campaign until this identity holds the lease."""
+        while True:
+            if await self.try_acquire_or_renew():
+                self.is_leader = True
+                log.info("lease acquired lease=%s/%s me=%s", self.namespace, self.name, self.identity)
+                return
+            await trio.sleep(self.retry_period * (1.0 + JITTER_FACTOR * self._rng()))
+
+    async def _renew_loop(self, leadership: Leadership) -> None:
+        while True:
+            await trio.sleep(self.retry_period)
+            renewed = False
+            with trio.move_on_after(self.renew_deadline):
+                while True:
+                    if await self.try_acquire_or_renew():
+                        renewed = True
+                        break
+                    await trio.sleep(self.retry_period)
+            if not renewed:
+                log.error("lease lost (no renewal within %gs) lease=%s/%s me=%s", self.renew_deadline,
+                          self.namespace, self.name, self.identity)
+                self.is_leader = False
+                leadership.lost = True
+                leadership.cancel_scope.cancel()
+                return
+
+    async def release(self) -> bool:
+        """Give the lease up if we hold it (holder "", duration 1 s). Returns True on success."""
+        lease = self._lease
+        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+            return False
+        now = rfc3339_micro(self._wall())
+        spec = dict(lease.get("spec") or {})
+        spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": now, "acquireTime": now})
+        body = {**lease, "spec": spec}
+        try:
+            self._lease = await self.client.update(LEASES, body, self.namespace)
+        except (ApiError, KubeTransportError) as exc:
+            log.warning("lease release failed lease=%s/%s me=%s err=%s", self.namespace, self.name,
+                        self.identity, exc)
+            return False
+        log.info("lease released lease=%s/%s me=%s", self.namespace, self.name, self.identity)
+        return True
+
+    @asynccontextmanager
+    async def leading(self) -> AsyncIterator[Leadership]:
+        """Wait for leadership, then run the block while renewing.
+
+        Yields:
+            The :class:`Leadership`. If the lease is lost the block is cancelled and the
+            ``async with`` exits normally with ``leadership.lost == True``. Exceptions from the
+            block propagate. On any exit other than a loss the lease is released (shielded,
+            bounded by ``renew_deadline``) when ``release_on_exit`` is set.
+        """
+        await self.acquire()
+        leadership = Leadership(self.identity, trio.current_time())
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._renew_loop, leadership)
+                with leadership.cancel_scope:
+                    yield leadership
+                nursery.cancel_scope.cancel()
+        finally:
+            was_leader = self.is_leader
+            self.is_leader = False
+            if was_leader and not leadership.lost and self.release_on_exit:
+                with trio.CancelScope(shield=True), trio.move_on_after(self.renew_deadline):
+                    await self.release()
+
+    async def run(self, work: Callable[[], Awaitable[object]], *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Campaign, run ``work()`` as leader, re-campaign after a loss; return when work returns."""
+        task_status.started()
+        while True:
+            async with self.leading() as leadership:
+                await work()
+            if not leadership.lost:
+                return
+            log.warning("leadership lost, campaigning again lease=%s/%s me=%s", self.namespace,
+                        self.name, self.identity)
