@@ -349,7 +349,7 @@ class PodControllerConfig:
     """``--kubeconfig``: explicit path; ``None`` uses $KUBECONFIG, ~/.kube/config, in-cluster."""
 
     priority_class_defaults: str | None = None
-    """``--priority-class-defaults``: YAML of per-PriorityClass penalty defaults; ``None`` = none."""
+    """``--priority-class-defaults``: per-PriorityClass penalty defaults YAML (``None``: none)."""
 
     qps: float = 50.0
     """``--qps``: sustained Kubernetes API requests per second (client-side limiter)."""

@@ -1,4 +1,4 @@
-"""Tests for bigfleet_trio.durations and bigfleet_trio.config (design.md CLI contract; ref §1, §9, §11)."""
+"""Tests for bigfleet_trio.durations and bigfleet_trio.config (design.md CLI; ref §1, §9, §11)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,9 @@ def test_parse_duration_accepts_go_and_plain_forms(text: str, seconds: float) ->
     assert parse_duration(text) == pytest.approx(seconds, rel=1e-12, abs=1e-15)
 
 
-@pytest.mark.parametrize("text", ["", "  ", "s", "10x", "1d", "ten", "1s2", "--1s", "1 s", "-", "1e3s"])
+@pytest.mark.parametrize(
+    "text", ["", "  ", "s", "10x", "1d", "ten", "1s2", "--1s", "1 s", "-", "1e3s"]
+)
 def test_parse_duration_rejects_garbage(text: str) -> None:
     with pytest.raises(ValueError, match="invalid duration"):
         parse_duration(text)
@@ -81,7 +83,9 @@ def test_split_host_port(addr: str, expected: tuple[str, int]) -> None:
     assert split_host_port(addr) == expected
 
 
-@pytest.mark.parametrize("addr", ["8770", "host", "host:", "host:x", "host:70000", "::1:80", "[::1]80"])
+@pytest.mark.parametrize(
+    "addr", ["8770", "host", "host:", "host:x", "host:70000", "::1:80", "[::1]80"]
+)
 def test_split_host_port_rejects(addr: str) -> None:
     with pytest.raises(ConfigError):
         split_host_port(addr, flag="--metrics-addr")
@@ -158,7 +162,10 @@ def test_operator_zero_defaults_normalised_like_go() -> None:
         ({"log_level": "loud"}, "--log-level"),
         ({"leader_elect": True, "leader_election_id": ""}, "--leader-election-id"),
         ({"reconnect_initial_backoff": 0.0}, "--reconnect-initial-backoff"),
-        ({"reconnect_initial_backoff": 5.0, "reconnect_max_backoff": 1.0}, "--reconnect-max-backoff"),
+        (
+            {"reconnect_initial_backoff": 5.0, "reconnect_max_backoff": 1.0},
+            "--reconnect-max-backoff",
+        ),
     ],
 )
 def test_operator_rejects_bad_values(kw: dict[str, object], flag: str) -> None:
@@ -251,7 +258,7 @@ def test_pod_controller_priority_defaults_example(tmp_path) -> None:  # type: ig
     p.write_text(
         'ml-research: {interruptionPenalty: "8192", reclamationPenalty: "65536"}\n'
         'batch-best-effort: {interruptionPenalty: "16", reclamationPenalty: "0"}\n'
-        "partial: {interruptionPenalty: \"1\", unknownKey: 3}\n"
+        'partial: {interruptionPenalty: "1", unknownKey: 3}\n'
     )
     cfg = PodControllerConfig(priority_class_defaults=str(p))
     cfg.validate()
@@ -263,7 +270,9 @@ def test_pod_controller_priority_defaults_example(tmp_path) -> None:  # type: ig
 
 
 def test_pod_controller_priority_defaults_unquoted_number_fails() -> None:
-    with pytest.raises(ConfigError, match=r"^priority-class-defaults: parse: .*interruptionPenalty"):
+    with pytest.raises(
+        ConfigError, match=r"^priority-class-defaults: parse: .*interruptionPenalty"
+    ):
         validate_priority_class_defaults("x: {interruptionPenalty: 5}\n")
 
 

@@ -290,13 +290,13 @@ async def follow_events(
         Number of lines written.
 
     Raises:
-        OSError: cannot connect. ``trio_websocket.HandshakeError``: not a WebSocket endpoint.
+        OSError: cannot connect, or the server refused the WebSocket (no ``/events`` there).
     """
-    from trio_websocket import ConnectionClosed, open_websocket_url
+    from trio_websocket import ConnectionClosed
 
     url = events_url(addr, kinds)
     written = 0
-    async with open_websocket_url(url) as ws:
+    async with _connect(url) as ws:
         while max_events <= 0 or written < max_events:
             try:
                 message = await ws.get_message()
@@ -315,3 +315,24 @@ async def follow_events(
                 out.flush()
                 written += 1
     return written
+
+
+@asynccontextmanager
+async def _connect(url: str) -> AsyncIterator[Any]:
+    """``open_websocket_url`` with connection/handshake failures turned into one-line OSErrors."""
+    from trio_websocket import ConnectionRejected, HandshakeError, open_websocket_url
+
+    entered = False
+    try:
+        async with open_websocket_url(url) as ws:
+            entered = True
+            yield ws
+    except ConnectionRejected as exc:
+        if entered:  # pragma: no cover - only raised during the handshake
+            raise
+        raise OSError(f"{url}: server rejected the WebSocket (HTTP {exc.status_code})") from exc
+    except HandshakeError as exc:
+        if entered:  # pragma: no cover
+            raise
+        cause = exc.__cause__ or exc.__context__
+        raise OSError(f"cannot connect to {url}: {cause or 'handshake failed'}") from exc

@@ -27,10 +27,19 @@ async def test_subscriber_receives_in_order_with_envelope() -> None:
         feed.publish("rollup_sent", cluster="c1", needs=3)
         feed.publish("reclaim", node="n1", kind="oops", seq=9)
         assert await sub.receive() == {
-            "seq": 2, "ts": 1000.0, "kind": "rollup_sent", "cluster": "c1", "needs": 3,
+            "seq": 2,
+            "ts": 1000.0,
+            "kind": "rollup_sent",
+            "cluster": "c1",
+            "needs": 3,
         }
         assert await sub.receive() == {
-            "seq": 3, "ts": 1000.0, "kind": "reclaim", "node": "n1", "kind_": "oops", "seq_": 9,
+            "seq": 3,
+            "ts": 1000.0,
+            "kind": "reclaim",
+            "node": "n1",
+            "kind_": "oops",
+            "seq_": 9,
         }
         assert feed.statistics().subscribers == 1
     assert feed.statistics().subscribers == 0

@@ -22,6 +22,12 @@ from bigfleet_trio.observability.events import EventFeed, follow_events
 from bigfleet_trio.observability.http import serve_observability
 
 
+async def _wait_subscribers(feed: EventFeed, n: int) -> None:
+    """Poll (real time) until the server side has ``n`` subscriptions."""
+    while feed.statistics().subscribers != n:  # noqa: ASYNC110 - state lives in another task
+        await trio.sleep(0.005)
+
+
 @asynccontextmanager
 async def _server(**kw: object) -> AsyncIterator[str]:
     async with trio.open_nursery() as nursery:
@@ -56,7 +62,10 @@ async def test_readyz_flips_with_readiness_callable() -> None:
         async with _server(readiness=readiness) as addr, httpx.AsyncClient() as client:
             r = await client.get(f"http://{addr}/readyz")
             assert r.status_code == 503
-            assert r.json() == {"ready": False, "reasons": ["informers not synced", "no shard session"]}
+            assert r.json() == {
+                "ready": False,
+                "reasons": ["informers not synced", "no shard session"],
+            }
             state.update(ok=True, detail="session up")
             r = await client.get(f"http://{addr}/readyz")
             assert r.status_code == 200
@@ -113,16 +122,18 @@ async def test_events_websocket_receives_published_event() -> None:
         async with _server(feed=feed) as addr:
             async with open_websocket_url(f"ws://{addr}/events") as ws:
                 # the server subscribes after the handshake; publish until it is listening
-                while feed.statistics().subscribers == 0:
-                    await trio.sleep(0.01)
+                await _wait_subscribers(feed, 1)
                 feed.publish("cr_acknowledged", namespace="ns", name="cr-1")
                 msg = await ws.get_message()
             assert json.loads(msg) == {
-                "seq": 1, "ts": 5.0, "kind": "cr_acknowledged", "namespace": "ns", "name": "cr-1",
+                "seq": 1,
+                "ts": 5.0,
+                "kind": "cr_acknowledged",
+                "namespace": "ns",
+                "name": "cr-1",
             }
             # the follower's disconnect ends the server-side subscription
-            while feed.statistics().subscribers:
-                await trio.sleep(0.01)
+            await _wait_subscribers(feed, 0)
 
 
 async def test_events_kind_filter_and_follow_events() -> None:
@@ -132,8 +143,7 @@ async def test_events_kind_filter_and_follow_events() -> None:
         async with _server(feed=feed) as addr, trio.open_nursery() as nursery:
 
             async def publisher() -> None:
-                while feed.statistics().subscribers == 0:
-                    await trio.sleep(0.01)
+                await _wait_subscribers(feed, 1)
                 feed.publish("rollup_sent", needs=1)
                 feed.publish("reclaim", node="n1")
                 feed.publish("drain_finished", node="n1")
@@ -152,8 +162,7 @@ async def test_events_stream_ends_when_feed_closes() -> None:
         async with _server(feed=feed) as addr, trio.open_nursery() as nursery:
 
             async def closer() -> None:
-                while feed.statistics().subscribers == 0:
-                    await trio.sleep(0.01)
+                await _wait_subscribers(feed, 1)
                 feed.publish("x")
                 feed.close()
 
@@ -190,3 +199,12 @@ async def test_cancellation_leaves_nothing_running() -> None:
         host, port = addr.rsplit(":", 1)
         with pytest.raises(OSError):
             await trio.open_tcp_stream(host, int(port))
+
+
+async def test_follow_events_errors_are_oserrors() -> None:
+    with trio.fail_after(10):
+        async with _server() as addr:
+            with pytest.raises(OSError, match=r"server rejected the WebSocket \(HTTP 403\)"):
+                await follow_events(addr, io.StringIO())
+        with pytest.raises(OSError, match="cannot connect to ws://"):
+            await follow_events(addr, io.StringIO())

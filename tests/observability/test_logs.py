@@ -1,4 +1,4 @@
-"""Tests for bigfleet_trio.observability.logs (issue 7 "Logs": structured, one line per decision)."""
+"""Tests for observability.logs (issue 7 "Logs": structured, one line per decision)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,9 @@ def test_json_non_serialisable_extras_and_exception(stream: io.StringIO) -> None
     try:
         raise RuntimeError("boom")
     except RuntimeError:
-        log.exception("failed", extra={"obj": object(), "items": (1, "a"), "m": {"k": {1, 2} and [1]}})
+        log.exception(
+            "failed", extra={"obj": object(), "items": (1, "a"), "m": {"k": {1, 2} and [1]}}
+        )
     (line,) = _lines(stream)
     obj = json.loads(line)
     assert obj["msg"] == "failed"
@@ -69,15 +71,25 @@ def test_json_non_serialisable_extras_and_exception(stream: io.StringIO) -> None
 def test_text_format(stream: io.StringIO) -> None:
     setup_logging("text", "info", stream=stream)
     logging.getLogger("bigfleet_trio.sim").warning(
-        "machine %s ready", "m-1", extra={"phase": "Configured", "note": "two words", "n": 3,
-                                          "ok": True, "labels": {"zone": "a"}}
+        "machine %s ready",
+        "m-1",
+        extra={
+            "phase": "Configured",
+            "note": "two words",
+            "n": 3,
+            "ok": True,
+            "labels": {"zone": "a"},
+        },
     )
     (line,) = _lines(stream)
     ts, level, logger, rest = line.split(" ", 3)
     assert ts.endswith("Z")
     assert level == "WARNING"
     assert logger == "bigfleet_trio.sim"
-    assert rest == 'machine m-1 ready phase=Configured note="two words" n=3 ok=true labels={"zone":"a"}'
+    assert (
+        rest
+        == 'machine m-1 ready phase=Configured note="two words" n=3 ok=true labels={"zone":"a"}'
+    )
 
 
 def test_text_multiline_message_stays_one_line(stream: io.StringIO) -> None:
@@ -111,7 +123,10 @@ def test_setup_rejects_bad_values(fmt: str, level: str) -> None:
     ("text", "expected"),
     [
         ("Authorization: Bearer abc.def-123", "Authorization: Bearer [REDACTED]"),
-        ("headers={'authorization': 'Bearer s3cr3t'}", "headers={'authorization': 'Bearer [REDACTED]'}"),
+        (
+            "headers={'authorization': 'Bearer s3cr3t'}",
+            "headers={'authorization': 'Bearer [REDACTED]'}",
+        ),
         ("authorization=Basic dXNlcjpwYXNz", "authorization=Basic [REDACTED]"),
         ("using bearer XyZ123== now", "using bearer [REDACTED] now"),
         (f"token {JWT} end", "token [REDACTED] end"),
@@ -131,9 +146,15 @@ def test_redact(text: str, expected: str) -> None:
 def test_redaction_in_messages_args_and_extras(stream: io.StringIO) -> None:
     setup_logging("json", "info", stream=stream)
     logging.getLogger("kube").info(
-        "request headers %s", {"Authorization": "Bearer topsecret"},
-        extra={"token": "topsecret", "user_data": "#cloud-config\njoin: topsecret",
-               "body": {"password": "topsecret", "name": "ok"}, "cert": PEM, "node": "n1"},
+        "request headers %s",
+        {"Authorization": "Bearer topsecret"},
+        extra={
+            "token": "topsecret",
+            "user_data": "#cloud-config\njoin: topsecret",
+            "body": {"password": "topsecret", "name": "ok"},
+            "cert": PEM,
+            "node": "n1",
+        },
     )
     out = stream.getvalue()
     assert "topsecret" not in out

@@ -1,0 +1,571 @@
+"""``bigfleet-trio`` command line: argument parsing only; builds configs and calls ``run``.
+
+Design "Fixed points" (CLI contract) and reference-behavior §1/§11 (flag names and defaults match
+the Go binaries, so charts and habits carry over; ``-flag`` and ``--flag``, ``--flag=value`` and
+``--flag value``, ``--leader-elect`` and ``--leader-elect=true`` are all accepted). Durations take
+Go style (``10s``, ``500ms``, ``1m30s``) or plain seconds.
+
+Sub-commands::
+
+    bigfleet-trio operator --cluster-id ID --shard-addr HOST:PORT [...]
+    bigfleet-trio pod-controller [--kubeconfig PATH] [--priority-class-defaults PATH] [...]
+    bigfleet-trio sim apiserver --port PORT --kubeconfig-out PATH
+    bigfleet-trio sim shard --port PORT [--kubeconfig PATH]
+    bigfleet-trio install-crds [--kubeconfig PATH]
+    bigfleet-trio demo [--workloads DIR] [--keep-running] [...]
+    bigfleet-trio events --addr HOST:PORT [--kind KIND ...]
+
+Startup errors (bad flags, failed validation) print exactly one line ``<command>: <what is
+wrong>`` on stderr and exit 1. The run functions are imported lazily per command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from . import __version__
+from .config import (
+    LOG_FORMATS,
+    ConfigError,
+    DemoOptions,
+    OperatorConfig,
+    PodControllerConfig,
+)
+from .durations import format_duration, parse_duration
+
+__all__ = ["main", "build_parser", "parse_args", "UsageError", "PROG"]
+
+PROG = "bigfleet-trio"
+
+log = logging.getLogger(__name__)
+
+# Exceptions whose message is a complete user-facing explanation (no traceback needed).
+_EXPECTED_ERRORS = {"ConfigError", "KubeConfigError", "OSError", "FileNotFoundError",
+                    "PermissionError", "ConnectionRefusedError", "HandshakeError"}
+
+
+class UsageError(Exception):
+    """A command-line problem; ``command`` names the sub-command (``operator``, ``sim shard``…)."""
+
+    def __init__(self, command: str, message: str) -> None:
+        super().__init__(message)
+        self.command = command
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser that raises :class:`UsageError` instead of printing usage and exiting 2."""
+
+    def __init__(self, *args: Any, command: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.command = command or PROG
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self.command, message)
+
+
+# ---------------------------------------------------------------------------------- flag types
+
+
+def _duration(text: str) -> float:
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: must not be negative")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text.strip(), 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: must be 0..65535")
+    return value
+
+
+_TRUE = {"1", "t", "true", "yes", "y", "on"}
+_FALSE = {"0", "f", "false", "no", "n", "off"}
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean {text!r} (use true or false)")
+
+
+def _add_bool(p: argparse.ArgumentParser, flag: str, help_text: str) -> None:
+    """Go-style boolean: ``--flag`` or ``--flag=true|false``."""
+    p.add_argument(
+        flag, nargs="?", const=True, default=False, type=_bool, metavar="BOOL", help=help_text
+    )
+
+
+def _add_log_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
+    default = argparse.SUPPRESS if suppress else None
+    p.add_argument(
+        "--log-format", choices=LOG_FORMATS, default=default,
+        help="log line format: text or json (default text)",
+    )
+    p.add_argument(
+        "--log-level", default=default, metavar="LEVEL",
+        help="debug, info, warning or error (default info; demo: warning)",
+    )
+
+
+def _d(seconds: float) -> str:
+    return format_duration(seconds)
+
+
+# ---------------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the full ``bigfleet-trio`` parser (all sub-commands).
+
+    Returns:
+        A parser whose ``error()`` raises :class:`UsageError` (never exits by itself, except for
+        ``--help``/``--version``).
+    """
+    op_d = OperatorConfig()
+    pc_d = PodControllerConfig()
+    demo_d = DemoOptions()
+
+    root = _Parser(
+        prog=PROG,
+        description="BigFleet's per-cluster agent (operator + pod controller) on Trio, "
+        "and a one-laptop simulation.",
+        command=PROG,
+    )
+    root.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    _add_log_flags(root, suppress=False)
+    sub = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    # operator ------------------------------------------------------------------------------
+    op = sub.add_parser(
+        "operator", command="operator", help="run the per-cluster operator",
+        description="Roll CapacityRequests up to a BigFleet shard and act on its instructions.",
+    )
+    op.add_argument("--cluster-id", default=op_d.cluster_id, metavar="ID",
+                    help="this cluster's id as the shard knows it (required)")
+    op.add_argument("--shard-addr", default=op_d.shard_addr, metavar="HOST:PORT",
+                    help="the shard's gRPC endpoint (required)")
+    op.add_argument("--kubeconfig", default=None, metavar="PATH",
+                    help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    op.add_argument("--rollup-interval", type=_duration, default=op_d.rollup_interval,
+                    metavar="DUR",
+                    help=f"time between roll-ups; 0 = default (default {_d(op_d.rollup_interval)})")
+    op.add_argument("--ack-concurrency", type=_int, default=op_d.ack_concurrency, metavar="N",
+                    help=f"parallel CR acknowledgements (default {op_d.ack_concurrency})")
+    op.add_argument("--dispatch-concurrency", type=_int, default=op_d.dispatch_concurrency,
+                    metavar="N",
+                    help=f"parallel shard instructions (default {op_d.dispatch_concurrency})")
+    op.add_argument("--qps", type=_float, default=op_d.qps,
+                    help=f"Kubernetes API QPS (default {op_d.qps:g})")
+    op.add_argument("--burst", type=_int, default=op_d.burst,
+                    help=f"Kubernetes API burst (default {op_d.burst})")
+    op.add_argument("--bootstrap-template-file", default=None, metavar="PATH",
+                    help="Jinja2 bootstrap template (default: stub cloud-config)")
+    op.add_argument("--bootstrap-ttl", type=_duration, default=op_d.bootstrap_ttl, metavar="DUR",
+                    help=f"validity of rendered bootstrap data (default {_d(op_d.bootstrap_ttl)})")
+    op.add_argument("--tls-cert", default=None, metavar="PATH",
+                    help="client certificate for mTLS to the shard (with --tls-key, --tls-ca)")
+    op.add_argument("--tls-key", default=None, metavar="PATH", help="client private key")
+    op.add_argument("--tls-ca", default=None, metavar="PATH", help="CA bundle for the shard")
+    op.add_argument("--tls-server-name", default=None, metavar="NAME",
+                    help="expected shard certificate name (default: the --shard-addr host)")
+    op.add_argument("--metrics-addr", default=op_d.metrics_addr, metavar="ADDR",
+                    help=f"/metrics, /healthz, /readyz, /events listener; 0 disables "
+                    f"(default {op_d.metrics_addr})")
+    op.add_argument("--health-probe-addr", default=None, metavar="HOST:PORT",
+                    help="separate listener for /healthz and /readyz (default: metrics listener)")
+    _add_bool(op, "--leader-elect", "hold a Lease; only the leader talks to the shard")
+    op.add_argument("--leader-election-namespace", default=op_d.leader_election_namespace,
+                    metavar="NS",
+                    help=f"Lease namespace (default {op_d.leader_election_namespace})")
+    op.add_argument("--leader-election-id", default=op_d.leader_election_id, metavar="NAME",
+                    help=f"Lease name (default {op_d.leader_election_id})")
+    op.add_argument("--drain-shutdown-timeout", type=_duration,
+                    default=op_d.drain_shutdown_timeout, metavar="DUR",
+                    help="on SIGTERM, how long running drains may continue "
+                    f"(default {_d(op_d.drain_shutdown_timeout)})")
+    op.add_argument("--reconnect-initial-backoff", type=_duration,
+                    default=op_d.reconnect_initial_backoff, metavar="DUR",
+                    help=f"first redial delay (default {_d(op_d.reconnect_initial_backoff)})")
+    op.add_argument("--reconnect-max-backoff", type=_duration,
+                    default=op_d.reconnect_max_backoff, metavar="DUR",
+                    help=f"redial delay cap (default {_d(op_d.reconnect_max_backoff)})")
+    _add_log_flags(op, suppress=True)
+
+    # pod-controller ------------------------------------------------------------------------
+    pc = sub.add_parser(
+        "pod-controller", command="pod-controller", help="run the unschedulable-pod controller",
+        description="Turn unschedulable Pods into CapacityRequests.",
+    )
+    pc.add_argument("--kubeconfig", default=None, metavar="PATH",
+                    help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    pc.add_argument("--priority-class-defaults", default=None, metavar="PATH",
+                    help="YAML: PriorityClass name -> {interruptionPenalty, reclamationPenalty}")
+    pc.add_argument("--qps", type=_float, default=pc_d.qps,
+                    help=f"Kubernetes API QPS (default {pc_d.qps:g})")
+    pc.add_argument("--burst", type=_int, default=pc_d.burst,
+                    help=f"Kubernetes API burst (default {pc_d.burst})")
+    pc.add_argument("--metrics-addr", default=pc_d.metrics_addr, metavar="ADDR",
+                    help=f"/metrics, /healthz, /readyz listener; 0 disables "
+                    f"(default {pc_d.metrics_addr})")
+    pc.add_argument("--health-probe-addr", default=None, metavar="HOST:PORT",
+                    help="separate listener for /healthz and /readyz (default: metrics listener)")
+    pc.add_argument("--workers", type=_int, default=pc_d.workers, metavar="N",
+                    help=f"concurrent reconciles (default {pc_d.workers})")
+    pc.add_argument("--sync-timeout", type=_duration, default=pc_d.sync_timeout, metavar="DUR",
+                    help=f"informer cache sync timeout (default {_d(pc_d.sync_timeout)})")
+    _add_bool(pc, "--leader-elect", "hold a Lease; only the leader writes CapacityRequests")
+    pc.add_argument("--leader-election-namespace", default=pc_d.leader_election_namespace,
+                    metavar="NS",
+                    help=f"Lease namespace (default {pc_d.leader_election_namespace})")
+    pc.add_argument("--leader-election-id", default=pc_d.leader_election_id, metavar="NAME",
+                    help=f"Lease name (default {pc_d.leader_election_id})")
+    _add_log_flags(pc, suppress=True)
+
+    # sim -----------------------------------------------------------------------------------
+    sim = sub.add_parser("sim", command="sim", help="simulation components",
+                         description="Run one simulated component on its own.")
+    sim_sub = sim.add_subparsers(dest="sim_command", metavar="COMPONENT", parser_class=_Parser)
+    api = sim_sub.add_parser(
+        "apiserver", command="sim apiserver", help="embedded Kubernetes test apiserver",
+        description="Serve the test apiserver (CRDs installed) until SIGINT/SIGTERM.",
+    )
+    api.add_argument("--port", type=_port, default=0,
+                     help="listen port; 0 picks a free one (default 0)")
+    api.add_argument("--kubeconfig-out", default=None, metavar="PATH",
+                     help="write a kubeconfig for the server here (required)")
+    _add_log_flags(api, suppress=True)
+    shard = sim_sub.add_parser(
+        "shard", command="sim shard", help="simulated BigFleet shard",
+        description="Serve a simulated shard speaking the real protocol.",
+    )
+    shard.add_argument("--port", type=_port, default=0,
+                       help="gRPC listen port; 0 picks a free one (default 0)")
+    shard.add_argument("--kubeconfig", default=None, metavar="PATH",
+                       help="cluster where the shard registers Nodes (optional)")
+    _add_log_flags(shard, suppress=True)
+
+    # install-crds --------------------------------------------------------------------------
+    inst = sub.add_parser(
+        "install-crds", command="install-crds", help="create or update the CRDs in a cluster",
+        description="Apply the bundled CustomResourceDefinitions.",
+    )
+    inst.add_argument("--kubeconfig", default=None, metavar="PATH",
+                      help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    _add_log_flags(inst, suppress=True)
+
+    # demo ----------------------------------------------------------------------------------
+    demo = sub.add_parser(
+        "demo", command="demo", help="run the whole loop on this machine",
+        description="Embedded apiserver, simulated shard, pod controller and operator on real "
+        "workloads; exits 0 with a summary.",
+    )
+    demo.add_argument("--workloads", dest="workloads_dir", default=None, metavar="DIR",
+                      help="apply these manifests instead of the bundled workloads")
+    demo.add_argument("--keep-running", action="store_true",
+                      help="keep serving after the scenario and print a kubeconfig")
+    demo.add_argument("--timeout", type=_duration, default=demo_d.timeout, metavar="DUR",
+                      help=f"fail if the scenario takes longer (default {_d(demo_d.timeout)})")
+    demo.add_argument("--quiet", action="store_true", help="no live progress, only the summary")
+    demo.add_argument("--json", dest="json_summary", action="store_true",
+                      help="print the summary as JSON")
+    demo.add_argument("--kubeconfig-out", default=None, metavar="PATH",
+                      help="write the embedded apiserver's kubeconfig here")
+    demo.add_argument("--seed", type=_int, default=demo_d.seed,
+                      help=f"simulated shard seed (default {demo_d.seed})")
+    _add_log_flags(demo, suppress=True)
+
+    # events --------------------------------------------------------------------------------
+    ev = sub.add_parser(
+        "events", command="events", help="follow a running agent's /events feed",
+        description="Print the agent's decision events as JSON lines.",
+    )
+    ev.add_argument("--addr", default="127.0.0.1:8770", metavar="HOST:PORT",
+                    help="the agent's --metrics-addr (default 127.0.0.1:8770)")
+    ev.add_argument("--kind", action="append", default=[], metavar="KIND",
+                    help="only this event kind (repeatable)")
+    ev.add_argument("--max-events", type=_int, default=0, metavar="N",
+                    help="exit after N events (default 0: until the feed ends)")
+    _add_log_flags(ev, suppress=True)
+
+    return root
+
+
+def _normalize_argv(argv: Sequence[str]) -> list[str]:
+    """Accept Go's single-dash long flags (``-cluster-id=x`` → ``--cluster-id=x``)."""
+    out: list[str] = []
+    rest = False
+    for tok in argv:
+        if rest or tok == "--":
+            rest = True
+            out.append(tok)
+            continue
+        if len(tok) > 2 and tok[0] == "-" and tok[1] != "-" and tok[1].isalpha():
+            tok = "-" + tok
+        out.append(tok)
+    return out
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse a command line (without the program name).
+
+    Raises:
+        UsageError: unknown flag, bad value, missing sub-command.
+        SystemExit: only for ``--help`` / ``--version`` (code 0).
+    """
+    ns, extras = build_parser().parse_known_args(_normalize_argv(argv))
+    if extras:
+        command = ns.command or PROG
+        if command == "sim" and getattr(ns, "sim_command", None):
+            command = f"sim {ns.sim_command}"
+        raise UsageError(command, f"unrecognized arguments: {' '.join(extras)}")
+    if ns.command is None:
+        raise UsageError(PROG, "a command is required (operator, pod-controller, sim, "
+                         "install-crds, demo, events); see --help")
+    if ns.command == "sim" and getattr(ns, "sim_command", None) is None:
+        raise UsageError("sim", "a component is required (apiserver or shard)")
+    return ns
+
+
+# ---------------------------------------------------------------------------------- configs
+
+
+def _log_opts(ns: argparse.Namespace, default_level: str = "info") -> tuple[str, str]:
+    return (ns.log_format or "text", ns.log_level or default_level)
+
+
+def operator_config(ns: argparse.Namespace) -> OperatorConfig:
+    """Build an :class:`OperatorConfig` from parsed ``operator`` flags (not validated)."""
+    fmt, level = _log_opts(ns)
+    return OperatorConfig(
+        cluster_id=ns.cluster_id,
+        shard_addr=ns.shard_addr,
+        kubeconfig=ns.kubeconfig or None,
+        rollup_interval=ns.rollup_interval,
+        ack_concurrency=ns.ack_concurrency,
+        dispatch_concurrency=ns.dispatch_concurrency,
+        qps=ns.qps,
+        burst=ns.burst,
+        bootstrap_template_file=ns.bootstrap_template_file or None,
+        bootstrap_ttl=ns.bootstrap_ttl,
+        tls_cert=ns.tls_cert or None,
+        tls_key=ns.tls_key or None,
+        tls_ca=ns.tls_ca or None,
+        tls_server_name=ns.tls_server_name or None,
+        metrics_addr=ns.metrics_addr,
+        health_probe_addr=ns.health_probe_addr or None,
+        leader_elect=ns.leader_elect,
+        leader_election_namespace=ns.leader_election_namespace,
+        leader_election_id=ns.leader_election_id,
+        drain_shutdown_timeout=ns.drain_shutdown_timeout,
+        reconnect_initial_backoff=ns.reconnect_initial_backoff,
+        reconnect_max_backoff=ns.reconnect_max_backoff,
+        log_format=fmt,
+        log_level=level,
+    )
+
+
+def pod_controller_config(ns: argparse.Namespace) -> PodControllerConfig:
+    """Build a :class:`PodControllerConfig` from parsed ``pod-controller`` flags."""
+    fmt, level = _log_opts(ns)
+    return PodControllerConfig(
+        kubeconfig=ns.kubeconfig or None,
+        priority_class_defaults=ns.priority_class_defaults or None,
+        qps=ns.qps,
+        burst=ns.burst,
+        metrics_addr=ns.metrics_addr,
+        health_probe_addr=ns.health_probe_addr or None,
+        workers=ns.workers,
+        sync_timeout=ns.sync_timeout,
+        leader_elect=ns.leader_elect,
+        leader_election_namespace=ns.leader_election_namespace,
+        leader_election_id=ns.leader_election_id,
+        log_format=fmt,
+        log_level=level,
+    )
+
+
+def demo_options(ns: argparse.Namespace) -> DemoOptions:
+    """Build :class:`DemoOptions` from parsed ``demo`` flags."""
+    fmt, level = _log_opts(ns, DemoOptions.log_level)
+    return DemoOptions(
+        workloads_dir=ns.workloads_dir,
+        keep_running=ns.keep_running,
+        timeout=ns.timeout,
+        quiet=ns.quiet,
+        json_summary=ns.json_summary,
+        kubeconfig_out=ns.kubeconfig_out,
+        seed=ns.seed,
+        log_format=fmt,
+        log_level=level,
+    )
+
+
+# ---------------------------------------------------------------------------------- running
+
+
+def _fail(command: str, message: str) -> int:
+    line = " ".join(str(message).split())
+    print(f"{command}: {line}", file=sys.stderr)
+    return 1
+
+
+def _setup_logging(fmt: str, level: str) -> None:
+    from .observability.logs import setup_logging
+
+    try:
+        setup_logging(fmt, level)
+    except ValueError as exc:
+        raise ConfigError(str(exc).replace("invalid log level", "--log-level: invalid level"))\
+            from None
+
+
+def _load(command: str, module: str, attr: str) -> Callable[..., Any] | int:
+    """Import ``module.attr`` lazily; on failure report ``<command>: not available yet``."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+        return getattr(mod, attr)  # type: ignore[no-any-return]
+    except (ImportError, AttributeError) as exc:
+        return _fail(command, f"not available yet: {exc}")
+
+
+def _invoke(command: str, fn: Callable[..., Any], *args: Any) -> int:
+    try:
+        rc = fn(*args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        names = {c.__name__ for c in type(exc).__mro__}
+        if names & _EXPECTED_ERRORS:
+            log.debug("%s failed", command, exc_info=True)
+        else:
+            log.error("%s failed", command, exc_info=True)
+        return _fail(command, str(exc) or type(exc).__name__)
+    if rc is None:
+        return 0
+    return int(rc)
+
+
+def _run_command(ns: argparse.Namespace) -> int:
+    command: str = ns.command
+    if command == "operator":
+        cfg = operator_config(ns)
+        cfg.validate()
+        _setup_logging(cfg.log_format, cfg.log_level)
+        fn = _load(command, "bigfleet_trio.operator.app", "run_operator")
+        return fn if isinstance(fn, int) else _invoke(command, fn, cfg)
+    if command == "pod-controller":
+        pcfg = pod_controller_config(ns)
+        pcfg.validate()
+        _setup_logging(pcfg.log_format, pcfg.log_level)
+        fn = _load(command, "bigfleet_trio.podcontroller.app", "run_pod_controller")
+        return fn if isinstance(fn, int) else _invoke(command, fn, pcfg)
+    if command == "sim":
+        fmt, level = _log_opts(ns)
+        if ns.sim_command == "apiserver":
+            name = "sim apiserver"
+            if not ns.kubeconfig_out:
+                raise UsageError(name, "--kubeconfig-out is required")
+            _setup_logging(fmt, level)
+            fn = _load(name, "bigfleet_trio.sim.apiserver", "run_cli")
+            return fn if isinstance(fn, int) else _invoke(name, fn, ns.port, ns.kubeconfig_out)
+        name = "sim shard"
+        _setup_logging(fmt, level)
+        fn = _load(name, "bigfleet_trio.sim.shard", "run_cli")
+        return fn if isinstance(fn, int) else _invoke(name, fn, ns.port, ns.kubeconfig or None)
+    if command == "install-crds":
+        fmt, level = _log_opts(ns)
+        _setup_logging(fmt, level)
+        from .install import install_crds
+
+        return _invoke(command, install_crds, ns.kubeconfig or None)
+    if command == "demo":
+        opts = demo_options(ns)
+        opts.validate()
+        _setup_logging(opts.log_format, opts.log_level)
+        fn = _load(command, "bigfleet_trio.sim.demo", "run_demo")
+        return fn if isinstance(fn, int) else _invoke(command, fn, opts)
+    if command == "events":
+        fmt, level = _log_opts(ns, "warning")
+        _setup_logging(fmt, level)
+        if ns.max_events < 0:
+            raise UsageError(command, "--max-events must be >= 0")
+        return _invoke(command, _run_events, ns.addr, list(ns.kind), ns.max_events)
+    raise UsageError(PROG, f"unknown command {command!r}")  # pragma: no cover
+
+
+def _run_events(addr: str, kinds: list[str], max_events: int) -> int:
+    import trio
+
+    from .observability.events import follow_events
+
+    async def _follow() -> int:
+        return await follow_events(addr, sys.stdout, kinds=kinds, max_events=max_events)
+
+    trio.run(_follow)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``bigfleet-trio`` (console script) and ``python -m bigfleet_trio``.
+
+    Args:
+        argv: arguments without the program name (default ``sys.argv[1:]``).
+
+    Returns:
+        The process exit code: the run function's code, 1 on a startup error (after one line
+        ``<command>: <what is wrong>`` on stderr), 0 for ``--help``.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        ns = parse_args(args)
+    except UsageError as exc:
+        return _fail(exc.command, exc.message)
+    except SystemExit as exc:  # --help / --version
+        code = exc.code
+        return code if isinstance(code, int) else 0
+    try:
+        return _run_command(ns)
+    except UsageError as exc:
+        return _fail(exc.command, exc.message)
+    except ConfigError as exc:
+        name = ns.command if ns.command != "sim" else f"sim {ns.sim_command}"
+        return _fail(name, str(exc))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

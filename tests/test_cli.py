@@ -1,0 +1,568 @@
+"""Tests for bigfleet_trio.cli and bigfleet_trio.install (design.md "Fixed points": CLI)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bigfleet_trio import cli
+from bigfleet_trio.config import DemoOptions, OperatorConfig, PodControllerConfig
+from bigfleet_trio.install import apply_crds, load_crds
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        if h not in handlers:
+            root.removeHandler(h)
+    root.setLevel(level)
+
+
+def _fake_module(monkeypatch: pytest.MonkeyPatch, name: str, **attrs: Any) -> None:
+    mod = types.ModuleType(name)
+    for k, v in attrs.items():
+        setattr(mod, k, v)
+    monkeypatch.setitem(sys.modules, name, mod)
+
+
+def _err_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    return capsys.readouterr().err.splitlines()
+
+
+# ------------------------------------------------------------------------------ parsing: operator
+
+
+def test_operator_defaults() -> None:
+    cfg = cli.operator_config(
+        cli.parse_args(["operator", "--cluster-id", "c1", "--shard-addr", "s:1"])
+    )
+    assert cfg == OperatorConfig(cluster_id="c1", shard_addr="s:1")
+
+
+def test_operator_every_flag() -> None:
+    argv = [
+        "operator",
+        "--cluster-id=c1",
+        "--shard-addr",
+        "shard.example:443",
+        "--kubeconfig",
+        "/k",
+        "--rollup-interval",
+        "1m30s",
+        "--ack-concurrency",
+        "4",
+        "--dispatch-concurrency",
+        "8",
+        "--qps",
+        "12.5",
+        "--burst",
+        "25",
+        "--bootstrap-template-file",
+        "/t.j2",
+        "--bootstrap-ttl",
+        "5m",
+        "--tls-cert",
+        "/c",
+        "--tls-key",
+        "/k.pem",
+        "--tls-ca",
+        "/ca",
+        "--tls-server-name",
+        "shard",
+        "--metrics-addr",
+        "127.0.0.1:9000",
+        "--health-probe-addr",
+        ":8081",
+        "--leader-elect",
+        "--leader-election-namespace",
+        "ns",
+        "--leader-election-id",
+        "lease",
+        "--drain-shutdown-timeout",
+        "45s",
+        "--reconnect-initial-backoff",
+        "250ms",
+        "--reconnect-max-backoff",
+        "1m",
+        "--log-format",
+        "json",
+        "--log-level",
+        "debug",
+    ]
+    cfg = cli.operator_config(cli.parse_args(argv))
+    assert cfg == OperatorConfig(
+        cluster_id="c1",
+        shard_addr="shard.example:443",
+        kubeconfig="/k",
+        rollup_interval=90.0,
+        ack_concurrency=4,
+        dispatch_concurrency=8,
+        qps=12.5,
+        burst=25,
+        bootstrap_template_file="/t.j2",
+        bootstrap_ttl=300.0,
+        tls_cert="/c",
+        tls_key="/k.pem",
+        tls_ca="/ca",
+        tls_server_name="shard",
+        metrics_addr="127.0.0.1:9000",
+        health_probe_addr=":8081",
+        leader_elect=True,
+        leader_election_namespace="ns",
+        leader_election_id="lease",
+        drain_shutdown_timeout=45.0,
+        reconnect_initial_backoff=0.25,
+        reconnect_max_backoff=60.0,
+        log_format="json",
+        log_level="debug",
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("10s", 10.0), ("500ms", 0.5), ("2h", 7200.0), ("1.5s", 1.5), ("10", 10.0), ("0.5", 0.5)],
+)
+def test_duration_forms(value: str, seconds: float) -> None:
+    ns = cli.parse_args(["operator", "--rollup-interval", value])
+    assert ns.rollup_interval == seconds
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], False),
+        (["--leader-elect"], True),
+        (["--leader-elect=true"], True),
+        (["--leader-elect=false"], False),
+        (["-leader-elect"], True),
+        (["--leader-elect", "--qps", "5"], True),
+    ],
+)
+def test_go_style_bool(argv: list[str], expected: bool) -> None:
+    assert cli.parse_args(["operator", *argv]).leader_elect is expected
+
+
+def test_go_style_single_dash_flags() -> None:
+    ns = cli.parse_args(["operator", "-cluster-id=c1", "-shard-addr", "s:1", "-qps=7"])
+    assert (ns.cluster_id, ns.shard_addr, ns.qps) == ("c1", "s:1", 7.0)
+
+
+def test_log_flags_before_or_after_command() -> None:
+    ns = cli.parse_args(["--log-format", "json", "--log-level", "debug", "operator"])
+    assert (ns.log_format, ns.log_level) == ("json", "debug")
+    ns = cli.parse_args(["operator", "--log-format=json"])
+    assert (ns.log_format, ns.log_level) == ("json", None)
+    assert cli.operator_config(ns).log_level == "info"
+
+
+# ------------------------------------------------------------------------------ parsing: others
+
+
+def test_pod_controller_defaults_and_flags() -> None:
+    assert cli.pod_controller_config(cli.parse_args(["pod-controller"])) == PodControllerConfig()
+    cfg = cli.pod_controller_config(
+        cli.parse_args(
+            [
+                "pod-controller",
+                "--kubeconfig",
+                "/k",
+                "--priority-class-defaults",
+                "/p.yaml",
+                "--qps",
+                "5",
+                "--burst",
+                "10",
+                "--metrics-addr",
+                "0",
+                "--health-probe-addr",
+                ":8081",
+                "--workers",
+                "4",
+                "--sync-timeout",
+                "2m",
+                "--leader-elect=true",
+                "--leader-election-namespace",
+                "ns",
+                "--leader-election-id",
+                "id",
+                "--log-level",
+                "warning",
+            ]
+        )
+    )
+    assert cfg == PodControllerConfig(
+        kubeconfig="/k",
+        priority_class_defaults="/p.yaml",
+        qps=5.0,
+        burst=10,
+        metrics_addr="0",
+        health_probe_addr=":8081",
+        workers=4,
+        sync_timeout=120.0,
+        leader_elect=True,
+        leader_election_namespace="ns",
+        leader_election_id="id",
+        log_level="warning",
+    )
+
+
+def test_demo_defaults_and_flags(tmp_path: Any) -> None:
+    assert cli.demo_options(cli.parse_args(["demo"])) == DemoOptions()
+    opts = cli.demo_options(
+        cli.parse_args(
+            [
+                "demo",
+                "--workloads",
+                str(tmp_path),
+                "--keep-running",
+                "--timeout",
+                "2m",
+                "--quiet",
+                "--json",
+                "--kubeconfig-out",
+                "/tmp/k",
+                "--seed",
+                "7",
+            ]
+        )
+    )
+    assert opts == DemoOptions(
+        workloads_dir=str(tmp_path),
+        keep_running=True,
+        timeout=120.0,
+        quiet=True,
+        json_summary=True,
+        kubeconfig_out="/tmp/k",
+        seed=7,
+    )
+
+
+def test_sim_and_misc_parsing() -> None:
+    ns = cli.parse_args(["sim", "apiserver", "--port", "0", "--kubeconfig-out", "/tmp/k"])
+    assert (ns.command, ns.sim_command, ns.port, ns.kubeconfig_out) == (
+        "sim",
+        "apiserver",
+        0,
+        "/tmp/k",
+    )
+    ns = cli.parse_args(["sim", "shard", "--port", "9000", "--kubeconfig", "/k"])
+    assert (ns.sim_command, ns.port, ns.kubeconfig) == ("shard", 9000, "/k")
+    assert cli.parse_args(["install-crds"]).kubeconfig is None
+    ns = cli.parse_args(
+        ["events", "--addr", "h:1", "--kind", "a", "--kind", "b", "--max-events", "3"]
+    )
+    assert (ns.addr, ns.kind, ns.max_events) == ("h:1", ["a", "b"], 3)
+    assert cli.parse_args(["events"]).addr == "127.0.0.1:8770"
+
+
+# ------------------------------------------------------------------------------ startup errors
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["operator", "--shard-addr", "s:1"], "operator: --cluster-id is required"),
+        (["operator", "--cluster-id", "c"], "operator: --shard-addr is required"),
+        (
+            ["operator", "--cluster-id", "c", "--shard-addr", "s:1", "--tls-cert", "/c"],
+            "operator: --tls-cert, --tls-key and --tls-ca must be set together "
+            "(missing --tls-key, --tls-ca)",
+        ),
+        (
+            [
+                "operator",
+                "--cluster-id",
+                "c",
+                "--shard-addr",
+                "s:1",
+                "--bootstrap-template-file",
+                "/nonexistent/bootstrap.j2",
+            ],
+            "operator: read bootstrap-template-file: /nonexistent/bootstrap.j2: "
+            "No such file or directory",
+        ),
+        (
+            ["operator", "--rollup-interval", "5x"],
+            "operator: argument --rollup-interval: invalid duration '5x': unknown unit 'x' "
+            "(use ns, us, ms, s, m, h)",
+        ),
+        (["operator", "--bogus"], "operator: unrecognized arguments: --bogus"),
+        (["operator", "--qps", "lots"], "operator: argument --qps: invalid number 'lots'"),
+        (
+            ["operator", "--leader-elect=maybe"],
+            "operator: argument --leader-elect: invalid boolean 'maybe' (use true or false)",
+        ),
+        (
+            ["operator", "--cluster-id", "c", "--shard-addr", "s:1", "--log-level", "loud"],
+            "operator: --log-level must be one of debug, info, warning, error (got 'loud')",
+        ),
+        (
+            ["pod-controller", "--priority-class-defaults", "/nonexistent.yaml"],
+            "pod-controller: priority-class-defaults: read /nonexistent.yaml: "
+            "No such file or directory",
+        ),
+        (["pod-controller", "--workers", "0"], "pod-controller: --workers must be >= 1 (got 0)"),
+        (["sim", "apiserver"], "sim apiserver: --kubeconfig-out is required"),
+        (
+            ["sim", "shard", "--port", "70000"],
+            "sim shard: argument --port: invalid port '70000': must be 0..65535",
+        ),
+        (["sim"], "sim: a component is required (apiserver or shard)"),
+        (
+            ["demo", "--workloads", "/nonexistent-dir"],
+            "demo: --workloads: /nonexistent-dir: not a directory",
+        ),
+        (["events", "--max-events", "-1"], "events: --max-events must be >= 0"),
+        (
+            [],
+            "bigfleet-trio: a command is required (operator, pod-controller, sim, install-crds, "
+            "demo, events); see --help",
+        ),
+        (["frobnicate"], None),
+    ],
+)
+def test_startup_errors_one_line_exit_1(
+    argv: list[str], line: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    if line is None:
+        assert lines[0].startswith("bigfleet-trio: argument COMMAND: invalid choice: 'frobnicate'")
+    else:
+        assert lines[0] == line
+    assert captured.out == ""
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["operator", "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--cluster-id", "--shard-addr", "--rollup-interval", "--tls-ca", "--metrics-addr"):
+        assert flag in out
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == "bigfleet-trio 0.1.0"
+
+
+# ------------------------------------------------------------------------------ dispatch
+
+
+def test_operator_not_available_yet(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "bigfleet_trio.operator.app", None)
+    assert cli.main(["operator", "--cluster-id", "c", "--shard-addr", "s:1"]) == 1
+    (line,) = _err_lines(capsys)
+    assert line.startswith("operator: not available yet: ")
+
+
+def test_operator_dispatch_gets_validated_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    tpl = tmp_path / "t.j2"
+    tpl.write_text("#cloud-config {{ cluster_id }}\n")
+    seen: list[OperatorConfig] = []
+
+    def run_operator(cfg: OperatorConfig) -> int:
+        seen.append(cfg)
+        return 7
+
+    _fake_module(monkeypatch, "bigfleet_trio.operator.app", run_operator=run_operator)
+    rc = cli.main(
+        [
+            "operator",
+            "--cluster-id",
+            "c",
+            "--shard-addr",
+            "s:1",
+            "--rollup-interval",
+            "0",
+            "--bootstrap-template-file",
+            str(tpl),
+        ]
+    )
+    assert rc == 7
+    (cfg,) = seen
+    assert cfg.rollup_interval == 10.0  # Go: 0 means the default
+    assert cfg.bootstrap_template == "#cloud-config {{ cluster_id }}\n"
+
+
+def test_run_function_exception_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def run_pod_controller(cfg: PodControllerConfig) -> int:
+        raise FileNotFoundError("kubeconfig: no configuration found")
+
+    _fake_module(
+        monkeypatch, "bigfleet_trio.podcontroller.app", run_pod_controller=run_pod_controller
+    )
+    assert cli.main(["pod-controller"]) == 1
+    assert _err_lines(capsys) == ["pod-controller: kubeconfig: no configuration found"]
+
+
+def test_run_function_keyboard_interrupt(monkeypatch: pytest.MonkeyPatch) -> None:
+    def run_demo(opts: DemoOptions) -> int:
+        raise KeyboardInterrupt
+
+    _fake_module(monkeypatch, "bigfleet_trio.sim.demo", run_demo=run_demo)
+    assert cli.main(["demo"]) == 130
+
+
+def test_sim_and_demo_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[Any, ...]] = []
+    _fake_module(
+        monkeypatch,
+        "bigfleet_trio.sim.apiserver",
+        run_cli=lambda port, out: calls.append(("api", port, out)) or 0,
+    )
+    _fake_module(
+        monkeypatch,
+        "bigfleet_trio.sim.shard",
+        run_cli=lambda port, kc: calls.append(("shard", port, kc)) or 0,
+    )
+    _fake_module(
+        monkeypatch,
+        "bigfleet_trio.sim.demo",
+        run_demo=lambda opts: calls.append(("demo", opts)) or 0,
+    )
+    assert cli.main(["sim", "apiserver", "--port", "0", "--kubeconfig-out", "/tmp/x"]) == 0
+    assert cli.main(["sim", "shard", "--port", "9000"]) == 0
+    assert cli.main(["demo", "--quiet"]) == 0
+    assert calls == [
+        ("api", 0, "/tmp/x"),
+        ("shard", 9000, None),
+        ("demo", DemoOptions(quiet=True)),
+    ]
+
+
+def test_events_command_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(cli, "_run_events", lambda *a: seen.append(a) or 0)
+    assert cli.main(["events", "--addr", "h:1", "--kind", "reclaim", "--max-events", "2"]) == 0
+    assert seen == [("h:1", ["reclaim"], 2)]
+
+
+def test_events_command_connection_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["events", "--addr", "127.0.0.1:1"]) == 1
+    lines = _err_lines(capsys)
+    assert len(lines) == 1 and lines[0].startswith("events: ")
+
+
+def test_python_dash_m(monkeypatch: pytest.MonkeyPatch) -> None:
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["bigfleet_trio", "--version"])
+    with pytest.raises(SystemExit) as info:
+        runpy.run_module("bigfleet_trio", run_name="__main__")
+    assert info.value.code == 0
+
+
+# ------------------------------------------------------------------------------ install-crds
+
+CRD_YAML = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: capacityrequests.bigfleet.lucy.sh}
+spec: {group: bigfleet.lucy.sh, v: 1}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: upcomingnodes.bigfleet.lucy.sh}
+spec: {group: bigfleet.lucy.sh, v: 2}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: availablecapacities.bigfleet.lucy.sh}
+spec: {group: bigfleet.lucy.sh, v: 3}
+"""
+
+
+class _FakeClient:
+    def __init__(self, live: dict[str, dict[str, Any]], conflicts: int = 0) -> None:
+        self.live = live
+        self.calls: list[tuple[str, str]] = []
+        self.conflicts = conflicts
+        self.updated: list[dict[str, Any]] = []
+
+    async def create(self, res: Any, body: dict[str, Any], namespace: str | None = None) -> Any:
+        from bigfleet_trio.kube.errors import AlreadyExists
+
+        name = body["metadata"]["name"]
+        self.calls.append(("create", name))
+        if name in self.live:
+            raise AlreadyExists(409, "AlreadyExists", f"{name} exists", None)
+        self.live[name] = body
+        return body
+
+    async def get(self, res: Any, name: str, namespace: str | None = None) -> Any:
+        self.calls.append(("get", name))
+        return self.live[name]
+
+    async def update(self, res: Any, body: dict[str, Any], namespace: str | None = None) -> Any:
+        from bigfleet_trio.kube.errors import Conflict
+
+        self.calls.append(("update", body["metadata"]["name"]))
+        if self.conflicts:
+            self.conflicts -= 1
+            raise Conflict(409, "Conflict", "stale", None)
+        self.updated.append(body)
+        return body
+
+
+def test_load_crds_rejects_non_crd() -> None:
+    with pytest.raises(ValueError, match="expected CustomResourceDefinition, got ConfigMap"):
+        load_crds("kind: ConfigMap\nmetadata: {name: x}\n")
+    assert [d["metadata"]["name"] for d in load_crds(CRD_YAML)] == [
+        "capacityrequests.bigfleet.lucy.sh",
+        "upcomingnodes.bigfleet.lucy.sh",
+        "availablecapacities.bigfleet.lucy.sh",
+    ]
+
+
+async def test_apply_crds_create_update_unchanged() -> None:
+    crds = load_crds(CRD_YAML)
+    client = _FakeClient(
+        {
+            "upcomingnodes.bigfleet.lucy.sh": {
+                "metadata": {"name": "upcomingnodes.bigfleet.lucy.sh", "resourceVersion": "42"},
+                "spec": {"group": "bigfleet.lucy.sh", "v": 1},
+            },
+            "availablecapacities.bigfleet.lucy.sh": {
+                "metadata": {
+                    "name": "availablecapacities.bigfleet.lucy.sh",
+                    "resourceVersion": "7",
+                },
+                "spec": {"group": "bigfleet.lucy.sh", "v": 3},
+            },
+        },
+        conflicts=1,
+    )
+    result = await apply_crds(client, crds, object())
+    assert result == [
+        ("capacityrequests.bigfleet.lucy.sh", "created"),
+        ("upcomingnodes.bigfleet.lucy.sh", "configured"),
+        ("availablecapacities.bigfleet.lucy.sh", "unchanged"),
+    ]
+    (body,) = client.updated
+    assert body["metadata"]["resourceVersion"] == "42"
+    assert body["spec"] == {"group": "bigfleet.lucy.sh", "v": 2}
+    assert client.calls.count(("update", "upcomingnodes.bigfleet.lucy.sh")) == 2  # one conflict
+
+
+def test_install_crds_bad_kubeconfig_one_line(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import bigfleet_trio.install as install
+
+    monkeypatch.setattr(install, "load_crds", lambda text=None: load_crds(CRD_YAML))
+    assert cli.main(["install-crds", "--kubeconfig", str(tmp_path / "missing")]) == 1
+    lines = _err_lines(capsys)
+    assert len(lines) == 1 and lines[0].startswith("install-crds: ")
