@@ -307,6 +307,21 @@ async def test_reclaim_ack_drain_release(autojump_clock: trio.abc.Clock) -> None
         assert hooks.released[0].node_name == node
         assert [r.instruction_id for r in shard.reclaims_acked] == [ri.instruction_id]
         assert shard.machines_by_state() == {"FREE": 3}
+        snap = shard.snapshot()
+        assert (snap["reclaims_issued"], snap["reclaims_acked"], snap["released"]) == (1, 1, 1)
+        assert snap["machines"] == {"FREE": 3} and snap["needs"] == 0 and snap["connected"]
+
+
+async def test_stuck_hook_times_out(autojump_clock: trio.abc.Clock) -> None:
+    class Stuck(RecordingHooks):
+        async def on_machine_configured(self, machine: MachineInfo) -> None:
+            await trio.sleep_forever()
+
+    async with running(Stuck()) as (shard, nursery):
+        shard.hook_timeout = 5.0
+        t0 = trio.current_time()
+        _, node = await configured_session(shard, nursery)
+        assert shard.hook_errors == 1 and trio.current_time() - t0 >= 5.0
 
 
 async def test_hook_failure_is_logged_and_the_machine_still_configures(

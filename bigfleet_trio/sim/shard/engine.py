@@ -421,6 +421,7 @@ class ShardEngine:
         self.last_rollup: pb.ClusterCapacityNeeds | None = None
         self.rollups_accepted = 0
         self.rollups_rejected = 0
+        self.released = 0
         self.needs: list[NeedStatus] = []
         self.reclaims: list[ReclaimRecord] = []
         self.shortfalls: deque[EngineEvent] = deque(maxlen=1000)
@@ -450,7 +451,7 @@ class ShardEngine:
                     node_name=node_name,
                     provider_id=f"sim://{shape.region}/{shape.zone}/{machine_id}",
                     shape=shape,
-                    state=State.IDLE if i < shape.warm else State.SPECULATIVE,
+                    state=State(State.IDLE if i < shape.warm else State.SPECULATIVE),
                     index=len(self.machines),
                 )
                 m.labels = {**shape.labels(), LABEL_HOSTNAME: node_name}
@@ -657,6 +658,7 @@ class ShardEngine:
             frame = self._set_state(m, State.IDLE, now, None)
             info = m.info()
             self._event(now, "released", machine=m.machine_id, node=m.node_name)
+            self.released += 1
             m.bound = False
             m.need = None
             m.reclaim = None
@@ -684,14 +686,15 @@ class ShardEngine:
         # The machine exists (it was created); it goes back to the pool, warm.
         m.bound = False
         m.need = None
-        m.state = State.IDLE
+        m.state = State(State.IDLE)
         m.due = None
         m.surplus_count = 0
         return [frame]
 
-    def _set_state(self, m: Machine, state: pb.MachineState, now: float,
+    def _set_state(self, m: Machine, new_state: pb.MachineState | int, now: float,
                    delay: float | None) -> SendFrame:
         old = m.state
+        state = State(new_state)
         m.state = state
         m.due = None if delay is None else now + delay
         if state != State.FAILED:
@@ -980,9 +983,9 @@ class ShardEngine:
     def available_update(self, shape: MachineShape) -> pb.AvailableCapacityUpdate:
         """The AvailableCapacityUpdate for one shape as of now (``supersedes_key`` per §8)."""
         reqs = [
-            pb.NodeSelectorRequirement(key=LABEL_INSTANCE_TYPE, operator=Op.OPERATOR_IN,
+            pb.NodeSelectorRequirement(key=LABEL_INSTANCE_TYPE, operator=Op(Op.OPERATOR_IN),
                                        values=[shape.instance_type]),
-            pb.NodeSelectorRequirement(key=LABEL_ZONE, operator=Op.OPERATOR_IN,
+            pb.NodeSelectorRequirement(key=LABEL_ZONE, operator=Op(Op.OPERATOR_IN),
                                        values=[shape.zone]),
         ]
         count, conf, cost = self.available_snapshot()[shape.key]

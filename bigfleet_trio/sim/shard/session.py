@@ -18,7 +18,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import betterproto
 import trio
@@ -108,6 +108,8 @@ class SimShard:
         hooks: node registration callbacks (default :class:`NoopNodeHooks`).
         hello_timeout: seconds to wait for the first frame (default ``config.bootstrap_timeout``,
             one cycle).
+        hook_timeout: a node hook taking longer than this is cancelled and counted as failed
+            (frames queue behind hooks, so a stuck apiserver must not stall the shard).
     """
 
     def __init__(
@@ -117,12 +119,14 @@ class SimShard:
         *,
         hooks: NodeHooks | None = None,
         hello_timeout: float | None = None,
+        hook_timeout: float = 30.0,
     ) -> None:
         self.engine = ShardEngine(catalog or default_catalog(), config)
         self.hooks: NodeHooks = hooks or NoopNodeHooks()
         self.hello_timeout = (
             hello_timeout if hello_timeout is not None else self.engine.config.bootstrap_timeout
         )
+        self.hook_timeout = hook_timeout
         self.sessions_started = 0
         self.rejections: list[str] = []
         self.hook_errors = 0
@@ -168,6 +172,31 @@ class SimShard:
     def events(self) -> list[EngineEvent]:
         """The engine's event log (bounded), oldest first."""
         return list(self.engine.events)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A JSON-ready summary for progress displays.
+
+        Keys: ``connected``, ``cluster_id``, ``machines`` (:meth:`machines_by_state`), ``needs``
+        (in the last accepted roll-up), ``short_needs``, ``reclaims_issued``, ``reclaims_acked``,
+        ``released`` (machines walked back to Idle), ``shortfalls``, ``rollups_accepted``,
+        ``rollups_rejected``, ``hook_errors``, ``rejections``.
+        """
+        eng = self.engine
+        return {
+            "connected": self.connected,
+            "cluster_id": eng.cluster_id,
+            "machines": eng.machines_by_state(),
+            "needs": len(eng.needs),
+            "short_needs": sum(1 for n in eng.needs if n.short),
+            "reclaims_issued": len(eng.reclaims),
+            "reclaims_acked": sum(1 for r in eng.reclaims if r.acked_at is not None),
+            "released": eng.released,
+            "shortfalls": len(eng.shortfalls),
+            "rollups_accepted": eng.rollups_accepted,
+            "rollups_rejected": eng.rollups_rejected,
+            "hook_errors": self.hook_errors,
+            "rejections": len(self.rejections),
+        }
 
     async def wait_until(self, predicate: Callable[[SimShard], bool]) -> None:
         """Block until ``predicate(self)`` is true (re-checked after every engine change)."""
@@ -217,7 +246,8 @@ class SimShard:
 
     async def _hook(self, name: str, machine: MachineInfo) -> None:
         try:
-            await getattr(self.hooks, name)(machine)
+            with trio.fail_after(self.hook_timeout):
+                await getattr(self.hooks, name)(machine)
         except Exception:
             self.hook_errors += 1
             log.exception("node hook %s failed machine=%s node=%s", name, machine.machine_id,
@@ -262,8 +292,9 @@ class SimShard:
                 kind, hello = betterproto.which_one_of(first, "payload")
             except Exception:
                 kind, hello = "", None
-            if kind != "hello":
+            if kind != "hello" or not isinstance(hello, pb.Hello):
                 await self._reject(stream, f"first frame must be Hello, got {kind or 'nothing'!r}")
+            assert isinstance(hello, pb.Hello)
             if not hello.cluster_id:
                 await self._reject(stream, "Hello.cluster_id is empty")
             if hello.protocol_version != PROTOCOL_VERSION:
@@ -287,9 +318,9 @@ class SimShard:
         self._current = session
         now = trio.current_time()
         log.info("session up cluster=%s", hello.cluster_id)
-        self._enqueue(session.gen,
-                      [SendFrame(self.engine.ack("hello"))]
-                      + self.engine.on_connect(hello.cluster_id, now))
+        replay: list[Effect] = [SendFrame(self.engine.ack("hello"))]
+        replay += self.engine.on_connect(hello.cluster_id, now)
+        self._enqueue(session.gen, replay)
         self._kick()
         try:
             with session.cancel_scope:
@@ -307,6 +338,7 @@ class SimShard:
 
     def _handle(self, msg: Any, session: _Session) -> None:
         now = trio.current_time()
+        val: Any
         try:
             kind, val = betterproto.which_one_of(msg, "payload")
         except Exception:
@@ -315,7 +347,8 @@ class SimShard:
         effects: list[Effect] = []
         if kind == "rollup":
             try:
-                effects = [SendFrame(self.engine.ack("rollup"))] + self.engine.on_rollup(val, now)
+                effects = [SendFrame(self.engine.ack("rollup"))]
+                effects += self.engine.on_rollup(val, now)
             except InvalidRollup as exc:
                 log.warning("rollup rejected cluster=%s: %s (keeping the last good demand)",
                             session.cluster_id, exc)
@@ -331,7 +364,7 @@ class SimShard:
         self._enqueue(session.gen, effects)
         self._kick()
 
-    async def _reject(self, stream: ShardStream, reason: str) -> None:
+    async def _reject(self, stream: ShardStream, reason: str) -> NoReturn:
         log.error("session rejected: %s", reason)
         self.rejections.append(reason)
         self.engine.events.append(
