@@ -1,0 +1,66 @@
+"""Serving over real sockets: ``serve`` in a nursery, the kubeconfig writer, and the
+``python -m bigfleet_trio.sim.apiserver`` process stopping cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+import yaml
+
+from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
+from bigfleet_trio.sim.apiserver.testing import CR_PATH, cr_body
+
+
+async def test_serve_returns_url_and_streams_watch() -> None:
+    api = ApiServer()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve, api)
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0")
+        async with httpx.AsyncClient(base_url=url) as c:
+            rv = (await c.get(CR_PATH)).json()["metadata"]["resourceVersion"]
+            await c.post(CR_PATH, json=cr_body("a"))
+            lines = []
+            async with c.stream("GET", CR_PATH, params={"watch": "1", "resourceVersion": rv}) as resp:
+                assert resp.headers["content-type"] == "application/json"
+                async for line in resp.aiter_lines():
+                    lines.append(json.loads(line))
+                    break
+            assert lines[0]["type"] == "ADDED"
+        nursery.cancel_scope.cancel()
+
+
+def test_write_kubeconfig(tmp_path: Path) -> None:
+    p = tmp_path / "kc.yaml"
+    write_kubeconfig("http://127.0.0.1:1234", str(p), token="t0k")
+    cfg = yaml.safe_load(p.read_text())
+    assert cfg["current-context"] == "bigfleet-sim"
+    assert cfg["clusters"][0] == {"name": "bigfleet-sim", "cluster": {"server": "http://127.0.0.1:1234"}}
+    assert cfg["users"][0] == {"name": "bigfleet-sim", "user": {"token": "t0k"}}
+    assert cfg["contexts"][0]["context"]["cluster"] == "bigfleet-sim"
+
+
+async def test_cli_process_serves_until_sigterm(tmp_path: Path) -> None:
+    kc = tmp_path / "kc.yaml"
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            proc: trio.Process = await nursery.start(lambda task_status: trio.run_process(
+                [sys.executable, "-m", "bigfleet_trio.sim.apiserver", "0", str(kc)],
+                stdout=subprocess.PIPE, check=False, task_status=task_status))
+            assert proc.stdout is not None
+            line = b""
+            while b"\n" not in line:
+                line += await proc.stdout.receive_some()
+            assert b"kubeconfig written to" in line
+            url = yaml.safe_load(kc.read_text())["clusters"][0]["cluster"]["server"]
+            assert url in line.decode()
+            async with httpx.AsyncClient(base_url=url) as c:
+                names = [n["metadata"]["name"] for n in (await c.get("/api/v1/namespaces")).json()["items"]]
+                assert "default" in names
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0

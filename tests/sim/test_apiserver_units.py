@@ -1,0 +1,118 @@
+"""Pure units of the embedded apiserver: selectors, patches, name and schema validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from bigfleet_trio.sim.apiserver.errors import ApiError
+from bigfleet_trio.sim.apiserver.patching import merge_patch, strategic_merge_patch
+from bigfleet_trio.sim.apiserver.selectors import (
+    label_selector_from_object,
+    match_labels,
+    parse_field_selector,
+    parse_label_selector,
+)
+from bigfleet_trio.sim.apiserver.validation import SchemaValidator, validate_name
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "expected"),
+    [
+        ("app=web", {"app": "web"}, True),
+        ("app==web", {"app": "db"}, False),
+        ("app!=web", {}, True),
+        ("app!=web", {"app": "web"}, False),
+        ("app in (web, db)", {"app": "db"}, True),
+        ("app notin (web)", {}, True),
+        ("app notin (web)", {"app": "web"}, False),
+        ("app", {"app": ""}, True),
+        ("!app", {"app": "x"}, False),
+        ("tier>2", {"tier": "3"}, True),
+        ("tier<2", {"tier": "3"}, False),
+        ("tier>2", {}, False),
+        ("app in (web),!canary", {"app": "web", "canary": "1"}, False),
+        ("example.com/team=a,app", {"example.com/team": "a", "app": "x"}, True),
+        ("", {"x": "y"}, True),
+    ],
+)
+def test_label_selectors(selector: str, labels: dict[str, str], expected: bool) -> None:
+    assert match_labels(parse_label_selector(selector), labels) is expected
+
+
+@pytest.mark.parametrize("bad", ["app in (web", "app=web)", "a=b=c", "tier>x", "-bad=x", "app in ()", "k=" + "v" * 64, ","])
+def test_bad_label_selectors_are_400(bad: str) -> None:
+    with pytest.raises(ApiError) as exc:
+        parse_label_selector(bad)
+    assert exc.value.code == 400
+
+
+def test_field_selectors() -> None:
+    ok = {"spec.nodeName", "metadata.name"}
+    assert parse_field_selector("spec.nodeName=n1,metadata.name!=x", ok.__contains__) == [("spec.nodeName", "=", "n1"), ("metadata.name", "!=", "x")]
+    assert parse_field_selector("spec.nodeName==n1", ok.__contains__) == [("spec.nodeName", "=", "n1")]
+    with pytest.raises(ApiError) as exc:
+        parse_field_selector("spec.foo=x", ok.__contains__)
+    assert exc.value.message == "field label not supported: spec.foo"
+    with pytest.raises(ApiError):
+        parse_field_selector("spec.nodeName", ok.__contains__)
+
+
+def test_label_selector_objects() -> None:
+    assert label_selector_from_object(None) is None
+    assert label_selector_from_object({}) == []
+    reqs = label_selector_from_object({"matchLabels": {"a": "1"}, "matchExpressions": [{"key": "b", "operator": "NotIn", "values": ["x"]}]})
+    assert reqs is not None and match_labels(reqs, {"a": "1", "b": "y"}) and not match_labels(reqs, {"a": "1", "b": "x"})
+
+
+def test_merge_patch_rfc7386_and_inputs_untouched() -> None:
+    target = {"a": "b", "c": {"d": "e", "f": "g"}, "l": [1, 2]}
+    patch = {"a": "z", "c": {"f": None}, "l": [3]}
+    assert merge_patch(target, patch) == {"a": "z", "c": {"d": "e"}, "l": [3]}
+    assert target == {"a": "b", "c": {"d": "e", "f": "g"}, "l": [1, 2]}
+    assert merge_patch({"a": 1}, {"b": {"c": None}}) == {"a": 1, "b": {}}
+
+
+def test_strategic_merge_patch_subset() -> None:
+    pod = {"spec": {"containers": [{"name": "a", "image": "1"}, {"name": "b", "image": "2"}], "tolerations": [{"key": "x"}]},
+           "metadata": {"finalizers": ["f1"]}}
+    out = strategic_merge_patch(pod, {"spec": {"containers": [{"name": "b", "image": "3"}, {"name": "c", "image": "4"}]}})
+    assert out["spec"]["containers"] == [{"name": "a", "image": "1"}, {"name": "b", "image": "3"}, {"name": "c", "image": "4"}]
+    out = strategic_merge_patch(pod, {"spec": {"containers": [{"name": "a", "$patch": "delete"}]}})
+    assert out["spec"]["containers"] == [{"name": "b", "image": "2"}]
+    out = strategic_merge_patch(pod, {"spec": {"$setElementOrder/containers": [{"name": "b"}, {"name": "a"}], "containers": [{"name": "a", "image": "9"}]}})
+    assert [c["name"] for c in out["spec"]["containers"]] == ["b", "a"]
+    assert out["spec"]["containers"][1]["image"] == "9"
+    out = strategic_merge_patch(pod, {"metadata": {"finalizers": ["f2"]}})
+    assert out["metadata"]["finalizers"] == ["f1", "f2"]
+    out = strategic_merge_patch(pod, {"metadata": {"$deleteFromPrimitiveList/finalizers": ["f1"]}})
+    assert out["metadata"]["finalizers"] == []
+    out = strategic_merge_patch(pod, {"spec": {"$patch": "replace", "containers": []}})
+    assert out["spec"] == {"containers": []}
+    out = strategic_merge_patch({"spec": {"unschedulable": True, "podCIDR": "x"}}, {"spec": {"unschedulable": None}})
+    assert out == {"spec": {"podCIDR": "x"}}
+    assert pod["spec"]["containers"][0] == {"name": "a", "image": "1"}
+
+
+@pytest.mark.parametrize(("name", "ok"), [("a", True), ("a.b-c", True), ("A", False), ("-a", False), ("a_b", False), ("a" * 253, True), ("a" * 254, False)])
+def test_subdomain_names(name: str, ok: bool) -> None:
+    assert (validate_name(name) == []) is ok
+
+
+def test_label_names() -> None:
+    assert validate_name("team-a", label=True) == []
+    assert validate_name("a.b", label=True)[0]["reason"] == "FieldValueInvalid"
+    assert validate_name("", label=True)[0]["reason"] == "FieldValueRequired"
+
+
+def test_schema_prune_default_and_nullable() -> None:
+    schema = {"type": "object", "properties": {"spec": {"type": "object", "properties": {
+        "n": {"type": "integer", "default": 7},
+        "s": {"type": "string", "nullable": True},
+        "m": {"type": "object", "additionalProperties": {"type": "string"}},
+    }}}}
+    v = SchemaValidator(schema)
+    obj, unknown = v.prune({"metadata": {"name": "x"}, "spec": {"s": None, "m": {"a": "b"}, "zz": 1}, "extra": 2})
+    assert obj == {"metadata": {"name": "x"}, "spec": {"s": None, "m": {"a": "b"}, "n": 7}}
+    assert unknown == ["spec.zz", "extra"]
+    assert v.validate(obj) == []
+    assert v.validate({"spec": {"n": "x"}})[0]["field"] == "spec.n"
