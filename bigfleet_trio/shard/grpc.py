@@ -1,0 +1,422 @@
+"""grpclib transport for the ``Shard.Session`` stream, run from Trio through trio-asyncio.
+
+Seed 000 "The single outbound stream"; reference-behavior.md §2.3 (dial options: 256 MiB message
+limits, optional mTLS); ecosystem.md §2.1 (grpclib from Trio).
+
+How it works. grpclib is asyncio-only and ties cancellation and deadlines to the *current
+asyncio task*, and each ``aio_as_trio`` call runs in a fresh task. So one session = ONE
+asyncio-flavoured coroutine (:meth:`GrpcConnector._aio_call`), entered once via
+``trio_asyncio.aio_as_trio``: it creates the :class:`grpclib.client.Channel` inside the loop,
+opens the stream, runs a send loop (reads a Trio memory channel) and a receive loop (writes a
+Trio memory channel) as asyncio tasks, and closes everything on the way out. The Trio side only
+sees :class:`BridgedStream` (an :class:`~bigfleet_trio.shard.transport.OperatorStream`).
+
+Crossing the bridge is cheap on the fast path: the asyncio side calls the channels'
+``send_nowait``/``receive_nowait`` directly (same thread, same Trio run) and only falls back to a
+``trio_as_aio`` call when it would block; a full downlink channel therefore stops grpclib from
+reading, which back-pressures the shard through HTTP/2 flow control.
+
+Who opens the asyncio loop. Wrap the program (or the agent's ``run()``) in
+``async with trio_asyncio.open_loop():`` -- or :func:`open_loop`, which reuses a loop that is
+already open. If no loop is open, :meth:`GrpcConnector.connect` opens one for the lifetime of
+that stream, which works but costs a loop per session.
+
+Liveness. HTTP/2 keepalive pings through grpclib's underscore ``Configuration`` fields
+(``_keepalive_time`` default 60 s here, ``_keepalive_timeout`` 20 s). A Go shard's default
+enforcement policy (MinTime 5 min) tolerates this while it sends data (the roll-up Acks every
+10 s reset its ping strikes); lower the interval only if the shard permits it.
+
+Message limits. grpclib has none of its own; :class:`LimitedProtoCodec` refuses to encode or
+decode a message above ``max_message_bytes`` (256 MiB default, as the Go dial options).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import trio
+import trio_asyncio  # type: ignore[import-untyped]
+from grpclib.client import Channel
+from grpclib.config import Configuration
+from grpclib.const import Cardinality, Status
+from grpclib.encoding.proto import ProtoCodec
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+
+from bigfleet_trio.proto import pb
+from bigfleet_trio.shard.tls import TLSFiles, client_ssl_context
+from bigfleet_trio.shard.transport import StreamClosed
+
+log = logging.getLogger(__name__)
+
+SESSION_METHOD = "/bigfleet.v1alpha1.Shard/Session"
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+S = TypeVar("S")
+R = TypeVar("R")
+
+
+class MessageTooLarge(ValueError):
+    """An outbound message exceeds the configured limit."""
+
+
+class LimitedProtoCodec(ProtoCodec):
+    """grpclib's protobuf codec (works with betterproto messages) with a size limit both ways."""
+
+    def __init__(self, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.max_message_bytes = max_message_bytes
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        data: bytes = super().encode(message, message_type)
+        if len(data) > self.max_message_bytes:
+            raise MessageTooLarge(
+                f"message of {len(data)} bytes exceeds the {self.max_message_bytes} byte limit"
+            )
+        return data
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if len(data) > self.max_message_bytes:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"received message of {len(data)} bytes exceeds {self.max_message_bytes}",
+            )
+        return super().decode(data, message_type)
+
+
+@asynccontextmanager
+async def open_loop() -> AsyncIterator[None]:
+    """Make sure a trio-asyncio loop is open for the block (reuse the current one if any)."""
+    if trio_asyncio.current_loop.get() is not None:
+        yield
+    else:
+        # trio_asyncio wraps exceptions from the block in groups; callers expect them bare.
+        async with unwrap_single_group(), trio_asyncio.open_loop():
+            yield
+
+
+# ---- the bridge (shared with bigfleet_trio.shard.server) ---------------------------------------
+
+
+@dataclass
+class BridgeState:
+    """Why the asyncio side ended (read by the Trio side to explain :class:`StreamClosed`)."""
+
+    reason: str = "stream closed"
+    open_error: BaseException | None = None
+    opened: trio.Event = field(default_factory=trio.Event)
+
+
+class BridgedStream(Generic[S, R]):
+    """Trio end of a bridged stream: sends ``S`` frames, receives ``R`` frames.
+
+    Implements :class:`~bigfleet_trio.shard.transport.OperatorStream` (``S`` = OperatorMessage)
+    and :class:`~bigfleet_trio.shard.transport.ShardStream` (``S`` = ShardMessage).
+    """
+
+    def __init__(
+        self,
+        out_send: trio.MemorySendChannel[S],
+        in_recv: trio.MemoryReceiveChannel[R],
+        state: BridgeState,
+    ) -> None:
+        self._out = out_send
+        self._in = in_recv
+        self._state = state
+        self.closed = False
+
+    async def send(self, msg: S) -> None:
+        if self.closed:
+            raise StreamClosed("closed locally")
+        try:
+            await self._out.send(msg)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise StreamClosed(self._state.reason) from exc
+
+    async def receive(self) -> R:
+        try:
+            return await self._in.receive()
+        except trio.EndOfChannel as exc:
+            raise StreamClosed(self._state.reason) from exc
+        except trio.ClosedResourceError as exc:
+            raise StreamClosed("closed locally") from exc
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        """Synchronous close (idempotent): end the outgoing side, stop receiving."""
+        if self.closed:
+            return
+        self.closed = True
+        self._out.close()
+        self._in.close()
+
+
+async def aio_put(send: trio.MemorySendChannel[Any], item: Any) -> None:
+    """asyncio-flavoured: put ``item`` into a Trio channel (fast path without a task switch)."""
+    try:
+        send.send_nowait(item)
+    except trio.WouldBlock:
+        await trio_asyncio.trio_as_aio(send.send)(item)
+
+
+async def aio_get(recv: trio.MemoryReceiveChannel[Any]) -> Any:
+    """asyncio-flavoured: take one item from a Trio channel (fast path without a task switch)."""
+    try:
+        return recv.receive_nowait()
+    except trio.WouldBlock:
+        return await trio_asyncio.trio_as_aio(recv.receive)()
+
+
+@asynccontextmanager
+async def unwrap_single_group() -> AsyncIterator[None]:
+    """Re-raise a one-exception group from an inner nursery as that bare exception.
+
+    The nursery around a yielded stream would otherwise wrap the *caller's* exception (e.g. the
+    session's StreamClosed) in an ExceptionGroup; callers expect the plain exception.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        inner: BaseException = group
+        while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+            inner = inner.exceptions[0]
+        if inner is group:
+            raise
+        raise inner from None
+
+
+def describe_error(exc: BaseException) -> str:
+    """Short reason for a transport failure, e.g. ``grpc: UNAVAILABLE ...``."""
+    if isinstance(exc, GRPCError):
+        return f"grpc: {exc.status.name} {exc.message or ''}".strip()
+    if isinstance(exc, StreamTerminatedError):
+        return f"stream terminated: {exc}"
+    if isinstance(exc, OSError):
+        return f"connection error: {exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+async def wait_first(*tasks: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
+    """asyncio-flavoured: wait until one task is done; returns the done set."""
+    done, _ = await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
+    return done
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
+    """asyncio-flavoured: cancel ``tasks`` and wait for them to finish (errors swallowed)."""
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ---- client connector ------------------------------------------------------------------------
+
+
+class GrpcConnector:
+    """A :class:`~bigfleet_trio.shard.transport.Connector` over grpclib + trio-asyncio.
+
+    Args:
+        host: shard host name or address.
+        port: shard port.
+        tls: optional :class:`TLSFiles` (plaintext when None or empty); validated here.
+        keepalive_time: seconds between HTTP/2 pings (None disables).
+        keepalive_timeout: seconds to wait for a ping ACK before the connection is dropped.
+        max_message_bytes: per-message limit both ways (256 MiB).
+        connect_timeout: seconds to open the stream before :class:`StreamClosed`.
+        uplink_buffer / downlink_buffer: Trio channel sizes between the bridge and the session.
+
+    Raises:
+        TLSConfigError: inconsistent TLS settings (at construction).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        tls: TLSFiles | None = None,
+        keepalive_time: float | None = 60.0,
+        keepalive_timeout: float = 20.0,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        connect_timeout: float = 10.0,
+        uplink_buffer: int = 16,
+        downlink_buffer: int = 256,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.tls = tls or TLSFiles()
+        self.tls.validate()
+        self.keepalive_time = keepalive_time
+        self.keepalive_timeout = keepalive_timeout
+        self.max_message_bytes = max_message_bytes
+        self.connect_timeout = connect_timeout
+        self.uplink_buffer = uplink_buffer
+        self.downlink_buffer = downlink_buffer
+
+    def _config(self) -> Configuration:
+        return Configuration(
+            _keepalive_time=self.keepalive_time,
+            _keepalive_timeout=self.keepalive_timeout,
+            _keepalive_permit_without_calls=False,
+            ssl_target_name_override=self.tls.server_name,
+        )
+
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[BridgedStream[pb.OperatorMessage, pb.ShardMessage]]:
+        """Open one ``Shard.Session`` stream; close (RST_STREAM + channel close) on exit.
+
+        Raises:
+            StreamClosed: the stream could not be opened (refused, TLS failure, timeout, status).
+            TLSConfigError: the TLS files cannot be loaded.
+        """
+        ssl_ctx = client_ssl_context(self.tls)
+        async with open_loop():
+            state = BridgeState()
+            up_send, up_recv = trio.open_memory_channel[pb.OperatorMessage](self.uplink_buffer)
+            down_send, down_recv = trio.open_memory_channel[pb.ShardMessage](self.downlink_buffer)
+            end: BridgedStream[pb.OperatorMessage, pb.ShardMessage] = BridgedStream(
+                up_send, down_recv, state
+            )
+            failure: StreamClosed | None = None
+            async with unwrap_single_group(), trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    trio_asyncio.aio_as_trio(self._aio_call), ssl_ctx, up_recv, down_send, state
+                )
+                with trio.move_on_after(self.connect_timeout) as timeout:
+                    await state.opened.wait()
+                if timeout.cancelled_caught or state.open_error is not None:
+                    nursery.cancel_scope.cancel()
+                    end.close()
+                    reason = (
+                        f"connect timeout after {self.connect_timeout}s"
+                        if state.open_error is None
+                        else state.reason
+                    )
+                    failure = StreamClosed(f"{self.host}:{self.port}: {reason}")
+                else:
+                    log.debug("grpc stream open host=%s port=%d", self.host, self.port)
+                    try:
+                        yield end
+                    finally:
+                        end.close()
+                        nursery.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
+
+    async def _aio_call(
+        self,
+        ssl_ctx: Any,
+        up_recv: trio.MemoryReceiveChannel[pb.OperatorMessage],
+        down_send: trio.MemorySendChannel[pb.ShardMessage],
+        state: BridgeState,
+    ) -> None:
+        """asyncio-flavoured: the whole bidi call. Never raises except CancelledError."""
+        channel = Channel(
+            self.host,
+            self.port,
+            ssl=ssl_ctx,
+            config=self._config(),
+            codec=LimitedProtoCodec(self.max_message_bytes),
+        )
+        try:
+            async with channel.request(
+                SESSION_METHOD, Cardinality.STREAM_STREAM, pb.OperatorMessage, pb.ShardMessage
+            ) as stream:
+                await stream.send_request()
+                state.opened.set()
+
+                async def send_loop() -> None:
+                    while True:
+                        try:
+                            msg = await aio_get(up_recv)
+                        except (trio.EndOfChannel, trio.ClosedResourceError):
+                            await stream.end()
+                            return
+                        await stream.send_message(msg)
+
+                async def recv_loop() -> None:
+                    while True:
+                        msg = await stream.recv_message()
+                        if msg is None:
+                            return
+                        try:
+                            await aio_put(down_send, msg)
+                        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                            return  # the Trio side closed its end
+
+                sender = asyncio.ensure_future(send_loop())
+                receiver = asyncio.ensure_future(recv_loop())
+                try:
+                    done = await wait_first(sender, receiver)
+                    if sender in done and sender.exception() is None:
+                        await receiver  # half-closed by us: keep reading until the shard ends
+                        done = {sender, receiver}
+                    for t in done:
+                        t.result()
+                    # The shard ended the RPC: end our side too so grpclib can read the status
+                    # (a non-OK status raises GRPCError on leaving the request context).
+                    await cancel_and_wait(sender)
+                    try:
+                        await stream.end()
+                    except (ProtocolError, StreamTerminatedError):
+                        pass  # already ended (we half-closed) or reset by the peer
+                    state.reason = "peer closed"
+                finally:
+                    await cancel_and_wait(sender, receiver)
+        except asyncio.CancelledError:
+            state.reason = "closed locally"
+            raise
+        except (GRPCError, StreamTerminatedError, ProtocolError, OSError, MessageTooLarge) as exc:
+            state.reason = describe_error(exc)
+            log.info(
+                "grpc stream ended host=%s port=%d reason=%s", self.host, self.port, state.reason
+            )
+        except Exception as exc:  # noqa: BLE001 - report, never crash the Trio side
+            state.reason = describe_error(exc)
+            log.exception("grpc stream failed host=%s port=%d", self.host, self.port)
+        finally:
+            if not state.opened.is_set():
+                state.open_error = StreamClosed(state.reason)
+                state.opened.set()
+            down_send.close()
+            up_recv.close()
+            channel.close()
+
+
+def parse_address(addr: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` accepted) into (host, port).
+
+    Raises:
+        ValueError: no port, or a port that is not an integer in 1..65535.
+    """
+    host, sep, port_s = addr.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"shard address {addr!r} must be host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ValueError(f"shard address {addr!r}: port {port_s!r} is not a number") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"shard address {addr!r}: port out of range")
+    return host, port
+
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "SESSION_METHOD",
+    "BridgeState",
+    "BridgedStream",
+    "GrpcConnector",
+    "LimitedProtoCodec",
+    "MessageTooLarge",
+    "open_loop",
+    "parse_address",
+]
