@@ -1,0 +1,570 @@
+"""Reclaim: cordon-then-ack and background drain (seed 000 "Handling reclaim"; ref §7, §18.2-4;
+peers.md N1-N5, P1-P5)."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import trio
+
+from bigfleet_trio.kube.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    Invalid,
+    KubeTransportError,
+    NotFound,
+    ServerError,
+    TooManyRequests,
+)
+from bigfleet_trio.kube.resources import NODES, PODS, UPCOMING_NODES, Resource
+from bigfleet_trio.operator.reclaim import (
+    DrainManager,
+    EvictionOutcome,
+    ReclaimHandler,
+    classify_eviction_error,
+    drain_failure_message,
+    effective_grace,
+    eviction_grace_seconds,
+    skip_reason,
+)
+from bigfleet_trio.operator.upcoming import DrainMemory
+from bigfleet_trio.proto import pb
+
+# --------------------------------------------------------------------------- pure
+
+
+@pytest.mark.parametrize(
+    ("exc", "outcome"),
+    [
+        (NotFound(404, "NotFound", "gone"), EvictionOutcome.GONE),
+        (TooManyRequests(429, "TooManyRequests", "pdb"), EvictionOutcome.RETRY),
+        # podseidon: 429 with reason Forbidden on newer apiservers -> still by status code
+        (TooManyRequests(429, "Forbidden", "PodProtector"), EvictionOutcome.RETRY),
+        (Conflict(409, "Forbidden", "full admission buffer"), EvictionOutcome.RETRY),
+        (ServerError(500, "InternalError", "webhook"), EvictionOutcome.RETRY),
+        (ServerError(503, "ServiceUnavailable", "x"), EvictionOutcome.RETRY),
+        (KubeTransportError("reset"), EvictionOutcome.RETRY),
+        (Forbidden(403, "Forbidden", "disruptionsAllowed < 0"), EvictionOutcome.STOP),
+        (BadRequest(400, "BadRequest", "x"), EvictionOutcome.STOP),
+        (Invalid(422, "Invalid", "x"), EvictionOutcome.STOP),
+        (ValueError("?"), EvictionOutcome.STOP),
+    ],
+)
+def test_classify_eviction_error(exc: Exception, outcome: EvictionOutcome) -> None:
+    assert classify_eviction_error(exc) is outcome
+
+
+def _pod(
+    name: str,
+    *,
+    ns: str = "default",
+    node: str = "n-1",
+    owner: str | None = "ReplicaSet",
+    mirror: bool = False,
+    phase: str = "Running",
+    tgps: int | None = None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": ns}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner, "name": "o"}]
+    if mirror:
+        meta["annotations"] = {"kubernetes.io/config.mirror": "abc"}
+    spec: dict[str, Any] = {"nodeName": node}
+    if tgps is not None:
+        spec["terminationGracePeriodSeconds"] = tgps
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "reason"),
+    [
+        (_pod("a"), None),
+        (_pod("a", owner=None), None),
+        (_pod("a", owner="DaemonSet"), "daemonset"),
+        (_pod("a", owner=None, mirror=True), "mirror"),
+        (_pod("a", phase="Succeeded"), "terminal"),
+        (_pod("a", phase="Failed"), "terminal"),
+        (_pod("a", phase="Pending"), None),
+    ],
+)
+def test_skip_reason(pod: dict[str, Any], reason: str | None) -> None:
+    assert skip_reason(pod) == reason
+
+
+@pytest.mark.parametrize(
+    ("tgps", "remaining", "grace"),
+    [
+        (None, 100.0, 30),
+        (30, 100.0, 30),
+        (5, 100.0, 5),
+        (30, 12.7, 12),
+        (30, 0.3, 1),
+        (0, 100.0, 1),
+        (120, 600.0, 120),
+    ],
+)
+def test_eviction_grace_seconds(tgps: int | None, remaining: float, grace: int) -> None:
+    assert eviction_grace_seconds(_pod("a", tgps=tgps), remaining) == grace
+
+
+@pytest.mark.parametrize(("given", "grace"), [(0, 30.0), (-5, 30.0), (10, 10.0), (600, 600.0)])
+def test_effective_grace(given: int, grace: float) -> None:
+    assert effective_grace(given) == grace
+
+
+def test_drain_failure_message() -> None:
+    assert drain_failure_message(
+        "n-1", 30.0, {"b/y": "terminating", "a/x": "eviction blocked: 429: pdb"}
+    ) == (
+        "drain of node n-1 did not finish within 30s; pods left: "
+        "a/x (eviction blocked: 429: pdb), b/y (terminating)"
+    )
+    assert len(drain_failure_message("n", 1.0, {f"ns/p{i}": "x" * 50 for i in range(100)})) == 2000
+
+
+# --------------------------------------------------------------------------- fake cluster
+
+
+@dataclass
+class Listing:
+    items: list[dict[str, Any]]
+    resource_version: str = "1"
+
+
+@dataclass
+class FakeCluster:
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    upcoming: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # pod key -> callable(attempt_number) returning an exception to raise, or None to allow
+    eviction_policy: dict[str, Callable[[int], Exception | None]] = field(default_factory=dict)
+    evictions: list[tuple[str, int | None, float]] = field(default_factory=list)
+    node_patches: list[tuple[str, Any]] = field(default_factory=list)
+    un_writes: list[tuple[str, str, Any, float]] = field(default_factory=list)
+
+    def add_node(self, name: str, provider_id: str = "") -> None:
+        self.nodes[name] = {"metadata": {"name": name}, "spec": {"providerID": provider_id}}
+
+    def add_un(self, name: str, phase: str = "Ready", **status: Any) -> None:
+        self.upcoming[name] = {
+            "metadata": {"name": name},
+            "spec": {"resources": {}},
+            "status": {"phase": phase, **status},
+        }
+
+    def add_pod(self, pod: dict[str, Any]) -> str:
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        self.pods[key] = pod
+        return key
+
+    def _store(self, res: Resource) -> dict[str, dict[str, Any]]:
+        if res == NODES:
+            return self.nodes
+        if res == UPCOMING_NODES:
+            return self.upcoming
+        raise AssertionError(res)
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        store = self._store(res)
+        if name not in store:
+            raise NotFound(404, "NotFound", name)
+        return copy.deepcopy(store[name])
+
+    async def list(self, res: Resource, namespace: str | None = None, **kw: Any) -> Listing:
+        await trio.lowlevel.checkpoint()
+        if res == PODS:
+            sel = kw["field_selector"]
+            assert sel.startswith("spec.nodeName=")
+            node = sel.split("=", 1)[1]
+            return Listing(
+                [copy.deepcopy(p) for p in self.pods.values() if p["spec"]["nodeName"] == node]
+            )
+        return Listing([copy.deepcopy(o) for o in self._store(res).values()])
+
+    async def create(self, *a: Any, **kw: Any) -> dict[str, Any]:
+        raise AssertionError("reclaim never creates")
+
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        patch_type: str = "merge",
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        if res == NODES:
+            self.node_patches.append((name, patch))
+            if name not in self.nodes:
+                raise NotFound(404, "NotFound", name)
+            self.nodes[name]["spec"].update(patch["spec"])
+            return self.nodes[name]
+        assert res == UPCOMING_NODES and subresource == "status"
+        self.un_writes.append(("patch", name, patch["status"], trio.current_time()))
+        if name not in self.upcoming:
+            raise NotFound(404, "NotFound", name)
+        self.upcoming[name]["status"].update(patch["status"])
+        return self.upcoming[name]
+
+    async def delete(
+        self, res: Resource, name: str, namespace: str | None = None, **kw: Any
+    ) -> None:
+        await trio.lowlevel.checkpoint()
+        assert res == UPCOMING_NODES
+        self.un_writes.append(("delete", name, None, trio.current_time()))
+        if name not in self.upcoming:
+            raise NotFound(404, "NotFound", name)
+        del self.upcoming[name]
+
+    async def evict(
+        self, name: str, namespace: str, *, grace_period_seconds: int | None = None
+    ) -> None:
+        await trio.lowlevel.checkpoint()
+        key = f"{namespace}/{name}"
+        self.evictions.append((key, grace_period_seconds, trio.current_time()))
+        if key not in self.pods:
+            raise NotFound(404, "NotFound", key)
+        policy = self.eviction_policy.get(key)
+        attempt = sum(1 for k, _, _ in self.evictions if k == key)
+        if policy is not None:
+            err = policy(attempt)
+            if err is not None:
+                raise err
+        del self.pods[key]  # terminates at once in this fake
+
+    def evicted(self, key: str) -> int:
+        return sum(1 for k, _, _ in self.evictions if k == key)
+
+
+def pdb_block(times: int | None) -> Callable[[int], Exception | None]:
+    """429 for the first ``times`` attempts (forever if None), then allowed."""
+
+    def policy(attempt: int) -> Exception | None:
+        if times is None or attempt <= times:
+            return TooManyRequests(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+            )
+        return None
+
+    return policy
+
+
+class Replies:
+    def __init__(self, accept: bool = True) -> None:
+        self.acks: list[tuple[str, int]] = []
+        self.accept = accept
+
+    def __call__(self, msg: pb.OperatorMessage) -> bool:
+        self.acks.append((msg.reclaim_ack.instruction_id, msg.reclaim_ack.nodes_started))
+        return self.accept
+
+
+def instr(iid: str, *nodes: str, grace: int = 30) -> pb.ReclaimInstruction:
+    return pb.ReclaimInstruction(
+        instruction_id=iid, nodes=list(nodes), grace_period_seconds=grace, preemptor_priority=100
+    )
+
+
+def make(cluster: FakeCluster, **kw: Any) -> tuple[DrainManager, ReclaimHandler, DrainMemory]:
+    memory = DrainMemory()
+    drains = DrainManager(cluster, memory, rng=random.Random(7), **kw)
+    return drains, ReclaimHandler(cluster, drains, memory), memory
+
+
+def standard_cluster() -> FakeCluster:
+    c = FakeCluster()
+    c.add_node("n-1")
+    c.add_un("un-m-1", nodeRef={"kind": "Node", "name": "n-1"})
+    return c
+
+
+# --------------------------------------------------------------------------- handler + drains
+
+
+async def test_cordon_ack_drain_skips_daemonset_mirror_terminal(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    c = standard_cluster()
+    app = c.add_pod(_pod("app", tgps=20))
+    ds = c.add_pod(_pod("fluentd", owner="DaemonSet"))
+    mirror = c.add_pod(_pod("kube-proxy", owner=None, mirror=True))
+    done = c.add_pod(_pod("job-1", owner="Job", phase="Succeeded"))
+    drains, handler, memory = make(c)
+    replies = Replies()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r-1", "n-1"), replies)
+        # the ack went out after the cordon, before the drain finished
+        assert replies.acks == [("r-1", 1)]
+        assert c.node_patches == [("n-1", {"spec": {"unschedulable": True}})]
+        assert c.un_writes[0][:3] == ("patch", "un-m-1", {"phase": "Draining"})
+        assert memory.get("un-m-1") == "draining"
+        await drains.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert [(k, g) for k, g, _ in c.evictions] == [(app, 20)]
+    assert set(c.pods) == {ds, mirror, done}
+    assert [w[:3] for w in c.un_writes] == [
+        ("patch", "un-m-1", {"phase": "Draining"}),
+        ("patch", "un-m-1", {"phase": "Drained"}),
+        ("delete", "un-m-1", None),
+    ]
+    assert memory.get("un-m-1") == "drained"
+    assert drains.results["n-1"].outcome == "drained"
+
+
+async def test_machine_id_resolved_through_upcoming_node_ref(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    c = FakeCluster()
+    c.add_node("ip-10-0-0-7")
+    c.add_un("un-m-7", nodeRef={"kind": "Node", "name": "ip-10-0-0-7"})
+    drains, handler, _ = make(c)
+    replies = Replies()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "m-7"), replies)
+        await drains.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert replies.acks == [("r", 1)]
+    assert c.node_patches == [("ip-10-0-0-7", {"spec": {"unschedulable": True}})]
+    assert "un-m-7" not in c.upcoming  # drained (no pods) and deleted
+
+
+async def test_machine_id_resolved_through_provider_id(autojump_clock: trio.abc.Clock) -> None:
+    c = FakeCluster()
+    c.add_node("other", provider_id="aws:///us-east-1a/i-2")
+    c.add_node("ip-10-0-0-9", provider_id="aws:///us-east-1a/i-9")
+    c.add_un("un-m-9", phase="Ready", providerID="aws:///us-east-1a/i-9")
+    drains, handler, _ = make(c)
+    replies = Replies()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "m-9"), replies)
+        nursery.cancel_scope.cancel()
+    assert c.node_patches == [("ip-10-0-0-9", {"spec": {"unschedulable": True}})]
+    assert replies.acks == [("r", 1)]
+
+
+async def test_nodes_started_counts_only_cordoned(autojump_clock: trio.abc.Clock) -> None:
+    c = standard_cluster()
+    c.add_un("un-m-2", phase="Launched")  # a machine with no Node yet
+    drains, handler, memory = make(c)
+    replies = Replies()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "m-2", "n-1", "nonexistent"), replies)
+        nursery.cancel_scope.cancel()
+    assert replies.acks == [("r", 1)]
+    # the node-less machine is still walked to Draining and remembered
+    assert c.upcoming["un-m-2"]["status"]["phase"] == "Draining"
+    assert memory.get("un-m-2") == "draining"
+
+
+async def test_pdb_blocks_then_allows(autojump_clock: trio.abc.Clock) -> None:
+    c = standard_cluster()
+    key = c.add_pod(_pod("web"))
+    c.eviction_policy[key] = pdb_block(2)
+    drains, handler, _ = make(c)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        t0 = trio.current_time()
+        await handler.on_reclaim_instruction(instr("r", "n-1", grace=30), Replies())
+        await drains.wait_idle()
+        elapsed = trio.current_time() - t0
+        nursery.cancel_scope.cancel()
+    assert c.evicted(key) == 3
+    times = [t - t0 for k, _, t in c.evictions]
+    # retries every ~2 s with +-25 % jitter
+    for a, b in zip(times, times[1:], strict=False):
+        assert 1.5 <= b - a <= 2.5
+    # rounds: 429, pause, 429, pause, evicted, pause, empty list -> three ~2 s pauses
+    assert 4.5 <= elapsed <= 7.5
+    assert drains.results["n-1"].outcome == "drained"
+    assert "un-m-1" not in c.upcoming
+
+
+async def test_pdb_never_allows_fails_at_deadline(autojump_clock: trio.abc.Clock) -> None:
+    c = standard_cluster()
+    key = c.add_pod(_pod("db", ns="prod"))
+    c.eviction_policy[key] = pdb_block(None)
+    drains, handler, memory = make(c)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        t0 = trio.current_time()
+        await handler.on_reclaim_instruction(instr("r", "n-1", grace=10), Replies())
+        await drains.wait_idle()
+        nursery.cancel_scope.cancel()
+    kind, name, status, at = c.un_writes[-1]
+    assert (kind, name) == ("patch", "un-m-1")
+    assert at - t0 == pytest.approx(10.0)
+    assert status == {
+        "phase": "Failed",
+        "lastError": "drain of node n-1 did not finish within 10s; pods left: prod/db "
+        "(eviction blocked: 429: Cannot evict pod as it would violate the pod's disruption "
+        "budget.)",
+    }
+    assert drains.results["n-1"].outcome == "failed"
+    assert c.upcoming["un-m-1"]["status"]["phase"] == "Failed"
+    assert memory.get("un-m-1") == "draining"  # a later Idle still means Drained
+    # first eviction got the whole (bounded) grace: 10 s left < the pod's 30 s
+    assert c.evictions[0][1] == 10
+    assert 4 <= c.evicted(key) <= 7
+
+
+async def test_forbidden_stops_for_that_pod(autojump_clock: trio.abc.Clock) -> None:
+    c = standard_cluster()
+    stuck = c.add_pod(_pod("stuck"))
+    ok = c.add_pod(_pod("ok"))
+    c.eviction_policy[stuck] = lambda attempt: Forbidden(403, "Forbidden", "pdb misconfigured")
+    drains, handler, _ = make(c)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "n-1", grace=8), Replies())
+        await drains.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert c.evicted(stuck) == 1
+    assert c.evicted(ok) == 1
+    assert drains.results["n-1"].outcome == "failed"
+    assert drains.results["n-1"].pods_left == {
+        stuck: "eviction refused, not retried: 403: pdb misconfigured"
+    }
+
+
+async def test_gone_pod_counts_as_done(autojump_clock: trio.abc.Clock) -> None:
+    c = standard_cluster()
+    key = c.add_pod(_pod("ghost"))
+    c.eviction_policy[key] = lambda attempt: NotFound(404, "NotFound", "ghost")
+
+    async def list_then_forget(res: Resource, namespace: str | None = None, **kw: Any) -> Listing:
+        listing = await FakeCluster.list(c, res, namespace, **kw)
+        c.pods.pop(key, None)  # the pod disappears right after it was listed
+        return listing
+
+    c.list = list_then_forget  # type: ignore[method-assign]
+    drains, handler, _ = make(c)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        t0 = trio.current_time()
+        await handler.on_reclaim_instruction(instr("r", "n-1"), Replies())
+        await drains.wait_idle()
+        assert trio.current_time() == t0  # no retry round needed
+        nursery.cancel_scope.cancel()
+    assert drains.results["n-1"].outcome == "drained"
+
+
+async def test_duplicate_instruction_one_drain_two_acks(autojump_clock: trio.abc.Clock) -> None:
+    c = standard_cluster()
+    key = c.add_pod(_pod("web"))
+    c.eviction_policy[key] = pdb_block(1)
+    drains, handler, _ = make(c)
+    replies = Replies()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r-1", "n-1"), replies)
+        await handler.on_reclaim_instruction(instr("r-1", "n-1"), replies)
+        # a different instruction naming a node already draining: acked, no second drain
+        await handler.on_reclaim_instruction(instr("r-2", "n-1"), replies)
+        assert drains.active == frozenset({"n-1"})
+        await drains.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert replies.acks == [("r-1", 1), ("r-1", 1), ("r-2", 1)]
+    assert len(c.node_patches) == 2  # r-1 once, r-2 (idempotent cordon); the duplicate did nothing
+    assert c.evicted(key) == 2  # one drain: 429, then allowed
+
+
+async def test_concurrent_duplicate_waits_for_first(autojump_clock: trio.abc.Clock) -> None:
+    c = standard_cluster()
+    drains, handler, _ = make(c)
+    replies = Replies()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        async with trio.open_nursery() as session:
+            session.start_soon(handler.on_reclaim_instruction, instr("r", "n-1"), replies)
+            session.start_soon(handler.on_reclaim_instruction, instr("r", "n-1"), replies)
+        nursery.cancel_scope.cancel()
+    assert replies.acks == [("r", 1), ("r", 1)]
+    assert len(c.node_patches) == 1
+
+
+async def test_reconnect_does_not_cancel_drain(autojump_clock: trio.abc.Clock) -> None:
+    c = standard_cluster()
+    key = c.add_pod(_pod("web"))
+    c.eviction_policy[key] = pdb_block(3)
+    drains, handler, _ = make(c)
+    replies = Replies()
+    async with trio.open_nursery() as operator:
+        await operator.start(drains.run)
+        # session 1: handles the instruction, then the stream breaks
+        async with trio.open_nursery() as session:
+            session.start_soon(handler.on_reclaim_instruction, instr("r", "n-1"), replies)
+            await trio.sleep(1)
+            session.cancel_scope.cancel()
+        assert replies.acks == [("r", 1)]
+        assert drains.is_draining("n-1")
+        # session 2 (reconnected): the shard re-sends the instruction
+        async with trio.open_nursery() as session2:
+            session2.start_soon(handler.on_reclaim_instruction, instr("r", "n-1"), replies)
+        await drains.wait_idle()
+        operator.cancel_scope.cancel()
+    assert replies.acks == [("r", 1), ("r", 1)]
+    assert drains.results["n-1"].outcome == "drained"
+    assert c.evicted(key) == 4
+
+
+async def test_ack_dropped_is_logged_not_raised(autojump_clock: trio.abc.Clock) -> None:
+    c = standard_cluster()
+    drains, handler, _ = make(c)
+    replies = Replies(accept=False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "n-1"), replies)
+        nursery.cancel_scope.cancel()
+    assert replies.acks == [("r", 1)]
+
+
+async def test_shutdown_lets_drains_finish_within_timeout(autojump_clock: trio.abc.Clock) -> None:
+    c = standard_cluster()
+    key = c.add_pod(_pod("web"))
+    c.eviction_policy[key] = pdb_block(3)  # allowed at ~6 s
+    drains, handler, _ = make(c, shutdown_timeout=20.0)
+    async with trio.open_nursery() as operator:
+        await operator.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "n-1", grace=600), Replies())
+        await trio.sleep(1)
+        operator.cancel_scope.cancel()  # SIGTERM
+    assert drains.results["n-1"].outcome == "drained"
+    assert "un-m-1" not in c.upcoming
+
+
+async def test_shutdown_timeout_abandons_drain(autojump_clock: trio.abc.Clock) -> None:
+    c = standard_cluster()
+    key = c.add_pod(_pod("web"))
+    c.eviction_policy[key] = pdb_block(None)
+    drains, handler, _ = make(c, shutdown_timeout=20.0)
+    async with trio.open_nursery() as operator:
+        await operator.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "n-1", grace=600), Replies())
+        await trio.sleep(5)
+        t_stop = trio.current_time()
+        operator.cancel_scope.cancel()
+    assert trio.current_time() - t_stop == pytest.approx(20.0)
+    assert drains.results["n-1"].outcome == "abandoned"
+    # no new drains once shutting down
+    assert drains.start("n-2", un_name=None, grace_seconds=1, instruction_id="x") is False
+
+
+async def test_start_without_run_is_an_error() -> None:
+    drains = DrainManager(FakeCluster(), DrainMemory())
+    with pytest.raises(RuntimeError):
+        drains.start("n", un_name=None, grace_seconds=1, instruction_id="x")
