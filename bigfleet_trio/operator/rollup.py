@@ -84,6 +84,9 @@ __all__ = [
     "canonical_label_selector",
     "co_location_group",
     "contribution_from_cr",
+    "encode_need",
+    "encode_operator_rollup",
+    "encode_rollup",
     "cr_key",
     "is_pending",
     "need_to_wire",
@@ -415,6 +418,8 @@ def contribution_from_cr(cr: Mapping[str, Any]) -> Contribution:
     resources: dict[str, Quantity] = {}
     for rname in sorted(raw_res):
         path = f"spec.resources[{rname}]"
+        if not rname or not isinstance(rname, str):
+            raise InvalidCapacityRequest(name, path, "empty resource name")
         try:
             q = Quantity.parse(raw_res[rname])
         except QuantityError as e:
@@ -500,6 +505,93 @@ def build_rollup_message(
     )
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _len_field(tag: int, body: bytes) -> bytes:
+    return bytes((tag,)) + _varint(len(body)) + body
+
+
+def _int_field(tag: int, n: int) -> bytes:
+    return bytes((tag,)) + _varint(n & 0xFFFFFFFFFFFFFFFF)  # int32/enum: negative -> 10 bytes
+
+
+def _map_entries(tag: int, m: Mapping[str, str]) -> list[bytes]:
+    # betterproto omits an empty key or value inside an entry, and an entry with both empty.
+    out = []
+    for k, v in m.items():
+        body = (_len_field(0x0A, k.encode()) if k else b"") + (
+            _len_field(0x12, v.encode()) if v else b""
+        )
+        if body:
+            out.append(_len_field(tag, body))
+    return out
+
+
+def encode_need(
+    profile: Profile, group: str, aggregate: Mapping[str, str], min_unit: Mapping[str, str]
+) -> bytes:
+    """``bytes(need_to_wire(...))`` without betterproto (same bytes, ~50x faster)."""
+    parts: list[bytes] = []
+    for r in profile.requirements:
+        body = [_len_field(0x0A, r.key.encode())] if r.key else []
+        if r.operator:
+            body.append(_int_field(0x10, r.operator))
+        body.extend(_len_field(0x1A, v.encode()) for v in r.values)
+        parts.append(_len_field(0x0A, b"".join(body)))
+    parts.extend(_map_entries(0x12, aggregate))
+    if profile.priority:
+        parts.append(_int_field(0x18, profile.priority))
+    for sp in profile.spread:
+        body = [_len_field(0x0A, sp.topology_key.encode())] if sp.topology_key else []
+        if sp.max_skew:
+            body.append(_int_field(0x10, sp.max_skew))
+        if sp.when_unsatisfiable:
+            body.append(_int_field(0x18, sp.when_unsatisfiable))
+        parts.append(_len_field(0x2A, b"".join(body)))
+    if profile.interruption_bucket:
+        parts.append(_int_field(0x30, profile.interruption_bucket))
+    if profile.reclamation_bucket:
+        parts.append(_int_field(0x38, profile.reclamation_bucket))
+    parts.extend(_map_entries(0x42, min_unit))
+    if group:
+        parts.append(_len_field(0x4A, group.encode()))
+    return b"".join(parts)
+
+
+def encode_rollup(cluster_id: str, now_ns: int, encoded_needs: Iterable[bytes]) -> bytes:
+    """Serialized ``ClusterCapacityNeeds`` from pre-encoded needs (byte-identical to betterproto).
+
+    Args:
+        cluster_id: field 1.
+        now_ns: field 2 (``timestamp_unix_nanos``).
+        encoded_needs: serialized CapacityNeeds (field 3), e.g.
+            :meth:`RollupAggregator.needs_encoded`.
+    """
+    head = bytes(pb.ClusterCapacityNeeds(cluster_id=cluster_id, timestamp_unix_nanos=now_ns))
+    parts = [head]
+    for nb in encoded_needs:
+        parts.append(b"\x1a")
+        parts.append(_varint(len(nb)))
+        parts.append(nb)
+    return b"".join(parts)
+
+
+def encode_operator_rollup(cluster_id: str, now_ns: int, encoded_needs: Iterable[bytes]) -> bytes:
+    """Serialized ``OperatorMessage{rollup=...}`` (oneof field 2) from pre-encoded needs."""
+    body = encode_rollup(cluster_id, now_ns, encoded_needs)
+    return b"\x12" + _varint(len(body)) + body
+
+
 # ---------------------------------------------------------------------------- from scratch
 def build_from_scratch(crs: Iterable[Mapping[str, Any]]) -> list[pb.CapacityNeed]:
     """Aggregate a full CR list (tests + periodic consistency check of the aggregator).
@@ -538,7 +630,17 @@ def build_from_scratch(crs: Iterable[Mapping[str, Any]]) -> list[pb.CapacityNeed
 class _Need:
     """Running sums for one (fingerprint, group)."""
 
-    __slots__ = ("profile", "group", "members", "count", "sums", "fmts", "values", "wire")
+    __slots__ = (
+        "profile",
+        "group",
+        "members",
+        "count",
+        "sums",
+        "fmts",
+        "values",
+        "wire",
+        "encoded",
+    )
 
     def __init__(self, profile: Profile, group: str) -> None:
         self.profile = profile
@@ -549,6 +651,7 @@ class _Need:
         self.fmts: dict[str, list[int]] = {}  # non-zero contributors per format rank
         self.values: dict[str, Counter[tuple[Decimal, int]]] = {}  # (value, rank) multiset
         self.wire: pb.CapacityNeed | None = None
+        self.encoded: bytes | None = None
 
     def add(self, res: Mapping[str, Quantity]) -> None:
         self.members += 1
@@ -567,6 +670,7 @@ class _Need:
                 self.fmts[n][rank] += 1
             self.values[n][(v, rank)] += 1
         self.wire = None
+        self.encoded = None
 
     def remove(self, res: Mapping[str, Quantity]) -> None:
         self.members -= 1
@@ -588,20 +692,31 @@ class _Need:
             else:
                 vals[k] -= 1
         self.wire = None
+        self.encoded = None
 
     def build(self) -> pb.CapacityNeed:
         if self.wire is None:
-            agg: dict[str, str] = {}
-            mins: dict[str, str] = {}
-            for n in sorted(self.count):
-                f = self.fmts[n]
-                fmt = _FORMATS_BY_RANK[0 if f[0] else 1 if f[1] else 2 if f[2] else 1]
-                agg[n] = str(Quantity(self.sums[n], fmt))
-                top = max(v for v, _ in self.values[n])
-                rank = min(r for v, r in self.values[n] if v == top)
-                mins[n] = str(Quantity(top, _FORMATS_BY_RANK[rank]))
+            agg, mins = self._resources()
             self.wire = need_to_wire(self.profile, self.group, agg, mins)
         return self.wire
+
+    def _resources(self) -> tuple[dict[str, str], dict[str, str]]:
+        agg: dict[str, str] = {}
+        mins: dict[str, str] = {}
+        for n in sorted(self.count):
+            f = self.fmts[n]
+            fmt = _FORMATS_BY_RANK[0 if f[0] else 1 if f[1] else 2 if f[2] else 1]
+            agg[n] = str(Quantity(self.sums[n], fmt))
+            top = max(v for v, _ in self.values[n])
+            rank = min(r for v, r in self.values[n] if v == top)
+            mins[n] = str(Quantity(top, _FORMATS_BY_RANK[rank]))
+        return agg, mins
+
+    def build_encoded(self) -> bytes:
+        if self.encoded is None:
+            agg, mins = self._resources()
+            self.encoded = encode_need(self.profile, self.group, agg, mins)
+        return self.encoded
 
 
 def _signature(c: Contribution) -> list[tuple[str, Decimal, str]]:
@@ -676,6 +791,15 @@ class RollupAggregator:
         if self._order is None:
             self._order = [self._needs[k] for k in sorted(self._needs)]
         return [n.build() for n in self._order]
+
+    def needs_encoded(self) -> list[bytes]:
+        """The serialized CapacityNeeds in :meth:`needs` order, cached per need. O(needs).
+
+        Feed to :func:`encode_rollup`; betterproto encoding is the dominant cycle cost otherwise.
+        """
+        if self._order is None:
+            self._order = [self._needs[k] for k in sorted(self._needs)]
+        return [n.build_encoded() for n in self._order]
 
     def excluded(self) -> dict[str, str]:
         """CRs left out of the roll-up: key -> human-readable reason."""

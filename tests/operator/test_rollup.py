@@ -358,6 +358,7 @@ def test_unsupported_operator_raises(op: object) -> None:
         ({"resources": {"cpu": "-1"}}, "spec.resources[cpu]"),
         ({"resources": {"cpu": None}}, "spec.resources[cpu]"),
         ({"resources": ["cpu"]}, "spec.resources"),
+        ({"resources": {"": "1"}}, "spec.resources[]"),
         ({"interruptionPenalty": "lots"}, "spec.interruptionPenalty"),
         ({"reclamationPenalty": "1$"}, "spec.reclamationPenalty"),
         ({"priority": "high"}, "spec.priority"),
@@ -601,3 +602,19 @@ def test_contribution_resources_are_quantities() -> None:
     assert list(c.resources) == ["cpu", "memory"]
     assert c.resources["memory"] == Quantity.parse("1Gi")
     assert c.need_key == (c.profile.fingerprint, "")
+
+
+def test_encode_need_edge_cases_match_betterproto() -> None:
+    from bigfleet_trio.operator.rollup import encode_need, need_to_wire
+
+    p = Profile.new(
+        [Requirement("zöne", OP_IN, ("", "ä")), Requirement("", OP_EXISTS, ())],
+        [Spread("", 0, 0), Spread("z", -1, 1)],
+        -5,
+        27,
+        0,
+    )
+    agg = {"": "", "cpu": "1"}
+    mins = {"cpu": "-1"}
+    assert encode_need(p, "g\x00;", agg, mins) == bytes(need_to_wire(p, "g\x00;", agg, mins))
+    assert encode_need(Profile.new([], [], 0, 0, 0), "", {}, {}) == b""

@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bigfleet_trio.operator.crview import slim
-from bigfleet_trio.operator.rollup import RollupAggregator, build_from_scratch, is_pending
+from bigfleet_trio.operator.rollup import (
+    RollupAggregator,
+    build_from_scratch,
+    build_rollup_message,
+    encode_operator_rollup,
+    encode_rollup,
+    is_pending,
+)
+from bigfleet_trio.proto import pb
 
 KEYS = [f"ns/cr-{i}" for i in range(8)]
 QUANTITIES = ["0", "1", "500m", "1500m", "2", "8", "1Gi", "512Mi", "1073741824", "1e3", "1k"]
@@ -93,6 +101,26 @@ def test_incremental_matches_from_scratch(ops: list[tuple[str, str, dict[str, An
         got = agg.needs()
         assert got == expected
         assert [bytes(n) for n in got] == [bytes(n) for n in expected]
+        assert agg.needs_encoded() == [bytes(n) for n in expected]
     expected_pending = {k for k, o in live.items() if is_pending(o) and k not in agg.excluded()}
     assert agg.pending() == expected_pending
     assert set(agg.excluded()) | set(agg.keys()) == set(live)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(KEYS), spec), max_size=12),
+    st.text(max_size=8),
+    st.integers(0, 2**63 - 1),
+)
+def test_fast_encoding_matches_betterproto(
+    items: list[tuple[str, dict[str, Any]]], cluster: str, now: int
+) -> None:
+    agg = RollupAggregator()
+    for key, sp in items:
+        agg.upsert(key, make(key, sp, None))
+    msg = build_rollup_message(cluster, agg.needs(), now)
+    assert encode_rollup(cluster, now, agg.needs_encoded()) == bytes(msg)
+    assert encode_operator_rollup(cluster, now, agg.needs_encoded()) == bytes(
+        pb.OperatorMessage(rollup=msg)
+    )
