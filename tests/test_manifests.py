@@ -264,3 +264,29 @@ def test_priority_class_defaults_configmap_loads() -> None:
     from bigfleet_trio.podcontroller.defaults import parse_priority_class_defaults
 
     parse_priority_class_defaults(text)  # quantities valid for the real loader
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_dockerfile_shape() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    froms = [ln for ln in lines if ln.startswith("FROM ")]
+    assert len(froms) == 2 and froms[0].endswith(" AS builder")
+    assert "ARG PYTHON_IMAGE=python:3.11-slim" in lines
+    final = lines[lines.index(froms[1]) :]
+    assert "COPY --from=builder /opt/venv /opt/venv" in final
+    assert "USER 65532:65532" in final
+    assert 'ENTRYPOINT ["bigfleet-trio"]' in final
+    assert not any(ln.startswith(("RUN apt", "RUN pip install")) for ln in final)
+
+
+def test_dockerignore_keeps_build_inputs() -> None:
+    ignored = {
+        ln.strip()
+        for ln in (ROOT / ".dockerignore").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    }
+    assert not ignored & {"pyproject.toml", "README.md", "bigfleet_trio", "bigfleet_trio/"}
+    assert {".git", ".venv", "tests"} <= ignored
