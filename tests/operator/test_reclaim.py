@@ -568,3 +568,168 @@ async def test_start_without_run_is_an_error() -> None:
     drains = DrainManager(FakeCluster(), DrainMemory())
     with pytest.raises(RuntimeError):
         drains.start("n", un_name=None, grace_seconds=1, instruction_id="x")
+
+
+# --------------------------------------------------------------------------- on the test apiserver
+
+
+def _server_and_client(nursery: trio.Nursery) -> tuple[Any, Any]:
+    from bigfleet_trio.kube import KubeClient, KubeConfig
+    from bigfleet_trio.sim.apiserver import ApiServer
+    from bigfleet_trio.sim.apiserver.testing import InProcessTransport
+
+    server = ApiServer()
+    client = KubeClient(
+        KubeConfig(server="http://apiserver"), transport=InProcessTransport(server.app, nursery)
+    )
+    return server, client
+
+
+PDB = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
+DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet", True)
+
+
+async def _seed(client: Any) -> None:
+    await client.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n-1"}})
+    await client.create(
+        UPCOMING_NODES,
+        {
+            "apiVersion": "bigfleet.lucy.sh/v1alpha1",
+            "kind": "UpcomingNode",
+            "metadata": {"name": "un-m-1"},
+            "spec": {"resources": {}},
+        },
+    )
+    await client.patch(
+        UPCOMING_NODES,
+        "un-m-1",
+        {"status": {"phase": "Ready", "nodeRef": {"kind": "Node", "name": "n-1"}}},
+        subresource="status",
+    )
+    ds = await client.create(
+        DAEMONSETS,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "agent"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "agent"}},
+                "template": {
+                    "metadata": {"labels": {"app": "agent"}},
+                    "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+                },
+            },
+        },
+        "default",
+    )
+    for name, owner in (("web", None), ("agent", "DaemonSet")):
+        meta: dict[str, Any] = {"name": name, "labels": {"app": name}}
+        if owner:
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": owner,
+                    "name": "agent",
+                    "uid": ds["metadata"]["uid"],
+                }
+            ]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {"nodeName": "n-1", "containers": [{"name": "c", "image": "busybox"}]},
+        }
+        await client.create(PODS, body, "default")
+        await client.patch(
+            PODS,
+            name,
+            {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+            "default",
+            subresource="status",
+        )
+    await client.create(
+        PDB,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}},
+        },
+        "default",
+    )
+    await _pdb_allows(client, 0)
+
+
+async def _pdb_allows(client: Any, allowed: int) -> None:
+    await client.patch(
+        PDB,
+        "web",
+        {
+            "status": {
+                "observedGeneration": 1,
+                "disruptionsAllowed": allowed,
+                "currentHealthy": 1,
+                "desiredHealthy": 1,
+                "expectedPods": 1,
+            }
+        },
+        "default",
+        subresource="status",
+    )
+
+
+async def _pod_names(client: Any) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in (await client.list(PODS, "default")).items)
+
+
+async def test_apiserver_pdb_blocks_then_allows(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    _, client = _server_and_client(nursery)
+    await _seed(client)
+    memory = DrainMemory()
+    drains = DrainManager(client, memory, rng=random.Random(1))
+    handler = ReclaimHandler(client, drains, memory)
+    replies = Replies()
+    async with trio.open_nursery() as operator:
+        await operator.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r-1", "m-1", grace=60), replies)
+        assert replies.acks == [("r-1", 1)]
+        node = await client.get(NODES, "n-1")
+        assert node["spec"]["unschedulable"] is True
+        un = await client.get(UPCOMING_NODES, "un-m-1")
+        assert un["status"]["phase"] == "Draining"
+        await trio.sleep(7)
+        assert await _pod_names(client) == ["agent", "web"]  # PDB still blocks
+        await _pdb_allows(client, 1)
+        await drains.wait_idle()
+        operator.cancel_scope.cancel()
+    assert drains.results["n-1"].outcome == "drained"
+    assert await _pod_names(client) == ["agent"]  # the DaemonSet Pod is left alone
+    with pytest.raises(NotFound):
+        await client.get(UPCOMING_NODES, "un-m-1")  # Drained -> deleted
+    assert memory.get("un-m-1") == "drained"
+
+
+async def test_apiserver_pdb_never_allows_fails_at_deadline(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    _, client = _server_and_client(nursery)
+    await _seed(client)
+    memory = DrainMemory()
+    drains = DrainManager(client, memory, rng=random.Random(1))
+    handler = ReclaimHandler(client, drains, memory)
+    async with trio.open_nursery() as operator:
+        await operator.start(drains.run)
+        t0 = trio.current_time()
+        await handler.on_reclaim_instruction(instr("r-1", "n-1", grace=10), Replies())
+        await drains.wait_idle()
+        assert trio.current_time() - t0 == pytest.approx(10.0, abs=0.01)
+        operator.cancel_scope.cancel()
+    un = await client.get(UPCOMING_NODES, "un-m-1")
+    assert un["status"]["phase"] == "Failed"
+    assert un["status"]["lastError"].startswith(
+        "drain of node n-1 did not finish within 10s; pods left: "
+        "default/web (eviction blocked: 429:"
+    )
+    assert await _pod_names(client) == ["agent", "web"]
