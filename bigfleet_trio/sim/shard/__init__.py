@@ -9,7 +9,7 @@
 """
 
 from .catalog import Catalog, MachineShape, ShapeTaint, default_catalog, offer
-from .cli import run_cli
+from .cli import run_cli, serve_sim_shard
 from .engine import (
     Effect,
     EngineConfig,
@@ -41,5 +41,5 @@ __all__ = [
     "requirement_matches", "same_satisfied",
     "KubeNodeHooks", "node_manifest",
     "NodeHooks", "NoopNodeHooks", "SessionRejected", "SimShard",
-    "run_cli",
+    "run_cli", "serve_sim_shard",
 ]
