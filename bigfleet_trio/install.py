@@ -89,7 +89,9 @@ async def apply_crds(
     return results
 
 
-async def _update(client: _CrdClient, res: Any, crd: dict[str, Any], conflict: type) -> str:
+async def _update(
+    client: _CrdClient, res: Any, crd: dict[str, Any], conflict: type[BaseException]
+) -> str:
     name = crd["metadata"]["name"]
     for _attempt in range(5):
         live = await client.get(res, name)

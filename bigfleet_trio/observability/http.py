@@ -75,7 +75,7 @@ async def _check_ready(readiness: Readiness | None) -> tuple[bool, list[str]]:
         result = readiness()
         if inspect.isawaitable(result):
             result = await result
-        ok, detail = result  # type: ignore[misc]
+        ok, detail = result
     except Exception as exc:  # a broken probe means "not ready", never a 500
         log.warning("readiness check failed", extra={"error": repr(exc)})
         return False, [f"readiness check failed: {exc!r}"]
@@ -213,7 +213,7 @@ async def _start_hypercorn(
     app: Starlette, config: HypercornConfig, task_status: trio.TaskStatus[str | None]
 ) -> list[str]:
     async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(serve, app, config)  # type: ignore[arg-type]
+        binds: list[str] = await nursery.start(serve, app, config)
         bound = binds[0].split("://", 1)[-1] if binds else None
         log.info("diagnostics listening", extra={"addr": bound})
         task_status.started(bound)

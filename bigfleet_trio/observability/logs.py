@@ -277,7 +277,7 @@ def setup_logging(
         handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter() if format == "json" else TextFormatter())
     handler.addFilter(RedactingFilter())
-    handler._bigfleet = True  # type: ignore[attr-defined]
+    setattr(handler, "_bigfleet", True)  # noqa: B010 - marker for idempotent setup
     root = logging.getLogger()
     for old in list(root.handlers):
         if getattr(old, "_bigfleet", False):
@@ -291,13 +291,13 @@ def setup_logging(
     return handler
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
     """StreamHandler bound to whatever ``sys.stderr`` is at emit time (works under capsys)."""
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> IO[str]:
         return sys.stderr
 
