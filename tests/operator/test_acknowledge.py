@@ -187,3 +187,40 @@ def test_submit_without_run_is_an_error() -> None:
 def test_concurrency_must_be_positive() -> None:
     with pytest.raises(ValueError):
         Acknowledger(FakeClient(), concurrency=0)
+
+
+async def test_apiserver_acknowledges_pending(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    from bigfleet_trio.kube import KubeClient, KubeConfig
+    from bigfleet_trio.sim.apiserver import ApiServer
+    from bigfleet_trio.sim.apiserver.testing import InProcessTransport
+
+    server = ApiServer()
+    client = KubeClient(
+        KubeConfig(server="http://apiserver"), transport=InProcessTransport(server.app, nursery)
+    )
+    crs = []
+    for name in ("a", "b"):
+        crs.append(
+            await client.create(
+                CAPACITY_REQUESTS,
+                {
+                    "apiVersion": "bigfleet.lucy.sh/v1alpha1",
+                    "kind": "CapacityRequest",
+                    "metadata": {"name": name, "namespace": "default"},
+                    "spec": {"priority": 1, "resources": {"cpu": "1"}},
+                },
+                "default",
+            )
+        )
+    crs.append({"metadata": {"namespace": "default", "name": "deleted-meanwhile"}})
+    ack = Acknowledger(client, now=lambda: T0)
+    await nursery.start(ack.run)
+    assert ack.submit(crs) == 3
+    await trio.sleep(1)
+    for name in ("a", "b"):
+        cr = await client.get(CAPACITY_REQUESTS, name, "default")
+        assert cr["status"] == {"phase": "Acknowledged", "acknowledgedAt": "2026-03-01T12:00:05Z"}
+    assert ack.acknowledged_total == 2
+    assert ack.failed_total == 0  # NotFound ignored

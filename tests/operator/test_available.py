@@ -277,3 +277,43 @@ async def test_empty_supersedes_key_ignored(autojump_clock: trio.abc.Clock) -> N
     kube = FakeKube()
     await AvailableCapacityHandler(kube).on_available_capacity(acu(supersedes_key=""))
     assert kube.calls == []
+
+
+async def test_apiserver_upsert(nursery: trio.Nursery, autojump_clock: trio.abc.Clock) -> None:
+    from bigfleet_trio.kube import KubeClient, KubeConfig
+    from bigfleet_trio.sim.apiserver import ApiServer
+    from bigfleet_trio.sim.apiserver.testing import InProcessTransport
+
+    server = ApiServer()
+    client = KubeClient(
+        KubeConfig(server="http://apiserver"), transport=InProcessTransport(server.app, nursery)
+    )
+    h = AvailableCapacityHandler(client)
+    await h.on_available_capacity(
+        acu(
+            requirements=[
+                pb.NodeSelectorRequirement(key="zone", operator=Op.OPERATOR_IN, values=["a"]),
+                pb.NodeSelectorRequirement(key="rack", operator=Op.OPERATOR_SAME),
+            ]
+        )
+    )
+    ac = await client.get(AVAILABLE_CAPACITIES, NAME)
+    assert ac["spec"] == {
+        "availability": "High",
+        "availableCount": 3,
+        "cost": "41600u",
+        "resources": {},
+        "requirements": [{"key": "zone", "operator": "In", "values": ["a"]}],
+    }
+    assert ac["metadata"]["annotations"] == {"bigfleet.lucy.sh/supersedes-key": KEY}
+    await h.on_available_capacity(
+        acu(confidence=Conf.CONFIDENCE_NONE, available_count=0, cost_per_hour=0.0)
+    )
+    ac = await client.get(AVAILABLE_CAPACITIES, NAME)
+    assert ac["spec"] == {
+        "availability": "None",
+        "availableCount": 0,
+        "cost": "0",
+        "resources": {},
+    }
+    assert len((await client.list(AVAILABLE_CAPACITIES)).items) == 1

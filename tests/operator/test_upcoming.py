@@ -545,3 +545,45 @@ async def test_spec_refresh_written_once(autojump_clock: trio.abc.Clock) -> None
     assert kube.writes() == [("patch/main", "un-m-1", {"spec": {"labels": {"a": "2"}}})]
     await h.on_node_state_update(u)
     assert kube.writes() == []
+
+
+# --------------------------------------------------------------------------- on the test apiserver
+
+
+async def test_apiserver_sequence_coalesced_drain_deletes(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    from bigfleet_trio.kube import KubeClient, KubeConfig
+    from bigfleet_trio.sim.apiserver import ApiServer
+    from bigfleet_trio.sim.apiserver.testing import InProcessTransport
+
+    server = ApiServer()
+    client = KubeClient(
+        KubeConfig(server="http://apiserver"), transport=InProcessTransport(server.app, nursery)
+    )
+    h = UpcomingNodeHandler(client, DrainMemory(), now=lambda: NOW)
+    res = pb.Resources(resources={"cpu": "4000m", "memory": "16384Mi"})
+    await h.on_node_state_update(nsu(MS.CREATING, labels={"zone": "a"}, resources=res))
+    un = await client.get(UPCOMING_NODES, "un-m-1")
+    assert un["spec"] == {"resources": {"cpu": "4", "memory": "16Gi"}, "labels": {"zone": "a"}}
+    assert un["status"] == {"phase": "Provisioning", "provisioningStartTime": NOW_S}
+    await h.on_node_state_update(nsu(MS.IDLE, provider_id="aws:///i-1", labels={"zone": "a"}))
+    await h.on_node_state_update(nsu(MS.CONFIGURED, node_name="ip-1", labels={"zone": "a"}))
+    un = await client.get(UPCOMING_NODES, "un-m-1")
+    assert un["status"] == {
+        "phase": "Ready",
+        "provisioningStartTime": NOW_S,
+        "providerID": "aws:///i-1",
+        "nodeRef": {"kind": "Node", "name": "ip-1"},
+    }
+    assert un["spec"]["resources"] == {}  # the IDLE frame carried no resources
+    rv = un["metadata"]["resourceVersion"]
+    await h.on_node_state_update(nsu(MS.CONFIGURED, labels={"zone": "a"}))  # rebroadcast
+    assert (await client.get(UPCOMING_NODES, "un-m-1"))["metadata"]["resourceVersion"] == rv
+    # DRAINING then IDLE coalesced into one IDLE frame: the object is deleted
+    await h.on_node_state_update(nsu(MS.IDLE, labels={"zone": "a"}))
+    with pytest.raises(NotFound):
+        await client.get(UPCOMING_NODES, "un-m-1")
+    await h.on_node_state_update(nsu(MS.IDLE, labels={"zone": "a"}))  # replay after reconnect
+    with pytest.raises(NotFound):
+        await client.get(UPCOMING_NODES, "un-m-1")
