@@ -30,11 +30,31 @@ from .resources import (
 from .watch import WatchEvent
 
 __all__ = [
-    "KubeConfig", "load_kubeconfig", "load_incluster_config",
-    "KubeClient", "ObjectList", "WatchStream", "WatchEvent",
-    "Resource", "PODS", "NODES", "EVENTS", "LEASES", "NAMESPACES", "PRIORITY_CLASSES",
-    "RUNTIME_CLASSES", "PDBS", "DAEMONSETS", "DEPLOYMENTS", "REPLICASETS", "STATEFULSETS", "JOBS",
-    "CRDS", "CAPACITY_REQUESTS", "UPCOMING_NODES", "AVAILABLE_CAPACITIES",
+    "KubeConfig",
+    "load_kubeconfig",
+    "load_incluster_config",
+    "KubeClient",
+    "ObjectList",
+    "WatchStream",
+    "WatchEvent",
+    "Resource",
+    "PODS",
+    "NODES",
+    "EVENTS",
+    "LEASES",
+    "NAMESPACES",
+    "PRIORITY_CLASSES",
+    "RUNTIME_CLASSES",
+    "PDBS",
+    "DAEMONSETS",
+    "DEPLOYMENTS",
+    "REPLICASETS",
+    "STATEFULSETS",
+    "JOBS",
+    "CRDS",
+    "CAPACITY_REQUESTS",
+    "UPCOMING_NODES",
+    "AVAILABLE_CAPACITIES",
 ]
 
 try:  # informer/leader are added in later commits; keep the package importable meanwhile

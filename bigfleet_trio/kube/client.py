@@ -110,7 +110,8 @@ class WatchStream:
             if scope.cancelled_caught or line is None:
                 self._done = True
                 raise WatchInactivityTimeout(
-                    f"no watch event for {self._timeout:g}s (half-open connection?)")
+                    f"no watch event for {self._timeout:g}s (half-open connection?)"
+                )
             try:
                 event = decode_watch_line(line)
             except WatchDecodeError as exc:
@@ -122,14 +123,14 @@ class WatchStream:
 
 def rfc3339_micro(when: dt.datetime | None = None) -> str:
     """``2026-11-21T13:03:09.123456Z`` (Kubernetes MicroTime) for ``when`` (default: now, UTC)."""
-    when = when or dt.datetime.now(dt.timezone.utc)
-    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    when = when or dt.datetime.now(dt.UTC)
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def rfc3339(when: dt.datetime | None = None) -> str:
     """``2026-11-21T13:03:09Z`` (Kubernetes Time) for ``when`` (default: now, UTC)."""
-    when = when or dt.datetime.now(dt.timezone.utc)
-    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    when = when or dt.datetime.now(dt.UTC)
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class _Auth(httpx.Auth):
@@ -142,7 +143,8 @@ class _Auth(httpx.Auth):
             request.headers["Authorization"] = f"Bearer {token}"
         elif self._config.username is not None:
             request.headers["Authorization"] = httpx.BasicAuth(
-                self._config.username, self._config.password or "")._auth_header
+                self._config.username, self._config.password or ""
+            )._auth_header
         yield request
 
 
@@ -184,7 +186,9 @@ class KubeClient:
         headers = {"User-Agent": user_agent, "Accept": "application/json"}
         if config.tls_server_name and transport is None:
             # httpx has no SNI override; the Host header is what certificate checks use.
-            log.warning("tls-server-name %s ignored (not supported by httpx)", config.tls_server_name)
+            log.warning(
+                "tls-server-name %s ignored (not supported by httpx)", config.tls_server_name
+            )
         self._http = httpx.AsyncClient(
             base_url=config.server,
             transport=transport,
@@ -218,13 +222,17 @@ class KubeClient:
             exc = state.outcome.exception() if state.outcome else None
             if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
                 return min(exc.retry_after, self.max_retry_after)
-            base = min(10.0, 0.2 * 2 ** (state.attempt_number - 1))
+            base = min(10.0, 0.2 * 2.0 ** (state.attempt_number - 1))
             return base * (0.5 + random.random() / 2)
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            log.info("kube retry attempt=%d wait=%.2fs err=%s", state.attempt_number,
-                     state.next_action.sleep if state.next_action else 0.0, exc)
+            log.info(
+                "kube retry attempt=%d wait=%.2fs err=%s",
+                state.attempt_number,
+                state.next_action.sleep if state.next_action else 0.0,
+                exc,
+            )
 
         return tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(retry_on),
@@ -234,16 +242,24 @@ class KubeClient:
             reraise=True,
         )
 
-    async def _request_once(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
-                            body: Any = None, content_type: str = "application/json") -> Any:
+    async def _request_once(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
         await self._limiter.acquire()
         content: bytes | None = None
         headers: dict[str, str] = {}
         if body is not None:
             content = body if isinstance(body, bytes) else json.dumps(body).encode()
             headers["Content-Type"] = content_type
-        request = self._http.build_request(method, path, params=_clean(params), content=content,
-                                           headers=headers)
+        request = self._http.build_request(
+            method, path, params=_clean(params), content=content, headers=headers
+        )
         response: httpx.Response | None = None
         with trio.move_on_after(self.request_timeout):
             try:
@@ -259,11 +275,20 @@ class KubeClient:
         try:
             return response.json()
         except ValueError as exc:
-            raise KubeTransportError(f"{method} {path}: invalid JSON in {response.status_code} answer") from exc
+            raise KubeTransportError(
+                f"{method} {path}: invalid JSON in {response.status_code} answer"
+            ) from exc
 
-    async def request(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
-                      body: Any = None, content_type: str = "application/json",
-                      retry_on: tuple[type[BaseException], ...] = ()) -> Any:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        retry_on: tuple[type[BaseException], ...] = (),
+    ) -> Any:
         """Send one request (rate-limited, mapped errors, optional retries).
 
         Args:
@@ -281,19 +306,29 @@ class KubeClient:
             ApiError subclasses, KubeTransportError.
         """
         if not retry_on or self.max_attempts == 1:
-            return await self._request_once(method, path, params=params, body=body,
-                                            content_type=content_type)
+            return await self._request_once(
+                method, path, params=params, body=body, content_type=content_type
+            )
         async for attempt in self._retrying(retry_on):
             with attempt:
-                return await self._request_once(method, path, params=params, body=body,
-                                                content_type=content_type)
+                return await self._request_once(
+                    method, path, params=params, body=body, content_type=content_type
+                )
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _request_obj(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        """:meth:`request` for calls whose answer must be a JSON object."""
+        out = await self.request(method, path, **kw)
+        if not isinstance(out, dict):
+            raise KubeTransportError(f"{method} {path}: expected a JSON object in the answer")
+        return out
 
     # -- reads -------------------------------------------------------------------------------
 
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         """GET one object. Raises NotFound if absent."""
-        return await self.request("GET", res.object_path(name, namespace), retry_on=_READ_RETRY)
+        path = res.object_path(name, namespace)
+        return await self._request_obj("GET", path, retry_on=_READ_RETRY)
 
     async def list_paged(
         self,
@@ -320,9 +355,12 @@ class KubeClient:
             ApiError subclasses / KubeTransportError after retries are exhausted.
         """
         path = res.collection_path(namespace if res.namespaced else None)
-        base = {"labelSelector": label_selector, "fieldSelector": field_selector,
-                "limit": limit if limit and limit > 0 else None,
-                "resourceVersion": resource_version}
+        base = {
+            "labelSelector": label_selector,
+            "fieldSelector": field_selector,
+            "limit": limit if limit and limit > 0 else None,
+            "resourceVersion": resource_version,
+        }
         restarts = 0
         while True:
             token: str | None = None
@@ -370,9 +408,15 @@ class KubeClient:
         """LIST all objects (all pages). See :meth:`list_paged` for semantics."""
         out = ObjectList()
         out.resource_version = await self.list_paged(
-            res, namespace, on_items=out.items.extend, on_restart=out.items.clear,
-            label_selector=label_selector, field_selector=field_selector, limit=limit,
-            resource_version=resource_version)
+            res,
+            namespace,
+            on_items=out.items.extend,
+            on_restart=out.items.clear,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            limit=limit,
+            resource_version=resource_version,
+        )
         return out
 
     @asynccontextmanager
@@ -401,10 +445,17 @@ class KubeClient:
                 backoff).
         """
         path = res.collection_path(namespace if res.namespaced else None)
-        params = _clean({"watch": "1", "resourceVersion": resource_version or None,
-                         "allowWatchBookmarks": "true" if allow_bookmarks else None,
-                         "timeoutSeconds": timeout_seconds, "labelSelector": label_selector,
-                         "fieldSelector": field_selector})
+        params = _clean(
+            {  # never None: "watch" is always set
+                "watch": "1",
+                "resourceVersion": resource_version or None,
+                "allowWatchBookmarks": "true" if allow_bookmarks else None,
+                "timeoutSeconds": timeout_seconds,
+                "labelSelector": label_selector,
+                "fieldSelector": field_selector,
+            }
+        )
+        assert params is not None
         response: httpx.Response | None = None
         if not retry or self.max_attempts == 1:
             response = await self._open_stream(path, params)
@@ -444,7 +495,9 @@ class KubeClient:
 
     # -- writes ------------------------------------------------------------------------------
 
-    async def create(self, res: Resource, body: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+    async def create(
+        self, res: Resource, body: dict[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
         """POST a new object. ``namespace`` defaults to ``body.metadata.namespace``.
 
         Raises:
@@ -452,11 +505,21 @@ class KubeClient:
         """
         ns = namespace or _meta(body).get("namespace")
         body = _with_type(res, body)
-        return await self.request("POST", res.collection_path(ns if res.namespaced else None),
-                                  body=body, retry_on=_WRITE_RETRY)
+        return await self._request_obj(
+            "POST",
+            res.collection_path(ns if res.namespaced else None),
+            body=body,
+            retry_on=_WRITE_RETRY,
+        )
 
-    async def update(self, res: Resource, body: dict[str, Any], namespace: str | None = None, *,
-                     subresource: str | None = None) -> dict[str, Any]:
+    async def update(
+        self,
+        res: Resource,
+        body: dict[str, Any],
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
         """PUT a full object (or its ``status`` subresource).
 
         Raises:
@@ -468,11 +531,23 @@ class KubeClient:
         if not name:
             raise ValueError("update: body has no metadata.name")
         retry = _READ_RETRY if meta.get("resourceVersion") else _WRITE_RETRY
-        return await self.request("PUT", res.object_path(name, ns, subresource),
-                                  body=_with_type(res, body), retry_on=retry)
+        return await self._request_obj(
+            "PUT",
+            res.object_path(name, ns, subresource),
+            body=_with_type(res, body),
+            retry_on=retry,
+        )
 
-    async def patch(self, res: Resource, name: str, patch: Any, namespace: str | None = None, *,
-                    patch_type: PatchType = "merge", subresource: str | None = None) -> dict[str, Any]:
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        patch_type: PatchType = "merge",
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
         """PATCH an object: ``merge`` (RFC 7386), ``json`` (RFC 6902 list), ``strategic``
         (built-in kinds only), ``apply`` (server-side apply; body is the YAML/JSON text)."""
         try:
@@ -480,14 +555,25 @@ class KubeClient:
         except KeyError:
             raise ValueError(f"unknown patch_type {patch_type!r}") from None
         params = {"fieldManager": "bigfleet-trio"} if patch_type == "apply" else None
-        return await self.request("PATCH", res.object_path(name, namespace, subresource),
-                                  params=params, body=patch, content_type=ctype,
-                                  retry_on=_WRITE_RETRY)
+        return await self._request_obj(
+            "PATCH",
+            res.object_path(name, namespace, subresource),
+            params=params,
+            body=patch,
+            content_type=ctype,
+            retry_on=_WRITE_RETRY,
+        )
 
-    async def delete(self, res: Resource, name: str, namespace: str | None = None, *,
-                     propagation_policy: str | None = None,
-                     preconditions: Mapping[str, str] | None = None,
-                     grace_period_seconds: int | None = None) -> dict[str, Any] | None:
+    async def delete(
+        self,
+        res: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        propagation_policy: str | None = None,
+        preconditions: Mapping[str, str] | None = None,
+        grace_period_seconds: int | None = None,
+    ) -> dict[str, Any] | None:
         """DELETE one object.
 
         Args:
@@ -505,17 +591,30 @@ class KubeClient:
         if grace_period_seconds is not None:
             opts["gracePeriodSeconds"] = grace_period_seconds
         retry = _READ_RETRY if preconditions else _WRITE_RETRY
-        return await self.request("DELETE", res.object_path(name, namespace), body=opts, retry_on=retry)
+        out = await self.request(
+            "DELETE", res.object_path(name, namespace), body=opts, retry_on=retry
+        )
+        return out if isinstance(out, dict) else None
 
-    async def delete_collection(self, res: Resource, namespace: str | None = None, *,
-                                label_selector: str | None = None,
-                                field_selector: str | None = None) -> None:
+    async def delete_collection(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> None:
         """DELETE a collection (deletecollection verb) matching the selectors."""
-        await self.request("DELETE", res.collection_path(namespace if res.namespaced else None),
-                           params={"labelSelector": label_selector, "fieldSelector": field_selector},
-                           retry_on=_WRITE_RETRY)
+        await self.request(
+            "DELETE",
+            res.collection_path(namespace if res.namespaced else None),
+            params={"labelSelector": label_selector, "fieldSelector": field_selector},
+            retry_on=_WRITE_RETRY,
+        )
 
-    async def evict(self, name: str, namespace: str, *, grace_period_seconds: int | None = None) -> None:
+    async def evict(
+        self, name: str, namespace: str, *, grace_period_seconds: int | None = None
+    ) -> None:
         """POST a policy/v1 Eviction for a pod (never retried).
 
         Raises:
@@ -524,36 +623,64 @@ class KubeClient:
         """
         from .resources import PODS
 
-        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
-                                "metadata": {"name": name, "namespace": namespace}}
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
         if grace_period_seconds is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": grace_period_seconds}
         await self.request("POST", PODS.object_path(name, namespace, "eviction"), body=body)
 
-    async def create_event(self, involved: Mapping[str, Any], *, reason: str, message: str,
-                           type: str = "Normal", component: str = "bigfleet-trio") -> None:
-        """Record a core/v1 Event about ``involved`` (best effort: errors are logged, not raised)."""
+    async def create_event(
+        self,
+        involved: Mapping[str, Any],
+        *,
+        reason: str,
+        message: str,
+        type: str = "Normal",
+        component: str = "bigfleet-trio",
+    ) -> None:
+        """Record a core/v1 Event about ``involved`` (best effort: errors logged, not raised)."""
         meta = _meta(involved)
         ns = meta.get("namespace") or "default"
         now = rfc3339()
         name = f"{meta.get('name', 'unknown')}.{random.getrandbits(64):016x}"
         body = {
-            "apiVersion": "v1", "kind": "Event",
+            "apiVersion": "v1",
+            "kind": "Event",
             "metadata": {"name": name, "namespace": ns},
-            "involvedObject": {k: v for k, v in {
-                "apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"),
-                "name": meta.get("name"), "namespace": meta.get("namespace"),
-                "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion"),
-            }.items() if v},
-            "reason": reason, "message": message[:1024], "type": type,
-            "source": {"component": component}, "reportingComponent": component,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "involvedObject": {
+                k: v
+                for k, v in {
+                    "apiVersion": involved.get("apiVersion"),
+                    "kind": involved.get("kind"),
+                    "name": meta.get("name"),
+                    "namespace": meta.get("namespace"),
+                    "uid": meta.get("uid"),
+                    "resourceVersion": meta.get("resourceVersion"),
+                }.items()
+                if v
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type,
+            "source": {"component": component},
+            "reportingComponent": component,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
         }
         try:
             await self.request("POST", EVENTS.collection_path(ns), body=body)
         except (ApiError, KubeTransportError) as exc:
-            log.warning("kube event dropped reason=%s object=%s/%s err=%s", reason, ns,
-                        meta.get("name"), exc)
+            log.warning(
+                "kube event dropped reason=%s object=%s/%s err=%s",
+                reason,
+                ns,
+                meta.get("name"),
+                exc,
+            )
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped, unused-ignore]
 
 from .errors import KubeConfigError
 
@@ -97,8 +97,11 @@ class KubeConfig:
                 return value
             except OSError as exc:
                 if self._token_cache is not None:
-                    log.warning("kube token file unreadable, keeping last token file=%s err=%s",
-                                self.token_file, exc)
+                    log.warning(
+                        "kube token file unreadable, keeping last token file=%s err=%s",
+                        self.token_file,
+                        exc,
+                    )
                     return self._token_cache[2]
                 if not self.token:
                     log.warning("kube token file unreadable file=%s err=%s", self.token_file, exc)
@@ -141,7 +144,9 @@ class KubeConfig:
             if self.client_cert_file or cert:
                 self._load_client_pair(ctx, cert, key)
         except (ssl.SSLError, OSError, ValueError, UnicodeDecodeError) as exc:
-            raise KubeConfigError(f"{self.source or 'kube config'}: bad TLS material: {exc}") from exc
+            raise KubeConfigError(
+                f"{self.source or 'kube config'}: bad TLS material: {exc}"
+            ) from exc
         self._ssl = ctx
         return ctx
 
@@ -203,8 +208,9 @@ def _path(base: Path, value: Any) -> str:
     return str(p if p.is_absolute() else base / p)
 
 
-def parse_kubeconfig(doc: Mapping[str, Any], *, base_dir: Path, source: str,
-                     context: str | None = None) -> KubeConfig:
+def parse_kubeconfig(
+    doc: Mapping[str, Any], *, base_dir: Path, source: str, context: str | None = None
+) -> KubeConfig:
     """Build a :class:`KubeConfig` from a decoded kubeconfig document (pure; no network).
 
     Args:
@@ -235,26 +241,36 @@ def parse_kubeconfig(doc: Mapping[str, Any], *, base_dir: Path, source: str,
         raise KubeConfigError(f"{source}: server {server!r} must start with http:// or https://")
     if user.get("exec") or user.get("auth-provider"):
         raise KubeConfigError(
-            f"{source}: user {user_name!r} uses an exec/auth-provider plugin, which is not supported;"
-            " use a token, tokenFile or client certificate")
-    cfg = KubeConfig(server=server.rstrip("/"), namespace=str(ctx.get("namespace") or "default"),
-                     source=f"kubeconfig {source} (context {ctx_name})")
+            f"{source}: user {user_name!r} uses an exec/auth-provider plugin (unsupported);"
+            " use a token, tokenFile or client certificate"
+        )
+    cfg = KubeConfig(
+        server=server.rstrip("/"),
+        namespace=str(ctx.get("namespace") or "default"),
+        source=f"kubeconfig {source} (context {ctx_name})",
+    )
     if cluster.get("certificate-authority-data"):
-        cfg.ca_data = _b64(cluster["certificate-authority-data"], "certificate-authority-data", source)
+        cfg.ca_data = _b64(
+            cluster["certificate-authority-data"], "certificate-authority-data", source
+        )
     elif cluster.get("certificate-authority"):
         cfg.ca_file = _path(base_dir, cluster["certificate-authority"])
     cfg.insecure_skip_tls_verify = bool(cluster.get("insecure-skip-tls-verify", False))
     if cluster.get("tls-server-name"):
         cfg.tls_server_name = str(cluster["tls-server-name"])
     if user.get("client-certificate-data"):
-        cfg.client_cert_data = _b64(user["client-certificate-data"], "client-certificate-data", source)
+        cfg.client_cert_data = _b64(
+            user["client-certificate-data"], "client-certificate-data", source
+        )
     elif user.get("client-certificate"):
         cfg.client_cert_file = _path(base_dir, user["client-certificate"])
     if user.get("client-key-data"):
         cfg.client_key_data = _b64(user["client-key-data"], "client-key-data", source)
     elif user.get("client-key"):
         cfg.client_key_file = _path(base_dir, user["client-key"])
-    if bool(cfg.client_cert_data or cfg.client_cert_file) != bool(cfg.client_key_data or cfg.client_key_file):
+    if bool(cfg.client_cert_data or cfg.client_cert_file) != bool(
+        cfg.client_key_data or cfg.client_key_file
+    ):
         raise KubeConfigError(f"{source}: user {user_name!r} needs both client certificate and key")
     if user.get("token"):
         cfg.token = str(user["token"])
@@ -266,8 +282,9 @@ def parse_kubeconfig(doc: Mapping[str, Any], *, base_dir: Path, source: str,
     return cfg
 
 
-def load_incluster_config(sa_dir: str = SERVICE_ACCOUNT_DIR,
-                          env: Mapping[str, str] | None = None) -> KubeConfig:
+def load_incluster_config(
+    sa_dir: str = SERVICE_ACCOUNT_DIR, env: Mapping[str, str] | None = None
+) -> KubeConfig:
     """Configuration of a pod's service account.
 
     Raises:
@@ -311,9 +328,13 @@ def _read_kubeconfig_file(path: str, context: str | None) -> KubeConfig:
     return parse_kubeconfig(doc, base_dir=Path(path).resolve().parent, source=path, context=context)
 
 
-def load_kubeconfig(path: str | None = None, *, context: str | None = None,
-                    env: Mapping[str, str] | None = None,
-                    sa_dir: str = SERVICE_ACCOUNT_DIR) -> KubeConfig:
+def load_kubeconfig(
+    path: str | None = None,
+    *,
+    context: str | None = None,
+    env: Mapping[str, str] | None = None,
+    sa_dir: str = SERVICE_ACCOUNT_DIR,
+) -> KubeConfig:
     """Resolve cluster settings: explicit path, $KUBECONFIG, ~/.kube/config, in-cluster.
 
     Args:
@@ -345,4 +366,5 @@ def load_kubeconfig(path: str | None = None, *, context: str | None = None,
     except KubeConfigError as exc:
         raise KubeConfigError(
             f"no kubeconfig found (no --kubeconfig, KUBECONFIG unset, {default} missing) and not "
-            f"in a cluster ({exc})") from exc
+            f"in a cluster ({exc})"
+        ) from exc

@@ -1,4 +1,4 @@
-"""Exception hierarchy of the Kubernetes layer (issue 4; seed 000 "the agent talks to the apiserver").
+"""Exception hierarchy of the Kubernetes layer (issue 4; seed 000, the agent's apiserver access).
 
 Every failure surfaced by :mod:`bigfleet_trio.kube` is a :class:`KubeError`:
 

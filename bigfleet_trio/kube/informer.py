@@ -32,11 +32,20 @@ from typing import Any
 import trio
 
 from .client import KubeClient
-from .errors import ApiError, Expired, KubeTransportError, TooManyRequests, WatchInactivityTimeout, error_from_status
+from .errors import (
+    ApiError,
+    Expired,
+    KubeTransportError,
+    TooManyRequests,
+    WatchInactivityTimeout,
+    error_from_status,
+)
 from .resources import Resource
 from .watch import Backoff, ResourceVersionTracker, WatchEvent, is_expired, object_key, relist_diff
 
 __all__ = ["Store", "Informer", "Transform", "IndexFunc"]
+
+_List = list  # Store.list shadows the builtin inside the class body
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +74,11 @@ class Store:
         """Object stored under ``key``, or None."""
         return self._items.get(key)
 
-    def list(self) -> list[Any]:
+    def list(self) -> _List[Any]:
         """All stored objects (insertion order)."""
         return list(self._items.values())
 
-    def keys(self) -> list[str]:
+    def keys(self) -> _List[str]:
         """All keys (insertion order)."""
         return list(self._items)
 
@@ -83,7 +92,7 @@ class Store:
     def __contains__(self, key: object) -> bool:
         return key in self._items
 
-    def index_keys(self, name: str, value: str) -> list[str]:
+    def index_keys(self, name: str, value: str) -> _List[str]:
         """Keys whose objects the indexer ``name`` maps to ``value`` (sorted).
 
         Raises:
@@ -91,7 +100,7 @@ class Store:
         """
         return sorted(self._indices[name].get(value, ()))
 
-    def by_index(self, name: str, value: str) -> list[Any]:
+    def by_index(self, name: str, value: str) -> _List[Any]:
         """Objects whose indexer ``name`` yields ``value`` (sorted by key).
 
         Raises:
@@ -100,13 +109,13 @@ class Store:
         items = self._items
         return [items[k] for k in self.index_keys(name, value)]
 
-    def index_values(self, name: str) -> list[str]:
+    def index_values(self, name: str) -> _List[str]:
         """Distinct values currently present in index ``name``."""
         return list(self._indices[name])
 
     # -- mutation (the informer's) -------------------------------------------------------------
 
-    def _values(self, name: str, fn: IndexFunc, obj: Any) -> list[str]:
+    def _values(self, name: str, fn: IndexFunc, obj: Any) -> _List[str]:
         try:
             return list(fn(obj) or ())
         except Exception:  # a broken indexer must not take the informer down
@@ -232,9 +241,12 @@ class Informer:
         """Block until the first LIST has been applied (handlers have seen every ADD)."""
         await self._synced.wait()
 
-    def add_handler(self, on_add: Callable[[Any], None] | None = None,
-                    on_update: Callable[[Any, Any], None] | None = None,
-                    on_delete: Callable[[Any], None] | None = None) -> None:
+    def add_handler(
+        self,
+        on_add: Callable[[Any], None] | None = None,
+        on_update: Callable[[Any, Any], None] | None = None,
+        on_delete: Callable[[Any], None] | None = None,
+    ) -> None:
         """Register callbacks ``on_add(obj)``, ``on_update(old, new)``, ``on_delete(obj)``.
 
         Handlers added after sync do not get a replay; call ``store.list()`` for the current state.
@@ -257,12 +269,19 @@ class Informer:
                     stage = "watch"
                 await self._watch_once()
             except WatchInactivityTimeout as exc:
-                log.warning("kube watch idle, re-watching informer=%s rv=%s err=%s", name,
-                            self._rv.resource_version, exc)
+                log.warning(
+                    "kube watch idle, re-watching informer=%s rv=%s err=%s",
+                    name,
+                    self._rv.resource_version,
+                    exc,
+                )
             except Expired as exc:
                 if stage == "watch":
-                    log.info("kube watch expired, relisting informer=%s rv=%s", name,
-                             self._rv.resource_version)
+                    log.info(
+                        "kube watch expired, relisting informer=%s rv=%s",
+                        name,
+                        self._rv.resource_version,
+                    )
                     need_list = True
                     continue
                 await self._sleep_backoff(exc, stage)
@@ -273,8 +292,14 @@ class Informer:
         delay = self._backoff.next_delay(trio.current_time())
         if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
             delay = max(delay, min(exc.retry_after, 60.0))
-        log.warning("kube %s failed informer=%s rv=%s retry_in=%.2fs err=%s", stage, self._name(),
-                    self._rv.resource_version, delay, exc)
+        log.warning(
+            "kube %s failed informer=%s rv=%s retry_in=%.2fs err=%s",
+            stage,
+            self._name(),
+            self._rv.resource_version,
+            delay,
+            exc,
+        )
         await trio.sleep(delay)
 
     def _name(self) -> str:
@@ -291,7 +316,9 @@ class Informer:
         try:
             return key, self.transform(raw)
         except Exception:
-            log.exception("kube transform failed, object skipped informer=%s key=%s", self._name(), key)
+            log.exception(
+                "kube transform failed, object skipped informer=%s key=%s", self._name(), key
+            )
             return None
 
     async def _relist(self) -> None:
@@ -305,9 +332,14 @@ class Informer:
             items.clear()  # let the raw page go as soon as it is projected
 
         rv = await self.client.list_paged(
-            self.res, self.namespace, on_items=on_items, on_restart=fresh.clear,
-            label_selector=self.label_selector, field_selector=self.field_selector,
-            limit=self.page_size)
+            self.res,
+            self.namespace,
+            on_items=on_items,
+            on_restart=fresh.clear,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            limit=self.page_size,
+        )
         self.relists += 1
         if len(self.store) == 0:
             self.store._replace_all(fresh)
@@ -324,8 +356,13 @@ class Informer:
                     self.store._set(key, new)
                 self._dispatch(etype, old, new)
         self._rv.listed(rv)
-        log.info("kube listed informer=%s rv=%s objects=%d diff=%s", self._name(), rv,
-                 len(self.store), counts)
+        log.info(
+            "kube listed informer=%s rv=%s objects=%d diff=%s",
+            self._name(),
+            rv,
+            len(self.store),
+            counts,
+        )
         if not self._synced.is_set():
             self._synced.set()
 
@@ -336,16 +373,23 @@ class Informer:
         events = 0
         self.watches += 1
         async with self.client.watch(
-            self.res, self.namespace, resource_version=self._rv.resource_version,
-            label_selector=self.label_selector, field_selector=self.field_selector,
-            timeout_seconds=timeout, allow_bookmarks=True,
-            inactivity_timeout=self.inactivity_timeout, retry=False,
+            self.res,
+            self.namespace,
+            resource_version=self._rv.resource_version,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            timeout_seconds=timeout,
+            allow_bookmarks=True,
+            inactivity_timeout=self.inactivity_timeout,
+            retry=False,
         ) as stream:
             async for event in stream:
                 events += 1
                 if event.type == "ERROR":
                     if is_expired(event):
-                        raise Expired(410, "Expired", str(event.object.get("message", "")), event.object)
+                        raise Expired(
+                            410, "Expired", str(event.object.get("message", "")), event.object
+                        )
                     code = event.object.get("code")
                     raise error_from_status(code if isinstance(code, int) else 500, event.object)
                 self._rv.observe(event)
@@ -355,8 +399,12 @@ class Informer:
             # An instantly-closed empty watch is a failure, not a healthy end (client-go
             # "very short watch"); without this a broken proxy would make us spin.
             raise KubeTransportError("watch closed immediately without events")
-        log.debug("kube watch ended cleanly informer=%s rv=%s events=%d", self._name(),
-                  self._rv.resource_version, events)
+        log.debug(
+            "kube watch ended cleanly informer=%s rv=%s events=%d",
+            self._name(),
+            self._rv.resource_version,
+            events,
+        )
 
     def _apply(self, event: WatchEvent) -> None:
         kv = self._keyed(event.object)
@@ -383,5 +431,6 @@ class Informer:
                 elif h.on_delete is not None:
                     h.on_delete(new if new is not None else old)
             except Exception:
-                log.exception("kube informer handler failed informer=%s event=%s", self._name(), etype)
-
+                log.exception(
+                    "kube informer handler failed informer=%s event=%s", self._name(), etype
+                )

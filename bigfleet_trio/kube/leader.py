@@ -3,7 +3,7 @@
 API::
 
     elector = LeaderElector(client, name="bigfleet-operator", namespace="bigfleet-system",
-                            identity=pod_name)            # lease 15 s, renew deadline 10 s, retry 2 s
+                            identity=pod_name)  # lease 15 s, renew deadline 10 s, retry 2 s
 
     # 1) guarded block: waits until leader, runs the body while renewing in the background.
     async with elector.leading() as leadership:
@@ -122,7 +122,7 @@ class LeaderElector:
         self.retry_period = retry_period
         self.release_on_exit = release_on_exit
         self._rng = rng or random.random
-        self._wall = wall_clock or (lambda: dt.datetime.now(dt.timezone.utc))
+        self._wall = wall_clock or (lambda: dt.datetime.now(dt.UTC))
         self._observed: tuple[Any, ...] | None = None
         self._observed_time = 0.0
         self._lease: dict[str, Any] | None = None
@@ -136,12 +136,22 @@ class LeaderElector:
     # -- one attempt ----------------------------------------------------------------------------
 
     def _observe(self, spec: dict[str, Any]) -> None:
-        record = (spec.get("holderIdentity") or "", spec.get("leaseDurationSeconds"),
-                  spec.get("acquireTime"), spec.get("renewTime"), spec.get("leaseTransitions"))
+        record = (
+            spec.get("holderIdentity") or "",
+            spec.get("leaseDurationSeconds"),
+            spec.get("acquireTime"),
+            spec.get("renewTime"),
+            spec.get("leaseTransitions"),
+        )
         if record != self._observed:
             if self._observed is None or record[0] != self._observed[0]:
-                log.info("lease holder observed lease=%s/%s holder=%s me=%s", self.namespace,
-                         self.name, record[0] or "<none>", self.identity)
+                log.info(
+                    "lease holder observed lease=%s/%s holder=%s me=%s",
+                    self.namespace,
+                    self.name,
+                    record[0] or "<none>",
+                    self.identity,
+                )
             self._observed = record
             self._observed_time = trio.current_time()
 
@@ -156,29 +166,42 @@ class LeaderElector:
             try:
                 lease = await self.client.get(LEASES, self.name, self.namespace)
             except NotFound:
-                spec = {"holderIdentity": self.identity,
-                        "leaseDurationSeconds": int(self.lease_duration),
-                        "acquireTime": now, "renewTime": now, "leaseTransitions": 0}
-                created = await self.client.create(LEASES, {
-                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec},
-                    self.namespace)
+                spec = {
+                    "holderIdentity": self.identity,
+                    "leaseDurationSeconds": int(self.lease_duration),
+                    "acquireTime": now,
+                    "renewTime": now,
+                    "leaseTransitions": 0,
+                }
+                created = await self.client.create(
+                    LEASES,
+                    {
+                        "apiVersion": "coordination.k8s.io/v1",
+                        "kind": "Lease",
+                        "metadata": {"name": self.name, "namespace": self.namespace},
+                        "spec": spec,
+                    },
+                    self.namespace,
+                )
                 self._lease = created
                 self._observe(created.get("spec") or spec)
                 return True
             spec = dict(lease.get("spec") or {})
             self._observe(spec)
             holder = spec.get("holderIdentity") or ""
-            duration = spec.get("leaseDurationSeconds") or self.lease_duration
-            if (holder and holder != self.identity
-                    and self._observed_time + float(duration) > trio.current_time()):
+            duration = _num(spec.get("leaseDurationSeconds")) or self.lease_duration
+            if (
+                holder
+                and holder != self.identity
+                and self._observed_time + float(duration) > trio.current_time()
+            ):
                 return False
             if holder == self.identity:
                 spec["renewTime"] = now
             else:  # taking over (from another holder or a released lease)
                 spec["acquireTime"] = now
                 spec["renewTime"] = now
-                spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+                spec["leaseTransitions"] = int(_num(spec.get("leaseTransitions"))) + 1
             spec["holderIdentity"] = self.identity
             spec["leaseDurationSeconds"] = int(self.lease_duration)
             lease["spec"] = spec
@@ -187,12 +210,22 @@ class LeaderElector:
             self._observe(updated.get("spec") or spec)
             return True
         except (AlreadyExists, Conflict) as exc:
-            log.info("lease race lost lease=%s/%s me=%s: %s", self.namespace, self.name,
-                     self.identity, exc.reason)
+            log.info(
+                "lease race lost lease=%s/%s me=%s: %s",
+                self.namespace,
+                self.name,
+                self.identity,
+                exc.reason,
+            )
             return False
         except (ApiError, KubeTransportError) as exc:
-            log.warning("lease attempt failed lease=%s/%s me=%s err=%s", self.namespace, self.name,
-                        self.identity, exc)
+            log.warning(
+                "lease attempt failed lease=%s/%s me=%s err=%s",
+                self.namespace,
+                self.name,
+                self.identity,
+                exc,
+            )
             return False
 
     # -- loops ----------------------------------------------------------------------------------
@@ -202,7 +235,9 @@ class LeaderElector:
         while True:
             if await self.try_acquire_or_renew():
                 self.is_leader = True
-                log.info("lease acquired lease=%s/%s me=%s", self.namespace, self.name, self.identity)
+                log.info(
+                    "lease acquired lease=%s/%s me=%s", self.namespace, self.name, self.identity
+                )
                 return
             await trio.sleep(self.retry_period * (1.0 + JITTER_FACTOR * self._rng()))
 
@@ -217,8 +252,13 @@ class LeaderElector:
                         break
                     await trio.sleep(self.retry_period)
             if not renewed:
-                log.error("lease lost (no renewal within %gs) lease=%s/%s me=%s", self.renew_deadline,
-                          self.namespace, self.name, self.identity)
+                log.error(
+                    "lease lost (no renewal within %gs) lease=%s/%s me=%s",
+                    self.renew_deadline,
+                    self.namespace,
+                    self.name,
+                    self.identity,
+                )
                 self.is_leader = False
                 leadership.lost = True
                 leadership.cancel_scope.cancel()
@@ -231,13 +271,20 @@ class LeaderElector:
             return False
         now = rfc3339_micro(self._wall())
         spec = dict(lease.get("spec") or {})
-        spec.update({"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": now, "acquireTime": now})
+        spec.update(
+            {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": now, "acquireTime": now}
+        )
         body = {**lease, "spec": spec}
         try:
             self._lease = await self.client.update(LEASES, body, self.namespace)
         except (ApiError, KubeTransportError) as exc:
-            log.warning("lease release failed lease=%s/%s me=%s err=%s", self.namespace, self.name,
-                        self.identity, exc)
+            log.warning(
+                "lease release failed lease=%s/%s me=%s err=%s",
+                self.namespace,
+                self.name,
+                self.identity,
+                exc,
+            )
             return False
         log.info("lease released lease=%s/%s me=%s", self.namespace, self.name, self.identity)
         return True
@@ -267,14 +314,34 @@ class LeaderElector:
                 with trio.CancelScope(shield=True), trio.move_on_after(self.renew_deadline):
                     await self.release()
 
-    async def run(self, work: Callable[[], Awaitable[object]], *,
-                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Campaign, run ``work()`` as leader, re-campaign after a loss; return when work returns."""
+    async def run(
+        self,
+        work: Callable[[], Awaitable[object]],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Campaign, run ``work()`` as leader, re-campaign after a loss; return when it returns."""
         task_status.started()
         while True:
             async with self.leading() as leadership:
                 await work()
             if not leadership.lost:
                 return
-            log.warning("leadership lost, campaigning again lease=%s/%s me=%s", self.namespace,
-                        self.name, self.identity)
+            log.warning(
+                "leadership lost, campaigning again lease=%s/%s me=%s",
+                self.namespace,
+                self.name,
+                self.identity,
+            )
+
+
+def _num(value: object) -> float:
+    """A numeric Lease field, 0 when absent or malformed."""
+    if isinstance(value, bool):
+        return 0.0
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return float(str(value)) if value is not None else 0.0
+    except ValueError:
+        return 0.0

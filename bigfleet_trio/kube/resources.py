@@ -1,4 +1,4 @@
-"""Resource descriptors for the kinds the agent touches (issue 4; seed 000; protocol.md "Custom resources").
+"""Resource descriptors for the kinds the agent touches (issue 4; protocol.md "Custom resources").
 
 A :class:`Resource` is everything the client needs to build a URL: API group, version, plural
 and scope. The BigFleet CRDs live in group ``bigfleet.lucy.sh`` version ``v1alpha1``.
@@ -69,7 +69,9 @@ class Resource:
             return f"{base}/namespaces/{namespace}/{self.plural}"
         return f"{base}/{self.plural}"
 
-    def object_path(self, name: str, namespace: str | None = None, subresource: str | None = None) -> str:
+    def object_path(
+        self, name: str, namespace: str | None = None, subresource: str | None = None
+    ) -> str:
         """URL path of one object (optionally a subresource such as "status").
 
         Raises:
@@ -96,7 +98,13 @@ DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", True)
 REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet", True)
 STATEFULSETS = Resource("apps", "v1", "statefulsets", "StatefulSet", True)
 JOBS = Resource("batch", "v1", "jobs", "Job", True)
-CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False)
-CAPACITY_REQUESTS = Resource(BIGFLEET_GROUP, "v1alpha1", "capacityrequests", "CapacityRequest", True)
+CRDS = Resource(
+    "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False
+)
+CAPACITY_REQUESTS = Resource(
+    BIGFLEET_GROUP, "v1alpha1", "capacityrequests", "CapacityRequest", True
+)
 UPCOMING_NODES = Resource(BIGFLEET_GROUP, "v1alpha1", "upcomingnodes", "UpcomingNode", False)
-AVAILABLE_CAPACITIES = Resource(BIGFLEET_GROUP, "v1alpha1", "availablecapacities", "AvailableCapacity", False)
+AVAILABLE_CAPACITIES = Resource(
+    BIGFLEET_GROUP, "v1alpha1", "availablecapacities", "AvailableCapacity", False
+)

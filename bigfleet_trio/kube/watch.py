@@ -137,7 +137,7 @@ class ResourceVersionTracker:
 
 
 def is_expired(event: WatchEvent) -> bool:
-    """True for an ERROR event meaning "resourceVersion too old" (code 410 / reason Expired|Gone)."""
+    """True for an ERROR event meaning "resourceVersion too old" (code 410, Expired/Gone)."""
     if event.type != "ERROR":
         return False
     obj = event.object
@@ -184,9 +184,15 @@ class Backoff:
     ``reset_after`` seconds passed since the previous failure (a healthy period).
     """
 
-    def __init__(self, initial: float = 0.8, factor: float = 2.0, cap: float = 30.0,
-                 jitter: float = 1.0, reset_after: float = 120.0,
-                 rng: Callable[[], float] | None = None):
+    def __init__(
+        self,
+        initial: float = 0.8,
+        factor: float = 2.0,
+        cap: float = 30.0,
+        jitter: float = 1.0,
+        reset_after: float = 120.0,
+        rng: Callable[[], float] | None = None,
+    ):
         self.initial = initial
         self.factor = factor
         self.cap = cap
@@ -201,7 +207,7 @@ class Backoff:
         if self._last is not None and now - self._last >= self.reset_after:
             self._n = 0
         self._last = now
-        base = min(self.cap, self.initial * self.factor ** self._n)
+        base = min(self.cap, self.initial * self.factor**self._n)
         self._n += 1
         return min(self.cap, base * (1.0 + self.jitter * self._rng()))
 

@@ -29,8 +29,15 @@ _PATH = re.compile(
 
 
 def status(code: int, reason: str, message: str, **details: Any) -> httpx.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
     if details:
         body["details"] = details
     return httpx.Response(code, json=body)
@@ -109,8 +116,13 @@ class FakeKube:
     def partition(self, client_id: str, on: bool = True) -> None:
         (self.partitioned.add if on else self.partitioned.discard)(client_id)
 
-    def inject(self, method: str, pattern: str, make: Callable[[httpx.Request], httpx.Response] | httpx.Response,
-               times: int = 1) -> None:
+    def inject(
+        self,
+        method: str,
+        pattern: str,
+        make: Callable[[httpx.Request], httpx.Response] | httpx.Response,
+        times: int = 1,
+    ) -> None:
         """Answer the next ``times`` requests whose method matches and path contains ``pattern``."""
         fn = make if callable(make) else (lambda _r, resp=make: resp)
         self.injected.append(_Injected(method, pattern, fn, times))
@@ -127,7 +139,9 @@ class FakeKube:
         obj["metadata"]["resourceVersion"] = str(self.rv)
         self._emit(plural, ns, "DELETED", obj)
 
-    def modify(self, plural: str, ns: str | None, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+    def modify(
+        self, plural: str, ns: str | None, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
         cur = self.objects[(plural, ns, name)]
         return self._put(plural, ns, name, merge_patch(cur, patch), "MODIFIED")
 
@@ -139,9 +153,17 @@ class FakeKube:
     def bookmark(self) -> None:
         for w in list(self.watchers):
             if w.bookmarks:
-                self._send(w, {"type": "BOOKMARK", "object": {
-                    "kind": w.kind, "apiVersion": w.api_version,
-                    "metadata": {"resourceVersion": str(self.rv)}}})
+                self._send(
+                    w,
+                    {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": w.kind,
+                            "apiVersion": w.api_version,
+                            "metadata": {"resourceVersion": str(self.rv)},
+                        },
+                    },
+                )
 
     def drop_watches(self) -> None:
         for w in self.watchers:
@@ -161,7 +183,8 @@ class FakeKube:
         return [r for r in self.requests if r.url.params.get("watch") == "1"]
 
     def watch_times(self) -> list[float]:
-        return [t for r, t in zip(self.requests, self.times) if r.url.params.get("watch") == "1"]
+        pairs = zip(self.requests, self.times, strict=True)
+        return [t for r, t in pairs if r.url.params.get("watch") == "1"]
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -178,8 +201,15 @@ class FakeKube:
             if w.plural == plural and (w.ns is None or w.ns == ns):
                 self._send(w, {"type": etype, "object": obj})
 
-    def _put(self, plural: str, ns: str | None, name: str, obj: dict[str, Any], etype: str,
-             record: bool = True) -> dict[str, Any]:
+    def _put(
+        self,
+        plural: str,
+        ns: str | None,
+        name: str,
+        obj: dict[str, Any],
+        etype: str,
+        record: bool = True,
+    ) -> dict[str, Any]:
         self.rv += 1
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
@@ -219,12 +249,17 @@ class FakeKube:
                 body = json.loads(request.content)
                 bname = body.get("metadata", {}).get("name")
                 if (plural, ns, bname) in self.objects:
-                    return status(409, "AlreadyExists", f'{plural} "{bname}" already exists',
-                                  name=bname, kind=plural)
+                    return status(
+                        409,
+                        "AlreadyExists",
+                        f'{plural} "{bname}" already exists',
+                        name=bname,
+                        kind=plural,
+                    )
                 self.kinds.setdefault(plural, (body.get("kind", ""), api_version))
                 return httpx.Response(201, json=self._put(plural, ns, bname, body, "ADDED"))
             if method == "DELETE":
-                for (p, n, nm) in list(self.objects):
+                for p, n, nm in list(self.objects):
                     if p == plural and (ns is None or n == ns):
                         self.remove(p, n, nm)
                 return httpx.Response(200, json={"kind": "Status", "status": "Success"})
@@ -244,22 +279,33 @@ class FakeKube:
             body = json.loads(request.content)
             want = body.get("metadata", {}).get("resourceVersion")
             if want and want != cur["metadata"]["resourceVersion"]:
-                return status(409, "Conflict", f'Operation cannot be fulfilled on {plural} "{name}": '
-                              "the object has been modified; please apply your changes to the "
-                              "latest version and try again")
+                return status(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {plural} "{name}": '
+                    "the object has been modified; please apply your changes to the "
+                    "latest version and try again",
+                )
             if sub == "status":
                 body = {**cur, "status": body.get("status")}
             return httpx.Response(200, json=self._put(plural, ns, name, body, "MODIFIED"))
         if method == "PATCH":
             body = json.loads(request.content)
-            return httpx.Response(200, json=self._put(plural, ns, name, merge_patch(cur, body), "MODIFIED"))
+            return httpx.Response(
+                200, json=self._put(plural, ns, name, merge_patch(cur, body), "MODIFIED")
+            )
         if method == "DELETE":
             opts = json.loads(request.content) if request.content else {}
             pre = opts.get("preconditions") or {}
-            if (pre.get("resourceVersion") and pre["resourceVersion"] != cur["metadata"]["resourceVersion"]) or (
-                    pre.get("uid") and pre["uid"] != cur["metadata"].get("uid")):
-                return status(409, "Conflict", f'Operation cannot be fulfilled on {plural} "{name}": '
-                              "precondition failed")
+            if (
+                pre.get("resourceVersion")
+                and pre["resourceVersion"] != cur["metadata"]["resourceVersion"]
+            ) or (pre.get("uid") and pre["uid"] != cur["metadata"].get("uid")):
+                return status(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {plural} "{name}": precondition failed',
+                )
             self.remove(plural, ns, name)
             return httpx.Response(200, json=cur)
         return status(405, "MethodNotAllowed", "method not allowed")
@@ -275,29 +321,55 @@ class FakeKube:
             snap_rv_i, start = int(snap_rv), int(offset)
         else:
             snap_rv_i, start = self.rv, 0
-        items = sorted(((k, v) for k, v in self.objects.items()
-                        if k[0] == plural and (ns is None or k[1] == ns)),
-                       key=lambda kv: (kv[0][1] or "", kv[0][2]))
-        chunk = items[start:start + limit] if limit else items[start:]
+        items = sorted(
+            (
+                (k, v)
+                for k, v in self.objects.items()
+                if k[0] == plural and (ns is None or k[1] == ns)
+            ),
+            key=lambda kv: (kv[0][1] or "", kv[0][2]),
+        )
+        chunk = items[start : start + limit] if limit else items[start:]
         end = start + len(chunk)
         meta: dict[str, Any] = {"resourceVersion": str(snap_rv_i)}
         if limit and end < len(items):
             meta["continue"] = f"{snap_rv_i}:{end}"
             meta["remainingItemCount"] = len(items) - end
-        return httpx.Response(200, json={"kind": "List", "apiVersion": "v1", "metadata": meta,
-                                         "items": [copy.deepcopy(v) for _, v in chunk]})
+        return httpx.Response(
+            200,
+            json={
+                "kind": "List",
+                "apiVersion": "v1",
+                "metadata": meta,
+                "items": [copy.deepcopy(v) for _, v in chunk],
+            },
+        )
 
-    def _watch(self, plural: str, ns: str | None, params: httpx.QueryParams,
-               api_version: str) -> httpx.Response:
+    def _watch(
+        self, plural: str, ns: str | None, params: httpx.QueryParams, api_version: str
+    ) -> httpx.Response:
         send, recv = trio.open_memory_channel[Any](math.inf)
         kind = self.kinds.get(plural, (plural, api_version))[0]
-        w = _Watcher(plural, ns, params.get("allowWatchBookmarks") == "true", send, kind, api_version)
+        w = _Watcher(
+            plural, ns, params.get("allowWatchBookmarks") == "true", send, kind, api_version
+        )
         since = int(params.get("resourceVersion") or 0)
         if since and since < self.oldest_rv:
-            self._send(w, {"type": "ERROR", "object": {
-                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": f"too old resource version: {since} ({self.oldest_rv})",
-                "reason": "Expired", "code": 410}})
+            self._send(
+                w,
+                {
+                    "type": "ERROR",
+                    "object": {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Failure",
+                        "message": f"too old resource version: {since} ({self.oldest_rv})",
+                        "reason": "Expired",
+                        "code": 410,
+                    },
+                },
+            )
             send.close()
             return httpx.Response(200, stream=_WatchBody(recv))
         for rv, p, n, etype, obj in self.history:

@@ -8,7 +8,13 @@ import trio
 
 from bigfleet_trio.kube import CAPACITY_REQUESTS, LEASES, NODES, PODS, KubeClient, KubeConfig
 from bigfleet_trio.kube.errors import (
-    AlreadyExists, Conflict, Expired, KubeTransportError, NotFound, ServerError, TooManyRequests,
+    AlreadyExists,
+    Conflict,
+    Expired,
+    KubeTransportError,
+    NotFound,
+    ServerError,
+    TooManyRequests,
     WatchInactivityTimeout,
 )
 
@@ -21,8 +27,12 @@ def _client(fake: FakeKube, **kw: object) -> KubeClient:
 
 
 def _cr(name: str, ns: str = "default", cpu: str = "1") -> dict:
-    return {"apiVersion": "bigfleet.lucy.sh/v1alpha1", "kind": "CapacityRequest",
-            "metadata": {"name": name, "namespace": ns}, "spec": {"cpu": cpu}}
+    return {
+        "apiVersion": "bigfleet.lucy.sh/v1alpha1",
+        "kind": "CapacityRequest",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"cpu": cpu},
+    }
 
 
 async def test_crud_roundtrip_and_error_mapping() -> None:
@@ -42,13 +52,20 @@ async def test_crud_roundtrip_and_error_mapping() -> None:
         assert updated["metadata"]["resourceVersion"] == "102"
         with pytest.raises(Conflict):  # stale RV 101
             await c.update(CAPACITY_REQUESTS, got)
-        patched = await c.patch(CAPACITY_REQUESTS, "a", {"status": {"phase": "Pending"}}, "default",
-                                subresource="status")
+        patched = await c.patch(
+            CAPACITY_REQUESTS,
+            "a",
+            {"status": {"phase": "Pending"}},
+            "default",
+            subresource="status",
+        )
         assert fake.requests[-1].url.path.endswith("/capacityrequests/a/status")
         assert fake.requests[-1].headers["content-type"] == "application/merge-patch+json"
         assert patched["status"] == {"phase": "Pending"}
         with pytest.raises(Conflict):
-            await c.delete(CAPACITY_REQUESTS, "a", "default", preconditions={"resourceVersion": "1"})
+            await c.delete(
+                CAPACITY_REQUESTS, "a", "default", preconditions={"resourceVersion": "1"}
+            )
         await c.delete(CAPACITY_REQUESTS, "a", "default", propagation_policy="Background")
         assert b'"propagationPolicy": "Background"' in fake.requests[-1].content
         with pytest.raises(NotFound):
@@ -95,7 +112,13 @@ async def test_list_restarts_when_continue_token_expires() -> None:
         out = await c.list(PODS, "ns", limit=2)
     assert [o["metadata"]["name"] for o in out.items] == ["p0", "p1", "p2", "p3", "p4"]
     # page1, page2 (410), restart: page1, page2, page3
-    assert [r.url.params.get("continue") for r in fake.requests] == [None, "105:2", None, "105:2", "105:4"]
+    assert [r.url.params.get("continue") for r in fake.requests] == [
+        None,
+        "105:2",
+        None,
+        "105:2",
+        "105:4",
+    ]
 
 
 async def test_429_retry_after_honoured(autojump_clock: trio.testing.MockClock) -> None:
@@ -121,7 +144,9 @@ async def test_429_gives_up_after_max_attempts(autojump_clock: trio.testing.Mock
     assert len(fake.requests) == 3
 
 
-async def test_5xx_retried_for_reads_not_for_plain_writes(autojump_clock: trio.testing.MockClock) -> None:
+async def test_5xx_retried_for_reads_not_for_plain_writes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     fake = FakeKube()
     fake.seed("nodes", {"metadata": {"name": "n1"}})
     fake.inject("GET", "/nodes/n1", status(503, "ServiceUnavailable", "x"), times=2)
@@ -136,8 +161,15 @@ async def test_5xx_retried_for_reads_not_for_plain_writes(autojump_clock: trio.t
 
 async def test_eviction_429_not_retried() -> None:
     fake = FakeKube()
-    fake.inject("POST", "/eviction", status(429, "TooManyRequests", "Cannot evict pod as it would "
-                                            "violate the pod's disruption budget."))
+    fake.inject(
+        "POST",
+        "/eviction",
+        status(
+            429,
+            "TooManyRequests",
+            "Cannot evict pod as it would violate the pod's disruption budget.",
+        ),
+    )
     async with _client(fake) as c:
         with pytest.raises(TooManyRequests):
             await c.evict("p", "ns")
@@ -160,8 +192,9 @@ async def test_transport_error_and_request_timeout(autojump_clock: trio.testing.
         await trio.sleep_forever()
         raise AssertionError
 
-    async with KubeClient(cfg, transport=httpx.MockTransport(hang), max_attempts=1,
-                          request_timeout=7) as c:
+    async with KubeClient(
+        cfg, transport=httpx.MockTransport(hang), max_attempts=1, request_timeout=7
+    ) as c:
         t0 = trio.current_time()
         with pytest.raises(KubeTransportError, match="no answer within 7s"):
             await c.get(NODES, "n")
@@ -183,12 +216,24 @@ async def test_rate_limit_token_bucket(autojump_clock: trio.testing.MockClock) -
 async def test_create_event_best_effort() -> None:
     fake = FakeKube()
     fake.inject("POST", "/events", status(403, "Forbidden", "no"))
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "uid": "u"}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+    }
     async with _client(fake) as c:
         await c.create_event(pod, reason="Pending", message="waiting", component="bf")
-        await c.create_event(pod, reason="Pending", message="waiting", component="bf", type="Warning")
+        await c.create_event(
+            pod, reason="Pending", message="waiting", component="bf", type="Warning"
+        )
     ev = fake.objects[next(k for k in fake.objects if k[0] == "events")]
-    assert ev["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": "ns", "uid": "u"}
+    assert ev["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": "p",
+        "namespace": "ns",
+        "uid": "u",
+    }
     assert ev["type"] == "Warning" and ev["source"] == {"component": "bf"}
 
 
@@ -196,11 +241,16 @@ async def test_watch_stream_events_and_inactivity(autojump_clock: trio.testing.M
     fake = FakeKube()
     fake.seed("leases", {"metadata": {"name": "l", "namespace": "ns"}})
     async with _client(fake) as c:
-        async with c.watch(LEASES, "ns", resource_version="100", timeout_seconds=300,
-                           inactivity_timeout=90) as stream:
+        async with c.watch(
+            LEASES, "ns", resource_version="100", timeout_seconds=300, inactivity_timeout=90
+        ) as stream:
             params = fake.requests[-1].url.params
-            assert (params["watch"], params["resourceVersion"], params["allowWatchBookmarks"],
-                    params["timeoutSeconds"]) == ("1", "100", "true", "300")
+            assert (
+                params["watch"],
+                params["resourceVersion"],
+                params["allowWatchBookmarks"],
+                params["timeoutSeconds"],
+            ) == ("1", "100", "true", "300")
             ev = await stream.__anext__()
             assert (ev.type, ev.object["metadata"]["name"]) == ("ADDED", "l")
             fake.bookmark()

@@ -18,11 +18,15 @@ def _kubeconfig(cluster: dict, user: dict, *, ctx_ns: str | None = None) -> dict
     if ctx_ns:
         ctx["namespace"] = ctx_ns
     return {
-        "apiVersion": "v1", "kind": "Config", "current-context": "ctx1",
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "ctx1",
         "clusters": [{"name": "c1", "cluster": cluster}],
         "users": [{"name": "u1", "user": user}],
-        "contexts": [{"name": "ctx1", "context": ctx},
-                     {"name": "other", "context": {"cluster": "c1", "user": "u1", "namespace": "o"}}],
+        "contexts": [
+            {"name": "ctx1", "context": ctx},
+            {"name": "other", "context": {"cluster": "c1", "user": "u1", "namespace": "o"}},
+        ],
     }
 
 
@@ -33,7 +37,9 @@ def _write(tmp_path: Path, doc: dict, name: str = "config") -> str:
 
 
 def test_token_and_namespace(tmp_path: Path) -> None:
-    path = _write(tmp_path, _kubeconfig({"server": "https://k:6443/"}, {"token": "abc"}, ctx_ns="team"))
+    path = _write(
+        tmp_path, _kubeconfig({"server": "https://k:6443/"}, {"token": "abc"}, ctx_ns="team")
+    )
     cfg = load_kubeconfig(path, env={})
     assert cfg.server == "https://k:6443"
     assert cfg.namespace == "team"
@@ -51,10 +57,14 @@ def test_other_context(tmp_path: Path) -> None:
 def test_ca_data_and_client_cert_data(tmp_path: Path) -> None:
     ca = trustme.CA()
     leaf = ca.issue_cert("kube-admin")
-    cluster = {"server": "https://k:6443",
-               "certificate-authority-data": base64.b64encode(ca.cert_pem.bytes()).decode()}
-    user = {"client-certificate-data": base64.b64encode(leaf.cert_chain_pems[0].bytes()).decode(),
-            "client-key-data": base64.b64encode(leaf.private_key_pem.bytes()).decode()}
+    cluster = {
+        "server": "https://k:6443",
+        "certificate-authority-data": base64.b64encode(ca.cert_pem.bytes()).decode(),
+    }
+    user = {
+        "client-certificate-data": base64.b64encode(leaf.cert_chain_pems[0].bytes()).decode(),
+        "client-key-data": base64.b64encode(leaf.private_key_pem.bytes()).decode(),
+    }
     cfg = load_kubeconfig(_write(tmp_path, _kubeconfig(cluster, user)), env={})
     assert cfg.ca_data == ca.cert_pem.bytes()
     ctx = cfg.ssl_context()
@@ -63,7 +73,9 @@ def test_ca_data_and_client_cert_data(tmp_path: Path) -> None:
     assert len(ctx.get_ca_certs()) == 1
     assert cfg.ssl_context() is ctx  # cached
     # No key material left behind in the temp dir.
-    assert not [p for p in os.listdir(os.environ.get("TMPDIR", "/tmp")) if p.startswith("bigfleet-kube-")]
+    assert not [
+        p for p in os.listdir(os.environ.get("TMPDIR", "/tmp")) if p.startswith("bigfleet-kube-")
+    ]
 
 
 def test_client_cert_files_relative_to_kubeconfig(tmp_path: Path) -> None:
@@ -82,8 +94,13 @@ def test_client_cert_files_relative_to_kubeconfig(tmp_path: Path) -> None:
 
 
 def test_insecure_skip_verify(tmp_path: Path) -> None:
-    cfg = load_kubeconfig(_write(tmp_path, _kubeconfig(
-        {"server": "https://k", "insecure-skip-tls-verify": True}, {"token": "t"})), env={})
+    cfg = load_kubeconfig(
+        _write(
+            tmp_path,
+            _kubeconfig({"server": "https://k", "insecure-skip-tls-verify": True}, {"token": "t"}),
+        ),
+        env={},
+    )
     ctx = cfg.ssl_context()
     assert ctx.verify_mode == ssl.CERT_NONE and not ctx.check_hostname
 
@@ -102,19 +119,31 @@ def test_home_default(tmp_path: Path) -> None:
     assert load_kubeconfig(env={"HOME": str(tmp_path)}).server == "http://home"
 
 
-@pytest.mark.parametrize(("doc", "match"), [
-    ("a: [unclosed\n", "not valid YAML"),
-    ("", "is empty"),
-    ("- a\n- b\n", "not a kubeconfig"),
-    (yaml.safe_dump({"clusters": []}), "no current-context"),
-    (yaml.safe_dump(_kubeconfig({}, {})), "has no server"),
-    (yaml.safe_dump(_kubeconfig({"server": "k:6443"}, {})), "must start with http"),
-    (yaml.safe_dump(_kubeconfig({"server": "https://k", "certificate-authority-data": "@@@"}, {})),
-     "not valid base64"),
-    (yaml.safe_dump(_kubeconfig({"server": "https://k"}, {"exec": {"command": "aws"}})), "exec"),
-    (yaml.safe_dump(_kubeconfig({"server": "https://k"}, {"client-certificate": "x.crt"})),
-     "both client certificate and key"),
-])
+@pytest.mark.parametrize(
+    ("doc", "match"),
+    [
+        ("a: [unclosed\n", "not valid YAML"),
+        ("", "is empty"),
+        ("- a\n- b\n", "not a kubeconfig"),
+        (yaml.safe_dump({"clusters": []}), "no current-context"),
+        (yaml.safe_dump(_kubeconfig({}, {})), "has no server"),
+        (yaml.safe_dump(_kubeconfig({"server": "k:6443"}, {})), "must start with http"),
+        (
+            yaml.safe_dump(
+                _kubeconfig({"server": "https://k", "certificate-authority-data": "@@@"}, {})
+            ),
+            "not valid base64",
+        ),
+        (
+            yaml.safe_dump(_kubeconfig({"server": "https://k"}, {"exec": {"command": "aws"}})),
+            "exec",
+        ),
+        (
+            yaml.safe_dump(_kubeconfig({"server": "https://k"}, {"client-certificate": "x.crt"})),
+            "both client certificate and key",
+        ),
+    ],
+)
 def test_broken_kubeconfig(tmp_path: Path, doc: str, match: str) -> None:
     p = tmp_path / "config"
     p.write_text(doc)
@@ -128,7 +157,9 @@ def test_missing_explicit_path(tmp_path: Path) -> None:
 
 
 def test_bad_ca_material_raises_config_error() -> None:
-    cfg = KubeConfig(server="https://k", ca_data=b"-----BEGIN CERTIFICATE-----\nxx\n-----END CERTIFICATE-----\n")
+    cfg = KubeConfig(
+        server="https://k", ca_data=b"-----BEGIN CERTIFICATE-----\nxx\n-----END CERTIFICATE-----\n"
+    )
     with pytest.raises(KubeConfigError, match="bad TLS material"):
         cfg.ssl_context()
 
@@ -151,8 +182,9 @@ def test_incluster_and_token_rotation(tmp_path: Path) -> None:
 
 def test_incluster_ipv6_and_errors(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("t")
-    cfg = load_incluster_config(str(tmp_path), {"KUBERNETES_SERVICE_HOST": "fd00::1",
-                                                "KUBERNETES_SERVICE_PORT": "6443"})
+    cfg = load_incluster_config(
+        str(tmp_path), {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"}
+    )
     assert cfg.server == "https://[fd00::1]:6443"
     with pytest.raises(KubeConfigError, match="KUBERNETES_SERVICE_HOST"):
         load_incluster_config(str(tmp_path), {})

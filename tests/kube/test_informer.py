@@ -18,24 +18,37 @@ CR = "capacityrequests"
 
 
 def _cr(name: str, cpu: str = "1", owner: str = "o1", ns: str = "default") -> dict[str, Any]:
-    return {"apiVersion": "bigfleet.lucy.sh/v1alpha1", "kind": "CapacityRequest",
-            "metadata": {"name": name, "namespace": ns, "labels": {"pool": "p1"},
-                         "ownerReferences": [{"uid": owner}]},
-            "spec": {"priority": 1, "resources": {"cpu": cpu}}}
+    return {
+        "apiVersion": "bigfleet.lucy.sh/v1alpha1",
+        "kind": "CapacityRequest",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {"pool": "p1"},
+            "ownerReferences": [{"uid": owner}],
+        },
+        "spec": {"priority": 1, "resources": {"cpu": cpu}},
+    }
 
 
 def _slim(obj: dict[str, Any]) -> dict[str, Any]:
     m = obj["metadata"]
-    return {"name": m["name"], "rv": m["resourceVersion"], "cpu": obj["spec"]["resources"]["cpu"],
-            "owner": m["ownerReferences"][0]["uid"]}
+    return {
+        "name": m["name"],
+        "rv": m["resourceVersion"],
+        "cpu": obj["spec"]["resources"]["cpu"],
+        "owner": m["ownerReferences"][0]["uid"],
+    }
 
 
 class Recorder:
     def __init__(self, inf: Informer):
         self.log: list[tuple[str, str, str]] = []
-        inf.add_handler(on_add=lambda o: self.log.append(("add", o["name"], o["cpu"])),
-                        on_update=lambda old, new: self.log.append(("update", new["name"], new["cpu"])),
-                        on_delete=lambda o: self.log.append(("delete", o["name"], o["cpu"])))
+        inf.add_handler(
+            on_add=lambda o: self.log.append(("add", o["name"], o["cpu"])),
+            on_update=lambda old, new: self.log.append(("update", new["name"], new["cpu"])),
+            on_delete=lambda o: self.log.append(("delete", o["name"], o["cpu"])),
+        )
 
     def take(self) -> list[tuple[str, str, str]]:
         out, self.log = self.log, []
@@ -59,7 +72,8 @@ async def settle() -> None:
 
 
 async def test_initial_sync_paginated_indexed_and_live_events(
-        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     fake = FakeKube()
     for i in range(5):
         fake.seed(CR, _cr(f"r{i}", owner="o1" if i < 3 else "o2"))
@@ -84,15 +98,20 @@ async def test_initial_sync_paginated_indexed_and_live_events(
     fake.modify(CR, "default", "r3", {"metadata": {"ownerReferences": [{"uid": "o1"}]}})
     fake.remove(CR, "default", "r1")
     await settle()
-    assert rec.take() == [("add", "r5", "1"), ("update", "r0", "2"), ("update", "r3", "1"),
-                          ("delete", "r1", "1")]
+    assert rec.take() == [
+        ("add", "r5", "1"),
+        ("update", "r0", "2"),
+        ("update", "r3", "1"),
+        ("delete", "r1", "1"),
+    ]
     assert [o["name"] for o in inf.store.by_index("owner", "o1")] == ["r0", "r2", "r3"]
     assert [o["name"] for o in inf.store.by_index("owner", "o2")] == ["r4", "r5"]
     assert inf.resource_version == "109"
 
 
 async def test_resume_after_dropped_connection_no_missed_or_duplicate_events(
-        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     fake = FakeKube()
     fake.seed(CR, _cr("a"))
     fake.seed(CR, _cr("b"))
@@ -107,21 +126,28 @@ async def test_resume_after_dropped_connection_no_missed_or_duplicate_events(
     fake.drop_watches()
     await settle()  # informer now backing off
     # Changes while disconnected:
-    fake.seed(CR, _cr("c"))                                                    # 104
-    fake.modify(CR, "default", "b", {"spec": {"resources": {"cpu": "3"}}})     # 105
-    fake.remove(CR, "default", "a")                                            # 106
+    fake.seed(CR, _cr("c"))  # 104
+    fake.modify(CR, "default", "b", {"spec": {"resources": {"cpu": "3"}}})  # 105
+    fake.remove(CR, "default", "a")  # 106
     await trio.sleep(5)
     watches = fake.watch_requests()
     assert [w.url.params["resourceVersion"] for w in watches] == ["102", "103"]
     assert fake.watch_times()[1] - t_drop == pytest.approx(0.8)  # first backoff step
-    assert rec.take() == [("add", "a", "1"), ("add", "b", "1"), ("update", "a", "2"),
-                          ("add", "c", "1"), ("update", "b", "3"), ("delete", "a", "2")]
+    assert rec.take() == [
+        ("add", "a", "1"),
+        ("add", "b", "1"),
+        ("update", "a", "2"),
+        ("add", "c", "1"),
+        ("update", "b", "3"),
+        ("delete", "a", "2"),
+    ]
     assert sorted(inf.store.keys()) == ["default/b", "default/c"]
     assert inf.relists == 1 and inf.resource_version == "106"
 
 
 async def test_bookmarks_advance_resource_version(
-        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     fake = FakeKube()
     fake.seed(CR, _cr("a"))
     inf = _informer(fake)
@@ -141,7 +167,8 @@ async def test_bookmarks_advance_resource_version(
 
 
 async def test_410_relist_recovers_deletions_made_while_disconnected(
-        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     fake = FakeKube()
     for n in "abc":
         fake.seed(CR, _cr(n))
@@ -167,7 +194,8 @@ async def test_410_relist_recovers_deletions_made_while_disconnected(
 
 
 async def test_http_410_on_watch_open_relists_immediately(
-        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     fake = FakeKube()
     fake.seed(CR, _cr("a"))
     inf = _informer(fake)
@@ -178,12 +206,14 @@ async def test_http_410_on_watch_open_relists_immediately(
     fake.drop_watches()
     await trio.sleep(5)
     assert inf.relists == 2
-    tail = [("watch" in r.url.params, t) for r, t in zip(fake.requests[-3:], fake.times[-3:])]
+    pairs = zip(fake.requests[-3:], fake.times[-3:], strict=True)
+    tail = [("watch" in r.url.params, t) for r, t in pairs]
     assert tail == [(True, 0.8), (False, 0.8), (True, 0.8)]  # 410 watch, relist, watch: no wait
 
 
-async def test_inactivity_timeout_rewatches(nursery: trio.Nursery,
-                                            autojump_clock: trio.testing.MockClock) -> None:
+async def test_inactivity_timeout_rewatches(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     fake = FakeKube()
     fake.seed(CR, _cr("a"))
     inf = _informer(fake, inactivity_timeout=90.0)
@@ -200,7 +230,8 @@ async def test_inactivity_timeout_rewatches(nursery: trio.Nursery,
 
 
 async def test_errors_back_off_exponentially_and_honour_retry_after(
-        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     fake = FakeKube()
     fake.seed(CR, _cr("a"))
     inf = _informer(fake)
@@ -214,7 +245,7 @@ async def test_errors_back_off_exponentially_and_honour_retry_after(
     fake.drop_watches()
     await trio.sleep(60)
     times = fake.watch_times()
-    gaps = [round(b - a, 6) for a, b in zip(times, times[1:])]
+    gaps = [round(b - a, 6) for a, b in zip(times, times[1:], strict=False)]
     # drop → 0.8; 503 ×3 → 1.6, 3.2, 6.4; 429 Retry-After 20 beats the 12.8 s backoff step.
     assert gaps == [0.8, 1.6, 3.2, 6.4, 20.0]
     assert len(times) == 6  # last one is live
@@ -224,7 +255,8 @@ async def test_errors_back_off_exponentially_and_honour_retry_after(
 
 
 async def test_error_event_other_than_410_backs_off_and_resumes(
-        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     fake = FakeKube()
     fake.seed(CR, _cr("a"))
     inf = _informer(fake)
@@ -232,15 +264,26 @@ async def test_error_event_other_than_410_backs_off_and_resumes(
     await inf.wait_synced()
     await settle()
     for w in fake.watchers:
-        fake._send(w, {"type": "ERROR", "object": {"kind": "Status", "code": 500, "reason": "InternalError",
-                                                    "message": "etcd hiccup"}})
+        fake._send(
+            w,
+            {
+                "type": "ERROR",
+                "object": {
+                    "kind": "Status",
+                    "code": 500,
+                    "reason": "InternalError",
+                    "message": "etcd hiccup",
+                },
+            },
+        )
     await trio.sleep(2)
     assert [w.url.params["resourceVersion"] for w in fake.watch_requests()] == ["101", "101"]
     assert inf.relists == 1
 
 
 async def test_handler_errors_and_bad_objects_do_not_kill_informer(
-        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     fake = FakeKube()
     fake.seed(CR, _cr("a"))
     broken = _cr("broken")
@@ -264,12 +307,22 @@ async def test_handler_errors_and_bad_objects_do_not_kill_informer(
 
 
 async def test_cluster_scoped_keys_without_transform(
-        nursery: trio.Nursery, autojump_clock: trio.testing.MockClock) -> None:
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     fake = FakeKube()
-    fake.seed("upcomingnodes", {"metadata": {"name": "u1"}, "status": {"nodeRef": {"name": "node-1"}}})
+    fake.seed(
+        "upcomingnodes", {"metadata": {"name": "u1"}, "status": {"nodeRef": {"name": "node-1"}}}
+    )
     fake.seed("upcomingnodes", {"metadata": {"name": "u2"}, "status": {}})
-    inf = Informer(_client(fake), UPCOMING_NODES, indexers={
-        "node": lambda o: [o["status"]["nodeRef"]["name"]] if o.get("status", {}).get("nodeRef") else []})
+    inf = Informer(
+        _client(fake),
+        UPCOMING_NODES,
+        indexers={
+            "node": lambda o: (
+                [o["status"]["nodeRef"]["name"]] if o.get("status", {}).get("nodeRef") else []
+            )
+        },
+    )
     await nursery.start(inf.run)
     await inf.wait_synced()
     assert inf.store.keys() == ["u1", "u2"]

@@ -14,7 +14,14 @@ import trio
 import trio.testing
 
 from bigfleet_trio.kube import (
-    CAPACITY_REQUESTS, LEASES, PODS, Informer, KubeClient, KubeConfig, LeaderElector, load_kubeconfig,
+    CAPACITY_REQUESTS,
+    LEASES,
+    PODS,
+    Informer,
+    KubeClient,
+    KubeConfig,
+    LeaderElector,
+    load_kubeconfig,
 )
 from bigfleet_trio.kube.errors import AlreadyExists, Conflict, Invalid, NotFound
 from bigfleet_trio.kube.watch import Backoff
@@ -23,9 +30,12 @@ from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 
 
 def _cr(name: str, priority: int = 1) -> dict[str, Any]:
-    return {"apiVersion": "bigfleet.lucy.sh/v1alpha1", "kind": "CapacityRequest",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"priority": priority, "resources": {"cpu": "1"}}}
+    return {
+        "apiVersion": "bigfleet.lucy.sh/v1alpha1",
+        "kind": "CapacityRequest",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"priority": priority, "resources": {"cpu": "1"}},
+    }
 
 
 def _slim(obj: dict[str, Any]) -> dict[str, Any]:
@@ -50,8 +60,13 @@ async def test_real_socket_crud_list_informer(nursery: trio.Nursery, tmp_path: P
             await c.patch(CAPACITY_REQUESTS, "a", {"spec": {"priority": 5}}, "default")
             with pytest.raises(Conflict):
                 await c.update(CAPACITY_REQUESTS, stale)
-            st = await c.patch(CAPACITY_REQUESTS, "a", {"status": {"phase": "Acknowledged"}}, "default",
-                               subresource="status")
+            st = await c.patch(
+                CAPACITY_REQUESTS,
+                "a",
+                {"status": {"phase": "Acknowledged"}},
+                "default",
+                subresource="status",
+            )
             assert st["status"]["phase"] == "Acknowledged"
             for i in range(5):
                 await c.create(CAPACITY_REQUESTS, _cr(f"p{i}"))
@@ -67,29 +82,36 @@ async def test_real_socket_crud_list_informer(nursery: trio.Nursery, tmp_path: P
                 assert inf.store.get("default/a") == {"name": "a", "priority": 5}
                 await c.create(CAPACITY_REQUESTS, _cr("late"))
                 await added.wait()
+                gone = trio.Event()
+                inf.add_handler(on_delete=lambda o: gone.set() if o["name"] == "late" else None)
                 await c.delete(CAPACITY_REQUESTS, "late", "default")
-                while "default/late" in inf.store:
-                    await trio.sleep(0.01)
+                await gone.wait()
+                assert "default/late" not in inf.store
                 n.cancel_scope.cancel()
             with pytest.raises(NotFound):
                 await c.get(CAPACITY_REQUESTS, "late", "default")
 
 
-async def test_informer_recovers_deletions_across_410(nursery: trio.Nursery,
-                                                      autojump_clock: trio.testing.MockClock) -> None:
+async def test_informer_recovers_deletions_across_410(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     server = ApiServer()
-    c = KubeClient(KubeConfig(server="http://apiserver"), transport=InProcessTransport(server.app, nursery))
+    c = KubeClient(
+        KubeConfig(server="http://apiserver"), transport=InProcessTransport(server.app, nursery)
+    )
     for n in "abc":
         await c.create(CAPACITY_REQUESTS, _cr(n))
     inf = Informer(c, CAPACITY_REQUESTS, transform=_slim, backoff=Backoff(rng=lambda: 0.0))
     log: list[tuple[str, str]] = []
-    inf.add_handler(on_add=lambda o: log.append(("add", o["name"])),
-                    on_update=lambda old, new: log.append(("update", new["name"])),
-                    on_delete=lambda o: log.append(("delete", o["name"])))
+    inf.add_handler(
+        on_add=lambda o: log.append(("add", o["name"])),
+        on_update=lambda old, new: log.append(("update", new["name"])),
+        on_delete=lambda o: log.append(("delete", o["name"])),
+    )
     await nursery.start(inf.run)
     await inf.wait_synced()
     await trio.testing.wait_all_tasks_blocked()
-    # Next watch open fails → the informer backs off; meanwhile a is deleted, b changed, history gone.
+    # Next watch open fails → informer backs off; meanwhile a deleted, b changed, history gone.
     server.faults.fail_next(1, code=500, verb="watch", resource="capacityrequests")
     server.faults.drop_watches()
     await trio.testing.wait_all_tasks_blocked()
@@ -105,13 +127,15 @@ async def test_informer_recovers_deletions_across_410(nursery: trio.Nursery,
     assert log[-1] == ("add", "d")
 
 
-async def test_leader_handover_and_eviction(nursery: trio.Nursery,
-                                            autojump_clock: trio.testing.MockClock) -> None:
+async def test_leader_handover_and_eviction(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     server = ApiServer()
 
     def client() -> KubeClient:
-        return KubeClient(KubeConfig(server="http://apiserver"),
-                          transport=InProcessTransport(server.app, nursery))
+        return KubeClient(
+            KubeConfig(server="http://apiserver"), transport=InProcessTransport(server.app, nursery)
+        )
 
     a = LeaderElector(client(), name="bf", namespace="kube-system", identity="a", rng=lambda: 0.0)
     b = LeaderElector(client(), name="bf", namespace="kube-system", identity="b", rng=lambda: 0.0)
@@ -130,8 +154,15 @@ async def test_leader_handover_and_eviction(nursery: trio.Nursery,
     # eviction of a missing pod maps to NotFound
     with pytest.raises(NotFound):
         await c.evict("nope", "default")
-    await c.create(PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
-                          "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    await c.create(
+        PODS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        },
+    )
     await c.evict("p", "default")
 
 

@@ -17,10 +17,10 @@ KEY = ("leases", "sys", "bf")
 
 
 def _elector(fake: FakeKube, who: str, **kw: object) -> LeaderElector:
-    client = KubeClient(KubeConfig(server="http://kube.test"), transport=fake.transport(who),
-                        max_attempts=1)
-    return LeaderElector(client, name="bf", namespace="sys", identity=who,
-                         rng=lambda: 0.0, **kw)  # type: ignore[arg-type]
+    client = KubeClient(
+        KubeConfig(server="http://kube.test"), transport=fake.transport(who), max_attempts=1
+    )
+    return LeaderElector(client, name="bf", namespace="sys", identity=who, rng=lambda: 0.0, **kw)  # type: ignore[arg-type]
 
 
 def test_validation() -> None:
@@ -54,8 +54,9 @@ async def test_acquire_creates_lease_and_renews(autojump_clock: trio.testing.Moc
     assert not a.is_leader and not lead.lost
 
 
-async def test_handover_between_two_electors(nursery: trio.Nursery,
-                                             autojump_clock: trio.testing.MockClock) -> None:
+async def test_handover_between_two_electors(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     fake = FakeKube()
     a, b = _elector(fake, "a"), _elector(fake, "b")
     timeline: list[tuple[str, str, float]] = []
@@ -87,8 +88,9 @@ async def test_handover_between_two_electors(nursery: trio.Nursery,
     assert spec["leaseDurationSeconds"] == 15
 
 
-async def test_takeover_on_expiry_cancels_old_leader(nursery: trio.Nursery,
-                                                     autojump_clock: trio.testing.MockClock) -> None:
+async def test_takeover_on_expiry_cancels_old_leader(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
     fake = FakeKube()
     a, b = _elector(fake, "a"), _elector(fake, "b")
     events: list[tuple[str, float]] = []
@@ -114,8 +116,8 @@ async def test_takeover_on_expiry_cancels_old_leader(nursery: trio.Nursery,
     await trio.testing.wait_all_tasks_blocked()
     await trio.sleep(1)
     nursery.start_soon(b_task)  # b polls at 1, 3, 5, ...
-    await trio.sleep(8)   # t=9: a renewed at 2,4,6,8
-    fake.partition("a")   # a can no longer reach the apiserver (frozen network)
+    await trio.sleep(8)  # t=9: a renewed at 2,4,6,8
+    fake.partition("a")  # a can no longer reach the apiserver (frozen network)
     await a_lost.wait()
     await trio.sleep(20)
     # a: last renew at 8; next attempt at 10 starts the 10 s renew deadline → steps down at 20.
@@ -136,16 +138,20 @@ async def test_outer_cancellation_releases(autojump_clock: trio.testing.MockCloc
     assert fake.objects[KEY]["spec"]["holderIdentity"] == ""
 
 
-async def test_simultaneous_candidates_exactly_one_wins(autojump_clock: trio.testing.MockClock) -> None:
+async def test_simultaneous_candidates_exactly_one_wins(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     fake = FakeKube()
     electors = [_elector(fake, w) for w in "abc"]
     leaders: list[str] = []
     async with trio.open_nursery() as n:
         for e in electors:
+
             async def go(e: LeaderElector = e) -> None:
                 async with e.leading():
                     leaders.append(e.identity)
                     await trio.sleep_forever()
+
             n.start_soon(go)
         await trio.sleep(20)
         assert len(leaders) == 1

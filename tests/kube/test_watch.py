@@ -3,24 +3,41 @@
 import pytest
 
 from bigfleet_trio.kube.watch import (
-    Backoff, ResourceVersionTracker, WatchDecodeError, WatchEvent, decode_watch_line, is_expired,
-    object_key, relist_diff,
+    Backoff,
+    ResourceVersionTracker,
+    WatchDecodeError,
+    WatchEvent,
+    decode_watch_line,
+    is_expired,
+    object_key,
+    relist_diff,
 )
 
 
 def test_decode_lines() -> None:
-    ev = decode_watch_line(b'{"type":"ADDED","object":{"metadata":{"name":"a","resourceVersion":"5"}}}\n')
+    ev = decode_watch_line(
+        b'{"type":"ADDED","object":{"metadata":{"name":"a","resourceVersion":"5"}}}\n'
+    )
     assert ev == WatchEvent("ADDED", {"metadata": {"name": "a", "resourceVersion": "5"}})
     assert decode_watch_line("   \n") is None
     assert decode_watch_line("") is None
-    bm = decode_watch_line('{"type":"BOOKMARK","object":{"kind":"Pod","metadata":{"resourceVersion":"9"}}}')
+    bm = decode_watch_line(
+        '{"type":"BOOKMARK","object":{"kind":"Pod","metadata":{"resourceVersion":"9"}}}'
+    )
     assert bm is not None and bm.type == "BOOKMARK"
 
 
-@pytest.mark.parametrize("line", [
-    "{not json", "[1,2]", '{"type":"WHAT","object":{}}', '{"type":"ADDED"}',
-    '{"type":"ADDED","object":[]}', b"\xff\xfe",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "{not json",
+        "[1,2]",
+        '{"type":"WHAT","object":{}}',
+        '{"type":"ADDED"}',
+        '{"type":"ADDED","object":[]}',
+        b"\xff\xfe",
+    ],
+)
 def test_decode_rejects(line: str | bytes) -> None:
     with pytest.raises(WatchDecodeError):
         decode_watch_line(line)
@@ -31,7 +48,9 @@ def test_rv_tracker() -> None:
     t.listed("10")
     assert t.observe(WatchEvent("ADDED", {"metadata": {"resourceVersion": "11"}}))
     assert t.observe(WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "20"}}))
-    assert not t.observe(WatchEvent("ERROR", {"kind": "Status", "code": 410, "metadata": {"resourceVersion": "1"}}))
+    assert not t.observe(
+        WatchEvent("ERROR", {"kind": "Status", "code": 410, "metadata": {"resourceVersion": "1"}})
+    )
     assert not t.observe(WatchEvent("MODIFIED", {"metadata": {}}))
     assert t.resource_version == "20"
     t.observe(WatchEvent("DELETED", {"metadata": {"resourceVersion": "21"}}))
@@ -66,7 +85,16 @@ def test_relist_diff() -> None:
 
 def test_backoff_sequence_and_reset() -> None:
     b = Backoff(rng=lambda: 0.0)
-    assert [b.next_delay(t) for t in (0, 1, 2, 3, 4, 5, 6, 7)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]
+    assert [b.next_delay(t) for t in (0, 1, 2, 3, 4, 5, 6, 7)] == [
+        0.8,
+        1.6,
+        3.2,
+        6.4,
+        12.8,
+        25.6,
+        30.0,
+        30.0,
+    ]
     assert b.next_delay(7 + 120) == 0.8  # healthy for 2 min → reset
     j = Backoff(rng=lambda: 0.5)
     assert j.next_delay(0) == pytest.approx(1.2)
