@@ -7,6 +7,8 @@ Lease leader election (:mod:`.leader`).
 
 from .client import KubeClient, ObjectList, WatchStream
 from .config import KubeConfig, load_incluster_config, load_kubeconfig
+from .informer import Informer, Store
+from .leader import LeaderElector, Leadership
 from .resources import (
     AVAILABLE_CAPACITIES,
     CAPACITY_REQUESTS,
@@ -55,17 +57,9 @@ __all__ = [
     "CAPACITY_REQUESTS",
     "UPCOMING_NODES",
     "AVAILABLE_CAPACITIES",
+    "Informer",
+    "Store",
+    "LeaderElector",
+    "Leadership",
 ]
 
-try:  # informer/leader are added in later commits; keep the package importable meanwhile
-    from .informer import Informer, Store  # noqa: F401
-
-    __all__ += ["Informer", "Store"]
-except ImportError:  # pragma: no cover
-    pass
-try:
-    from .leader import LeaderElector  # noqa: F401
-
-    __all__ += ["LeaderElector"]
-except ImportError:  # pragma: no cover
-    pass

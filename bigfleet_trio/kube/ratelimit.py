@@ -53,15 +53,12 @@ class AsyncRateLimiter:
     """Trio wrapper: ``await limiter.acquire()`` before each request."""
 
     def __init__(self, qps: float = 50.0, burst: int = 100):
+        # Starts full: the first reservation refills from -inf, capped at burst.
         self._bucket = TokenBucket(qps, burst, now=-math.inf)
-        self._started = False
 
     async def acquire(self) -> None:
         """Wait for a token (cancellable; a cancelled wait still consumed its reservation)."""
         now = trio.current_time()
-        if not self._started:
-            self._bucket._last = now
-            self._started = True
         delay = self._bucket.reserve(now)
         if delay > 0:
             await trio.sleep(delay)
