@@ -272,3 +272,27 @@ async def test_watch_open_410_raises_expired_and_clean_end() -> None:
         async with c.watch(LEASES, "ns", resource_version="100") as stream:
             fake.end_watches()
             assert [e async for e in stream] == []
+
+
+async def test_write_retries_only_when_safe(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakeKube()
+    async with _client(fake) as c:
+        # 429 on a create: the apiserver did not process it → retried.
+        fake.inject("POST", "/capacityrequests", status(429, "TooManyRequests", "x"))
+        await c.create(CAPACITY_REQUESTS, _cr("a"))
+        assert [r.method for r in fake.requests] == ["POST", "POST"]
+        # 503 on a PUT carrying metadata.resourceVersion: precondition makes a retry safe.
+        got = await c.get(CAPACITY_REQUESTS, "a", "default")
+        fake.inject("PUT", "/capacityrequests/a", status(503, "ServiceUnavailable", "x"))
+        await c.update(CAPACITY_REQUESTS, got)
+        assert [r.method for r in fake.requests][-2:] == ["PUT", "PUT"]
+        # 503 on a PUT without resourceVersion (unconditional): not retried.
+        del got["metadata"]["resourceVersion"]
+        fake.inject("PUT", "/capacityrequests/a", status(503, "ServiceUnavailable", "x"))
+        with pytest.raises(ServerError):
+            await c.update(CAPACITY_REQUESTS, got)
+        # 503 on DELETE with preconditions: retried.
+        n = len(fake.requests)
+        fake.inject("DELETE", "/capacityrequests/a", status(503, "ServiceUnavailable", "x"))
+        await c.delete(CAPACITY_REQUESTS, "a", "default", preconditions={"uid": "uid-a-101"})
+        assert len(fake.requests) - n == 2
