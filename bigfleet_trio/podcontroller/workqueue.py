@@ -1,0 +1,318 @@
+"""De-duplicating work queue with per-key exponential backoff (client-go ``workqueue`` on Trio).
+
+Issue 6 "Controller": "worker pool (16 by default) over a de-duplicating work queue with per-key
+backoff"; seed 000 "The unschedulable-pod controller" (controller-runtime's rate-limited queue,
+``MaxConcurrentReconciles = 16``, reference-behavior.md §10).
+
+Semantics (``k8s.io/client-go/util/workqueue``):
+
+* A key is queued at most once. Adding a key that is already queued is a no-op; adding a key that
+  a worker is processing marks it dirty, and :meth:`WorkQueue.done` re-queues it, so one key is
+  never processed by two workers at once and no change is lost.
+* :meth:`WorkQueue.add_after` parks a key until a moment; parking the same key twice keeps the
+  earlier moment. :meth:`WorkQueue.add_rate_limited` parks it for
+  ``base_delay * 2**failures`` (capped at ``max_delay``), counting one more failure;
+  :meth:`WorkQueue.forget` resets the count after a success.
+* FIFO order among ready keys; parked keys join the tail when their moment comes.
+
+The bookkeeping is pure (:class:`QueueCore`, explicit ``now``) and unit-tested without Trio;
+:class:`WorkQueue` adds the blocking :meth:`~WorkQueue.get` on Trio's clock (no background task:
+a waiting :meth:`~WorkQueue.get` sleeps until the earliest parked moment or the next add).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Hashable
+from typing import Generic, Protocol, TypeVar
+
+import trio
+
+__all__ = ["QueueCore", "QueueMetrics", "ShutDown", "WorkQueue", "backoff_delay"]
+
+K = TypeVar("K", bound=Hashable)
+
+DEFAULT_BASE_DELAY = 0.005
+"""Seconds of the first retry delay (client-go ``DefaultControllerRateLimiter``: 5 ms)."""
+DEFAULT_MAX_DELAY = 300.0
+"""Cap of the per-key retry delay in seconds (client-go uses 1000 s; 5 min suits a controller
+whose resync is 5 min)."""
+
+
+class ShutDown(Exception):
+    """Raised by :meth:`WorkQueue.get` once the queue is shut down and drained."""
+
+
+class QueueMetrics(Protocol):
+    """Hooks a queue reports to (see :mod:`bigfleet_trio.podcontroller.metrics`)."""
+
+    def added(self) -> None:
+        """A key entered the ready queue (after de-duplication)."""
+
+    def depth(self, n: int) -> None:
+        """The ready queue now holds ``n`` keys."""
+
+    def retried(self) -> None:
+        """A key was parked by :meth:`WorkQueue.add_rate_limited`."""
+
+    def waited(self, seconds: float) -> None:
+        """A key waited ``seconds`` in the ready queue before a worker took it."""
+
+    def worked(self, seconds: float) -> None:
+        """A worker held a key for ``seconds`` (get → done)."""
+
+
+def backoff_delay(failures: int, base_delay: float, max_delay: float) -> float:
+    """``base_delay * 2**failures`` capped at ``max_delay`` (client-go ItemExponentialFailureRateLimiter).
+
+    Args:
+        failures: failures counted before this one (0 for the first retry).
+        base_delay, max_delay: seconds.
+
+    Returns:
+        Seconds to wait; overflow-safe for any ``failures``.
+    """
+    if failures < 0:
+        failures = 0
+    if failures >= 64:
+        return max_delay
+    return min(max_delay, base_delay * (2.0**failures))
+
+
+class QueueCore(Generic[K]):
+    """The pure bookkeeping of :class:`WorkQueue`; every call takes the current time.
+
+    Args:
+        base_delay, max_delay: per-key backoff (seconds), see :func:`backoff_delay`.
+        metrics: optional :class:`QueueMetrics`.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_delay: float = DEFAULT_BASE_DELAY,
+        max_delay: float = DEFAULT_MAX_DELAY,
+        metrics: QueueMetrics | None = None,
+    ) -> None:
+        if base_delay <= 0 or max_delay < base_delay:
+            raise ValueError(f"bad backoff: base_delay={base_delay} max_delay={max_delay}")
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self.metrics = metrics
+        self._queue: deque[K] = deque()
+        self._dirty: dict[K, float] = {}  # key -> when it became ready (queued or pending re-queue)
+        self._processing: dict[K, float] = {}  # key -> when a worker took it
+        self._parked: dict[K, float] = {}  # key -> earliest moment
+        self._heap: list[tuple[float, int, K]] = []  # lazy: stale entries skipped
+        self._seq = itertools.count()
+        self._failures: dict[K, int] = {}
+        self.shutting_down = False
+
+    # -- adding --------------------------------------------------------------------------------
+
+    def add(self, key: K, now: float) -> bool:
+        """Make ``key`` ready. Returns True if a worker can take it now (it joined the queue)."""
+        if self.shutting_down or key in self._dirty:
+            return False
+        self._dirty[key] = now
+        if key in self._processing:
+            return False
+        self._queue.append(key)
+        if self.metrics is not None:
+            self.metrics.added()
+            self.metrics.depth(len(self._queue))
+        return True
+
+    def add_at(self, key: K, when: float, now: float) -> bool:
+        """Park ``key`` until ``when`` (keeps an earlier parked moment). ``when <= now`` = :meth:`add`.
+
+        Returns True if the key joined the ready queue at once.
+        """
+        if self.shutting_down:
+            return False
+        if when <= now:
+            return self.add(key, now)
+        current = self._parked.get(key)
+        if current is not None and current <= when:
+            return False
+        self._parked[key] = when
+        heapq.heappush(self._heap, (when, next(self._seq), key))
+        return False
+
+    def add_rate_limited(self, key: K, now: float) -> float:
+        """Park ``key`` for its backoff delay and count a failure. Returns the delay (seconds)."""
+        failures = self._failures.get(key, 0)
+        delay = backoff_delay(failures, self.base_delay, self.max_delay)
+        self._failures[key] = failures + 1
+        if self.metrics is not None:
+            self.metrics.retried()
+        self.add_at(key, now + delay, now)
+        return delay
+
+    def forget(self, key: K) -> None:
+        """Reset ``key``'s failure count (call after a successful reconcile)."""
+        self._failures.pop(key, None)
+
+    def num_requeues(self, key: K) -> int:
+        """Failures counted for ``key`` since the last :meth:`forget`."""
+        return self._failures.get(key, 0)
+
+    # -- time ----------------------------------------------------------------------------------
+
+    def promote(self, now: float) -> int:
+        """Move parked keys whose moment has come into the ready queue. Returns how many."""
+        n = 0
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            when, _, key = heapq.heappop(heap)
+            if self._parked.get(key) != when:
+                continue  # stale entry (re-parked earlier, or already promoted)
+            del self._parked[key]
+            if self.add(key, now):
+                n += 1
+        return n
+
+    def next_deadline(self) -> float:
+        """Earliest parked moment (``math.inf`` when nothing is parked)."""
+        heap = self._heap
+        while heap and self._parked.get(heap[0][2]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else math.inf
+
+    # -- workers -------------------------------------------------------------------------------
+
+    def pop(self, now: float) -> K | None:
+        """Take the next ready key (after :meth:`promote`), marking it processing; None if none."""
+        self.promote(now)
+        if not self._queue:
+            return None
+        key = self._queue.popleft()
+        ready_since = self._dirty.pop(key, now)
+        self._processing[key] = now
+        if self.metrics is not None:
+            self.metrics.depth(len(self._queue))
+            self.metrics.waited(max(0.0, now - ready_since))
+        return key
+
+    def done(self, key: K, now: float) -> bool:
+        """A worker finished ``key``. Returns True if it was dirty and re-joined the queue."""
+        started = self._processing.pop(key, None)
+        if started is not None and self.metrics is not None:
+            self.metrics.worked(max(0.0, now - started))
+        if key in self._dirty and not self.shutting_down:
+            self._queue.append(key)
+            if self.metrics is not None:
+                self.metrics.added()
+                self.metrics.depth(len(self._queue))
+            return True
+        if self.shutting_down:
+            self._dirty.pop(key, None)
+        return False
+
+    # -- introspection -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Keys ready to be taken (not counting parked or processing ones)."""
+        return len(self._queue)
+
+    @property
+    def parked(self) -> int:
+        """Keys waiting for their moment."""
+        return len(self._parked)
+
+    @property
+    def processing(self) -> int:
+        """Keys held by workers."""
+        return len(self._processing)
+
+    def is_queued(self, key: K) -> bool:
+        """True if ``key`` is ready or will be re-queued when its worker finishes."""
+        return key in self._dirty
+
+    def is_parked(self, key: K) -> bool:
+        """True if ``key`` waits for a moment."""
+        return key in self._parked
+
+
+class WorkQueue(QueueCore[K]):
+    """:class:`QueueCore` on Trio's clock with a blocking :meth:`get`.
+
+    Usage (one owner nursery, N workers)::
+
+        q = WorkQueue()
+        q.add("ns/name")
+        key = await q.get()
+        try:
+            ok = await reconcile(key)
+        except Exception:
+            q.add_rate_limited(key)
+        else:
+            q.forget(key)
+        finally:
+            q.done(key)
+
+    All methods but :meth:`get` are synchronous and safe to call from informer handlers.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_delay: float = DEFAULT_BASE_DELAY,
+        max_delay: float = DEFAULT_MAX_DELAY,
+        metrics: QueueMetrics | None = None,
+    ) -> None:
+        super().__init__(base_delay=base_delay, max_delay=max_delay, metrics=metrics)
+        self._lot = trio.lowlevel.ParkingLot()
+
+    def _wake(self, n: int = 1) -> None:
+        if self._lot.statistics().tasks_waiting:
+            self._lot.unpark(count=n)
+
+    def add(self, key: K, now: float | None = None) -> bool:  # type: ignore[override]
+        """Make ``key`` ready now (de-duplicated)."""
+        added = super().add(key, trio.current_time() if now is None else now)
+        if added:
+            self._wake()
+        return added
+
+    def add_after(self, key: K, delay: float) -> None:
+        """Make ``key`` ready after ``delay`` seconds (an earlier parking wins)."""
+        now = trio.current_time()
+        if not self.add_at(key, now + delay, now):
+            self._wake()  # a waiting get() recomputes its deadline
+
+    def add_rate_limited(self, key: K, now: float | None = None) -> float:  # type: ignore[override]
+        """Park ``key`` for its backoff delay (counts a failure). Returns the delay."""
+        delay = super().add_rate_limited(key, trio.current_time() if now is None else now)
+        self._wake()
+        return delay
+
+    def done(self, key: K, now: float | None = None) -> bool:  # type: ignore[override]
+        """Release ``key``; re-queues it if it was added while processing."""
+        again = super().done(key, trio.current_time() if now is None else now)
+        if again:
+            self._wake()
+        return again
+
+    async def get(self) -> K:
+        """Wait for and take the next ready key.
+
+        Raises:
+            ShutDown: :meth:`shut_down` was called and no key is ready.
+        """
+        while True:
+            key = self.pop(trio.current_time())
+            if key is not None:
+                return key
+            if self.shutting_down:
+                raise ShutDown
+            with trio.move_on_at(self.next_deadline()):
+                await self._lot.park()
+
+    def shut_down(self) -> None:
+        """Stop accepting keys; waiting :meth:`get` calls raise :class:`ShutDown` once drained."""
+        self.shutting_down = True
+        self._lot.unpark_all()

@@ -1,0 +1,276 @@
+"""Work queue: de-duplication, dirty re-queue, parking, per-key exponential backoff (issue 6)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import trio
+import trio.testing
+
+from bigfleet_trio.podcontroller.workqueue import QueueCore, ShutDown, WorkQueue, backoff_delay
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.adds = 0
+        self.depths: list[int] = []
+        self.retries = 0
+        self.waits: list[float] = []
+        self.works: list[float] = []
+
+    def added(self) -> None:
+        self.adds += 1
+
+    def depth(self, n: int) -> None:
+        self.depths.append(n)
+
+    def retried(self) -> None:
+        self.retries += 1
+
+    def waited(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+    def worked(self, seconds: float) -> None:
+        self.works.append(seconds)
+
+
+# -- pure core --------------------------------------------------------------------------------
+
+
+def test_add_deduplicates_and_keeps_fifo_order() -> None:
+    q: QueueCore[str] = QueueCore()
+    assert q.add("a", 0) is True
+    assert q.add("b", 0) is True
+    assert q.add("a", 0) is False
+    assert len(q) == 2
+    assert q.pop(0) == "a"
+    assert q.pop(0) == "b"
+    assert q.pop(0) is None
+
+
+def test_key_added_while_processing_is_requeued_once_on_done() -> None:
+    q: QueueCore[str] = QueueCore()
+    q.add("a", 0)
+    assert q.pop(0) == "a"
+    assert q.add("a", 1) is False  # processing: only marked dirty
+    assert q.add("a", 2) is False
+    assert len(q) == 0
+    assert q.is_queued("a")
+    assert q.done("a", 3) is True
+    assert len(q) == 1
+    assert q.pop(3) == "a"
+    assert q.done("a", 4) is False
+    assert len(q) == 0
+
+
+def test_processing_key_is_not_handed_to_a_second_worker() -> None:
+    q: QueueCore[str] = QueueCore()
+    q.add("a", 0)
+    q.add("b", 0)
+    assert q.pop(0) == "a"
+    q.add("a", 0)
+    assert q.pop(0) == "b"
+    assert q.pop(0) is None  # "a" waits for done
+    q.done("a", 0)
+    assert q.pop(0) == "a"
+
+
+def test_backoff_delay_doubles_from_base_and_caps() -> None:
+    assert backoff_delay(0, 0.005, 300) == 0.005
+    assert backoff_delay(1, 0.005, 300) == 0.01
+    assert backoff_delay(3, 0.005, 300) == 0.04
+    # 0.005 * 2**16 = 327.68 > 300
+    assert backoff_delay(16, 0.005, 300) == 300
+    assert backoff_delay(10_000, 0.005, 300) == 300
+    assert backoff_delay(-1, 0.005, 300) == 0.005
+
+
+def test_rate_limited_parks_with_growing_delay_and_forget_resets() -> None:
+    rec = Recorder()
+    q: QueueCore[str] = QueueCore(base_delay=1.0, max_delay=5.0, metrics=rec)
+    assert q.add_rate_limited("a", 10.0) == 1.0
+    assert q.num_requeues("a") == 1
+    assert q.is_parked("a") and len(q) == 0
+    assert q.next_deadline() == 11.0
+    assert q.pop(10.999) is None
+    assert q.pop(11.0) == "a"
+    q.done("a", 11.0)
+    assert q.add_rate_limited("a", 20.0) == 2.0
+    assert q.add_rate_limited("b", 20.0) == 1.0
+    assert q.next_deadline() == 21.0
+    assert q.pop(21.0) == "b"
+    assert q.pop(21.0) is None
+    assert q.pop(22.0) == "a"
+    q.done("a", 22.0)
+    assert q.add_rate_limited("a", 30.0) == 4.0
+    assert q.add_rate_limited("a", 30.0) == 5.0  # capped (8 > 5); earlier parking (34) kept
+    assert q.next_deadline() == 34.0
+    q.forget("a")
+    assert q.num_requeues("a") == 0
+    assert rec.retries == 5
+
+
+def test_parking_keeps_the_earlier_moment_and_skips_stale_entries() -> None:
+    q: QueueCore[str] = QueueCore()
+    q.add_at("a", 10.0, 0.0)
+    q.add_at("a", 5.0, 0.0)  # earlier wins
+    q.add_at("a", 20.0, 0.0)  # later ignored
+    assert q.parked == 1
+    assert q.next_deadline() == 5.0
+    assert q.pop(5.0) == "a"
+    q.done("a", 5.0)
+    assert q.pop(10.0) is None  # the stale 10.0 heap entry does not re-add it
+    assert q.next_deadline() == math.inf
+
+
+def test_parked_key_already_queued_is_not_duplicated() -> None:
+    q: QueueCore[str] = QueueCore()
+    q.add("a", 0)
+    q.add_at("a", 1.0, 0)
+    assert q.promote(1.0) == 0
+    assert len(q) == 1
+
+
+def test_add_at_in_the_past_is_an_add() -> None:
+    q: QueueCore[str] = QueueCore()
+    assert q.add_at("a", 1.0, 2.0) is True
+    assert q.pop(2.0) == "a"
+
+
+def test_metrics_record_adds_depth_wait_and_work() -> None:
+    rec = Recorder()
+    q: QueueCore[str] = QueueCore(metrics=rec)
+    q.add("a", 1.0)
+    q.add("a", 1.5)  # de-duplicated: not counted
+    q.add("b", 2.0)
+    assert q.pop(4.0) == "a"
+    q.done("a", 4.5)
+    assert rec.adds == 2
+    assert rec.depths == [1, 2, 1]
+    assert rec.waits == [3.0]
+    assert rec.works == [0.5]
+
+
+def test_bad_backoff_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        QueueCore(base_delay=0)
+    with pytest.raises(ValueError):
+        QueueCore(base_delay=2, max_delay=1)
+
+
+def test_shut_down_refuses_adds() -> None:
+    q: QueueCore[str] = QueueCore()
+    q.shutting_down = True
+    assert q.add("a", 0) is False
+    assert len(q) == 0
+
+
+# -- trio -------------------------------------------------------------------------------------
+
+
+async def test_get_blocks_until_add(autojump_clock: trio.testing.MockClock) -> None:
+    q: WorkQueue[str] = WorkQueue()
+    got: list[tuple[str, float]] = []
+
+    async def worker() -> None:
+        key = await q.get()
+        got.append((key, trio.current_time()))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker)
+        await trio.sleep(3)
+        q.add("x")
+    assert got == [("x", 3.0)]
+
+
+async def test_get_wakes_for_parked_key_at_its_moment(autojump_clock: trio.testing.MockClock) -> None:
+    q: WorkQueue[str] = WorkQueue(base_delay=0.5, max_delay=10)
+    seen: list[tuple[str, float]] = []
+
+    async def worker() -> None:
+        for _ in range(3):
+            key = await q.get()
+            seen.append((key, trio.current_time()))
+            q.done(key)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker)
+        await trio.sleep(1)
+        q.add_after("late", 10)  # the waiter is parked with no deadline; must recompute
+        q.add_after("early", 2)
+        q.add_rate_limited("retry")  # 0.5 s
+    assert seen == [("retry", 1.5), ("early", 3.0), ("late", 11.0)]
+
+
+async def test_workers_never_share_a_key_and_no_add_is_lost(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    q: WorkQueue[str] = WorkQueue()
+    active: set[str] = set()
+    runs: dict[str, int] = {"a": 0, "b": 0}
+
+    async def worker() -> None:
+        while True:
+            try:
+                key = await q.get()
+            except ShutDown:
+                return
+            assert key not in active
+            active.add(key)
+            runs[key] += 1
+            await trio.sleep(1)
+            active.discard(key)
+            q.done(key)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(worker)
+        q.add("a")
+        q.add("b")
+        await trio.sleep(0.5)
+        q.add("a")  # while "a" is processing: exactly one more run later
+        q.add("a")
+        await trio.sleep(5)
+        q.shut_down()
+    assert runs == {"a": 2, "b": 1}
+
+
+async def test_failures_back_off_exponentially_until_success(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    q: WorkQueue[str] = WorkQueue(base_delay=1.0, max_delay=100)
+    attempts: list[float] = []
+
+    async def worker() -> None:
+        while True:
+            key = await q.get()
+            attempts.append(trio.current_time())
+            try:
+                if len(attempts) < 4:
+                    q.add_rate_limited(key)
+                else:
+                    q.forget(key)
+                    return
+            finally:
+                q.done(key)
+
+    q.add("k")
+    await worker()
+    assert attempts == [0.0, 1.0, 3.0, 7.0]
+    assert q.num_requeues("k") == 0
+
+
+async def test_shut_down_wakes_waiters() -> None:
+    q: WorkQueue[str] = WorkQueue()
+
+    async def waiter() -> None:
+        with pytest.raises(ShutDown):
+            await q.get()
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            q.shut_down()
