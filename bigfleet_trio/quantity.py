@@ -300,6 +300,7 @@ class Quantity:
 _ZERO: Final = Quantity(Decimal(0), DECIMAL_SI)
 
 
+@functools.lru_cache(maxsize=16384)
 def _canonical(d: Decimal, fmt: Format) -> str:
     """Go's ``CanonicalizeBytes`` + suffix (see module docstring for the one deviation)."""
     if not d:

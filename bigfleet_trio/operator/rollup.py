@@ -115,6 +115,7 @@ PENALTY_ZERO: Final = 1
 PENALTY_HALF_DOLLAR: Final = 2
 PENALTY_PINNED: Final = 27
 
+_SPEC_CACHE_LIMIT: Final = 20_000
 _INT32_MIN: Final = -(2**31)
 _INT32_MAX: Final = 2**31 - 1
 
@@ -205,11 +206,22 @@ class Profile:
     ) -> Profile:
         """Canonicalise and build a Profile (Go ``needs.NewProfile``)."""
         reqs = tuple(
-            sorted(Requirement(r.key, r.operator, tuple(sorted(r.values))) for r in requirements)
+            sorted(
+                (Requirement(r.key, r.operator, tuple(sorted(r.values))) for r in requirements),
+                key=_req_sort_key,
+            )
         )
-        spr = tuple(sorted(spread))
+        spr = tuple(sorted(spread, key=_spread_sort_key))
         fp = _fingerprint(reqs, spr, priority, interruption_bucket, reclamation_bucket)
         return Profile(reqs, spr, priority, interruption_bucket, reclamation_bucket, fp)
+
+
+def _req_sort_key(r: Requirement) -> tuple[str, int, tuple[str, ...]]:
+    return (r.key, r.operator, r.values)
+
+
+def _spread_sort_key(s: Spread) -> tuple[str, int, int]:
+    return (s.topology_key, s.max_skew, s.when_unsatisfiable)
 
 
 def _fingerprint(
@@ -602,11 +614,19 @@ def build_from_scratch(crs: Iterable[Mapping[str, Any]]) -> list[pb.CapacityNeed
         CapacityNeeds sorted by (fingerprint, group).
     """
     groups: dict[tuple[str, str], list[Contribution]] = {}
+    seen: dict[int, tuple[object, Contribution]] = {}  # shared (slim) specs: parse once
     for cr in crs:
-        try:
-            c = contribution_from_cr(cr)
-        except CapacityRequestError:
-            continue
+        spec = cr.get("spec")
+        hit = seen.get(id(spec))
+        if hit is not None and hit[0] is spec:
+            c = hit[1]
+        else:
+            try:
+                c = contribution_from_cr(cr)
+            except CapacityRequestError:
+                continue
+            if isinstance(spec, dict):
+                seen[id(spec)] = (spec, c)
         groups.setdefault(c.need_key, []).append(c)
     out = []
     for key in sorted(groups):
@@ -740,6 +760,7 @@ class RollupAggregator:
         self._order: list[_Need] | None = []
         self._excluded: dict[str, CapacityRequestError] = {}
         self._pending: set[str] = set()
+        self._spec_cache: dict[int, tuple[dict[str, Any], Contribution]] = {}
 
     def __len__(self) -> int:
         """Number of CRs contributing (excluded ones not counted)."""
@@ -758,7 +779,7 @@ class RollupAggregator:
             the call to detect a *new* exclusion (emit the Event/log/metric once).
         """
         try:
-            c = contribution_from_cr(cr)
+            c = self._contribution(cr)
         except CapacityRequestError as e:
             self._withdraw(key)
             self._excluded[key] = e
@@ -822,6 +843,22 @@ class RollupAggregator:
     def keys(self) -> Iterator[str]:
         """Keys of contributing CRs."""
         return iter(self._contrib)
+
+    def _contribution(self, cr: Mapping[str, Any]) -> Contribution:
+        # A contribution depends on spec only; crview.slim shares equal (read-only) spec dicts,
+        # so most CRs hit this identity cache. The entry keeps the spec alive, so its id is
+        # never reused while cached.
+        spec = cr.get("spec")
+        if not isinstance(spec, dict):
+            return contribution_from_cr(cr)
+        hit = self._spec_cache.get(id(spec))
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        c = contribution_from_cr(cr)
+        if len(self._spec_cache) >= _SPEC_CACHE_LIMIT:
+            self._spec_cache.clear()
+        self._spec_cache[id(spec)] = (spec, c)
+        return c
 
     def _track_pending(self, key: str, cr: Mapping[str, Any]) -> None:
         if is_pending(cr):
