@@ -37,6 +37,7 @@ async def serve(
     cfg.bind = [f"{host}:{port}"]
     cfg.graceful_timeout = 0.2
     cfg.keep_alive_timeout = 75
+    cfg.keep_alive_max_requests = 10**9
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("hypercorn.error")
     cfg.loglevel = "WARNING"
