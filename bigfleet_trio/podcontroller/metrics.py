@@ -50,8 +50,12 @@ for _outcome in OUTCOMES:  # export every series from the start (zero), as Go do
     RECONCILES.labels(outcome=_outcome)
 
 QUEUE_DEPTH = Gauge("workqueue_depth", "Current depth of the work queue.", ["name"])
-QUEUE_ADDS = Counter("workqueue_adds", "Keys added to the work queue (after de-duplication).", ["name"])
-QUEUE_RETRIES = Counter("workqueue_retries", "Rate-limited re-adds (retries) of the work queue.", ["name"])
+QUEUE_ADDS = Counter(
+    "workqueue_adds", "Keys added to the work queue (after de-duplication).", ["name"]
+)
+QUEUE_RETRIES = Counter(
+    "workqueue_retries", "Rate-limited re-adds (retries) of the work queue.", ["name"]
+)
 QUEUE_LATENCY = Histogram(
     "workqueue_queue_duration_seconds",
     "Seconds a key waits in the work queue before a worker takes it.",

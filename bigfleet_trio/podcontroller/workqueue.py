@@ -66,7 +66,9 @@ class QueueMetrics(Protocol):
 
 
 def backoff_delay(failures: int, base_delay: float, max_delay: float) -> float:
-    """``base_delay * 2**failures`` capped at ``max_delay`` (client-go ItemExponentialFailureRateLimiter).
+    """``base_delay * 2**failures`` capped at ``max_delay``.
+
+    client-go ``ItemExponentialFailureRateLimiter``.
 
     Args:
         failures: failures counted before this one (0 for the first retry).
@@ -127,7 +129,7 @@ class QueueCore(Generic[K]):
         return True
 
     def add_at(self, key: K, when: float, now: float) -> bool:
-        """Park ``key`` until ``when`` (keeps an earlier parked moment). ``when <= now`` = :meth:`add`.
+        """Park ``key`` until ``when`` (an earlier parked moment wins); ``when <= now`` adds.
 
         Returns True if the key joined the ready queue at once.
         """
@@ -271,7 +273,7 @@ class WorkQueue(QueueCore[K]):
         if self._lot.statistics().tasks_waiting:
             self._lot.unpark(count=n)
 
-    def add(self, key: K, now: float | None = None) -> bool:  # type: ignore[override]
+    def add(self, key: K, now: float | None = None) -> bool:
         """Make ``key`` ready now (de-duplicated)."""
         added = super().add(key, trio.current_time() if now is None else now)
         if added:
@@ -284,13 +286,13 @@ class WorkQueue(QueueCore[K]):
         if not self.add_at(key, now + delay, now):
             self._wake()  # a waiting get() recomputes its deadline
 
-    def add_rate_limited(self, key: K, now: float | None = None) -> float:  # type: ignore[override]
+    def add_rate_limited(self, key: K, now: float | None = None) -> float:
         """Park ``key`` for its backoff delay (counts a failure). Returns the delay."""
         delay = super().add_rate_limited(key, trio.current_time() if now is None else now)
         self._wake()
         return delay
 
-    def done(self, key: K, now: float | None = None) -> bool:  # type: ignore[override]
+    def done(self, key: K, now: float | None = None) -> bool:
         """Release ``key``; re-queues it if it was added while processing."""
         again = super().done(key, trio.current_time() if now is None else now)
         if again:

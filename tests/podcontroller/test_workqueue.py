@@ -184,7 +184,9 @@ async def test_get_blocks_until_add(autojump_clock: trio.testing.MockClock) -> N
     assert got == [("x", 3.0)]
 
 
-async def test_get_wakes_for_parked_key_at_its_moment(autojump_clock: trio.testing.MockClock) -> None:
+async def test_get_wakes_for_parked_key_at_its_moment(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     q: WorkQueue[str] = WorkQueue(base_delay=0.5, max_delay=10)
     seen: list[tuple[str, float]] = []
 

@@ -1,0 +1,702 @@
+"""The pod controller's reconcile loop: one CapacityRequest per non-terminal Pod.
+
+Seed 000 "The unschedulable-pod controller: one CapacityRequest per Pod", seed 003 (ADR-0039),
+reference-behavior.md §10 (Reconcile steps), with the §18 item 14 fixes: the CR name is derived
+from the Pod UID (two racing reconciles cannot create duplicates; AlreadyExists is success), a
+changed translation updates the CR, a CR deleted by hand is recreated at once (CR delete events
+enqueue the owning Pod) and on every resync, and orphan CRs whose Pod is gone are removed.
+
+Wiring:
+
+* Two informers: Pods (slim projection, :func:`slim_pod`) and CapacityRequests carrying the
+  ``bigfleet.lucy.sh/owned-by-pod`` label (:func:`slim_cr`, indexed by owner UID and by owner
+  Pod key). Nothing is written before both have synced.
+* A de-duplicating :class:`~.workqueue.WorkQueue` of keys ``("pod", "ns/name")`` and
+  ``("orphan", "ns/crname")``; ``workers`` tasks take keys; errors re-queue the key with per-key
+  exponential backoff.
+* Every ``resync_period`` all Pods are re-enqueued and CRs without a live Pod are re-checked.
+
+Reconcile of ``("pod", "ns/name")`` (outcome counted in
+``bigfleet_unschedulable_pod_controller_reconciles_total``):
+
+1. Pod not in the cache → ``pod_gone`` (ownerRef GC removes its CR; CRs still pointing at that
+   name are re-checked as orphans after ``orphan_grace``).
+2. Terminal (Succeeded/Failed) → deletecollection of CRs in the namespace labelled
+   ``owned-by-pod=<uid>`` when the cache shows any → ``pod_terminal``; never a create.
+3. Translate (:func:`~.translate.translate_pod`). TranslationError → Warning Event on the Pod +
+   log → ``invalid_pod`` (no CR, no retry). Warnings (unparseable penalty annotation, ...) →
+   Warning Event + log (once per distinct set of warnings per Pod) and carry on.
+4. No CR → create with the deterministic name; AlreadyExists → read it and treat it as existing
+   → ``cr_created`` / ``cr_exists``; after a create, status merge-patch ``{"status":{"phase":
+   "Pending"}}`` (failure logged, non-fatal).
+5. A CR exists: extra CRs for the same UID (e.g. made by the Go controller's generateName) are
+   deleted; if the kept CR's spec differs from the translation, a JSON merge patch (an RFC 7386
+   diff: removed keys set to null, lists replaced wholesale) updates it → ``cr_updated``;
+   otherwise ``cr_exists``.
+
+Reconcile of ``("orphan", "ns/crname")``: the CR's owner (label UID) is not a live Pod in the cache
+and a live GET of the owner Pod confirms it is gone (or has another UID) → delete the CR with a UID
+precondition → ``orphan_deleted``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, Informer, KubeClient, LeaderElector
+from bigfleet_trio.kube.errors import (
+    AlreadyExists,
+    ApiError,
+    Conflict,
+    KubeTransportError,
+    NotFound,
+)
+
+from . import metrics
+from .defaults import PriorityClassDefaults
+from .translate import (
+    INTERRUPTION_PENALTY_ANNOTATION,
+    OWNED_BY_POD_LABEL,
+    RECLAMATION_PENALTY_ANNOTATION,
+    TranslationError,
+    build_capacity_request,
+    is_terminal,
+    translate_pod,
+)
+from .workqueue import WorkQueue
+
+__all__ = [
+    "CONTROLLER_NAME",
+    "OWNER_POD_INDEX",
+    "OWNER_UID_INDEX",
+    "POD_UID_INDEX",
+    "PodController",
+    "SyncTimeout",
+    "merge_patch_diff",
+    "slim_cr",
+    "slim_pod",
+]
+
+log = logging.getLogger(__name__)
+
+CONTROLLER_NAME = "bigfleet-unschedulable-pod-controller"
+OWNER_UID_INDEX = "owner-uid"
+"""CR index: value of the ``bigfleet.lucy.sh/owned-by-pod`` label (the Pod UID)."""
+OWNER_POD_INDEX = "owner-pod"
+"""CR index: ``"ns/name"`` of the Pod named by the CR's Pod ownerReference."""
+POD_UID_INDEX = "uid"
+"""Pod index: ``metadata.uid``."""
+
+PodKey = tuple[str, str]
+
+_ANNOTATIONS_KEPT = (INTERRUPTION_PENALTY_ANNOTATION, RECLAMATION_PENALTY_ANNOTATION)
+_POD_META = ("name", "namespace", "uid", "ownerReferences", "deletionTimestamp")
+_POD_SPEC = (
+    "nodeSelector",
+    "overhead",
+    "resources",
+    "priority",
+    "priorityClassName",
+    "topologySpreadConstraints",
+)
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+class SyncTimeout(Exception):
+    """The informer caches did not sync within ``sync_timeout`` seconds."""
+
+
+# --------------------------------------------------------------------------------------------
+# projections and pure helpers
+
+
+def _slim_containers(value: Any, *, init: bool) -> Any:
+    if not isinstance(value, list):
+        return value  # malformed: keep it so translation reports it
+    out = []
+    for c in value:
+        if not isinstance(c, Mapping):
+            out.append(c)
+            continue
+        slim: dict[str, Any] = {}
+        resources = c.get("resources")
+        if isinstance(resources, Mapping):
+            if "requests" in resources:
+                slim["resources"] = {"requests": resources["requests"]}
+        elif resources is not None:
+            slim["resources"] = resources
+        if init and "restartPolicy" in c:
+            slim["restartPolicy"] = c["restartPolicy"]
+        out.append(slim)
+    return out
+
+
+def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The Pod as the controller keeps it in memory (informer transform).
+
+    Keeps ``metadata`` name/namespace/uid/ownerReferences/deletionTimestamp and the two penalty
+    annotations; ``spec`` fields :func:`~.translate.translate_pod` reads (container requests,
+    init-container restartPolicy, required node/pod affinity, nodeSelector, overhead, pod-level
+    resources, priority, priorityClassName, topologySpreadConstraints); ``status.phase``.
+    Malformed shapes are kept as they are so translation reports them. ``apiVersion``/``kind``
+    are always ``v1``/``Pod`` (Events need them).
+    """
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    spec = obj.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    status = obj.get("status")
+    status = status if isinstance(status, Mapping) else {}
+    out_meta: dict[str, Any] = {k: meta[k] for k in _POD_META if k in meta}
+    annotations = meta.get("annotations")
+    if isinstance(annotations, Mapping):
+        kept = {k: annotations[k] for k in _ANNOTATIONS_KEPT if k in annotations}
+        if kept:
+            out_meta["annotations"] = kept
+    elif annotations is not None:
+        out_meta["annotations"] = annotations
+    out_spec: dict[str, Any] = {k: spec[k] for k in _POD_SPEC if k in spec}
+    if "containers" in spec:
+        out_spec["containers"] = _slim_containers(spec["containers"], init=False)
+    if "initContainers" in spec:
+        out_spec["initContainers"] = _slim_containers(spec["initContainers"], init=True)
+    affinity = spec.get("affinity")
+    if isinstance(affinity, Mapping):
+        slim_aff: dict[str, Any] = {}
+        for part in ("nodeAffinity", "podAffinity"):
+            section = affinity.get(part)
+            if isinstance(section, Mapping):
+                if _REQUIRED in section:
+                    slim_aff[part] = {_REQUIRED: section[_REQUIRED]}
+            elif section is not None:
+                slim_aff[part] = section
+        if slim_aff:
+            out_spec["affinity"] = slim_aff
+    elif affinity is not None:
+        out_spec["affinity"] = affinity
+    out: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": out_meta,
+        "spec": out_spec,
+    }
+    if "phase" in status:
+        out["status"] = {"phase": status["phase"]}
+    return out
+
+
+def slim_cr(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The CapacityRequest as the controller keeps it: identity, owner, spec, status.phase."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, Mapping) else {}
+    out_meta: dict[str, Any] = {
+        k: meta[k]
+        for k in ("name", "namespace", "uid", "ownerReferences", "deletionTimestamp")
+        if k in meta
+    }
+    if OWNED_BY_POD_LABEL in labels:
+        out_meta["labels"] = {OWNED_BY_POD_LABEL: labels[OWNED_BY_POD_LABEL]}
+    status = obj.get("status")
+    out: dict[str, Any] = {"metadata": out_meta, "spec": obj.get("spec")}
+    if isinstance(status, Mapping) and "phase" in status:
+        out["status"] = {"phase": status["phase"]}
+    return out
+
+
+def _owner_uid(cr: Mapping[str, Any]) -> str:
+    labels = cr.get("metadata", {}).get("labels") or {}
+    uid = labels.get(OWNED_BY_POD_LABEL)
+    return uid if isinstance(uid, str) else ""
+
+
+def _owner_pod_name(cr: Mapping[str, Any]) -> str | None:
+    refs = cr.get("metadata", {}).get("ownerReferences")
+    if not isinstance(refs, list):
+        return None
+    for ref in refs:
+        if (
+            isinstance(ref, Mapping)
+            and ref.get("kind") == "Pod"
+            and isinstance(ref.get("name"), str)
+        ):
+            return str(ref["name"])
+    return None
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata", {})
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _index_owner_uid(cr: Mapping[str, Any]) -> list[str]:
+    uid = _owner_uid(cr)
+    return [uid] if uid else []
+
+
+def _index_owner_pod(cr: Mapping[str, Any]) -> list[str]:
+    name = _owner_pod_name(cr)
+    return [f"{cr.get('metadata', {}).get('namespace', '')}/{name}"] if name else []
+
+
+def _index_pod_uid(pod: Mapping[str, Any]) -> list[str]:
+    uid = pod.get("metadata", {}).get("uid")
+    return [uid] if isinstance(uid, str) and uid else []
+
+
+def merge_patch_diff(old: Any, new: Any) -> Any:
+    """The RFC 7386 JSON merge patch turning ``old`` into ``new``.
+
+    Objects are diffed key by key (keys missing from ``new`` become ``null``, equal keys are left
+    out); anything else (lists, scalars) is replaced wholesale, which is how merge patch treats
+    lists in CRDs. ``new`` must not contain ``null`` values (they would mean "delete").
+
+    Returns:
+        A dict patch when both are objects (``{}`` when equal), else ``new``.
+    """
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return new
+    patch: dict[str, Any] = {}
+    for k in old:
+        if k not in new:
+            patch[k] = None
+    for k, v in new.items():
+        if k not in old:
+            patch[k] = v
+        elif old[k] != v:
+            if isinstance(old[k], Mapping) and isinstance(v, Mapping):
+                patch[k] = merge_patch_diff(old[k], v)
+            else:
+                patch[k] = v
+    return patch
+
+
+# --------------------------------------------------------------------------------------------
+# the controller
+
+
+class PodController:
+    """Informers + work queue + workers that keep one CapacityRequest per non-terminal Pod.
+
+    Args:
+        client: the :class:`~bigfleet_trio.kube.KubeClient` (its QPS/burst limit applies).
+        defaults: PriorityClass penalty defaults (None = none).
+        workers: concurrent reconciles (16, reference ``MaxConcurrentReconciles``).
+        resync_period: seconds between full re-enqueues of every Pod (and orphan re-checks).
+        orphan_grace: seconds a CR whose Pod vanished is left to the apiserver's garbage
+            collector before we check it ourselves.
+        sync_timeout: seconds :meth:`run` waits for both informers to sync before raising
+            :class:`SyncTimeout` (reference: 10 min).
+        queue: the work queue (default: a fresh one reporting Prometheus metrics).
+        namespace: watch one namespace only (None = all).
+        component: Event source component.
+
+    Usage::
+
+        ctl = PodController(client, defaults)
+        await nursery.start(ctl.run)          # returns once both informers synced
+        # or, with leader election (informers run on standbys too, workers only on the leader):
+        await nursery.start(partial(ctl.run, elector=elector))
+
+    Attributes:
+        pods, crs: the two informers (``.store`` for inspection).
+        queue: the work queue.
+        outcomes: local ``collections.Counter`` of reconcile outcomes (tests, bench).
+        synced: both caches synced. leading: workers are running.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        defaults: PriorityClassDefaults | None = None,
+        *,
+        workers: int = 16,
+        resync_period: float = 300.0,
+        orphan_grace: float = 30.0,
+        sync_timeout: float = 600.0,
+        queue: WorkQueue[tuple[str, str]] | None = None,
+        namespace: str | None = None,
+        component: str = CONTROLLER_NAME,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1 (got {workers})")
+        self.client = client
+        self.defaults = defaults
+        self.workers = workers
+        self.resync_period = resync_period
+        self.orphan_grace = orphan_grace
+        self.sync_timeout = sync_timeout
+        self.component = component
+        self.queue: WorkQueue[tuple[str, str]] = queue or WorkQueue(
+            metrics=metrics.PrometheusQueueMetrics(component)
+        )
+        self.pods = Informer(
+            client,
+            PODS,
+            namespace=namespace,
+            transform=slim_pod,
+            indexers={POD_UID_INDEX: _index_pod_uid},
+        )
+        self.crs = Informer(
+            client,
+            CAPACITY_REQUESTS,
+            namespace=namespace,
+            label_selector=OWNED_BY_POD_LABEL,
+            transform=slim_cr,
+            indexers={OWNER_UID_INDEX: _index_owner_uid, OWNER_POD_INDEX: _index_owner_pod},
+        )
+        self.pods.add_handler(self._on_pod_add, self._on_pod_update, self._on_pod_delete)
+        self.crs.add_handler(self._on_cr_add, self._on_cr_update, self._on_cr_delete)
+        self.outcomes: collections.Counter[str] = collections.Counter()
+        self.synced = False
+        self.leading = False
+        self._reported: dict[str, tuple[str, ...]] = {}  # pod uid -> last warnings/errors sent
+
+    # -- readiness ----------------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str | list[str]]:
+        """``(True, detail)`` once both informers synced, else ``(False, reasons)``."""
+        if not self.synced:
+            reasons = [
+                f"{inf.res.plural} informer not synced"
+                for inf in (self.pods, self.crs)
+                if not inf.synced
+            ]
+            return False, reasons or ["starting workers"]
+        return True, "leader" if self.leading else "synced (standby)"
+
+    # -- informer handlers (sync, never block) -------------------------------------------------
+
+    def _enqueue_pod(self, key: str) -> None:
+        self.queue.add(("pod", key))
+
+    def _on_pod_add(self, pod: dict[str, Any]) -> None:
+        self._enqueue_pod(_key(pod))
+
+    def _on_pod_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        if old != new:  # the projection hides status churn that cannot change the CR
+            self._enqueue_pod(_key(new))
+
+    def _on_pod_delete(self, pod: dict[str, Any]) -> None:
+        uid = pod.get("metadata", {}).get("uid")
+        if isinstance(uid, str):
+            self._reported.pop(uid, None)
+        self._enqueue_pod(_key(pod))
+
+    def _check_cr(self, cr: dict[str, Any]) -> None:
+        """Enqueue whatever a CR change may require (its Pod, or an orphan check)."""
+        if not self.synced:
+            return  # the post-sync scan covers everything seen before
+        owner = _owner_pod_name(cr)
+        ns = cr.get("metadata", {}).get("namespace", "")
+        pod = self.pods.store.get(f"{ns}/{owner}") if owner else None
+        uid = _owner_uid(cr)
+        if pod is None or pod.get("metadata", {}).get("uid") != uid:
+            if not self.pods.store.by_index(POD_UID_INDEX, uid):
+                self.queue.add_after(("orphan", _key(cr)), self.orphan_grace)
+            return
+        if is_terminal(pod):
+            self._enqueue_pod(f"{ns}/{owner}")
+
+    def _on_cr_add(self, cr: dict[str, Any]) -> None:
+        self._check_cr(cr)
+
+    def _on_cr_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        if old.get("spec") != new.get("spec") and self.synced:
+            owner = _owner_pod_name(new)
+            if owner:  # someone edited the spec: put it back if it differs from the Pod's
+                self._enqueue_pod(f"{new.get('metadata', {}).get('namespace', '')}/{owner}")
+        self._check_cr(new)
+
+    def _on_cr_delete(self, cr: dict[str, Any]) -> None:
+        owner = _owner_pod_name(cr)
+        if owner and self.synced:  # recreate at once if the Pod still wants one
+            self._enqueue_pod(f"{cr.get('metadata', {}).get('namespace', '')}/{owner}")
+
+    # -- running ------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        *,
+        elector: LeaderElector | None = None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Start the informers, wait for sync, then run the workers until cancelled.
+
+        ``task_status.started()`` is signalled once both caches synced. With ``elector`` the
+        workers (the only writers) run only while this process holds the Lease; a lost Lease
+        cancels them and the controller campaigns again, informers staying warm.
+
+        Raises:
+            SyncTimeout: the caches did not sync within ``sync_timeout``.
+        """
+        missing: list[str] = []
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.pods.run)
+            await nursery.start(self.crs.run)
+            with trio.move_on_after(self.sync_timeout) as scope:
+                await self.pods.wait_synced()
+                await self.crs.wait_synced()
+            if scope.cancelled_caught:
+                missing = [inf.res.plural for inf in (self.pods, self.crs) if not inf.synced]
+                nursery.cancel_scope.cancel()
+            else:
+                await self._synced_run(elector, task_status)
+                nursery.cancel_scope.cancel()
+        if missing:
+            raise SyncTimeout(
+                f"timed out after {self.sync_timeout:g}s waiting for informer caches to sync "
+                f"({', '.join(missing)})"
+            )
+
+    async def _synced_run(
+        self, elector: LeaderElector | None, task_status: trio.TaskStatus[None]
+    ) -> None:
+        self.synced = True
+        log.info(
+            "pod controller caches synced pods=%d crs=%d", len(self.pods.store), len(self.crs.store)
+        )
+        task_status.started()
+        if elector is None:
+            await self._work()
+        else:
+            await elector.run(self._work)
+
+    async def _work(self) -> None:
+        """The leader's part: initial enqueue + orphan scan, workers, periodic resync."""
+        self.leading = True
+        try:
+            self.resync()
+            log.info(
+                "pod controller workers starting workers=%d queued=%d",
+                self.workers,
+                len(self.queue),
+            )
+            async with trio.open_nursery() as nursery:
+                for i in range(self.workers):
+                    nursery.start_soon(self._worker, i)
+                nursery.start_soon(self._resync_loop)
+        finally:
+            self.leading = False
+
+    def resync(self) -> None:
+        """Enqueue every cached Pod and an orphan check for every CR without a live Pod."""
+        for key in self.pods.store.keys():
+            self._enqueue_pod(key)
+        orphans = 0
+        for key, cr in self.crs.store.items():
+            if not self.pods.store.by_index(POD_UID_INDEX, _owner_uid(cr)):
+                self.queue.add(("orphan", key))
+                orphans += 1
+        log.debug("pod controller resync pods=%d orphan_checks=%d", len(self.pods.store), orphans)
+
+    async def _resync_loop(self) -> None:
+        if not math.isfinite(self.resync_period) or self.resync_period <= 0:
+            return
+        while True:
+            await trio.sleep(self.resync_period)
+            self.resync()
+
+    async def _worker(self, index: int) -> None:
+        while True:
+            item = await self.queue.get()
+            try:
+                outcome = await self.reconcile(item)
+            except (ApiError, KubeTransportError) as exc:
+                self._count("error")
+                delay = self.queue.add_rate_limited(item)
+                log.warning(
+                    "pod controller reconcile failed key=%s/%s retry_in=%.3fs err=%s",
+                    item[0],
+                    item[1],
+                    delay,
+                    exc,
+                )
+            except Exception:
+                self._count("error")
+                delay = self.queue.add_rate_limited(item)
+                log.exception(
+                    "pod controller reconcile crashed key=%s/%s retry_in=%.3fs",
+                    item[0],
+                    item[1],
+                    delay,
+                )
+            else:
+                self.queue.forget(item)
+                if outcome is not None:
+                    self._count(outcome)
+            finally:
+                self.queue.done(item)
+
+    def _count(self, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+        metrics.count_reconcile(outcome)
+
+    # -- reconcile ----------------------------------------------------------------------------
+
+    async def reconcile(self, item: tuple[str, str]) -> str | None:
+        """Reconcile one queue item; returns the outcome label (None: nothing to count).
+
+        Raises:
+            ApiError, KubeTransportError: a write failed (the worker re-queues with backoff).
+        """
+        kind, key = item
+        if kind == "pod":
+            return await self.reconcile_pod(key)
+        if kind == "orphan":
+            return await self.reconcile_orphan(key)
+        log.error("pod controller unknown queue item kind=%s key=%s", kind, key)
+        return None
+
+    async def reconcile_pod(self, key: str) -> str:
+        """Reconcile the Pod ``"ns/name"`` (see the module docstring)."""
+        pod = self.pods.store.get(key)
+        if pod is None:
+            for cr in self.crs.store.by_index(OWNER_POD_INDEX, key):
+                self.queue.add_after(("orphan", _key(cr)), self.orphan_grace)
+            log.debug("pod gone pod=%s", key)
+            return "pod_gone"
+        meta = pod["metadata"]
+        ns = meta.get("namespace", "")
+        uid = meta.get("uid")
+        if not isinstance(uid, str) or not uid:
+            log.warning("pod without uid skipped pod=%s", key)
+            return "invalid_pod"
+        owned = self.crs.store.by_index(OWNER_UID_INDEX, uid)
+        if is_terminal(pod):
+            if owned:
+                await self.client.delete_collection(
+                    CAPACITY_REQUESTS, ns, label_selector=f"{OWNED_BY_POD_LABEL}={uid}"
+                )
+                log.info(
+                    "crs deleted for terminal pod pod=%s uid=%s phase=%s crs=%d",
+                    key,
+                    uid,
+                    pod.get("status", {}).get("phase"),
+                    len(owned),
+                )
+            return "pod_terminal"
+        try:
+            translation = translate_pod(pod, self.defaults)
+            body = build_capacity_request(pod, translation)
+        except TranslationError as exc:
+            log.warning("pod cannot be translated pod=%s uid=%s err=%s", key, uid, exc)
+            await self._report(pod, uid, "CapacityRequestFailed", (str(exc),))
+            return "invalid_pod"
+        if translation.warnings:
+            for w in translation.warnings:
+                log.warning("pod translation warning pod=%s uid=%s warning=%s", key, uid, w)
+            await self._report(pod, uid, "CapacityRequestWarning", translation.warnings)
+        else:
+            self._reported.pop(uid, None)
+        want = body["metadata"]["name"]
+        if not owned:
+            return await self._create(key, uid, body)
+        keep = next((cr for cr in owned if cr["metadata"].get("name") == want), owned[0])
+        for extra in owned:
+            if extra is not keep:
+                await self._delete_cr(extra, why="duplicate")
+        if keep.get("spec") != translation.spec:
+            return await self._update_spec(key, keep, translation.spec, body)
+        log.debug("cr exists pod=%s cr=%s", key, keep["metadata"].get("name"))
+        return "cr_exists"
+
+    async def _create(self, key: str, uid: str, body: dict[str, Any]) -> str:
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            await self.client.create(CAPACITY_REQUESTS, body, ns)
+        except AlreadyExists:
+            # Cache lag or a racing reconcile: the CR is there; make sure it is right.
+            live = await self.client.get(CAPACITY_REQUESTS, name, ns)
+            outcome = "cr_exists"
+            if live.get("spec") != body["spec"]:
+                await self.client.patch(
+                    CAPACITY_REQUESTS,
+                    name,
+                    {"spec": merge_patch_diff(live.get("spec") or {}, body["spec"])},
+                    ns,
+                )
+                log.info("cr updated pod=%s cr=%s (found on create)", key, name)
+                outcome = "cr_updated"
+            if not (live.get("status") or {}).get("phase"):
+                await self._stamp_pending(key, ns, name)
+            return outcome
+        log.info("cr created pod=%s uid=%s cr=%s", key, uid, name)
+        await self._stamp_pending(key, ns, name)
+        return "cr_created"
+
+    async def _stamp_pending(self, key: str, ns: str, name: str) -> None:
+        try:
+            await self.client.patch(
+                CAPACITY_REQUESTS, name, {"status": {"phase": "Pending"}}, ns, subresource="status"
+            )
+        except NotFound:
+            log.info("cr gone before Pending stamp pod=%s cr=%s", key, name)
+        except (ApiError, KubeTransportError) as exc:
+            log.warning("cr Pending stamp failed (non-fatal) pod=%s cr=%s err=%s", key, name, exc)
+
+    async def _update_spec(
+        self, key: str, cr: dict[str, Any], spec: dict[str, Any], body: dict[str, Any]
+    ) -> str:
+        meta = cr["metadata"]
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        patch = {"spec": merge_patch_diff(cr.get("spec") or {}, spec)}
+        try:
+            await self.client.patch(CAPACITY_REQUESTS, name, patch, ns)
+        except NotFound:
+            log.info("cr vanished before update, recreating pod=%s cr=%s", key, name)
+            return await self._create(key, body["metadata"]["labels"][OWNED_BY_POD_LABEL], body)
+        log.info("cr updated pod=%s cr=%s patch=%s", key, name, patch)
+        return "cr_updated"
+
+    async def _delete_cr(self, cr: dict[str, Any], *, why: str) -> bool:
+        meta = cr["metadata"]
+        ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid")
+        try:
+            await self.client.delete(
+                CAPACITY_REQUESTS, name, ns, preconditions={"uid": uid} if uid else None
+            )
+        except (NotFound, Conflict):
+            return False
+        log.info("cr deleted reason=%s cr=%s/%s owner_uid=%s", why, ns, name, _owner_uid(cr))
+        return True
+
+    async def reconcile_orphan(self, key: str) -> str | None:
+        """Delete the CR ``"ns/name"`` if its owner Pod is really gone (live GET confirms)."""
+        cr = self.crs.store.get(key)
+        if cr is None or cr["metadata"].get("deletionTimestamp"):
+            return None
+        uid = _owner_uid(cr)
+        if uid and self.pods.store.by_index(POD_UID_INDEX, uid):
+            return None
+        ns = cr["metadata"].get("namespace", "")
+        owner = _owner_pod_name(cr)
+        if owner:
+            try:
+                live = await self.client.get(PODS, owner, ns)
+            except NotFound:
+                live = None
+            if live is not None and (live.get("metadata") or {}).get("uid") == uid:
+                return None  # the Pod exists; our cache lags
+        if await self._delete_cr(cr, why="orphan"):
+            return "orphan_deleted"
+        return None
+
+    async def _report(
+        self, pod: dict[str, Any], uid: str, reason: str, messages: tuple[str, ...]
+    ) -> None:
+        """A Warning Event on the Pod per message, once per distinct set of messages."""
+        if self._reported.get(uid) == messages:
+            return
+        self._reported[uid] = messages
+        for message in messages:
+            await self.client.create_event(
+                pod, reason=reason, message=message, type="Warning", component=self.component
+            )

@@ -1,0 +1,494 @@
+"""Pod controller on the embedded apiserver (issue 6 "Tests": integration).
+
+The apiserver runs in-process (``InProcessTransport``: the ASGI app on Trio, no sockets), so
+``autojump_clock`` drives informer, queue and resync timing. One test uses a real loopback socket.
+Expected CR specs are worked out by hand from the Pod manifests below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from bigfleet_trio.kube import (
+    CAPACITY_REQUESTS,
+    EVENTS,
+    PODS,
+    KubeClient,
+    KubeConfig,
+    load_kubeconfig,
+)
+from bigfleet_trio.podcontroller.controller import PodController, SyncTimeout
+from bigfleet_trio.podcontroller.defaults import parse_priority_class_defaults
+from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
+from bigfleet_trio.sim.apiserver.testing import InProcessTransport
+
+LABEL = "bigfleet.lucy.sh/owned-by-pod"
+
+
+def pod(
+    name: str,
+    *,
+    cpu: str = "500m",
+    memory: str = "1Gi",
+    ns: str = "default",
+    annotations: dict[str, str] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": ns}
+    if annotations:
+        meta["annotations"] = annotations
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "busybox",
+                    "resources": {"requests": {"cpu": cpu, "memory": memory}},
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def client_for(server: ApiServer, nursery: trio.Nursery) -> KubeClient:
+    return KubeClient(
+        KubeConfig(server="http://apiserver"),
+        qps=1e6,
+        burst=1_000_000,
+        transport=InProcessTransport(server.app, nursery),
+    )
+
+
+async def eventually(check: Callable[[], Any], limit: float = 30.0, step: float = 0.05) -> Any:
+    """Poll ``check`` (sync or async) until it returns something truthy."""
+    with trio.fail_after(limit):
+        while True:
+            value = check()
+            if hasattr(value, "__await__"):
+                value = await value
+            if value:
+                return value
+            await trio.sleep(step)
+
+
+async def crs(client: KubeClient, ns: str = "default") -> list[dict[str, Any]]:
+    return (await client.list(CAPACITY_REQUESTS, ns)).items
+
+
+@asynccontextmanager
+async def running(
+    server: ApiServer, **kwargs: Any
+) -> AsyncIterator[tuple[PodController, KubeClient]]:
+    async with trio.open_nursery() as nursery:
+        client = client_for(server, nursery)
+        ctl = PodController(client, **kwargs)
+        await nursery.start(ctl.run)
+        yield ctl, client
+        nursery.cancel_scope.cancel()
+
+
+async def test_pods_become_crs_with_owner_refs_and_pending(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+) -> None:
+    server = ApiServer()
+    setup = client_for(server, nursery)
+    p1 = await setup.create(PODS, pod("web-1"))
+    async with running(server) as (ctl, client):
+        p2 = await client.create(
+            PODS, pod("web-2", cpu="2", memory="512Mi", priority=1000, nodeSelector={"zone": "a"})
+        )
+        await eventually(lambda: _pending_count(client, 2))
+        by_owner = {cr["metadata"]["labels"][LABEL]: cr for cr in await crs(client)}
+        assert set(by_owner) == {p1["metadata"]["uid"], p2["metadata"]["uid"]}
+        cr1 = by_owner[p1["metadata"]["uid"]]
+        assert cr1["metadata"]["name"] == "cr-" + p1["metadata"]["uid"]
+        assert cr1["metadata"]["ownerReferences"] == [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": "web-1",
+                "uid": p1["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        assert cr1["spec"] == {
+            "priority": 0,
+            "resources": {"cpu": "500m", "memory": "1Gi"},
+            "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "Exists"}],
+        }
+        assert cr1["status"] == {"phase": "Pending"}
+        cr2 = by_owner[p2["metadata"]["uid"]]
+        assert cr2["spec"] == {
+            "priority": 1000,
+            "resources": {"cpu": "2", "memory": "512Mi"},
+            "requirements": [{"key": "zone", "operator": "In", "values": ["a"]}],
+        }
+        assert ctl.outcomes["cr_created"] == 2
+        assert ctl.readiness() == (True, "leader")
+
+
+async def _pending_count(client: KubeClient, n: int) -> bool:
+    items = await crs(client)
+    return len(items) == n and all((c.get("status") or {}).get("phase") == "Pending" for c in items)
+
+
+async def test_deleted_pod_gc_and_terminal_pod_cleanup(
+    autojump_clock: trio.testing.MockClock,
+    nursery: trio.Nursery,
+) -> None:
+    server = ApiServer()
+    setup = client_for(server, nursery)
+    await setup.create(PODS, pod("done"))  # already Failed when the controller first sees it
+    await setup.patch(
+        PODS, "done", {"status": {"phase": "Failed"}}, "default", subresource="status"
+    )
+    async with running(server) as (ctl, client):
+        await client.create(PODS, pod("gone"))
+        job = await client.create(PODS, pod("job"))
+        await eventually(lambda: _pending_count(client, 2))
+        await client.delete(PODS, "gone", "default")
+        await eventually(lambda: ctl.outcomes["pod_gone"] >= 1)
+        items = await crs(client)
+        assert [c["metadata"]["labels"][LABEL] for c in items] == [job["metadata"]["uid"]]
+        deletes_before = server.counters[("deletecollection", "capacityrequests")]
+        await client.patch(
+            PODS, "job", {"status": {"phase": "Succeeded"}}, "default", subresource="status"
+        )
+        await eventually(lambda: _count(client, 0))
+        assert server.counters[("deletecollection", "capacityrequests")] == deletes_before + 1
+        assert ctl.outcomes["pod_terminal"] >= 1
+        # a terminal Pod never gets a CR, not even on resync
+        ctl.resync()
+        await trio.sleep(5)
+        assert await crs(client) == []
+        assert server.counters[("create", "capacityrequests")] == 2
+
+
+async def _count(client: KubeClient, n: int) -> bool:
+    return len(await crs(client)) == n
+
+
+async def test_resize_and_new_annotation_update_the_cr(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = ApiServer()
+    defaults = parse_priority_class_defaults('batch: {interruptionPenalty: "16"}\n')
+    async with running(server, defaults=defaults) as (ctl, client):
+        created = await client.create(
+            PODS,
+            pod(
+                "r",
+                priorityClassName="batch",
+                topologySpreadConstraints=[
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "zone",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "labelSelector": {"matchLabels": {"a": "b"}},
+                    }
+                ],
+            ),
+        )
+        name = "cr-" + created["metadata"]["uid"]
+        await eventually(lambda: _pending_count(client, 1))
+        cr = await client.get(CAPACITY_REQUESTS, name, "default")
+        assert cr["spec"]["interruptionPenalty"] == "16"
+        assert cr["spec"]["topologySpread"] == [
+            {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+        ]
+        # in-place resize (the sim accepts the spec change) + a penalty annotation + no spread
+        await client.patch(
+            PODS,
+            "r",
+            {
+                "metadata": {"annotations": {"bigfleet.lucy.sh/reclamation-penalty": "2500m"}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "busybox",
+                            "resources": {"requests": {"cpu": "3", "memory": "1Gi"}},
+                        }
+                    ],
+                    "topologySpreadConstraints": None,
+                },
+            },
+            "default",
+        )
+
+        async def updated() -> bool:
+            got = await client.get(CAPACITY_REQUESTS, name, "default")
+            return got["spec"] == {
+                "priority": 0,
+                "resources": {"cpu": "3", "memory": "1Gi"},
+                "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "Exists"}],
+                "interruptionPenalty": "16",
+                "reclamationPenalty": "2500m",
+            }
+
+        await eventually(updated)
+        assert ctl.outcomes["cr_updated"] == 1
+        assert (await client.get(CAPACITY_REQUESTS, name, "default"))["status"] == {
+            "phase": "Pending"
+        }
+        # a hand edit of the spec is put back
+        await client.patch(CAPACITY_REQUESTS, name, {"spec": {"priority": 7}}, "default")
+        await eventually(updated)
+        assert ctl.outcomes["cr_updated"] == 2
+        assert server.counters[("create", "capacityrequests")] == 1
+
+
+async def test_hand_deleted_cr_is_recreated(autojump_clock: trio.testing.MockClock) -> None:
+    server = ApiServer()
+    async with running(server, resync_period=60.0) as (ctl, client):
+        created = await client.create(PODS, pod("p"))
+        name = "cr-" + created["metadata"]["uid"]
+        await eventually(lambda: _pending_count(client, 1))
+        await client.delete(CAPACITY_REQUESTS, name, "default")
+        await eventually(lambda: _pending_count(client, 1))
+        assert server.counters[("create", "capacityrequests")] == 2
+        assert ctl.outcomes["cr_created"] == 2
+        # The delete happens while the CR watch is down and its history is compacted: the
+        # informer relists (410), synthesises the DELETED, and the CR comes back.
+        server.faults.fail_next(1, code=500, verb="watch", resource="capacityrequests")
+        server.faults.drop_watches()
+        await client.delete(CAPACITY_REQUESTS, name, "default")
+        server.faults.compact()
+        await eventually(lambda: ctl.crs.relists == 2)
+        await eventually(lambda: _pending_count(client, 1))
+        assert server.counters[("create", "capacityrequests")] == 3
+        # resync re-enqueues every Pod; with nothing to do it writes nothing
+        writes = server.counters.total("create") + server.counters.total("patch")
+        before = ctl.outcomes["cr_exists"]
+        await trio.sleep(60)
+        assert ctl.outcomes["cr_exists"] == before + 1
+        assert server.counters.total("create") + server.counters.total("patch") == writes
+
+
+async def test_restart_creates_no_duplicates(autojump_clock: trio.testing.MockClock) -> None:
+    server = ApiServer()
+    async with running(server) as (ctl, client):
+        for i in range(20):
+            await client.create(PODS, pod(f"p{i}"))
+        await eventually(lambda: _pending_count(client, 20))
+    creates = server.counters[("create", "capacityrequests")]
+    assert creates == 20
+    # two controllers at once (e.g. a restart overlapping the old process) + one later restart
+    async with running(server) as (a, _), running(server) as (b, client):
+        await trio.sleep(10)
+        assert await _pending_count(client, 20)
+        assert a.outcomes["cr_exists"] == 20 and b.outcomes["cr_exists"] == 20
+    async with running(server) as (c, client):
+        await client.create(PODS, pod("late"))
+        await eventually(lambda: _pending_count(client, 21))
+        await trio.sleep(5)
+    assert server.counters[("create", "capacityrequests")] == 21
+
+
+async def test_racing_create_already_exists_is_success(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = ApiServer()
+    async with running(server) as (ctl, client):
+        created = await client.create(PODS, pod("p"))
+        await eventually(lambda: _pending_count(client, 1))
+        cr = (await crs(client))[0]
+        # Pretend the cache has not seen the CR yet: reconcile goes down the create path.
+        ctl.crs.store._pop(f"default/{cr['metadata']['name']}")
+        assert await ctl.reconcile_pod("default/p") == "cr_exists"
+        assert await _count(client, 1)
+        assert created["metadata"]["uid"] == cr["metadata"]["labels"][LABEL]
+
+
+async def test_unparseable_annotation_event_and_fallback(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = ApiServer()
+    defaults = parse_priority_class_defaults('gold: {interruptionPenalty: "100"}\n')
+    async with running(server, defaults=defaults) as (ctl, client):
+        created = await client.create(
+            PODS,
+            pod(
+                "bad",
+                priorityClassName="gold",
+                annotations={"bigfleet.lucy.sh/interruption-penalty": "lots"},
+            ),
+        )
+        await eventually(lambda: _pending_count(client, 1))
+        cr = (await crs(client))[0]
+        assert cr["spec"]["interruptionPenalty"] == "100"  # fell through to the class default
+        events = (await client.list(EVENTS, "default")).items
+        assert len(events) == 1
+        ev = events[0]
+        assert ev["type"] == "Warning"
+        assert ev["reason"] == "CapacityRequestWarning"
+        assert ev["involvedObject"]["name"] == "bad"
+        assert ev["involvedObject"]["uid"] == created["metadata"]["uid"]
+        assert "bigfleet.lucy.sh/interruption-penalty" in ev["message"]
+        # resync does not repeat the Event for the same warning
+        ctl.resync()
+        await trio.sleep(5)
+        assert len((await client.list(EVENTS, "default")).items) == 1
+
+
+async def test_invalid_pod_gets_event_and_no_cr(autojump_clock: trio.testing.MockClock) -> None:
+    server = ApiServer()
+    async with running(server) as (ctl, client):
+        bad = pod("bad")
+        bad["spec"]["overhead"] = {"cpu": "a lot"}
+        await client.create(PODS, bad)
+        await client.create(PODS, pod("good"))
+        await eventually(lambda: _pending_count(client, 1))
+        await eventually(lambda: ctl.outcomes["invalid_pod"] >= 1)
+        events = (await client.list(EVENTS, "default")).items
+        assert [(e["reason"], e["involvedObject"]["name"]) for e in events] == [
+            ("CapacityRequestFailed", "bad")
+        ]
+        assert "spec.overhead" in events[0]["message"]
+
+
+async def test_orphan_cr_is_cleaned_up_after_sync(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    server = ApiServer(gc_dangling=False)
+    setup = client_for(server, nursery)
+    live = await setup.create(PODS, pod("live"))
+    dead_uid = "00000000-0000-4000-8000-000000000000"
+    for name, uid, owner in (
+        ("cr-orphan", dead_uid, "dead"),
+        ("cr-" + live["metadata"]["uid"], live["metadata"]["uid"], "live"),
+    ):
+        await setup.create(
+            CAPACITY_REQUESTS,
+            {
+                "apiVersion": "bigfleet.lucy.sh/v1alpha1",
+                "kind": "CapacityRequest",
+                "metadata": {
+                    "name": name,
+                    "namespace": "default",
+                    "labels": {LABEL: uid},
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "name": owner,
+                            "uid": uid,
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": {
+                    "priority": 0,
+                    "resources": {"cpu": "500m", "memory": "1Gi"},
+                    "requirements": [
+                        {"key": "node.kubernetes.io/instance-type", "operator": "Exists"}
+                    ],
+                },
+            },
+        )
+    async with running(server) as (ctl, client):
+        await eventually(lambda: ctl.outcomes["orphan_deleted"] == 1)
+        names = [c["metadata"]["name"] for c in await crs(client)]
+        assert names == ["cr-" + live["metadata"]["uid"]]
+        assert ctl.outcomes["cr_exists"] == 1
+        assert server.counters[("create", "capacityrequests")] == 2  # only the two above
+
+
+async def test_errors_requeue_with_backoff(autojump_clock: trio.testing.MockClock) -> None:
+    server = ApiServer()
+    async with running(server) as (ctl, client):
+        server.faults.fail_next(3, code=409, verb="create", resource="capacityrequests")
+        await client.create(PODS, pod("p"))
+        await eventually(lambda: _pending_count(client, 1))
+        assert ctl.outcomes["error"] == 3
+        assert ctl.outcomes["cr_created"] == 1
+        # the Pending stamp failing is non-fatal
+        server.faults.fail_next(1, code=500, verb="patch", resource="capacityrequests/status")
+        server.faults.fail_next(10, code=500, verb="patch", resource="capacityrequests/status")
+        await client.create(PODS, pod("q"))
+        await eventually(lambda: _count(client, 2))
+        await eventually(lambda: ctl.outcomes["cr_created"] == 2)
+        assert ctl.outcomes["error"] == 3
+
+
+async def test_sync_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    server = ApiServer()
+    # Both lists fail: no watch is ever opened, so the in-process transport has nothing
+    # to tear down.
+    server.faults.fail_next(10_000, code=500, verb="list")
+    async with trio.open_nursery() as nursery:  # owns the in-process apiserver's tasks
+        ctl = PodController(client_for(server, nursery), sync_timeout=30)
+        with pytest.raises(SyncTimeout, match=r"after 30s .*\(pods, capacityrequests\)"):
+            await ctl.run()
+        assert trio.current_time() == pytest.approx(30)
+        assert ctl.readiness() == (
+            False,
+            ["pods informer not synced", "capacityrequests informer not synced"],
+        )
+        nursery.cancel_scope.cancel()
+
+
+async def test_leader_election_only_leader_writes(autojump_clock: trio.testing.MockClock) -> None:
+    from bigfleet_trio.kube import LeaderElector
+
+    server = ApiServer()
+    async with trio.open_nursery() as nursery:
+        client = client_for(server, nursery)
+        await client.create(PODS, pod("p"))
+        a = PodController(client)
+        b = PodController(client)
+        ea = LeaderElector(client, name="upc", namespace="default", identity="a", rng=lambda: 0.0)
+        eb = LeaderElector(client, name="upc", namespace="default", identity="b", rng=lambda: 0.0)
+        scope_a = trio.CancelScope()
+
+        async def run_a() -> None:
+            with scope_a:
+                await a.run(elector=ea)
+
+        nursery.start_soon(run_a)
+        await eventually(lambda: a.leading)
+        await nursery.start(partial(b.run, elector=eb))
+        await eventually(lambda: _pending_count(client, 1))
+        assert b.readiness() == (True, "synced (standby)")
+        await client.create(PODS, pod("q"))
+        await eventually(lambda: _pending_count(client, 2))
+        assert sum(b.outcomes.values()) == 0
+        scope_a.cancel()  # a exits and releases; b takes over
+        await eventually(lambda: b.leading)
+        await client.create(PODS, pod("r"))
+        await eventually(lambda: _pending_count(client, 3))
+        assert b.outcomes["cr_created"] == 1
+        assert server.counters[("create", "capacityrequests")] == 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_real_socket_end_to_end(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = ApiServer()
+    url = await nursery.start(serve, server)
+    kc = tmp_path / "kubeconfig"
+    write_kubeconfig(url, str(kc))
+    with trio.fail_after(20):
+        async with KubeClient(load_kubeconfig(str(kc), env={})) as client:
+            ctl = PodController(client)
+            async with trio.open_nursery() as inner:
+                await inner.start(ctl.run)
+                for i in range(5):
+                    await client.create(PODS, pod(f"s{i}"))
+                await eventually(lambda: _pending_count(client, 5), step=0.01)
+                await client.delete(PODS, "s0", "default")
+                await eventually(lambda: _count(client, 4), step=0.01)
+                inner.cancel_scope.cancel()
