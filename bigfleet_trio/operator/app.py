@@ -1,0 +1,510 @@
+"""The operator process: informers, the shard session, operator-owned drains, diagnostics.
+
+Seed 000 (the operator as a whole: "The single outbound stream", "Building the roll-up",
+"Handling reclaim", "Bootstrap", "UpcomingNode"), issue 5's integration and issue 7's operator
+parts (diagnostics, shutdown, leader election); design.md "Data flow"::
+
+    Operator.run
+    ├── CapacityRequestRollup.run      (exclusion Events, periodic consistency check)
+    ├── Informer CapacityRequests       (slim view) --> RollupAggregator (incremental)
+    ├── Informer UpcomingNodes          (indexed by status.nodeRef.name)
+    ├── Informer Nodes                  (slim view)
+    │        ... all three synced before ANY cluster write or roll-up ...
+    ├── DrainManager.run               (operator-owned: a reconnect never cancels a drain)
+    ├── Acknowledger.run               (Pending -> Acknowledged, never delays a tick)
+    └── Agent.run                      (reconnect loop; one Session nursery per stream)
+
+Why wait for the informers: a roll-up is a full replacement, so one built from a half-listed
+cache would withdraw real demand (an empty cache = "withdraw everything").
+
+:func:`run_operator` is the ``bigfleet-trio operator`` entry point: kubeconfig, KubeClient with
+qps/burst, the grpclib connector (TLS when configured) inside one trio-asyncio loop, the
+diagnostics listener(s), optional Lease leader election (only the leader runs
+:meth:`Operator.run`, hence holds the shard session and writes the cluster) and SIGINT/SIGTERM:
+the stream is closed at once, running drains may finish for up to ``--drain-shutdown-timeout``,
+then the process exits with no task left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import trio
+
+from bigfleet_trio.config import OperatorConfig
+from bigfleet_trio.kube import (
+    CAPACITY_REQUESTS,
+    NODES,
+    UPCOMING_NODES,
+    Informer,
+    KubeClient,
+    KubeConfig,
+    LeaderElector,
+    load_kubeconfig,
+)
+from bigfleet_trio.observability.events import EventFeed
+from bigfleet_trio.operator.acknowledge import Acknowledger
+from bigfleet_trio.operator.agent import Agent, AgentConfig
+from bigfleet_trio.operator.available import AvailableCapacityHandler
+from bigfleet_trio.operator.bootstrap import (
+    BootstrapHandler,
+    FileRenderer,
+    Renderer,
+    make_renderer,
+)
+from bigfleet_trio.operator.crview import slim
+from bigfleet_trio.operator.reclaim import DrainManager, ReclaimHandler
+from bigfleet_trio.operator.session import SessionConfig
+from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler
+from bigfleet_trio.operator.wiring import (
+    DEFAULT_CONSISTENCY_INTERVAL,
+    CapacityRequestRollup,
+    OperatorHandlers,
+    node_ref_index,
+    slim_node,
+)
+from bigfleet_trio.shard.transport import Connector
+
+__all__ = ["NODE_REF_INDEX", "Operator", "OperatorStatistics", "run_operator", "serve_operator"]
+
+log = logging.getLogger(__name__)
+
+NODE_REF_INDEX = "nodeRef"
+"""Index name of the UpcomingNode informer: Node name -> UpcomingNodes pointing at it."""
+
+
+@dataclass
+class OperatorStatistics:
+    """Snapshot from :meth:`Operator.statistics` (the demo's progress view, debugging).
+
+    Attributes:
+        running: :meth:`Operator.run` is past start-up (informers synced).
+        informers_synced: plural -> synced.
+        session_up: a shard session is established (Hello sent).
+        sessions / reconnects: shard sessions opened / ended.
+        last_session_error: why the last session ended ("" before any).
+        rollups_built: roll-ups handed to the session.
+        rollups_sent: roll-up frames written to the stream (older unsent ones are replaced).
+        needs_last_rollup: CapacityNeeds in the last roll-up (None before the first).
+        crs_contributing / crs_excluded: CapacityRequests in / left out of the aggregate.
+        crs_acknowledged / ack_failures: Pending -> Acknowledged patches done / failed.
+        drains_active: nodes draining now.
+        drains_completed / drains_failed / drains_abandoned: finished drains by outcome (the
+            DrainManager keeps the last 1024 results).
+        frames_in / frames_out: shard frames received / sent.
+        handler_errors: inbound handlers that raised.
+        outbox_dropped: responses dropped because the outbox was full.
+    """
+
+    running: bool = False
+    informers_synced: dict[str, bool] = field(default_factory=dict)
+    session_up: bool = False
+    sessions: int = 0
+    reconnects: int = 0
+    last_session_error: str = ""
+    rollups_built: int = 0
+    rollups_sent: int = 0
+    needs_last_rollup: int | None = None
+    crs_contributing: int = 0
+    crs_excluded: int = 0
+    crs_acknowledged: int = 0
+    ack_failures: int = 0
+    drains_active: int = 0
+    drains_completed: int = 0
+    drains_failed: int = 0
+    drains_abandoned: int = 0
+    frames_in: int = 0
+    frames_out: int = 0
+    handler_errors: int = 0
+    outbox_dropped: int = 0
+
+
+def _renderer_for(cfg: OperatorConfig) -> Renderer:
+    if cfg.bootstrap_template is not None:
+        return FileRenderer(
+            cfg.bootstrap_template, name=cfg.bootstrap_template_file or "<bootstrap template>"
+        )
+    return make_renderer(cfg.bootstrap_template_file)
+
+
+class _Runtime:
+    """Everything one :meth:`Operator.run` owns (rebuilt per run, e.g. per leadership term)."""
+
+    def __init__(self, op: Operator) -> None:
+        cfg = op.cfg
+        # Any: the handlers' Protocols spell ``patch_type: str`` where KubeClient has a Literal.
+        client: Any = op.client
+        self.memory = DrainMemory()
+        self.drains = DrainManager(client, self.memory, shutdown_timeout=cfg.drain_shutdown_timeout)
+        self.acknowledger = Acknowledger(client, concurrency=cfg.ack_concurrency or 16)
+        self.source = CapacityRequestRollup(
+            cfg.cluster_id,
+            events=client,
+            acknowledger=self.acknowledger,
+            feed=op.feed,
+            consistency_interval=op.consistency_interval,
+        )
+        self.cr_informer = Informer(client, CAPACITY_REQUESTS, transform=slim)
+        self.source.attach(self.cr_informer)
+        self.un_informer = Informer(
+            client, UPCOMING_NODES, indexers={NODE_REF_INDEX: node_ref_index}
+        )
+        self.node_informer = Informer(client, NODES, transform=slim_node)
+        self.informers = (self.cr_informer, self.un_informer, self.node_informer)
+        self.handlers = OperatorHandlers(
+            bootstrap=BootstrapHandler(
+                op.renderer, cfg.cluster_id, ttl_seconds=int(cfg.bootstrap_ttl)
+            ),
+            reclaim=ReclaimHandler(client, self.drains, self.memory),
+            upcoming=UpcomingNodeHandler(client, self.memory),
+            available=AvailableCapacityHandler(client),
+            feed=op.feed,
+        )
+        self.agent = Agent(
+            op.connector,
+            self.source,
+            self.handlers,
+            AgentConfig(
+                SessionConfig(
+                    cfg.cluster_id,
+                    rollup_interval=cfg.rollup_interval or 10.0,
+                    dispatch_concurrency=cfg.dispatch_concurrency,
+                ),
+                initial_backoff=cfg.reconnect_initial_backoff,
+                max_backoff=cfg.reconnect_max_backoff,
+            ),
+        )
+
+
+class Operator:
+    """The composed operator (one cluster, one shard session at a time).
+
+    Args:
+        cfg: validated :class:`OperatorConfig` (cluster_id, rollup_interval, ack/dispatch
+            concurrency, bootstrap template/TTL, reconnect backoff, drain_shutdown_timeout).
+        client: an open :class:`KubeClient` (owned by the caller).
+        connector: opens shard streams (:class:`~bigfleet_trio.shard.grpc.GrpcConnector`, or
+            :class:`~bigfleet_trio.shard.transport.MemoryConnector` in tests and the demo).
+        feed: optional :class:`EventFeed` for the ``/events`` WebSocket.
+        renderer: bootstrap renderer; None builds it from ``cfg`` (template text or file, else
+            the stub).
+        consistency_interval: seconds between from-scratch checks of the roll-up aggregate.
+
+    Raises:
+        BootstrapTemplateError: the configured template does not parse (stop start-up).
+    """
+
+    def __init__(
+        self,
+        cfg: OperatorConfig,
+        *,
+        client: KubeClient,
+        connector: Connector,
+        feed: EventFeed | None = None,
+        renderer: Renderer | None = None,
+        consistency_interval: float = DEFAULT_CONSISTENCY_INTERVAL,
+    ) -> None:
+        if not cfg.cluster_id:
+            raise ValueError("OperatorConfig.cluster_id is required")
+        self.cfg = cfg
+        self.client = client
+        self.connector = connector
+        self.feed = feed
+        self.renderer = renderer if renderer is not None else _renderer_for(cfg)
+        self.consistency_interval = consistency_interval
+        self._rt: _Runtime | None = None
+        self._running = False
+        self._synced = False
+
+    # ------------------------------------------------------------------ views
+    @property
+    def runtime(self) -> _Runtime | None:
+        """Components of the current (or last) run: informers, agent, drains, source..."""
+        return self._rt
+
+    @property
+    def agent(self) -> Agent | None:
+        """The reconnect loop of the current run."""
+        return self._rt.agent if self._rt is not None else None
+
+    @property
+    def drains(self) -> DrainManager | None:
+        """The operator-owned DrainManager of the current run."""
+        return self._rt.drains if self._rt is not None else None
+
+    @property
+    def rollup(self) -> CapacityRequestRollup | None:
+        """The RollupSource of the current run."""
+        return self._rt.source if self._rt is not None else None
+
+    def upcoming_for_node(self, node: str) -> list[dict[str, Any]]:
+        """UpcomingNodes whose ``status.nodeRef.name`` is ``node`` (from the informer cache)."""
+        if self._rt is None:
+            return []
+        return list(self._rt.un_informer.store.by_index(NODE_REF_INDEX, node))
+
+    def ready(self) -> tuple[bool, list[str]]:
+        """Readiness for ``/readyz``: informers synced AND a shard session up.
+
+        Returns:
+            ``(True, [what is up])`` or ``(False, [reasons])``.
+        """
+        rt = self._rt
+        if rt is None or not self._running:
+            return False, ["operator not running"]
+        reasons = [
+            f"informer {inf.res.plural} not synced" for inf in rt.informers if not inf.synced
+        ]
+        if not rt.agent.session_up:
+            why = f": {rt.agent.last_error}" if rt.agent.last_error else ""
+            reasons.append(f"shard session not established{why}")
+        if reasons:
+            return False, reasons
+        return True, ["informers synced", "shard session up"]
+
+    def statistics(self) -> OperatorStatistics:
+        """A snapshot of counters across the components (see :class:`OperatorStatistics`)."""
+        rt = self._rt
+        if rt is None:
+            return OperatorStatistics()
+        src = rt.source.statistics()
+        st = rt.agent.stats
+        outcomes = [r.outcome for r in rt.drains.results.values()]
+        pending_rollup = 1 if rt.agent.session is not None and rt.agent.session.queues.rollup else 0
+        return OperatorStatistics(
+            running=self._synced and self._running,
+            informers_synced={inf.res.plural: inf.synced for inf in rt.informers},
+            session_up=rt.agent.session_up,
+            sessions=st.sessions,
+            reconnects=st.reconnects,
+            last_session_error=rt.agent.last_error,
+            rollups_built=st.rollups_built,
+            rollups_sent=max(0, st.rollups_built - st.rollups_replaced - pending_rollup),
+            needs_last_rollup=src.needs_last_rollup,
+            crs_contributing=src.crs_contributing,
+            crs_excluded=src.crs_excluded,
+            crs_acknowledged=rt.acknowledger.acknowledged_total,
+            ack_failures=rt.acknowledger.failed_total,
+            drains_active=len(rt.drains.active),
+            drains_completed=outcomes.count("drained"),
+            drains_failed=outcomes.count("failed"),
+            drains_abandoned=outcomes.count("abandoned"),
+            frames_in=st.frames_in,
+            frames_out=st.frames_out,
+            handler_errors=st.handler_errors,
+            outbox_dropped=st.outbox_dropped,
+        )
+
+    def _publish(self, kind: str, **fields: Any) -> None:
+        if self.feed is not None:
+            self.feed.publish(kind, **fields)
+
+    # ------------------------------------------------------------------ the task
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled; ``task_status.started()`` once the informers are synced.
+
+        On cancellation the shard stream closes at once; running drains continue for up to
+        ``cfg.drain_shutdown_timeout`` seconds (shielded inside the DrainManager); then every
+        task has ended.
+
+        Raises:
+            RuntimeError: the operator is already running.
+        """
+        if self._running:
+            raise RuntimeError("Operator.run is already running")
+        self._running = True
+        self._synced = False
+        rt = self._rt = _Runtime(self)
+        cluster = self.cfg.cluster_id
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(rt.source.run)
+                for inf in rt.informers:
+                    await nursery.start(inf.run)
+                log.info("operator: waiting for informers to sync cluster=%s", cluster)
+                for inf in rt.informers:
+                    await inf.wait_synced()
+                self._synced = True
+                log.info(
+                    "operator: informers synced cluster=%s capacityrequests=%d "
+                    "upcomingnodes=%d nodes=%d",
+                    cluster, len(rt.cr_informer.store), len(rt.un_informer.store),
+                    len(rt.node_informer.store),
+                )
+                await nursery.start(rt.drains.run)
+                await nursery.start(rt.acknowledger.run)
+                self._publish("operator_started", cluster=cluster)
+                task_status.started()
+                await rt.agent.run()
+        finally:
+            self._running = False
+            self._synced = False
+            log.info("operator: stopped cluster=%s", cluster)
+            self._publish("operator_stopped", cluster=cluster)
+
+
+# ---------------------------------------------------------------------- the process
+def _identity() -> str:
+    """Leader-election identity: ``$POD_NAME`` or the host name, plus a random suffix."""
+    base = os.environ.get("POD_NAME") or socket.gethostname() or "bigfleet-operator"
+    return f"{base}_{uuid.uuid4()}"
+
+
+def _grpc_connector(cfg: OperatorConfig) -> Connector:
+    from bigfleet_trio.shard.grpc import GrpcConnector, parse_address
+    from bigfleet_trio.shard.tls import TLSFiles
+
+    host, port = parse_address(cfg.shard_addr)
+    tls = TLSFiles(
+        ca=cfg.tls_ca or None,
+        cert=cfg.tls_cert or None,
+        key=cfg.tls_key or None,
+        server_name=cfg.tls_server_name or None,
+    )
+    return GrpcConnector(host, port, tls=tls)
+
+
+async def _watch_signals(
+    signals: Any, work: trio.CancelScope, everything: trio.CancelScope, grace: float
+) -> None:
+    first = True
+    async for signum in signals:
+        name = signal.Signals(signum).name
+        if first:
+            first = False
+            log.info(
+                "operator: %s received; closing the shard stream, letting drains finish "
+                "(up to %gs)", name, grace,
+            )
+            work.cancel()
+        else:
+            log.warning("operator: %s received again; stopping now", name)
+            everything.cancel()
+
+
+async def serve_operator(
+    cfg: OperatorConfig,
+    *,
+    kube_config: KubeConfig | None = None,
+    connector: Connector | None = None,
+    renderer: Renderer | None = None,
+    feed: EventFeed | None = None,
+    handle_signals: bool = True,
+    on_operator: Callable[[Operator], None] | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The operator process body (everything :func:`run_operator` does inside ``trio.run``).
+
+    Returns after SIGINT/SIGTERM (when ``handle_signals``) or raises; cancel it to stop.
+    ``task_status.started()`` fires once the diagnostics listener(s) are up.
+
+    Args:
+        cfg: validated config.
+        kube_config: parsed kubeconfig (default: ``load_kubeconfig(cfg.kubeconfig)``).
+        connector: shard connector (default: grpclib to ``cfg.shard_addr`` with TLS if set).
+        renderer: bootstrap renderer (default: from ``cfg``).
+        feed: event feed for ``/events`` (default: a new one).
+        handle_signals: install SIGINT/SIGTERM handling (main thread only).
+        on_operator: called with the :class:`Operator` once built (tests, embedding).
+
+    Raises:
+        KubeConfigError, TLSConfigError, BootstrapTemplateError, ValueError: bad configuration.
+        OSError: a diagnostics address cannot be bound.
+    """
+    from bigfleet_trio.observability.http import serve_observability
+    from bigfleet_trio.shard.grpc import open_loop
+
+    kcfg = kube_config if kube_config is not None else load_kubeconfig(cfg.kubeconfig)
+    conn = connector if connector is not None else _grpc_connector(cfg)
+    rend = renderer if renderer is not None else _renderer_for(cfg)
+    events = feed if feed is not None else EventFeed()
+    with contextlib.ExitStack() as stack:
+        sigs: Any = (
+            stack.enter_context(trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM))
+            if handle_signals
+            else None
+        )
+        async with open_loop(), KubeClient(kcfg, qps=cfg.qps, burst=cfg.burst) as client:
+            op = Operator(cfg, client=client, connector=conn, feed=events, renderer=rend)
+            if on_operator is not None:
+                on_operator(op)
+            elector = (
+                LeaderElector(
+                    client,
+                    name=cfg.leader_election_id,
+                    namespace=cfg.leader_election_namespace,
+                    identity=_identity(),
+                )
+                if cfg.leader_elect
+                else None
+            )
+
+            def readiness() -> tuple[bool, list[str]]:
+                if elector is not None and not elector.is_leader:
+                    return False, [f"not the leader (leader: {elector.leader or 'unknown'})"]
+                return op.ready()
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(
+                    partial(serve_observability, cfg.metrics_addr, readiness=readiness,
+                            feed=events)
+                )
+                probe = cfg.health_probe_addr
+                if probe and probe.strip() != cfg.metrics_addr.strip():
+                    await nursery.start(
+                        partial(serve_observability, probe, readiness=readiness, feed=events)
+                    )
+                with trio.CancelScope() as work:
+                    if sigs is not None:
+                        nursery.start_soon(
+                            _watch_signals, sigs, work, nursery.cancel_scope,
+                            cfg.drain_shutdown_timeout,
+                        )
+                    task_status.started()
+                    if elector is not None:
+                        log.info(
+                            "operator: campaigning for leadership lease=%s/%s identity=%s",
+                            cfg.leader_election_namespace, cfg.leader_election_id,
+                            elector.identity,
+                        )
+                        await elector.run(op.run)
+                    else:
+                        await op.run()
+                nursery.cancel_scope.cancel()
+    events.close()
+    log.info("operator: exited cluster=%s", cfg.cluster_id)
+
+
+def run_operator(cfg: OperatorConfig) -> int:
+    """``bigfleet-trio operator``: run until SIGINT/SIGTERM, then exit with no task left.
+
+    Args:
+        cfg: validated :class:`OperatorConfig` (the CLI calls ``cfg.validate()`` first).
+
+    Returns:
+        0 after an orderly shutdown.
+
+    Raises:
+        KubeConfigError / TLSConfigError / BootstrapTemplateError / ValueError / OSError:
+            start-up problems; the CLI prints ``operator: <message>`` and exits 1.
+    """
+    from bigfleet_trio.observability.logs import setup_logging
+
+    setup_logging(cfg.log_format, cfg.log_level)
+    # Fail fast, before any task starts: bad kubeconfig, TLS files, address, template.
+    kcfg = load_kubeconfig(cfg.kubeconfig)
+    connector = _grpc_connector(cfg)
+    renderer = _renderer_for(cfg)
+    trio.run(
+        partial(serve_operator, cfg, kube_config=kcfg, connector=connector, renderer=renderer)
+    )
+    return 0
