@@ -1,0 +1,153 @@
+"""``bigfleet-trio pod-controller``: the process around :class:`~.controller.PodController`.
+
+Seed 000 "The unschedulable-pod controller" (Binaries paragraph) and reference-behavior.md §11:
+QPS/burst 50/100 on the Kubernetes client, the PriorityClass defaults file validated at start
+(a startup error is one line ``pod-controller: <reason>`` and exit code 1), a 10-minute cache
+sync timeout, SIGINT/SIGTERM end the process cleanly (exit 0). Beyond the reference: optional
+Lease leader election (``--leader-elect``; informers stay warm on standbys, only the leader
+writes) and the diagnostics listener (``/metrics``, ``/healthz``, ``/readyz`` = caches synced).
+
+Public API:
+
+* :func:`run_pod_controller` ``(cfg) -> int``: the CLI entry (blocking, runs Trio).
+* :func:`serve_pod_controller`: the same as a Trio task for embedding (the demo); ``started``
+  with the :class:`~.controller.PodController` once its caches synced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import uuid
+from functools import partial
+
+import trio
+
+from bigfleet_trio.config import ConfigError, PodControllerConfig
+from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
+from bigfleet_trio.kube.errors import KubeConfigError
+from bigfleet_trio.observability.http import serve_observability
+
+from .controller import CONTROLLER_NAME, PodController, SyncTimeout
+from .defaults import (
+    PriorityClassDefaults,
+    PriorityClassDefaultsError,
+    load_priority_class_defaults,
+)
+
+__all__ = ["run_pod_controller", "serve_pod_controller", "leader_identity"]
+
+log = logging.getLogger(__name__)
+
+COMMAND = "pod-controller"
+
+
+def leader_identity() -> str:
+    """Lease holder identity: ``$POD_NAME`` (downward API) or hostname, plus a random suffix.
+
+    client-go's convention (``hostname_<uuid>``) so two processes on one host never collide.
+    """
+    base = os.environ.get("POD_NAME") or socket.gethostname() or "pod-controller"
+    return f"{base}_{uuid.uuid4()}"
+
+
+async def serve_pod_controller(
+    cfg: PodControllerConfig,
+    kube_config: KubeConfig,
+    defaults: PriorityClassDefaults | None,
+    *,
+    task_status: trio.TaskStatus[PodController] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the pod controller until cancelled.
+
+    Opens the KubeClient (``cfg.qps``/``cfg.burst``), the diagnostics listener(s)
+    (``cfg.metrics_addr``; ``cfg.health_probe_addr`` as a second listener when set), and the
+    controller (optionally under leader election).
+
+    Raises:
+        SyncTimeout: the caches did not sync within ``cfg.sync_timeout``.
+        OSError: a listener address cannot be bound.
+    """
+    async with KubeClient(kube_config, qps=cfg.qps, burst=cfg.burst,
+                          user_agent=f"bigfleet-trio/{CONTROLLER_NAME}") as client:
+        ctl = PodController(client, defaults, workers=cfg.workers, sync_timeout=cfg.sync_timeout)
+        elector = None
+        if cfg.leader_elect:
+            elector = LeaderElector(client, name=cfg.leader_election_id,
+                                    namespace=cfg.leader_election_namespace,
+                                    identity=leader_identity())
+        async with trio.open_nursery() as nursery:
+            addrs = [cfg.metrics_addr]
+            if cfg.health_probe_addr and cfg.health_probe_addr != cfg.metrics_addr:
+                addrs.append(cfg.health_probe_addr)
+            for addr in addrs:
+                bound = await nursery.start(partial(serve_observability, addr,
+                                                    readiness=ctl.readiness))
+                if bound:
+                    log.info("pod controller diagnostics listening addr=%s", bound)
+            log.info("pod controller starting server=%s workers=%d qps=%g burst=%d "
+                     "leader_elect=%s defaults_classes=%d", kube_config.server, cfg.workers,
+                     cfg.qps, cfg.burst, cfg.leader_elect, len(defaults) if defaults else 0)
+            await nursery.start(partial(ctl.run, elector=elector))
+            task_status.started(ctl)
+
+
+def _fail(message: str) -> int:
+    print(f"{COMMAND}: {' '.join(str(message).split())}", file=sys.stderr)
+    return 1
+
+
+def run_pod_controller(cfg: PodControllerConfig) -> int:
+    """The ``bigfleet-trio pod-controller`` process. Blocks until SIGINT/SIGTERM.
+
+    Returns:
+        0 after a signal; 1 after a startup error (bad flags or defaults file, no kubeconfig,
+        listener cannot bind, caches not synced in time), printed as one line
+        ``pod-controller: <reason>`` on stderr.
+    """
+    try:
+        cfg.validate()
+        from bigfleet_trio.observability.logs import setup_logging
+
+        setup_logging(cfg.log_format, cfg.log_level)
+        defaults = cfg.priority_class_defaults_parsed
+        if not isinstance(defaults, PriorityClassDefaults):
+            defaults = load_priority_class_defaults(cfg.priority_class_defaults)
+        kube_config = load_kubeconfig(cfg.kubeconfig)
+    except (ConfigError, PriorityClassDefaultsError, KubeConfigError, ValueError) as exc:
+        return _fail(str(exc))
+
+    async def main() -> int:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve_pod_controller, cfg, kube_config, defaults)
+                async for signum in signals:
+                    log.info("pod controller stopping signal=%s", signal.Signals(signum).name)
+                    break
+                nursery.cancel_scope.cancel()
+        return 0
+
+    try:
+        return trio.run(main)
+    except (SyncTimeout, OSError) as exc:
+        return _fail(str(exc))
+    except BaseExceptionGroup as group:
+        leaf = _startup_error(group)
+        if leaf is None:
+            raise
+        return _fail(str(leaf))
+
+
+def _startup_error(exc: BaseException) -> BaseException | None:
+    """The first SyncTimeout/OSError inside (nested) exception groups, if any."""
+    if isinstance(exc, (SyncTimeout, OSError)):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _startup_error(inner)
+            if found is not None:
+                return found
+    return None

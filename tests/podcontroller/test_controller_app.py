@@ -1,0 +1,117 @@
+"""The ``pod-controller`` process (issue 6; reference-behavior.md §11): startup errors are one
+line + exit 1; against the embedded apiserver it turns Pods into CRs, serves /readyz, and exits 0
+on SIGTERM. Real sockets and a real child process, so real time under ``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from bigfleet_trio.config import PodControllerConfig
+from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, KubeClient, load_kubeconfig
+from bigfleet_trio.podcontroller.app import leader_identity, run_pod_controller
+from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
+
+
+def test_bad_defaults_file_is_one_line_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "defaults.yaml"
+    bad.write_text("gold: {interruptionPenalty: 5}\n")
+    rc = run_pod_controller(PodControllerConfig(priority_class_defaults=str(bad)))
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.count("\n") == 1
+    assert err.startswith("pod-controller: priority-class-defaults:")
+
+
+def test_missing_kubeconfig_is_one_line_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = run_pod_controller(PodControllerConfig(kubeconfig=str(tmp_path / "nope"),
+                                                metrics_addr="0"))
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.count("\n") == 1 and err.startswith("pod-controller: ")
+
+
+def test_leader_identity_is_unique(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAME", "upc-7d9f")
+    a, b = leader_identity(), leader_identity()
+    assert a.startswith("upc-7d9f_") and b.startswith("upc-7d9f_") and a != b
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cmd(kubeconfig: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "bigfleet_trio", "pod-controller", "--kubeconfig",
+            str(kubeconfig), *extra]
+
+
+async def test_process_end_to_end_and_sigterm(nursery: trio.Nursery, tmp_path: Path) -> None:
+    server = ApiServer()
+    url = await nursery.start(serve, server)
+    kc = tmp_path / "kubeconfig"
+    write_kubeconfig(url, str(kc))
+    port = _free_port()
+    proc = await trio.lowlevel.open_process(
+        _cmd(kc, "--metrics-addr", f"127.0.0.1:{port}", "--log-level", "warning"),
+        stderr=subprocess.PIPE)
+    try:
+        with trio.fail_after(30):
+            async with KubeClient(load_kubeconfig(str(kc), env={})) as client, \
+                    httpx.AsyncClient() as http:
+                created = await client.create(PODS, {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "p", "namespace": "default"},
+                    "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+                name = "cr-" + created["metadata"]["uid"]
+                while True:
+                    try:
+                        r = await http.get(f"http://127.0.0.1:{port}/readyz")
+                        if r.status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await trio.sleep(0.05)
+                while True:
+                    items = (await client.list(CAPACITY_REQUESTS, "default")).items
+                    if items and (items[0].get("status") or {}).get("phase") == "Pending":
+                        break
+                    await trio.sleep(0.05)
+                assert [i["metadata"]["name"] for i in items] == [name]
+                metrics = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+                assert ('bigfleet_unschedulable_pod_controller_reconciles_total'
+                        '{outcome="cr_created"} 1.0') in metrics
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_process_sync_timeout_exit_1(tmp_path: Path) -> None:
+    kc = tmp_path / "kubeconfig"
+    write_kubeconfig(f"http://127.0.0.1:{_free_port()}", str(kc))  # nothing listens there
+    with trio.fail_after(30):
+        result = await trio.run_process(
+            _cmd(kc, "--metrics-addr", "0", "--sync-timeout", "1s", "--log-level", "error"),
+            capture_stderr=True, check=False)
+    assert result.returncode == 1
+    err = result.stderr.decode()
+    assert err.splitlines() == [
+        "pod-controller: timed out after 1s waiting for informer caches to sync "
+        "(pods, capacityrequests)"]
