@@ -162,7 +162,8 @@ def _toleration_matches(tol: Mapping[str, Any], taint: Mapping[str, Any]) -> boo
     return str(tol.get("value") or "") == str(taint.get("value") or "")
 
 
-def tolerates(tolerations: Iterable[Mapping[str, Any]], taints: Iterable[Mapping[str, Any]]) -> bool:
+def tolerates(tolerations: Iterable[Mapping[str, Any]],
+              taints: Iterable[Mapping[str, Any]]) -> bool:
     """Every NoSchedule/NoExecute taint is tolerated by at least one toleration."""
     tols = list(tolerations)
     for taint in taints:

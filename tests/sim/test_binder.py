@@ -12,8 +12,8 @@ from bigfleet_trio.kube import NODES, PODS, KubeClient, KubeConfig
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 from bigfleet_trio.sim.binder import (
-    Binder,
     BindDecision,
+    Binder,
     is_pending,
     node_affinity_matches,
     node_ready,
@@ -121,7 +121,8 @@ def test_node_selector_and_affinity_operators() -> None:
     mf2 = [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]
     assert not node_affinity_matches(pod("p", affinity=aff(fields=mf2)), n)
     # terms are ORed; an empty term matches nothing
-    two = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    req = "requiredDuringSchedulingIgnoredDuringExecution"
+    two = {"nodeAffinity": {req: {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z"]}]},
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
     ]}}}
