@@ -373,6 +373,15 @@ def _grpc_connector(cfg: OperatorConfig) -> Connector:
     return GrpcConnector(host, port, tls=tls)
 
 
+def _separate_listener(probe: str | None, metrics_addr: str) -> bool:
+    """True when ``--health-probe-addr`` needs its own listener (a port-0 address always does)."""
+    if not probe or not probe.strip() or probe.strip() == "0":
+        return False
+    if probe.strip() != metrics_addr.strip():
+        return True
+    return probe.strip().endswith(":0")
+
+
 async def _watch_signals(
     signals: Any, work: trio.CancelScope, everything: trio.CancelScope, grace: float
 ) -> None:
@@ -400,12 +409,14 @@ async def serve_operator(
     feed: EventFeed | None = None,
     handle_signals: bool = True,
     on_operator: Callable[[Operator], None] | None = None,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[list[str | None]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The operator process body (everything :func:`run_operator` does inside ``trio.run``).
 
     Returns after SIGINT/SIGTERM (when ``handle_signals``) or raises; cancel it to stop.
-    ``task_status.started()`` fires once the diagnostics listener(s) are up.
+    ``task_status.started(bound)`` fires once the diagnostics listener(s) are up, with their
+    bound ``"host:port"`` addresses (metrics first, then the probe listener if separate; None
+    for a disabled listener).
 
     Args:
         cfg: validated config.
@@ -454,14 +465,18 @@ async def serve_operator(
                 return op.ready()
 
             async with trio.open_nursery() as nursery:
-                await nursery.start(
-                    partial(serve_observability, cfg.metrics_addr, readiness=readiness,
-                            feed=events)
-                )
-                probe = cfg.health_probe_addr
-                if probe and probe.strip() != cfg.metrics_addr.strip():
+                bound = [
                     await nursery.start(
-                        partial(serve_observability, probe, readiness=readiness, feed=events)
+                        partial(serve_observability, cfg.metrics_addr, readiness=readiness,
+                                feed=events)
+                    )
+                ]
+                probe = cfg.health_probe_addr
+                if probe is not None and _separate_listener(probe, cfg.metrics_addr):
+                    bound.append(
+                        await nursery.start(
+                            partial(serve_observability, probe, readiness=readiness, feed=events)
+                        )
                     )
                 with trio.CancelScope() as work:
                     if sigs is not None:
@@ -469,7 +484,7 @@ async def serve_operator(
                             _watch_signals, sigs, work, nursery.cancel_scope,
                             cfg.drain_shutdown_timeout,
                         )
-                    task_status.started()
+                    task_status.started(bound)
                     if elector is not None:
                         log.info(
                             "operator: campaigning for leadership lease=%s/%s identity=%s",
