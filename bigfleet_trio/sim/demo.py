@@ -122,7 +122,7 @@ class DemoTiming:
     configure_delay: float = 0.5
     drain_wait: float = 0.5
     drain_step: float = 0.3
-    reclaim_grace_seconds: int = 2
+    reclaim_grace_seconds: int = 10
     surplus_rollups: int = 2
 
     def engine_config(self, seed: int) -> EngineConfig:

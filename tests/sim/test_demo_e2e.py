@@ -1,0 +1,87 @@
+"""End to end (issue 7 "Tests"): the demo scenario headless, real sockets (apiserver over HTTP,
+the shard stream over grpclib on loopback), real time with a generous bound, then the final
+state checked against the specs:
+
+- every live Pod has exactly one CapacityRequest (pod controller, seed 000 / ADR-0039);
+- the shard's last roll-up equals ``build_from_scratch`` over the CRs (operator roll-up, §5);
+- the machines serving the demand are Configured and their UpcomingNodes Ready (§6 phase table:
+  CONFIGURED -> Ready), one Ready Node per machine, every Pod bound;
+- after the scale-down the shard reclaimed machines, the operator acknowledged every instruction,
+  the machines walked back to the pool, their UpcomingNodes were deleted (Draining -> Launched is
+  inferred Drained and deleted, §6 items 4-5) and their Nodes removed.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import trio
+
+from bigfleet_trio.config import DemoOptions
+from bigfleet_trio.kube import CAPACITY_REQUESTS, NODES, PODS, UPCOMING_NODES
+from bigfleet_trio.operator.rollup import build_from_scratch
+from bigfleet_trio.sim.binder import is_terminal, node_ready
+from bigfleet_trio.sim.demo import DemoTiming, run_scenario
+
+OWNED = "bigfleet.lucy.sh/owned-by-pod"
+
+
+async def test_demo_scenario_end_to_end(tmp_path: Any) -> None:
+    checked: dict[str, Any] = {}
+
+    async def inspect(env: dict[str, Any]) -> None:
+        client, shard = env["client"], env["shard"]
+        pods = [p for p in (await client.list(PODS)).items if not is_terminal(p)]
+        crs = (await client.list(CAPACITY_REQUESTS)).items
+        upcoming = {u["metadata"]["name"]: u for u in (await client.list(UPCOMING_NODES)).items}
+        nodes = {n["metadata"]["name"]: n for n in (await client.list(NODES)).items}
+
+        # every Pod has exactly one CR, and every CR belongs to a live Pod
+        owners = sorted(c["metadata"]["labels"][OWNED] for c in crs)
+        assert owners == sorted(p["metadata"]["uid"] for p in pods)
+        # the roll-up the shard holds is the one built from scratch over the CRs
+        want = sorted(bytes(n) for n in build_from_scratch(crs))
+        assert sorted(bytes(n) for n in shard.last_rollup.needs) == want
+        assert not [n.key for n in shard.engine.needs if n.short]
+        # machines serving the demand: Configured, UpcomingNode Ready, Node Ready
+        machines = shard.engine.bound_machines()
+        assert machines
+        for m in machines:
+            assert m.state.name == "CONFIGURED", m.machine_id
+            un = upcoming[f"un-{m.machine_id}"]
+            assert un["status"]["phase"] == "Ready"
+            assert un["status"]["nodeRef"]["name"] == m.node_name
+            assert node_ready(nodes[m.node_name])
+        assert len(upcoming) == len(machines)
+        # every Pod bound to an existing Node
+        assert all(p["spec"].get("nodeName") in nodes for p in pods)
+        # the scale-down: reclaimed, acked, released, UpcomingNode and Node gone
+        recs = shard.reclaims_issued
+        assert recs
+        for r in recs:
+            assert r.acked_at is not None
+            m = shard.engine.machine(r.machine_id)
+            assert not m.bound
+            assert f"un-{r.machine_id}" not in upcoming
+            assert r.node_name not in nodes
+        stats = env["operator"].statistics()
+        assert stats.drains_active == 0
+        assert stats.drains_completed == len(recs)
+        checked["ok"] = True
+
+    out = io.StringIO()
+    opts = DemoOptions(timeout=120.0, seed=1, kubeconfig_out=str(tmp_path / "kubeconfig"))
+    with trio.fail_after(150):
+        summary = await run_scenario(opts, out=out, timing=DemoTiming(), inspect=inspect)
+    assert summary.ok, f"{summary.failure}\n{out.getvalue()}"
+    assert checked.get("ok"), out.getvalue()
+    assert summary.pods_created == 61
+    assert summary.crs == 61
+    assert summary.scaled_down
+    assert summary.reclaims_issued == summary.reclaims_acked >= 1
+    assert summary.upcoming_deleted == summary.reclaims_issued
+    assert summary.drains_completed == summary.reclaims_issued
+    assert summary.final_machines_configured == summary.machines_configured - summary.reclaims_issued
+    text = out.getvalue()
+    assert "converged:" in text and "scaling " in text
