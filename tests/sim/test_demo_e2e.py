@@ -82,6 +82,7 @@ async def test_demo_scenario_end_to_end(tmp_path: Any) -> None:
     assert summary.reclaims_issued == summary.reclaims_acked >= 1
     assert summary.upcoming_deleted == summary.reclaims_issued
     assert summary.drains_completed == summary.reclaims_issued
-    assert summary.final_machines_configured == summary.machines_configured - summary.reclaims_issued
+    assert (summary.final_machines_configured
+            == summary.machines_configured - summary.reclaims_issued)
     text = out.getvalue()
     assert "converged:" in text and "scaling " in text
