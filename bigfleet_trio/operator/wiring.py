@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import trio
 from prometheus_client import Counter, Gauge
 
+from bigfleet_trio.observability import metrics
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.acknowledge import Acknowledger
 from bigfleet_trio.operator.rollup import (
@@ -312,6 +313,7 @@ class CapacityRequestRollup:
     # ------------------------------------------------------------------ RollupSource
     async def build(self) -> pb.ClusterCapacityNeeds:
         """The full roll-up from the aggregate (O(needs)); remembers the Pending CRs in it."""
+        started = time.perf_counter()
         needs = self.aggregator.needs()
         pending = []
         for key in self.aggregator.pending():
@@ -328,7 +330,9 @@ class CapacityRequestRollup:
                 "rollup", cluster=self.cluster_id, needs=len(needs),
                 crs=len(self.aggregator), excluded=len(self._reported), pending=len(pending),
             )
-        return build_rollup_message(self.cluster_id, needs, self._now_ns())
+        msg = build_rollup_message(self.cluster_id, needs, self._now_ns())
+        metrics.ROLLUP_PHASE_DURATION.labels("build").observe(time.perf_counter() - started)
+        return msg
 
     async def after_enqueue(self) -> None:
         """Hand the Pending CRs of the last build to the acknowledger (never blocks)."""

@@ -420,3 +420,47 @@ async def test_cancellation_leaves_no_task_and_lets_a_drain_finish_first(
 
 
 _PDB = CRDS.__class__("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
+
+
+async def test_drain_survives_a_reconnect(autojump_clock: trio.testing.MockClock) -> None:
+    async with harness(engine=EngineConfig(seed=3, reclaim_grace_seconds=60),
+                       reconnect_initial_backoff=0.5, reconnect_max_backoff=1.0) as h:
+        await h.client.create(CAPACITY_REQUESTS, cr("w", 100, {"cpu": "3"}), "default")
+        async with trio.open_nursery() as run:
+            await run.start(h.operator.run)
+            await h.wait(lambda: h.shard.machines_by_state().get("CONFIGURED") == 1)
+            node = (await h.client.list(NODES)).items[0]["metadata"]["name"]
+            await h.client.create(PODS, {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "web", "labels": {"app": "web"}},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+            }, "default")
+            await h.client.patch(PODS, "web", {"status": {
+                "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+                "default", subresource="status")
+            await h.client.create(
+                _PDB,
+                {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                 "metadata": {"name": "web"},
+                 "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}},
+                "default",
+            )
+            pdb_status = {"observedGeneration": 1, "disruptionsAllowed": 0, "currentHealthy": 1,
+                          "desiredHealthy": 1, "expectedPods": 1}
+            await h.client.patch(_PDB, "web", {"status": pdb_status}, "default",
+                                 subresource="status")
+            await h.client.delete(CAPACITY_REQUESTS, "w", "default")
+            drains = h.operator.drains
+            assert drains is not None
+            await h.wait(lambda: drains.is_draining(node))
+            sessions = h.operator.statistics().sessions
+            # the stream drops while the PDB blocks the eviction; the drain goes on
+            await h.shard_ends[-1].aclose()
+            await h.wait(lambda: h.operator.statistics().sessions == sessions + 1)
+            assert drains.is_draining(node)
+            await h.client.patch(_PDB, "web", {"status": {**pdb_status, "disruptionsAllowed": 1}},
+                                 "default", subresource="status")
+            await h.wait(lambda: not drains.is_draining(node))
+            assert drains.results[node].outcome == "drained"
+            assert (await h.client.list(PODS, "default")).items == []
+            run.cancel_scope.cancel()
