@@ -385,20 +385,20 @@ class Session:
                 _FRAMES_IN[kind].inc()
                 before = self.node_states.coalesced
                 if self.node_states.offer(value.machine_id, value):
-                    await self._admission.acquire()
+                    await self._admit()
                     nursery.start_soon(self._node_state_worker, value.machine_id)
                 elif self.node_states.coalesced != before:
                     self.stats.node_states_coalesced += 1
                     metrics.COALESCED_FRAMES.labels("node_state_update").inc()
             elif kind == "reclaim_instruction":
                 _FRAMES_IN[kind].inc()
-                await self._admission.acquire()
+                await self._admit()
                 nursery.start_soon(
                     self._bounded, kind, self._handlers.on_reclaim_instruction, value, self.enqueue
                 )
             elif kind == "available_capacity":
                 _FRAMES_IN[kind].inc()
-                await self._admission.acquire()
+                await self._admit()
                 nursery.start_soon(self._bounded, kind, self._handlers.on_available_capacity, value)
             elif kind == "bootstrap_request":
                 _FRAMES_IN[kind].inc()
@@ -412,6 +412,13 @@ class Session:
                 _FRAMES_IN["unknown"].inc()
                 log.warning("unknown ShardMessage payload ignored cluster=%s",
                             self.config.cluster_id)
+
+    async def _admit(self) -> None:
+        """Take an admission token; blocks (backpressure on the recv pump) only when full."""
+        try:
+            self._admission.acquire_nowait()
+        except trio.WouldBlock:
+            await self._admission.acquire()
 
     async def _call_handler(self, kind: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
         """Run one handler; log and count an exception (return None) instead of raising it."""

@@ -1,0 +1,354 @@
+#!/usr/bin/env python
+"""Benchmarks (not tests). ``python scripts/bench.py <command> [--quick] [--json]``.
+
+Commands:
+  stream   frames/s through the operator session (grpclib + trio-asyncio bridge + dispatch with
+           no-op handlers) vs the raw grpclib receive rate, in the same run; prints both and the
+           ratio (issue 2 target: >= 0.8).
+
+Adding a command: drop a module into ``scripts/bench/`` (no ``__init__.py`` needed) that defines
+``register(subparsers) -> None``; it adds its own sub-parser with ``set_defaults(func=run)``,
+where ``run(args) -> dict`` returns the figures (printed, or dumped with ``--json``). Common
+options ``--quick`` and ``--json`` are on every sub-parser via ``parents=[common]``: call
+``subparsers.add_parser(name, parents=[COMMON], ...)`` using the ``COMMON`` passed as
+``subparsers.common``.
+
+The stream benchmark runs the shard in a subprocess (a plain asyncio grpclib server streaming
+pre-encoded NodeStateUpdate frames as fast as HTTP/2 allows) so the shard's CPU does not compete
+with the client being measured. Both clients decode every frame into betterproto messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+# ---------------------------------------------------------------------------------------------
+# stream: the shard side (runs in a subprocess)
+# ---------------------------------------------------------------------------------------------
+
+
+def _frames(machines: int, payload: str) -> list[bytes]:
+    from bigfleet_trio.proto import pb
+
+    out = []
+    for i in range(machines):
+        if payload == "lean":  # cheap to decode: isolates transport + session overhead
+            lean = pb.NodeStateUpdate(machine_id=f"m-{i:05d}", state=pb.MachineState.CONFIGURED)
+            out.append(bytes(pb.ShardMessage(node_state_update=lean)))
+            continue
+        msg = pb.ShardMessage(
+            node_state_update=pb.NodeStateUpdate(
+                supersedes_key=f"machine/m-{i:05d}",
+                machine_id=f"m-{i:05d}",
+                cluster_id="bench",
+                state=pb.MachineState.CONFIGURED,
+                node_name=f"node-{i:05d}",
+                provider_id=f"sim://bench/m-{i:05d}",
+                labels={
+                    "topology.kubernetes.io/zone": "z1",
+                    "node.kubernetes.io/instance-type": "m5",
+                },
+                resources=pb.Resources(resources={"cpu": "4", "memory": "16Gi", "pods": "110"}),
+            )
+        )
+        out.append(bytes(msg))
+    return out
+
+
+def _serve_stream(frames: int, machines: int, payload: str) -> None:
+    """Plain asyncio grpclib server: on each session, after Hello, stream ``frames`` frames."""
+    import grpclib.const
+    import grpclib.server
+    from grpclib.encoding.base import CodecBase
+
+    from bigfleet_trio.shard.grpc import SESSION_METHOD
+
+    payloads = _frames(machines, payload)
+
+    class RawCodec(CodecBase):
+        __content_subtype__ = "proto"
+
+        def encode(self, message: Any, message_type: Any) -> bytes:
+            return message if isinstance(message, bytes) else bytes(message)
+
+        def decode(self, data: bytes, message_type: Any) -> Any:
+            return data
+
+    class Service:
+        async def session(self, stream: Any) -> None:
+            await stream.recv_message()  # Hello
+            n = len(payloads)
+            for i in range(frames):
+                await stream.send_message(payloads[i % n])
+            while await stream.recv_message() is not None:  # until the client goes away
+                pass
+
+        def __mapping__(self) -> dict[str, Any]:
+            return {
+                SESSION_METHOD: grpclib.const.Handler(
+                    self.session, grpclib.const.Cardinality.STREAM_STREAM, bytes, bytes
+                )
+            }
+
+    async def main() -> None:
+        server = grpclib.server.Server([Service()], codec=RawCodec())
+        await server.start("127.0.0.1", 0)
+        port = server._server.sockets[0].getsockname()[1]  # noqa: SLF001 - bench only
+        print(port, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until EOF
+        server.close()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------------
+# stream: the two clients
+# ---------------------------------------------------------------------------------------------
+
+
+async def _raw_client(port: int, frames: int) -> tuple[float, float]:
+    """Seconds for a bare grpclib client (asyncio side of trio-asyncio) to receive ``frames``."""
+    import trio_asyncio
+    from grpclib.client import Channel
+    from grpclib.const import Cardinality
+
+    from bigfleet_trio.proto import pb
+    from bigfleet_trio.shard.grpc import SESSION_METHOD, LimitedProtoCodec
+
+    async def call() -> tuple[float, float]:
+        channel = Channel("127.0.0.1", port, codec=LimitedProtoCodec())
+        try:
+            async with channel.request(
+                SESSION_METHOD, Cardinality.STREAM_STREAM, pb.OperatorMessage, pb.ShardMessage
+            ) as stream:
+                await stream.send_request()
+                t0, c0 = time.perf_counter(), time.process_time()
+                await stream.send_message(pb.OperatorMessage(hello=pb.Hello(cluster_id="bench")))
+                for _ in range(frames):
+                    await stream.recv_message()
+                elapsed = time.perf_counter() - t0, time.process_time() - c0
+                await stream.cancel()
+                return elapsed
+        finally:
+            channel.close()
+
+    wall, cpu = await trio_asyncio.aio_as_trio(call)()
+    return float(wall), float(cpu)
+
+
+async def _session_client(port: int, frames: int) -> tuple[float, float, dict[str, int]]:
+    """Seconds for the Agent (GrpcConnector + Session, no-op handlers) to process ``frames``."""
+    import trio
+
+    from bigfleet_trio.operator.agent import Agent, AgentConfig
+    from bigfleet_trio.operator.session import SessionConfig
+    from bigfleet_trio.proto import pb
+    from bigfleet_trio.shard.grpc import GrpcConnector
+
+    done = trio.Event()
+    t0 = c0 = 0.0
+    calls = 0
+    agent: Agent
+
+    class Source:
+        async def build(self) -> pb.ClusterCapacityNeeds:
+            # The first roll-up is built right after Hello: start the clock there, as the raw
+            # client does (connection set-up is excluded from both).
+            nonlocal t0, c0
+            if not t0:
+                t0, c0 = time.perf_counter(), time.process_time()
+            return pb.ClusterCapacityNeeds()
+
+        async def after_enqueue(self) -> None:
+            pass
+
+    class Handlers:
+        async def on_bootstrap_request(self, req: Any) -> Any:
+            return pb.BootstrapBlobResponse()
+
+        async def on_reclaim_instruction(self, instr: Any, reply: Any) -> None:
+            pass
+
+        async def on_available_capacity(self, u: Any) -> None:
+            pass
+
+        async def on_node_state_update(self, u: Any) -> None:
+            nonlocal calls
+            calls += 1
+            if calls + agent.stats.node_states_coalesced >= frames:
+                done.set()
+
+    cfg = AgentConfig(session=SessionConfig(cluster_id="bench", rollup_interval=3600))
+    agent = Agent(GrpcConnector("127.0.0.1", port), Source(), Handlers(), cfg)
+    async with trio.open_nursery() as n:
+        n.start_soon(agent.run)
+        await done.wait()
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        n.cancel_scope.cancel()
+    stats = {
+        "frames_in": agent.stats.frames_in,
+        "handler_calls": calls,
+        "coalesced": agent.stats.node_states_coalesced,
+    }
+    return elapsed, cpu, stats
+
+
+def _measure(args: argparse.Namespace, frames: int, rounds: int, payload: str) -> dict[str, Any]:
+    import trio
+    import trio_asyncio
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "_stream-server",
+            "--frames",
+            str(frames),
+            "--machines",
+            str(args.machines),
+            "--payload",
+            payload,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        raw_times: list[float] = []
+        session_times: list[float] = []
+        raw_cpu: list[float] = []
+        session_cpu: list[float] = []
+        stats: dict[str, int] = {}
+
+        async def main() -> None:
+            nonlocal stats
+            async with trio_asyncio.open_loop():
+                await _raw_client(port, min(frames, 500))  # warm-up
+                for _ in range(rounds):
+                    wall, cpu = await _raw_client(port, frames)
+                    raw_times.append(wall)
+                    raw_cpu.append(cpu)
+                    wall, cpu, stats = await _session_client(port, frames)
+                    session_times.append(wall)
+                    session_cpu.append(cpu)
+
+        trio.run(main)
+    finally:
+        if proc.stdin:
+            proc.stdin.close()
+        proc.wait(timeout=10)
+    raw_rate = frames / min(raw_times)
+    session_rate = frames / min(session_times)
+    raw_cpu_rate = frames / min(raw_cpu)
+    session_cpu_rate = frames / min(session_cpu)
+    return {
+        "frames": frames,
+        "raw_grpclib_frames_per_s": round(raw_rate),
+        "session_frames_per_s": round(session_rate),
+        "ratio": round(session_rate / raw_rate, 3),
+        # frames per client CPU-second: robust when the machine is shared/noisy
+        "raw_grpclib_frames_per_cpu_s": round(raw_cpu_rate),
+        "session_frames_per_cpu_s": round(session_cpu_rate),
+        "cpu_ratio": round(session_cpu_rate / raw_cpu_rate, 3),
+        "session_stats_last_round": stats,
+    }
+
+
+def _run_stream(args: argparse.Namespace) -> dict[str, Any]:
+    rounds = 1 if args.quick else args.rounds
+    payloads = ["lean", "full"] if args.payload == "both" else [args.payload]
+    result: dict[str, Any] = {
+        "machines": args.machines,
+        "rounds": rounds,
+        "target_ratio": 0.8,
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+    }
+    for payload in payloads:
+        default = {"lean": 50_000, "full": 5_000}[payload]
+        frames = args.frames or (default // 5 if args.quick else default)
+        result[payload] = _measure(args, frames, rounds, payload)
+    return result
+
+
+def _register_stream(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("stream", parents=[common], help="session vs raw grpclib receive rate")
+    p.add_argument("--frames", type=int, default=0, help="frames per measurement")
+    p.add_argument("--machines", type=int, default=1000, help="distinct machine ids cycled")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds; best of each")
+    p.add_argument(
+        "--payload",
+        choices=["lean", "full", "both"],
+        default="both",
+        help="lean: machine_id+state only (transport/session overhead); full: labels, "
+        "resources, names (betterproto decode dominates)",
+    )
+    p.set_defaults(func=_run_stream)
+    hidden = sub.add_parser("_stream-server")
+    hidden.add_argument("--frames", type=int, required=True)
+    hidden.add_argument("--machines", type=int, required=True)
+    hidden.add_argument("--payload", default="full")
+    hidden.set_defaults(
+        func=lambda a: _serve_stream(a.frames, a.machines, a.payload), internal=True
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatcher
+# ---------------------------------------------------------------------------------------------
+
+
+def _load_plugins(sub: Any, common: argparse.ArgumentParser) -> None:
+    plugin_dir = HERE / "bench"
+    if not plugin_dir.is_dir():
+        return
+    sub.common = common
+    for path in sorted(plugin_dir.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        spec = importlib.util.spec_from_file_location(f"bench_plugin_{path.stem}", path)
+        if spec is None or spec.loader is None:
+            continue
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--quick", action="store_true", help="small, fast run")
+    common.add_argument("--json", action="store_true", help="print figures as JSON")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _register_stream(sub, common)
+    _load_plugins(sub, common)
+    args = parser.parse_args(argv)
+    result = args.func(args)
+    if getattr(args, "internal", False):
+        return 0
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        for key, value in result.items():
+            print(f"{key:32} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
