@@ -1,31 +1,49 @@
 #!/usr/bin/env python
 """Benchmark the embedded apiserver (issue 3 "Benchmark").
 
-Measures, over real HTTP (hypercorn + httpx, CONCURRENCY parallel clients):
-  * creates/s of CapacityRequests,
-  * merge-patches/s (main resource) and status merge-patches/s,
-  * a full list of all objects (seconds, MB),
-and in-process (no HTTP) the same creates/s, plus RSS growth for N stored objects.
+In-process (no HTTP): creates/s and merge-patches/s of CapacityRequests and RSS growth for
+``--objects`` stored objects, plus the time to list them all over HTTP.
 
-Usage: .venv/bin/python scripts/bench_apiserver.py [--objects 100000] [--http 5000] [--concurrency 32]
+Over HTTP, for each engine (hypercorn, fast): the server runs in its own process; ``--conc``
+httpx clients create ``--http`` CapacityRequests, then merge-patch each, then status-patch each.
+Reported: client-observed writes/s and the server's own CPU per request (from /proc), which is
+the server's capacity limit independent of how fast the Python client is.
+
+Usage: .venv/bin/python scripts/bench_apiserver.py [--objects 100000] [--http 3000] [--conc 16]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from typing import Any
 
 import httpx
 import trio
-
-from bigfleet_trio.sim.apiserver import ApiServer, serve
+import yaml
 
 CR = "/apis/bigfleet.lucy.sh/v1alpha1/namespaces/default/capacityrequests"
+MERGE = {"content-type": "application/merge-patch+json"}
+
+SERVER = """
+import sys, trio
+from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
+async def main():
+    api = ApiServer()
+    async with trio.open_nursery() as n:
+        url = await n.start(lambda task_status: serve(api, engine=sys.argv[1], task_status=task_status))
+        write_kubeconfig(url, sys.argv[2])
+        print(url, flush=True)
+trio.run(main)
+"""
 
 
-def body(i: int) -> dict:
+def body(i: int) -> dict[str, Any]:
     return {
         "apiVersion": "bigfleet.lucy.sh/v1alpha1",
         "kind": "CapacityRequest",
@@ -43,41 +61,18 @@ def rss_mb() -> float:
         for line in fh:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return 0.0
 
 
-async def http_phase(n: int, conc: int) -> dict[str, float]:
-    api = ApiServer()
-    out: dict[str, float] = {}
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve, api)
-        limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
-        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as c:
-
-            async def run(label: str, fn) -> None:
-                todo = iter(range(n))
-
-                async def worker() -> None:
-                    for i in todo:
-                        r = await fn(i)
-                        assert r.status_code < 300, r.text
-
-                t0 = time.perf_counter()
-                async with trio.open_nursery() as wn:
-                    for _ in range(conc):
-                        wn.start_soon(worker)
-                out[label] = n / (time.perf_counter() - t0)
-
-            await run("http_create_per_s", lambda i: c.post(CR, content=json.dumps(body(i)), headers={"content-type": "application/json"}))
-            await run("http_merge_patch_per_s", lambda i: c.patch(f"{CR}/req-{i:06d}", content=json.dumps({"spec": {"priority": 7}}),
-                                                                  headers={"content-type": "application/merge-patch+json"}))
-            await run("http_status_patch_per_s", lambda i: c.patch(f"{CR}/req-{i:06d}/status", content=json.dumps({"status": {"phase": "Acknowledged"}}),
-                                                                   headers={"content-type": "application/merge-patch+json"}))
-        nursery.cancel_scope.cancel()
-    return out
+def proc_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def big_phase(n: int) -> dict[str, float]:
+async def inprocess(n: int) -> dict[str, float]:
+    from bigfleet_trio.sim.apiserver import ApiServer, serve
+
     before = rss_mb()
     api = ApiServer()
     res = api.find("capacityrequests")
@@ -85,19 +80,19 @@ async def big_phase(n: int) -> dict[str, float]:
     for i in range(n):
         api.create(res, "default", body(i))
     create_s = time.perf_counter() - t0
+    after_create = rss_mb()
     t0 = time.perf_counter()
     for i in range(n):
         api.patch(res, "default", f"req-{i:06d}", {"spec": {"priority": 7}}, "application/merge-patch+json")
     patch_s = time.perf_counter() - t0
-    after = rss_mb()
     out = {
         "inproc_create_per_s": n / create_s,
         "inproc_merge_patch_per_s": n / patch_s,
-        "rss_mb_for_objects": after - before,
-        "rss_mb_total": after,
+        "rss_mb_after_creates": after_create - before,
+        "rss_mb_after_patches_incl_history": rss_mb() - before,
     }
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve, api)
+        url = await nursery.start(lambda task_status: serve(api, engine="fast", task_status=task_status))
         async with httpx.AsyncClient(base_url=url, timeout=120) as c:
             t0 = time.perf_counter()
             r = await c.get("/apis/bigfleet.lucy.sh/v1alpha1/capacityrequests")
@@ -106,14 +101,9 @@ async def big_phase(n: int) -> dict[str, float]:
             assert len(r.json()["items"]) == n
             t0 = time.perf_counter()
             cont = ""
-            pages = 0
             while True:
-                params = {"limit": "500"}
-                if cont:
-                    params["continue"] = cont
-                page = (await c.get("/apis/bigfleet.lucy.sh/v1alpha1/capacityrequests", params=params)).json()
-                pages += 1
-                cont = page["metadata"].get("continue", "")
+                params = {"limit": "500", **({"continue": cont} if cont else {})}
+                cont = (await c.get("/apis/bigfleet.lucy.sh/v1alpha1/capacityrequests", params=params)).json()["metadata"].get("continue", "")
                 if not cont:
                     break
             out["http_paged_list_500_s"] = time.perf_counter() - t0
@@ -121,16 +111,54 @@ async def big_phase(n: int) -> dict[str, float]:
     return out
 
 
+async def over_http(engine: str, n: int, conc: int) -> dict[str, float]:
+    kc = tempfile.mktemp(suffix=".yaml")
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, engine, kc], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    url = yaml.safe_load(open(kc))["clusters"][0]["cluster"]["server"]
+    out: dict[str, float] = {}
+    try:
+        limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as c:
+
+            async def phase(label: str, fn: Any) -> None:
+                todo = iter(range(n))
+
+                async def worker() -> None:
+                    for i in todo:
+                        r = await fn(i)
+                        assert r.status_code < 300, r.text
+
+                cpu0 = proc_cpu(proc.pid)
+                t0 = time.perf_counter()
+                async with trio.open_nursery() as wn:
+                    for _ in range(conc):
+                        wn.start_soon(worker)
+                out[f"{engine}_{label}_per_s"] = n / (time.perf_counter() - t0)
+                out[f"{engine}_{label}_server_ms_per_req"] = (proc_cpu(proc.pid) - cpu0) / n * 1000
+
+            await phase("create", lambda i: c.post(CR, content=json.dumps(body(i)), headers={"content-type": "application/json"}))
+            await phase("merge_patch", lambda i: c.patch(f"{CR}/req-{i:06d}", content=b'{"spec":{"priority":7}}', headers=MERGE))
+            await phase("status_patch", lambda i: c.patch(f"{CR}/req-{i:06d}/status", content=b'{"status":{"phase":"Acknowledged"}}', headers=MERGE))
+    finally:
+        proc.terminate()
+        proc.wait()
+        os.unlink(kc)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--objects", type=int, default=100_000)
-    ap.add_argument("--http", type=int, default=5_000)
-    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--http", type=int, default=3_000)
+    ap.add_argument("--conc", type=int, default=16)
     args = ap.parse_args()
-    results = trio.run(big_phase, args.objects)
-    results.update(trio.run(http_phase, args.http, args.concurrency))
+    results = trio.run(inprocess, args.objects)
+    for engine in ("hypercorn", "fast"):
+        results.update(trio.run(over_http, engine, args.http, args.conc))
     for k, v in results.items():
-        print(f"{k:28s} {v:12.1f}")
+        print(f"{k:42s} {v:12.2f}")
 
 
 if __name__ == "__main__":

@@ -73,11 +73,12 @@ class Kube:
         return (await self.run(*args, stdin=stdin)).stdout.decode()
 
 
-@pytest.fixture
-async def kube(tmp_path: Path) -> AsyncIterator[Kube]:
+@pytest.fixture(params=["hypercorn", "fast"])
+async def kube(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Kube]:
     api = ApiServer()
+    engine = request.param
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve, api)
+        url = await nursery.start(lambda task_status: serve(api, engine=engine, task_status=task_status))
         k = Kube(api, url, tmp_path)
         yield k
         await k.http.aclose()

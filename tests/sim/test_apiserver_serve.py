@@ -64,3 +64,51 @@ async def test_cli_process_serves_until_sigterm(tmp_path: Path) -> None:
                 assert "default" in names
             proc.send_signal(signal.SIGTERM)
             assert await proc.wait() == 0
+
+
+async def _raw(url: str, data: bytes, *, until: bytes = b"\r\n\r\n", close: bool = True) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(data)
+    out = b""
+    with trio.fail_after(5):
+        while True:
+            chunk = await stream.receive_some()
+            if not chunk:
+                break
+            out += chunk
+            if until and until in out and not close:
+                break
+    await stream.aclose()
+    return out
+
+
+async def test_fast_engine_raw_http() -> None:
+    api = ApiServer()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(lambda task_status: serve(api, engine="fast", task_status=task_status))
+        # malformed request line -> 400 and close
+        assert (await _raw(url, b"GARBAGE\r\n\r\n")).startswith(b"HTTP/1.1 400")
+        # chunked request body + Connection: close
+        body = json.dumps(cr_body("chunky")).encode()
+        req = (f"POST {CR_PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
+               f"connection: close\r\n\r\n{len(body):x}\r\n").encode() + body + b"\r\n0\r\n\r\n"
+        out = await _raw(url, req)
+        assert out.startswith(b"HTTP/1.1 201 Created") and b'"name":"chunky"' in out
+        # two pipelined keep-alive requests, the second closing
+        two = (b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n" b"GET /version HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        out = await _raw(url, two)
+        assert out.count(b"HTTP/1.1 200 OK") == 2 and b"gitVersion" in out
+        # Expect: 100-continue
+        req = (f"POST {CR_PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nexpect: 100-continue\r\n"
+               f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+        out = await _raw(url, req)
+        assert out.startswith(b"HTTP/1.1 100 Continue") and b"409 Conflict" in out
+        # a client hanging up on a watch unregisters the watcher
+        bucket = api.store.bucket(api.find("cr"))
+        out = await _raw(url, f"GET {CR_PATH}?watch=1&resourceVersion=1 HTTP/1.1\r\nhost: x\r\n\r\n".encode(), until=b"chunked", close=False)
+        assert b"transfer-encoding: chunked" in out
+        with trio.fail_after(5):
+            while bucket.watchers:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()

@@ -116,3 +116,24 @@ def test_schema_prune_default_and_nullable() -> None:
     assert unknown == ["spec.zz", "extra"]
     assert v.validate(obj) == []
     assert v.validate({"spec": {"n": "x"}})[0]["field"] == "spec.n"
+
+
+def test_compiled_checker_agrees_with_jsonschema() -> None:
+    from bigfleet_trio.sim.apiserver import ApiServer
+
+    api = ApiServer()
+    v = api.find("cr").validator
+    assert v is not None and v._fast is not None
+    cases = [
+        {"spec": {"priority": 1, "resources": {"cpu": "1"}}},
+        {"spec": {"priority": "x", "resources": {"cpu": "lots", "mem": 3}}},
+        {"spec": {"priority": 1.5, "resources": {}}, "status": {"phase": "Nope"}},
+        {"spec": {"resources": {"cpu": True}, "requirements": [{"key": "k", "operator": "In", "values": [1]}]}},
+        {"spec": {"priority": 1, "resources": {"cpu": "1"}, "coLocation": {}, "topologySpread": [{"maxSkew": 1}]}},
+        {"spec": {"priority": 1, "resources": {"cpu": "1"}, "interruptionPenalty": [1]}, "status": {}},
+        {"spec": "not-an-object"},
+    ]
+    for obj in cases:
+        fast = sorted((c["field"], c["reason"]) for c in v.validate(obj))
+        slow = sorted((c["field"], c["reason"]) for c in v._validate_jsonschema(obj))
+        assert fast == slow, obj

@@ -1,7 +1,13 @@
-"""``python -m bigfleet_trio.sim.apiserver [PORT] [KUBECONFIG]``: run the embedded apiserver."""
+"""``python -m bigfleet_trio.sim.apiserver [PORT] [KUBECONFIG] [hypercorn|fast]``: run the server."""
 
 import sys
 
 from .serving import run_cli
 
-raise SystemExit(run_cli(int(sys.argv[1]) if len(sys.argv) > 1 else 0, sys.argv[2] if len(sys.argv) > 2 else "kubeconfig.yaml"))
+raise SystemExit(
+    run_cli(
+        int(sys.argv[1]) if len(sys.argv) > 1 else 0,
+        sys.argv[2] if len(sys.argv) > 2 else "kubeconfig.yaml",
+        engine=sys.argv[3] if len(sys.argv) > 3 else "hypercorn",
+    )
+)
