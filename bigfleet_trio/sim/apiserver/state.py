@@ -8,6 +8,8 @@ Everything here is synchronous (no awaits), so every verb is atomic under Trio.
 from __future__ import annotations
 
 import base64
+import copy
+import functools
 import datetime as _dt
 import importlib.resources
 import itertools
@@ -32,7 +34,7 @@ from .selectors import (
     parse_label_selector,
 )
 from .store import Store, Watcher
-from .validation import validate_name
+from .validation import metadata_type_error, validate_labels, validate_name
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,13 @@ def _pod_qos(pod: dict[str, Any]) -> str:
     if not any_set:
         return "BestEffort"
     return "Guaranteed" if guaranteed else "Burstable"
+
+
+@functools.lru_cache(maxsize=16)
+def _parse_yaml_docs(text: str) -> list[Any]:
+    """Parse multi-document YAML once (C loader when available); callers deep-copy."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return list(yaml.load_all(text, Loader=loader))
 
 
 class ListResult:
@@ -176,7 +185,7 @@ class ApiServer:
     def install_crd_text(self, text: str) -> list[dict[str, Any]]:
         """Create (or replace) every CRD in a multi-document YAML string."""
         out = []
-        for doc in yaml.safe_load_all(text):
+        for doc in copy.deepcopy(_parse_yaml_docs(text)):
             if not doc:
                 continue
             name = doc.get("metadata", {}).get("name", "")
@@ -252,7 +261,10 @@ class ApiServer:
         if meta is None:
             meta = {}
         if not isinstance(meta, dict):
-            raise E.bad_request("metadata must be an object")
+            raise E.bad_request("json: cannot unmarshal into Go struct field of type v1.ObjectMeta: metadata must be an object")
+        err = metadata_type_error(meta)
+        if err:
+            raise E.bad_request(err)
         kind = body.get("kind")
         if kind is not None and kind != res.kind:
             raise E.bad_request(f"the kind of the provided object ({kind}) does not match the resource ({res.kind})")
@@ -293,7 +305,7 @@ class ApiServer:
                     break
             meta["name"] = cand
         name = meta.get("name", "")
-        causes = validate_name(name, label=res.plural == "namespaces")
+        causes = validate_name(name, label=res.plural == "namespaces") + validate_labels(meta)
         if causes:
             raise E.invalid(res.kind, res.group, str(name), causes)
         if namespace:
@@ -504,6 +516,12 @@ class ApiServer:
         ometa = old["metadata"]
         name = ometa["name"]
         nmeta_in = new.get("metadata") if isinstance(new.get("metadata"), dict) else {}
+        err = metadata_type_error(nmeta_in)
+        if err:
+            raise E.bad_request(err)
+        causes = validate_labels(nmeta_in)
+        if causes:
+            raise E.invalid(res.kind, res.group, name, causes)
         want_rv = nmeta_in.get("resourceVersion")
         if want_rv not in (None, "") and str(want_rv) != ometa["resourceVersion"]:
             raise E.conflict(res.plural, res.group, name)

@@ -54,6 +54,55 @@ def validate_name(name: Any, *, label: bool = False, field: str = "metadata.name
     return []
 
 
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def metadata_type_error(meta: dict[str, Any]) -> str | None:
+    """A decode error message when ObjectMeta fields have the wrong JSON types (→ 400), else None."""
+    for field in ("labels", "annotations"):
+        m = meta.get(field)
+        if m is None:
+            continue
+        if not isinstance(m, dict):
+            return f"json: cannot unmarshal {type(m).__name__} into Go struct field ObjectMeta.metadata.{field} of type map[string]string"
+        for k, v in m.items():
+            if not isinstance(v, str):
+                return f"json: cannot unmarshal {type(v).__name__} into Go struct field ObjectMeta.metadata.{field} of type string"
+    for field in ("name", "generateName", "namespace", "resourceVersion", "uid"):
+        v = meta.get(field)
+        if v is not None and not isinstance(v, str):
+            return f"json: cannot unmarshal {type(v).__name__} into Go struct field ObjectMeta.metadata.{field} of type string"
+    fins = meta.get("finalizers")
+    if fins is not None and (not isinstance(fins, list) or not all(isinstance(f, str) for f in fins)):
+        return "json: cannot unmarshal into Go struct field ObjectMeta.metadata.finalizers of type []string"
+    refs = meta.get("ownerReferences")
+    if refs is not None:
+        if not isinstance(refs, list) or not all(isinstance(r, dict) for r in refs):
+            return "json: cannot unmarshal into Go struct field ObjectMeta.metadata.ownerReferences of type []v1.OwnerReference"
+        for r in refs:
+            for f in ("apiVersion", "kind", "name", "uid"):
+                if not isinstance(r.get(f, ""), str):
+                    return f"json: cannot unmarshal into Go struct field OwnerReference.metadata.ownerReferences.{f} of type string"
+    return None
+
+
+def validate_labels(meta: dict[str, Any]) -> list[dict[str, str]]:
+    """Causes for label keys/values that are not valid Kubernetes label syntax."""
+    causes = []
+    for k, v in (meta.get("labels") or {}).items():
+        prefix, _, name = k.rpartition("/")
+        if ("/" in k and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix))) or len(name) > 63 or not _LABEL_NAME.match(name):
+            causes.append(field_cause("FieldValueInvalid", "metadata.labels", f'Invalid value: "{k}": name part must consist of alphanumeric characters, \'-\', \'_\' or \'.\', and must start and end with an alphanumeric character'))
+        if len(v) > 63 or not _LABEL_VALUE.match(v):
+            causes.append(field_cause("FieldValueInvalid", f"metadata.labels", f'Invalid value: "{v}": a valid label must be an empty string or consist of alphanumeric characters, \'-\', \'_\' or \'.\', and must start and end with an alphanumeric character'))
+    for r in meta.get("ownerReferences") or ():
+        for f in ("apiVersion", "kind", "name", "uid"):
+            if not r.get(f):
+                causes.append(field_cause("FieldValueRequired", f"metadata.ownerReferences.{f}", "Required value"))
+    return causes
+
+
 def to_jsonschema(schema: Any) -> Any:
     """Rewrite a Kubernetes structural schema into plain JSON Schema (Draft 4).
 
