@@ -267,3 +267,13 @@ async def test_chunked_get_and_wait_jsonpath(kube: Kube) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(later)
             assert "condition met" in await kube.out("wait", "--for=jsonpath={.status.phase}=Acknowledged", "cr/req1", "--timeout=10s")
+
+
+async def test_imperative_creates_with_protobuf_bodies(kube: Kube) -> None:
+    assert "namespace/team-a created" in await kube.out("create", "namespace", "team-a")
+    assert "configmap/cm1 created" in await kube.out("create", "configmap", "cm1", "--from-literal=k=v", "-n", "team-a")
+    assert json.loads(await kube.out("get", "cm", "cm1", "-n", "team-a", "-o", "json"))["data"] == {"k": "v"}
+    assert "created" in await kube.out("create", "priorityclass", "high", "--value=1000")
+    assert (await kube.out("get", "pc", "high", "-o", "jsonpath={.value}")).strip() == "1000"
+    dep = await kube.run("create", "deployment", "d", "--image=nginx", ok=False)
+    assert dep.returncode == 1 and "unknown format" in dep.stderr.decode()

@@ -137,3 +137,22 @@ def test_compiled_checker_agrees_with_jsonschema() -> None:
         fast = sorted((c["field"], c["reason"]) for c in v.validate(obj))
         slow = sorted((c["field"], c["reason"]) for c in v._validate_jsonschema(obj))
         assert fast == slow, obj
+
+
+def test_protobuf_namespace_decode() -> None:
+    from bigfleet_trio.sim.apiserver.protobuf import ProtobufError, decode
+
+    def ld(num: int, payload: bytes) -> bytes:
+        return bytes([num << 3 | 2, len(payload)]) + payload
+
+    label = ld(1, b"a") + ld(2, b"b")
+    meta = ld(1, b"foo") + ld(11, label)
+    type_meta = ld(1, b"v1") + ld(2, b"Namespace")
+    body = b"k8s\x00" + ld(1, type_meta) + ld(2, ld(1, meta))
+    assert decode(body) == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "foo", "labels": {"a": "b"}}}
+    with pytest.raises(ProtobufError):
+        decode(b"k8s\x00" + ld(1, ld(1, b"apps/v1") + ld(2, b"Deployment")))
+    with pytest.raises(ProtobufError):
+        decode(b"k8s\x00\x0a\x7f")
+    with pytest.raises(ProtobufError):
+        decode(b"{}")

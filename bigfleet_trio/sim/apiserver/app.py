@@ -74,7 +74,14 @@ class _Request:
         ct = self.headers.get("content-type", "application/json").split(";")[0].strip().lower()
         if not self.body:
             raise E.bad_request("the request body is empty")
-        if "protobuf" in ct or "cbor" in ct:
+        if "protobuf" in ct:
+            from .protobuf import ProtobufError, decode
+
+            try:
+                return decode(self.body)
+            except (ProtobufError, UnicodeDecodeError) as exc:
+                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - accepted media types include: application/json, application/yaml ({exc})") from None
+        if "cbor" in ct:
             raise E.unsupported_media_type(ct)
         if allow_yaml and ("yaml" in ct):
             try:

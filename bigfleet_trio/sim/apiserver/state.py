@@ -322,6 +322,7 @@ class ApiServer:
         if res.plural == "pods":
             obj["status"] = {"phase": "Pending", "qosClass": _pod_qos(obj)}
         elif res.plural == "namespaces":
+            meta["labels"] = dict(meta.get("labels") or {}, **{"kubernetes.io/metadata.name": name})
             obj["status"] = {"phase": "Active"}
             obj["spec"] = {"finalizers": ["kubernetes"]}
         elif res.status and res.plural != "nodes":
