@@ -31,10 +31,13 @@ left)``, at least 1 (0 would mean "delete now"). Outcomes by HTTP status (P1, ne
 * 5xx and transport errors -> retry;
 * 403 and any other 4xx -> recorded, that Pod is not evicted again (it still blocks completion).
 
-Rounds repeat every ~2 s (uniform jitter) until no evictable Pod remains -> the UpcomingNode goes
-to Drained and is deleted (the rule of :mod:`.upcoming`; the memory keeps a tombstone so a later
-IDLE does not recreate it), or until the deadline -> Failed with ``lastError`` naming the Pods
-left and why. On shutdown (the operator cancels :meth:`DrainManager.run`) running drains may
+Rounds repeat every ~2 s (uniform jitter) while an eviction is blocked; while only Terminating
+Pods remain (just evicted, or already being deleted) the drain re-lists quickly instead (0.25 s,
+doubling up to the ~2 s interval) so a short grace is not lost waiting. Rounds go on until no
+evictable Pod remains -> the UpcomingNode goes to Drained and is deleted (the rule of
+:mod:`.upcoming`; the memory keeps a tombstone so a later IDLE does not recreate it), or until the
+deadline -> one last listing right at the deadline (bounded by ``FINAL_CHECK_TIMEOUT``), then
+Drained if the Pods are gone by now, else Failed with ``lastError`` naming the Pods left and why. On shutdown (the operator cancels :meth:`DrainManager.run`) running drains may
 finish for up to ``shutdown_timeout`` seconds, then they are cancelled.
 
 Deviations from the Go reference (ref §7, §18.2-4): machine IDs are resolved through the
@@ -95,6 +98,11 @@ DEFAULT_GRACE_SECONDS: Final = 30.0
 """Drain deadline when the instruction's grace_period_seconds is 0 or negative."""
 RETRY_INTERVAL_SECONDS: Final = 2.0
 """Nominal pause between eviction rounds (jittered by +-25 %)."""
+FAST_POLL_SECONDS: Final = 0.25
+"""First re-check after an admitted eviction while only Terminating Pods remain (doubles up to
+the retry interval)."""
+FINAL_CHECK_TIMEOUT: Final = 5.0
+"""Upper bound on the last Pod listing made at the drain deadline before declaring Failed."""
 DEFAULT_SHUTDOWN_TIMEOUT: Final = 20.0
 """How long running drains may continue after the operator is asked to stop."""
 STATUS_WRITE_TIMEOUT: Final = 10.0
@@ -247,6 +255,8 @@ class DrainManager:
         client: a KubeClient.
         memory: the DrainMemory shared with the UpcomingNode handler.
         retry_interval: nominal seconds between eviction rounds (~2 s).
+        fast_poll: first re-check delay (seconds) while only Terminating Pods remain; doubles
+            each round up to ``retry_interval``.
         jitter: fraction of ``retry_interval`` added or removed at random (0.25 -> 1.5..2.5 s).
         shutdown_timeout: seconds running drains may continue after :meth:`run` is cancelled.
         rng: random source for the jitter (injectable for tests).
@@ -259,6 +269,7 @@ class DrainManager:
         memory: DrainMemory,
         *,
         retry_interval: float = RETRY_INTERVAL_SECONDS,
+        fast_poll: float = FAST_POLL_SECONDS,
         jitter: float = 0.25,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         rng: random.Random | None = None,
@@ -267,6 +278,7 @@ class DrainManager:
         self._client = client
         self.memory = memory
         self._interval = retry_interval
+        self._fast_poll = fast_poll
         self._jitter = jitter
         self.shutdown_timeout = shutdown_timeout
         self._rng = rng or random.Random()
@@ -383,6 +395,8 @@ class DrainManager:
             with trio.CancelScope(deadline=deadline):
                 await self._evict_until_empty(job, deadline)
                 finished = True
+            if not finished:
+                finished = await self._final_check(job)
             if finished:
                 self._finish(job, DrainResult(job.node, "drained"))
                 log.info(
@@ -439,8 +453,34 @@ class DrainManager:
         spread = self._interval * self._jitter
         await trio.sleep(max(0.0, self._interval + self._rng.uniform(-spread, spread)))
 
+    async def _final_check(self, job: _Job) -> bool:
+        """One listing at the deadline: True if no evictable Pod is left (the drain succeeded
+        just in time); otherwise ``job.pods_left`` is refreshed from it and False returned."""
+        listing = None
+        with trio.move_on_after(FINAL_CHECK_TIMEOUT):
+            try:
+                listing = await self._client.list(PODS, field_selector=f"spec.nodeName={job.node}")
+            except KubeError as exc:
+                log.warning("drain: final pod listing failed node=%s error=%s", job.node, exc)
+        if listing is None:
+            return False
+        left: dict[str, str] = {}
+        for pod in listing.items:
+            if skip_reason(pod) is not None:
+                continue
+            key = pod_key(pod)
+            terminating = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+            left[key] = job.pods_left.get(key) or ("terminating" if terminating else "not evicted")
+        job.pods_left.clear()
+        job.pods_left.update(left)
+        log.info(
+            "drain: final check at deadline node=%s pods_left=%d", job.node, len(job.pods_left)
+        )
+        return not left
+
     async def _evict_until_empty(self, job: _Job, deadline: float) -> None:
         stopped: dict[str, str] = {}
+        fast = self._fast_poll
         while True:
             try:
                 listing = await self._client.list(PODS, field_selector=f"spec.nodeName={job.node}")
@@ -451,6 +491,7 @@ class DrainManager:
                 continue
             job.pods_left.pop("<pod list>", None)
             pending: dict[str, str] = {}
+            blocked = evicted_now = terminating = False
             for pod in listing.items:
                 if skip_reason(pod) is not None:
                     continue
@@ -461,6 +502,7 @@ class DrainManager:
                 meta = pod.get("metadata") or {}
                 if meta.get("deletionTimestamp"):
                     pending[key] = "terminating"
+                    terminating = True
                     continue
                 remaining = deadline - trio.current_time()
                 try:
@@ -486,6 +528,7 @@ class DrainManager:
                         )
                         continue
                     pending[key] = f"eviction blocked: {text}"
+                    blocked = True
                     log.info(
                         "drain: eviction blocked, will retry node=%s pod=%s error=%s",
                         job.node,
@@ -494,12 +537,25 @@ class DrainManager:
                     )
                     continue
                 pending[key] = "evicted, terminating"
+                evicted_now = terminating = True
                 log.info("drain: evicted node=%s pod=%s", job.node, key)
             job.pods_left.clear()
             job.pods_left.update(pending)
             if not pending:
                 return
-            await self._pause()
+            if blocked or not terminating:
+                # an eviction to retry, or only refused Pods: the normal jittered interval
+                fast = self._fast_poll
+                await self._pause()
+                continue
+            # only Terminating (and refused) Pods: re-list soon, backing off to the interval
+            if evicted_now:
+                fast = self._fast_poll
+            if fast >= self._interval:
+                await self._pause()
+            else:
+                await trio.sleep(fast)
+                fast *= 2
 
 
 # --------------------------------------------------------------------------- handler

@@ -147,6 +147,11 @@ class FakeCluster:
     evictions: list[tuple[str, int | None, float]] = field(default_factory=list)
     node_patches: list[tuple[str, Any]] = field(default_factory=list)
     un_writes: list[tuple[str, str, Any, float]] = field(default_factory=list)
+    # pod key -> seconds it stays Terminating after an admitted eviction (default: gone at once)
+    terminate_delay: dict[str, float] = field(default_factory=dict)
+    # pod key -> clock time at which a Terminating pod disappears
+    vanish_at: dict[str, float] = field(default_factory=dict)
+    pod_lists: list[float] = field(default_factory=list)
 
     def add_node(self, name: str, provider_id: str = "") -> None:
         self.nodes[name] = {"metadata": {"name": name}, "spec": {"providerID": provider_id}}
@@ -177,9 +182,19 @@ class FakeCluster:
             raise NotFound(404, "NotFound", name)
         return copy.deepcopy(store[name])
 
+    def terminate(self, key: str, after: float) -> None:
+        """Mark a pod Terminating; it disappears ``after`` seconds from now."""
+        self.pods[key]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        self.vanish_at[key] = trio.current_time() + after
+
     async def list(self, res: Resource, namespace: str | None = None, **kw: Any) -> Listing:
         await trio.lowlevel.checkpoint()
         if res == PODS:
+            self.pod_lists.append(trio.current_time())
+            for key, at in list(self.vanish_at.items()):
+                if at <= trio.current_time():
+                    self.pods.pop(key, None)
+                    del self.vanish_at[key]
             sel = kw["field_selector"]
             assert sel.startswith("spec.nodeName=")
             node = sel.split("=", 1)[1]
@@ -239,6 +254,10 @@ class FakeCluster:
             err = policy(attempt)
             if err is not None:
                 raise err
+        if key in self.terminate_delay:
+            if not self.pods[key]["metadata"].get("deletionTimestamp"):
+                self.terminate(key, self.terminate_delay[key])
+            return
         del self.pods[key]  # terminates at once in this fake
 
     def evicted(self, key: str) -> int:
@@ -388,8 +407,9 @@ async def test_pdb_blocks_then_allows(autojump_clock: trio.abc.Clock) -> None:
     # retries every ~2 s with +-25 % jitter
     for a, b in zip(times, times[1:], strict=False):
         assert 1.5 <= b - a <= 2.5
-    # rounds: 429, pause, 429, pause, evicted, pause, empty list -> three ~2 s pauses
-    assert 4.5 <= elapsed <= 7.5
+    # rounds: 429, pause, 429, pause, evicted, quick re-check (0.25 s), empty list
+    # -> two ~2 s pauses (1.5..2.5 s each) + 0.25 s
+    assert 3.25 <= elapsed <= 5.25
     assert drains.results["n-1"].outcome == "drained"
     assert "un-m-1" not in c.upcoming
 
@@ -420,6 +440,52 @@ async def test_pdb_never_allows_fails_at_deadline(autojump_clock: trio.abc.Clock
     # first eviction got the whole (bounded) grace: 10 s left < the pod's 30 s
     assert c.evictions[0][1] == 10
     assert 4 <= c.evicted(key) <= 7
+
+
+async def test_short_grace_pod_gone_soon_after_eviction_is_drained(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # grace 2 s; the evicted pod terminates in 0.3 s. Re-check quickly after an eviction:
+    # list at 0 (evict), 0.25 (still Terminating), 0.25 + 0.5 = 0.75 (gone) -> Drained at 0.75.
+    c = standard_cluster()
+    key = c.add_pod(_pod("web", tgps=1))
+    c.terminate_delay[key] = 0.3
+    drains, handler, _ = make(c)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        t0 = trio.current_time()
+        await handler.on_reclaim_instruction(instr("r", "n-1", grace=2), Replies())
+        await drains.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert [t - t0 for t in c.pod_lists] == pytest.approx([0.0, 0.25, 0.75])
+    assert c.evicted(key) == 1  # a Terminating pod is not evicted again
+    assert drains.results["n-1"].outcome == "drained"
+    assert [w[:3] for w in c.un_writes][-2:] == [
+        ("patch", "un-m-1", {"phase": "Drained"}),
+        ("delete", "un-m-1", None),
+    ]
+    assert c.un_writes[-1][3] - t0 == pytest.approx(0.75)
+
+
+async def test_final_check_at_deadline(autojump_clock: trio.abc.Clock) -> None:
+    # A pod already Terminating vanishes at 2.9 s; grace 3 s. Polls at 0, 0.25, 0.75, 1.75
+    # (0.25/0.5/1.0 s apart), then the pause reaches the ~2 s interval (>= 1.5 s -> past 3 s):
+    # the deadline cuts it, and the check made right at the deadline sees no pod -> Drained.
+    c = standard_cluster()
+    key = c.add_pod(_pod("web"))
+    drains, handler, _ = make(c)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        t0 = trio.current_time()
+        c.terminate(key, 2.9)
+        await handler.on_reclaim_instruction(instr("r", "n-1", grace=3), Replies())
+        await drains.wait_idle()
+        assert trio.current_time() - t0 == pytest.approx(3.0)
+        nursery.cancel_scope.cancel()
+    assert [t - t0 for t in c.pod_lists] == pytest.approx([0.0, 0.25, 0.75, 1.75, 3.0])
+    assert c.evicted(key) == 0
+    assert drains.results["n-1"].outcome == "drained"
+    assert "un-m-1" not in c.upcoming
 
 
 async def test_forbidden_stops_for_that_pod(autojump_clock: trio.abc.Clock) -> None:
