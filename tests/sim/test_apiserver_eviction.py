@@ -95,3 +95,35 @@ async def test_eviction_name_mismatch_is_400(client: httpx.AsyncClient) -> None:
     await running_pod(client, "a")
     r = await client.post(f"{PODS}/a/eviction", json=eviction("b"))
     assert r.status_code == 400
+
+
+async def test_pdb_controller_tracks_pods_and_gates_evictions() -> None:
+    from bigfleet_trio.sim.apiserver import ApiServer
+    from bigfleet_trio.sim.apiserver.testing import open_client
+
+    api = ApiServer(pdb_controller=True)
+    async with open_client(api) as client:
+        rs = (await client.post("/apis/apps/v1/namespaces/default/replicasets", json={"metadata": {"name": "rs"}, "spec": {"replicas": 3}})).json()
+        ref = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": rs["metadata"]["uid"], "controller": True}
+        await client.post(PDBS, json={"metadata": {"name": "pdb1"}, "spec": {"maxUnavailable": "50%", "selector": {"matchLabels": {"app": "web"}}}})
+
+        async def owned_pod(name: str) -> None:
+            await client.post(PODS, json=pod_body(name, "n1", {"app": "web"}, ownerReferences=[ref]))
+            st = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+            await patch(client, f"{PODS}/{name}/status", {"status": st})
+
+        for name in ("a", "b", "c"):
+            await owned_pod(name)
+        await running_pod(client, "other", labels={"app": "db"})
+        st = (await client.get(f"{PDBS}/pdb1")).json()["status"]
+        # RS scale 3; maxUnavailable 50% of 3 rounds up to 2 -> desiredHealthy 1; 3 healthy -> 2 allowed.
+        assert (st["expectedPods"], st["currentHealthy"], st["desiredHealthy"], st["disruptionsAllowed"]) == (3, 3, 1, 2)
+        assert st["observedGeneration"] == 1
+        assert (await client.post(f"{PODS}/a/eviction", json=eviction("a"))).status_code == 201
+        assert (await client.post(f"{PODS}/b/eviction", json=eviction("b"))).status_code == 201
+        r = await client.post(f"{PODS}/c/eviction", json=eviction("c"))
+        assert r.status_code == 429
+        assert r.json()["details"]["causes"][0]["message"] == "The disruption budget pdb1 needs 1 healthy pods and has 1 currently"
+        await owned_pod("d")
+        st = (await client.get(f"{PDBS}/pdb1")).json()["status"]
+        assert (st["currentHealthy"], st["disruptionsAllowed"]) == (2, 1)

@@ -156,3 +156,26 @@ def test_protobuf_namespace_decode() -> None:
         decode(b"k8s\x00\x0a\x7f")
     with pytest.raises(ProtobufError):
         decode(b"{}")
+
+
+def test_pdb_status_pure() -> None:
+    from bigfleet_trio.sim.apiserver.controllers import pdb_status
+
+    def pod(name: str, healthy: bool) -> dict:
+        st = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]} if healthy else {"phase": "Pending"}
+        return {"metadata": {"name": name, "labels": {"app": "web"}}, "status": st}
+
+    pods = [pod("a", True), pod("b", True), pod("c", False), {"metadata": {"name": "x", "labels": {"app": "db"}}, "status": {}}]
+    pdb = {"metadata": {"name": "p", "generation": 2}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}}
+    st = pdb_status(pdb, pods, {"disruptedPods": {"a": "t", "gone": "t"}})
+    assert (st["expectedPods"], st["currentHealthy"], st["desiredHealthy"], st["disruptionsAllowed"]) == (3, 2, 2, 0)
+    assert st["observedGeneration"] == 2 and st["disruptedPods"] == {"a": "t"}
+    assert st["conditions"][0]["status"] == "False"
+    pdb["spec"] = {"minAvailable": "50%", "selector": {"matchLabels": {"app": "web"}}}
+    st = pdb_status(pdb, pods, None)
+    assert (st["desiredHealthy"], st["disruptionsAllowed"]) == (2, 0)
+    pdb["spec"] = {"maxUnavailable": 1, "selector": {}}
+    st = pdb_status(pdb, pods, None)
+    assert (st["expectedPods"], st["desiredHealthy"], st["disruptionsAllowed"]) == (4, 3, 0)
+    pdb["spec"] = {"maxUnavailable": 1}
+    assert pdb_status(pdb, pods, None)["expectedPods"] == 0

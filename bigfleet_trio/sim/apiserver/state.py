@@ -111,6 +111,10 @@ class ApiServer:
             ``bigfleet_trio/manifests/crds.yaml``; ``[]`` installs none.
         history: watch events retained per resource (older resourceVersions → 410).
         bookmark_interval: seconds between BOOKMARKs on watches that allow them.
+        gc_dangling: delete objects created with ownerReferences whose owners are all gone
+            (as the garbage collector would).
+        pdb_controller: keep PodDisruptionBudget status computed from pods
+            (:class:`~.controllers.PdbController`); off = tests set PDB status via /status.
 
     Attributes:
         store: the :class:`~.store.Store` (read-only use by in-process helpers).
@@ -126,6 +130,7 @@ class ApiServer:
         history: int = 50_000,
         bookmark_interval: float = 5.0,
         gc_dangling: bool = True,
+        pdb_controller: bool = False,
     ) -> None:
         from .app import make_app
 
@@ -145,6 +150,10 @@ class ApiServer:
         self.namespaces = self.resource("", "v1", "namespaces")
         self.pdbs = self.resource("policy", "v1", "poddisruptionbudgets")
         self.crds = self.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+        if pdb_controller:
+            from .controllers import PdbController
+
+            self.store.listeners.append(PdbController(self).on_event)
         for ns in INITIAL_NAMESPACES:
             self.create(self.namespaces, None, {"metadata": {"name": ns}})
         if crd_paths is None:

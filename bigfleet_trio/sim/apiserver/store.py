@@ -181,6 +181,7 @@ class Store:
         self.buckets: dict[str, Bucket] = {}
         self.uids: dict[str, tuple[str, Key]] = {}
         self.dependents: dict[str, set[tuple[str, Key]]] = {}
+        self.listeners: list[Any] = []  # callables (resource key, Event) run after each change
 
     # ---- buckets -----------------------------------------------------------------------------
 
@@ -252,7 +253,10 @@ class Store:
             self._index(res.key, key, obj)
         elif old is None:
             self._index(res.key, key, obj)
-        b.record(Event(rv, "ADDED" if old is None else "MODIFIED", obj, old))
+        ev = Event(rv, "ADDED" if old is None else "MODIFIED", obj, old)
+        b.record(ev)
+        for listener in self.listeners:
+            listener(res.key, ev)
         return obj
 
     def remove(self, res: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
@@ -266,7 +270,10 @@ class Store:
         rv = self.next_rv()
         final = dict(obj)
         final["metadata"] = dict(meta, resourceVersion=str(rv))
-        b.record(Event(rv, "DELETED", final, obj))
+        ev = Event(rv, "DELETED", final, obj)
+        b.record(ev)
+        for listener in self.listeners:
+            listener(res.key, ev)
         return final
 
     def _index(self, rkey: str, key: Key, obj: dict[str, Any]) -> None:
