@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
@@ -111,7 +111,6 @@ class AgentState:
     session_up: bool
     stats: SessionStats
     last_error: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 class Agent:

@@ -224,8 +224,11 @@ class Session:
 
         Returns:
             False when the outbox was full and the frame was dropped (metric + warning logged;
-            the shard re-issues on its own timeout).
+            the shard re-issues on its own timeout), or when the session has already ended.
         """
+        if self.closing.is_set():
+            log.debug("reply after the session ended ignored cluster=%s", self.config.cluster_id)
+            return False
         if not self.queues.outbox.offer(msg):
             self.stats.outbox_dropped += 1
             metrics.OUTBOX_DROPPED.inc()

@@ -402,6 +402,9 @@ async def test_recv_error_cancels_send_rollup_and_handlers(autojump_clock: Any) 
     assert session.closing.is_set()
     assert seen_session == [session]  # handlers can find their session
     assert current_session() is None
+    # a late reply (e.g. from work handed to a longer-lived nursery) is refused, not queued
+    late = pb.OperatorMessage(reclaim_ack=pb.ReclaimAck(instruction_id="x"))
+    assert session.enqueue(late) is False
 
 
 async def test_send_error_ends_session(autojump_clock: Any) -> None:

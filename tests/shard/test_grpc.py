@@ -187,7 +187,7 @@ async def test_connect_refused_raises_stream_closed() -> None:
                 pytest.fail("should not connect")
 
 
-async def test_agent_over_grpc_reconnects_after_refused(autojump_clock: Any = None) -> None:
+async def test_agent_over_grpc_reconnects_after_refused() -> None:
     """Server appears after the first attempt failed; the agent's backoff then connects."""
     with trio.socket.socket() as sock:
         await sock.bind(("127.0.0.1", 0))
