@@ -112,3 +112,19 @@ async def test_fast_engine_raw_http() -> None:
             while bucket.watchers:
                 await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
+
+
+async def test_client_hangup_unregisters_watch_on_both_engines() -> None:
+    for engine in ("hypercorn", "fast"):
+        api = ApiServer()
+        bucket = api.store.bucket(api.find("cr"))
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(lambda task_status, e=engine: serve(api, engine=e, task_status=task_status))
+            async with httpx.AsyncClient(base_url=url) as c:
+                async with c.stream("GET", CR_PATH, params={"watch": "1", "resourceVersion": "1"}) as resp:
+                    assert resp.status_code == 200
+                    assert len(bucket.watchers) == 1
+            with trio.fail_after(5):
+                while bucket.watchers:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()

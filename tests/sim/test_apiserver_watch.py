@@ -140,3 +140,19 @@ async def test_watch_table_events(client: httpx.AsyncClient, autojump_clock: Any
     assert [c["name"] for c in lines[0]["object"]["columnDefinitions"]] == ["Name", "Phase", "Node", "Age"]
     assert lines[1]["object"]["columnDefinitions"] == []
     assert lines[1]["object"]["rows"][0]["cells"][:3] == ["u1", "Launched", "n9"]
+
+
+async def test_partial_object_metadata(client: httpx.AsyncClient, autojump_clock: Any) -> None:
+    accept = {"accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"}
+    rv = (await client.get(CR_PATH)).json()["metadata"]["resourceVersion"]
+    await client.post(CR_PATH, json=cr_body("a"))
+    lst = (await client.get(CR_PATH, headers=accept)).json()
+    assert lst["kind"] == "PartialObjectMetadataList"
+    assert lst["items"][0]["kind"] == "PartialObjectMetadata" and "spec" not in lst["items"][0]
+    lines = []
+    async with client.stream("GET", CR_PATH, params={"watch": "1", "resourceVersion": rv, "timeoutSeconds": "1"}, headers=accept) as resp:
+        async for line in resp.aiter_lines():
+            if line:
+                lines.append(json.loads(line))
+    assert lines[0]["object"] == {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": lines[0]["object"]["metadata"]}
+    assert lines[0]["object"]["metadata"]["name"] == "a"

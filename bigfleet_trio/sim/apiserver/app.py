@@ -137,8 +137,15 @@ def make_app(server: ApiServer) -> Callable[[Scope, Receive, Send], Awaitable[No
     return app
 
 
+PARTIAL_CT = b"application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+def _partial(obj: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+
+
 class _WatchPlan:
-    __slots__ = ("res", "initial", "watcher", "timeout", "bookmarks", "as_table")
+    __slots__ = ("res", "initial", "watcher", "timeout", "bookmarks", "as_table", "partial")
 
     def __init__(self, res: ResourceType, initial: list[Any], watcher: Any, timeout: float | None, bookmarks: bool, as_table: bool) -> None:
         self.res = res
@@ -147,6 +154,7 @@ class _WatchPlan:
         self.timeout = timeout
         self.bookmarks = bookmarks
         self.as_table = as_table
+        self.partial = False
 
 
 def _verb_of(method: str, name: str | None, sub: str | None, watch: bool) -> str:
@@ -246,6 +254,7 @@ async def _handle(server: ApiServer, req: _Request) -> Response | _WatchPlan:
     if fault is not None:
         raise fault
     as_table = D.wants_table(accept)
+    partial = not as_table and "as=PartialObjectMetadata" in accept.replace(" ", "")
     field_validation = req.q("fieldValidation") or "Warn"
     if field_validation not in ("Strict", "Warn", "Ignore"):
         raise E.bad_request(f"fieldValidation must be one of Strict, Warn, Ignore (got {field_validation!r})")
@@ -259,10 +268,14 @@ async def _handle(server: ApiServer, req: _Request) -> Response | _WatchPlan:
             obj = server.get(res, namespace, name)
             if as_table and sub is None:
                 return _json(200, D.table(res, [obj]), D.TABLE_CT.encode())
+            if partial and sub is None:
+                return _json(200, _partial(obj), PARTIAL_CT)
             return _json(200, obj)
         if watch:
             try:
-                return _plan_watch(server, res, namespace, req, as_table)
+                plan = _plan_watch(server, res, namespace, req, as_table)
+                plan.partial = partial
+                return plan
             except ApiError as err:
                 if err.code != 410:
                     raise
@@ -277,6 +290,14 @@ async def _handle(server: ApiServer, req: _Request) -> Response | _WatchPlan:
                           limit=limit, continue_=req.q("continue"))
         if as_table:
             return _json(200, D.table(res, lst.items, rv=lst.rv, cont=lst.cont, remaining=lst.remaining), D.TABLE_CT.encode())
+        if partial:
+            meta: dict[str, Any] = {"resourceVersion": lst.rv}
+            if lst.cont:
+                meta["continue"] = lst.cont
+            if lst.remaining is not None:
+                meta["remainingItemCount"] = lst.remaining
+            return _json(200, {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
+                               "items": [_partial(o) for o in lst.items]}, PARTIAL_CT)
         return _list_response(res, lst.items, lst.rv, lst.cont, lst.remaining)
     if req.method == "POST":
         if name is None:
@@ -352,7 +373,7 @@ def _plan_watch(server: ApiServer, res: ResourceType, namespace: str | None, req
     return _WatchPlan(res, initial, watcher, timeout, bookmarks, as_table)
 
 
-def _encode_item(res: ResourceType, item: tuple[str, Any, bytes | None], table_state: list[bool] | None) -> bytes:
+def _encode_item(res: ResourceType, item: tuple[str, Any, bytes | None], table_state: list[bool] | None, partial: bool = False) -> bytes:
     typ, obj, cached = item
     if typ == "BOOKMARK":
         meta: dict[str, Any] = {"resourceVersion": obj}
@@ -364,6 +385,8 @@ def _encode_item(res: ResourceType, item: tuple[str, Any, bytes | None], table_s
         table_state[0] = True
         t = D.table(res, [obj], rv=obj["metadata"].get("resourceVersion", ""), with_columns=first)
         return dumps({"type": typ, "object": t}) + b"\n"
+    if partial:
+        return dumps({"type": typ, "object": _partial(obj)}) + b"\n"
     if cached is not None:
         return cached
     return dumps({"type": typ, "object": obj}) + b"\n"
@@ -395,7 +418,7 @@ async def _stream_watch(server: ApiServer, plan: _WatchPlan, receive: Receive, s
                 nursery.start_soon(bookmarks)
             with trio.move_on_after(plan.timeout if plan.timeout is not None else float("inf")):
                 if plan.initial:
-                    buf = [_encode_item(res, it, table_state) for it in plan.initial]
+                    buf = [_encode_item(res, it, table_state, plan.partial) for it in plan.initial]
                     for i in range(0, len(buf), 1000):
                         await send({"type": "http.response.body", "body": b"".join(buf[i:i + 1000]), "more_body": True})
                 else:
@@ -406,10 +429,10 @@ async def _stream_watch(server: ApiServer, plan: _WatchPlan, receive: Receive, s
                         item = await recv.receive()
                     except trio.EndOfChannel:
                         break
-                    out = [_encode_item(res, item, table_state)]
+                    out = [_encode_item(res, item, table_state, plan.partial)]
                     while len(out) < 1000:
                         try:
-                            out.append(_encode_item(res, recv.receive_nowait(), table_state))
+                            out.append(_encode_item(res, recv.receive_nowait(), table_state, plan.partial))
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
                     await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
