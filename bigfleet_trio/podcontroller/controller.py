@@ -11,9 +11,9 @@ Wiring:
 * Two informers: Pods (slim projection, :func:`slim_pod`) and CapacityRequests carrying the
   ``bigfleet.lucy.sh/owned-by-pod`` label (:func:`slim_cr`, indexed by owner UID and by owner
   Pod key). Nothing is written before both have synced.
-* A de-duplicating :class:`~.workqueue.WorkQueue` of keys ``("pod", "ns/name")`` and
-  ``("orphan", "ns/crname")``; ``workers`` tasks take keys; errors re-queue the key with per-key
-  exponential backoff.
+* A de-duplicating :class:`~.workqueue.WorkQueue` of keys ``("pod", "ns/name")``,
+  ``("orphan", "ns/crname")`` and (low priority) ``("stamp", "ns/crname")``; ``workers``
+  tasks take keys; errors re-queue the key with per-key exponential backoff.
 * Every ``resync_period`` all Pods are re-enqueued and CRs without a live Pod are re-checked.
 
 Reconcile of ``("pod", "ns/name")`` (outcome counted in
@@ -27,8 +27,11 @@ Reconcile of ``("pod", "ns/name")`` (outcome counted in
    log → ``invalid_pod`` (no CR, no retry). Warnings (unparseable penalty annotation, ...) →
    Warning Event + log (once per distinct set of warnings per Pod) and carry on.
 4. No CR → create with the deterministic name; AlreadyExists → read it and treat it as existing
-   → ``cr_created`` / ``cr_exists``; after a create, status merge-patch ``{"status":{"phase":
-   "Pending"}}`` (failure logged, non-fatal).
+   → ``cr_created`` / ``cr_exists``. The status merge-patch ``{"status":{"phase":"Pending"}}``
+   follows as a low-priority queue item ``("stamp", "ns/crname")``: it runs once no Pod work is
+   waiting (under a burst, demand becomes visible first; the operator treats an empty phase as
+   Pending anyway), carries the create's resourceVersion so it never overwrites a phase the
+   operator wrote meanwhile, and any failure is logged, non-fatal.
 5. A CR exists: extra CRs for the same UID (e.g. made by the Go controller's generateName) are
    deleted; if the kept CR's spec differs from the translation, a JSON merge patch (an RFC 7386
    diff: removed keys set to null, lists replaced wholesale) updates it → ``cr_updated``;
@@ -231,6 +234,11 @@ def _owner_pod_name(cr: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _rv(obj: Mapping[str, Any]) -> str | None:
+    rv = (obj.get("metadata") or {}).get("resourceVersion")
+    return rv if isinstance(rv, str) and rv else None
+
+
 def _key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata", {})
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
@@ -358,6 +366,7 @@ class PodController:
         self.synced = False
         self.leading = False
         self._reported: dict[str, tuple[str, ...]] = {}  # pod uid -> last warnings/errors sent
+        self._stamp_rv: dict[str, str | None] = {}  # CR key -> resourceVersion after create
 
     # -- readiness ----------------------------------------------------------------------------
 
@@ -552,6 +561,9 @@ class PodController:
             return await self.reconcile_pod(key)
         if kind == "orphan":
             return await self.reconcile_orphan(key)
+        if kind == "stamp":
+            await self.reconcile_stamp(key)
+            return None
         log.error("pod controller unknown queue item kind=%s key=%s", kind, key)
         return None
 
@@ -611,13 +623,13 @@ class PodController:
     async def _create(self, key: str, uid: str, body: dict[str, Any]) -> str:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            await self.client.create(CAPACITY_REQUESTS, body, ns)
+            created = await self.client.create(CAPACITY_REQUESTS, body, ns)
         except AlreadyExists:
             # Cache lag or a racing reconcile: the CR is there; make sure it is right.
             live = await self.client.get(CAPACITY_REQUESTS, name, ns)
             outcome = "cr_exists"
             if live.get("spec") != body["spec"]:
-                await self.client.patch(
+                live = await self.client.patch(
                     CAPACITY_REQUESTS,
                     name,
                     {"spec": merge_patch_diff(live.get("spec") or {}, body["spec"])},
@@ -626,21 +638,54 @@ class PodController:
                 log.info("cr updated pod=%s cr=%s (found on create)", key, name)
                 outcome = "cr_updated"
             if not (live.get("status") or {}).get("phase"):
-                await self._stamp_pending(key, ns, name)
+                self._queue_stamp(ns, name, _rv(live))
             return outcome
         log.info("cr created pod=%s uid=%s cr=%s", key, uid, name)
-        await self._stamp_pending(key, ns, name)
+        self._queue_stamp(ns, name, _rv(created))
         return "cr_created"
 
-    async def _stamp_pending(self, key: str, ns: str, name: str) -> None:
+    def _queue_stamp(self, ns: str, name: str, resource_version: str | None) -> None:
+        """Schedule the Pending stamp behind all Pod work (low priority in the queue)."""
+        cr_key = f"{ns}/{name}"
+        self._stamp_rv[cr_key] = resource_version
+        self.queue.add(("stamp", cr_key), low=True)
+
+    async def reconcile_stamp(self, cr_key: str) -> None:
+        """Status merge-patch ``{"status":{"phase":"Pending"}}`` on a CR we created.
+
+        Guarded by the resourceVersion the create returned, so a phase the operator wrote in
+        the meantime (Acknowledged) is never overwritten with Pending; on a Conflict the live CR
+        is read and stamped only if it still has no phase. Every failure is logged, non-fatal
+        (reference §10 step 5).
+        """
+        rv = self._stamp_rv.pop(cr_key, None)
+        cached = self.crs.store.get(cr_key)
+        if cached is not None and (cached.get("status") or {}).get("phase"):
+            return
+        ns, _, name = cr_key.partition("/")
         try:
-            await self.client.patch(
-                CAPACITY_REQUESTS, name, {"status": {"phase": "Pending"}}, ns, subresource="status"
-            )
+            for _attempt in range(3):
+                patch: dict[str, Any] = {"status": {"phase": "Pending"}}
+                if rv:
+                    patch["metadata"] = {"resourceVersion": rv}
+                try:
+                    await self.client.patch(CAPACITY_REQUESTS, name, patch, ns,
+                                            subresource="status")
+                    log.debug("cr stamped Pending cr=%s", cr_key)
+                    return
+                except Conflict:
+                    live = await self.client.get(CAPACITY_REQUESTS, name, ns)
+                    phase = (live.get("status") or {}).get("phase")
+                    if phase:
+                        log.info("cr Pending stamp skipped, phase already set cr=%s phase=%s",
+                                 cr_key, phase)
+                        return
+                    rv = _rv(live)
+            log.warning("cr Pending stamp gave up after conflicts (non-fatal) cr=%s", cr_key)
         except NotFound:
-            log.info("cr gone before Pending stamp pod=%s cr=%s", key, name)
+            log.info("cr gone before Pending stamp cr=%s", cr_key)
         except (ApiError, KubeTransportError) as exc:
-            log.warning("cr Pending stamp failed (non-fatal) pod=%s cr=%s err=%s", key, name, exc)
+            log.warning("cr Pending stamp failed (non-fatal) cr=%s err=%s", cr_key, exc)
 
     async def _update_spec(
         self, key: str, cr: dict[str, Any], spec: dict[str, Any], body: dict[str, Any]

@@ -13,7 +13,9 @@ Semantics (``k8s.io/client-go/util/workqueue``):
   earlier moment. :meth:`WorkQueue.add_rate_limited` parks it for
   ``base_delay * 2**failures`` (capped at ``max_delay``), counting one more failure;
   :meth:`WorkQueue.forget` resets the count after a success.
-* FIFO order among ready keys; parked keys join the tail when their moment comes.
+* FIFO order among ready keys; parked keys join the tail when their moment comes. Keys added
+  with ``low=True`` wait in a second FIFO that workers drain only when the first is empty (the
+  controller's cosmetic status writes must not slow down CR creation under a burst).
 
 The bookkeeping is pure (:class:`QueueCore`, explicit ``now``) and unit-tested without Trio;
 :class:`WorkQueue` adds the blocking :meth:`~WorkQueue.get` on Trio's clock (no background task:
@@ -105,6 +107,7 @@ class QueueCore(Generic[K]):
         self.max_delay = max_delay
         self.metrics = metrics
         self._queue: deque[K] = deque()
+        self._low: deque[K] = deque()
         self._dirty: dict[K, float] = {}  # key -> when it became ready (queued or pending re-queue)
         self._processing: dict[K, float] = {}  # key -> when a worker took it
         self._parked: dict[K, float] = {}  # key -> earliest moment
@@ -115,17 +118,20 @@ class QueueCore(Generic[K]):
 
     # -- adding --------------------------------------------------------------------------------
 
-    def add(self, key: K, now: float) -> bool:
-        """Make ``key`` ready. Returns True if a worker can take it now (it joined the queue)."""
+    def add(self, key: K, now: float, *, low: bool = False) -> bool:
+        """Make ``key`` ready (``low``: behind every normal key).
+
+        Returns True if a worker can take it now (it joined a queue).
+        """
         if self.shutting_down or key in self._dirty:
             return False
         self._dirty[key] = now
         if key in self._processing:
             return False
-        self._queue.append(key)
+        (self._low if low else self._queue).append(key)
         if self.metrics is not None:
             self.metrics.added()
-            self.metrics.depth(len(self._queue))
+            self.metrics.depth(len(self))
         return True
 
     def add_at(self, key: K, when: float, now: float) -> bool:
@@ -189,13 +195,16 @@ class QueueCore(Generic[K]):
     def pop(self, now: float) -> K | None:
         """Take the next ready key (after :meth:`promote`), marking it processing; None if none."""
         self.promote(now)
-        if not self._queue:
+        if self._queue:
+            key = self._queue.popleft()
+        elif self._low:
+            key = self._low.popleft()
+        else:
             return None
-        key = self._queue.popleft()
         ready_since = self._dirty.pop(key, now)
         self._processing[key] = now
         if self.metrics is not None:
-            self.metrics.depth(len(self._queue))
+            self.metrics.depth(len(self))
             self.metrics.waited(max(0.0, now - ready_since))
         return key
 
@@ -208,7 +217,7 @@ class QueueCore(Generic[K]):
             self._queue.append(key)
             if self.metrics is not None:
                 self.metrics.added()
-                self.metrics.depth(len(self._queue))
+                self.metrics.depth(len(self))
             return True
         if self.shutting_down:
             self._dirty.pop(key, None)
@@ -217,8 +226,8 @@ class QueueCore(Generic[K]):
     # -- introspection -------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Keys ready to be taken (not counting parked or processing ones)."""
-        return len(self._queue)
+        """Keys ready to be taken, both priorities (not counting parked or processing ones)."""
+        return len(self._queue) + len(self._low)
 
     @property
     def parked(self) -> int:
@@ -273,9 +282,9 @@ class WorkQueue(QueueCore[K]):
         if self._lot.statistics().tasks_waiting:
             self._lot.unpark(count=n)
 
-    def add(self, key: K, now: float | None = None) -> bool:
-        """Make ``key`` ready now (de-duplicated)."""
-        added = super().add(key, trio.current_time() if now is None else now)
+    def add(self, key: K, now: float | None = None, *, low: bool = False) -> bool:
+        """Make ``key`` ready now (de-duplicated; ``low``: after every normal key)."""
+        added = super().add(key, trio.current_time() if now is None else now, low=low)
         if added:
             self._wake()
         return added

@@ -492,3 +492,36 @@ async def test_real_socket_end_to_end(nursery: trio.Nursery, tmp_path: Path) -> 
                 await client.delete(PODS, "s0", "default")
                 await eventually(lambda: _count(client, 4), step=0.01)
                 inner.cancel_scope.cancel()
+
+
+async def test_pending_stamp_never_overwrites_a_newer_phase(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = ApiServer()
+    async with running(server) as (ctl, client):
+        created = await client.create(PODS, pod("p"))
+        name = "cr-" + created["metadata"]["uid"]
+        await eventually(lambda: _pending_count(client, 1))
+        # Replay a stale stamp (resourceVersion from before the operator acknowledged) with
+        # the cache not showing the phase yet: the guarded patch conflicts and is dropped.
+        stale_rv = (await client.get(CAPACITY_REQUESTS, name, "default"))["metadata"][
+            "resourceVersion"
+        ]
+        await client.patch(CAPACITY_REQUESTS, name, {"status": {"phase": "Acknowledged"}},
+                           "default", subresource="status")
+        await eventually(
+            lambda: (ctl.crs.store.get(f"default/{name}") or {}).get("status")
+            == {"phase": "Acknowledged"}
+        )
+        ctl.crs.store._pop(f"default/{name}")
+        ctl._stamp_rv[f"default/{name}"] = stale_rv
+        await ctl.reconcile(("stamp", f"default/{name}"))
+        got = await client.get(CAPACITY_REQUESTS, name, "default")
+        assert got["status"]["phase"] == "Acknowledged"
+        # a CR that really has no phase yet is stamped even with a stale resourceVersion
+        await client.patch(CAPACITY_REQUESTS, name, {"status": None}, "default",
+                           subresource="status")
+        ctl._stamp_rv[f"default/{name}"] = stale_rv
+        await ctl.reconcile(("stamp", f"default/{name}"))
+        got = await client.get(CAPACITY_REQUESTS, name, "default")
+        assert got["status"]["phase"] == "Pending"

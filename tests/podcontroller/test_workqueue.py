@@ -276,3 +276,15 @@ async def test_shut_down_wakes_waiters() -> None:
             nursery.start_soon(waiter)
             await trio.testing.wait_all_tasks_blocked()
             q.shut_down()
+
+
+def test_low_priority_keys_wait_for_normal_ones() -> None:
+    q: QueueCore[str] = QueueCore()
+    q.add("s1", 0, low=True)
+    q.add("a", 1)
+    q.add("s2", 2, low=True)
+    q.add("b", 3)
+    q.add("s1", 4)  # already queued (low): de-duplicated, keeps its place
+    assert len(q) == 4
+    assert [q.pop(5) for _ in range(4)] == ["a", "b", "s1", "s2"]
+    assert q.pop(5) is None
