@@ -33,9 +33,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import jinja2
+from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 
 from bigfleet_trio.proto import pb
@@ -130,8 +131,45 @@ class StubRenderer:
         return f"#cloud-config\n# bigfleet stub bootstrap for {cluster_id}\n".encode()
 
 
+_MAX_POWER_EXPONENT = 256
+"""Largest integer exponent ``**`` may use in a template (10**256 is already absurd)."""
+
+
+class _BoundedSandbox(SandboxedEnvironment):
+    """The Jinja2 sandbox plus bounds on ``*`` and ``**`` (issue 9, hostile templates).
+
+    The stock sandbox stops attribute escapes, but ``{{ 'x' * 10**10 }}`` still allocates
+    10 GB before our output-size check runs, and ``{{ 10**10**10 }}`` spins forever (even at
+    parse time, through constant folding). Intercepting the two operators makes both a
+    ``SecurityError`` (reported as a :class:`BootstrapRenderError`) before any allocation:
+    repeating a sequence may not produce more than :data:`MAX_USER_DATA_BYTES` items, and an
+    integer power may not use an exponent above :data:`_MAX_POWER_EXPONENT`.
+    """
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(
+        self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any
+    ) -> Any:
+        if operator == "**":
+            if isinstance(right, int) and abs(right) > _MAX_POWER_EXPONENT and not (
+                isinstance(left, int) and abs(left) <= 1
+            ):
+                raise SecurityError(f"exponent {right} is larger than {_MAX_POWER_EXPONENT}")
+        elif operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, (str, bytes, list, tuple)) and isinstance(times, int):
+                    size = len(seq) * times
+                    if size > MAX_USER_DATA_BYTES:
+                        raise SecurityError(
+                            f"repeating a sequence would make {size} items, more than "
+                            f"{MAX_USER_DATA_BYTES}"
+                        )
+        return super().call_binop(context, operator, left, right)
+
+
 def _sandbox() -> SandboxedEnvironment:
-    env = SandboxedEnvironment(
+    env = _BoundedSandbox(
         loader=None,  # no {% include %} / {% import %} / {% extends %}: nothing can be read
         undefined=jinja2.StrictUndefined,
         autoescape=False,

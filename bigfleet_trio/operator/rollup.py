@@ -127,6 +127,7 @@ class CapacityRequestError(ValueError):
     Attributes:
         cr: "namespace/name" of the CR.
         field: the offending field path (e.g. ``spec.resources[cpu]``).
+        message: what is wrong with it.
         reason: short machine-friendly reason (Event reason / metric label).
     """
 
@@ -136,6 +137,7 @@ class CapacityRequestError(ValueError):
         super().__init__(f"CapacityRequest {cr}: {field_path}: {message}")
         self.cr = cr
         self.field = field_path
+        self.message = message
 
 
 class UnsupportedRequirement(CapacityRequestError):
@@ -294,15 +296,35 @@ def canonical_label_selector(sel: Mapping[str, Any] | None) -> str:
     ``None`` -> ``""``; otherwise sorted ``k=v,`` pairs, one ``;``, then the expressions
     (values sorted; sorted by key, operator, joined values) as ``key op v1,v2;``.
     ``{matchLabels:{x:y}, matchExpressions:[{key:k, operator:Exists}]}`` -> ``x=y,;k Exists ;``.
+
+    Raises:
+        InvalidCapacityRequest: ``sel`` (or its matchLabels / matchExpressions / an expression /
+            its values) has the wrong JSON type (field path under ``labelSelector``; cr "?").
     """
     if sel is None:
         return ""
+    if not isinstance(sel, Mapping):
+        raise InvalidCapacityRequest("?", "labelSelector", "expected an object")
     labels = sel.get("matchLabels") or {}
-    out = [f"{k}={labels[k]}," for k in sorted(labels)]
+    if not isinstance(labels, Mapping):
+        raise InvalidCapacityRequest("?", "labelSelector.matchLabels", "expected a map")
+    out = [f"{k}={labels[k]}," for k in sorted(str(k) for k in labels)]
     out.append(";")
     exprs = []
-    for e in sel.get("matchExpressions") or ():
-        vals = ",".join(sorted(str(v) for v in (e.get("values") or ())))
+    raw_exprs = sel.get("matchExpressions") or ()
+    if not isinstance(raw_exprs, (list, tuple)):
+        raise InvalidCapacityRequest("?", "labelSelector.matchExpressions", "expected a list")
+    for i, e in enumerate(raw_exprs):
+        if not isinstance(e, Mapping):
+            raise InvalidCapacityRequest(
+                "?", f"labelSelector.matchExpressions[{i}]", "expected an object"
+            )
+        raw_vals = e.get("values") or ()
+        if not isinstance(raw_vals, (list, tuple)):
+            raise InvalidCapacityRequest(
+                "?", f"labelSelector.matchExpressions[{i}].values", "expected a list"
+            )
+        vals = ",".join(sorted(str(v) for v in raw_vals))
         exprs.append((str(e.get("key", "")), str(e.get("operator", "")), vals))
     exprs.sort()
     out.extend(f"{k} {op} {vals};" for k, op, vals in exprs)
@@ -343,16 +365,30 @@ class Contribution:
 
 def cr_key(cr: Mapping[str, Any]) -> str:
     """ "namespace/name" of a CR dict (the informer store key)."""
-    md = cr.get("metadata") or {}
+    md = cr.get("metadata")
+    if not isinstance(md, Mapping):
+        return ""
     ns = md.get("namespace") or ""
     name = md.get("name") or ""
+    ns = ns if isinstance(ns, str) else ""
+    name = name if isinstance(name, str) else ""
     return f"{ns}/{name}" if ns else name
 
 
 def is_pending(cr: Mapping[str, Any]) -> bool:
     """True when ``status.phase`` is "" / absent / "Pending" (needs acknowledging, ref §5.8)."""
-    phase = (cr.get("status") or {}).get("phase") or ""
-    return phase in ("", "Pending")
+    status = cr.get("status")
+    phase = (status.get("phase") or "") if isinstance(status, Mapping) else ""
+    return isinstance(phase, str) and phase in ("", "Pending")
+
+
+def _list(value: object, cr: str, path: str) -> list[Any] | tuple[Any, ...]:
+    """``value`` as a JSON list (None/empty -> ()); anything else is an InvalidCapacityRequest."""
+    if not value:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise InvalidCapacityRequest(cr, path, f"expected a list, got {type(value).__name__}")
+    return value
 
 
 def _int32(value: object, cr: str, path: str, default: int | None = None) -> int:
@@ -387,7 +423,7 @@ def contribution_from_cr(cr: Mapping[str, Any]) -> Contribution:
         raise InvalidCapacityRequest(name, "spec", f"expected an object, got {type(spec).__name__}")
 
     reqs: list[Requirement] = []
-    for i, r in enumerate(spec.get("requirements") or ()):
+    for i, r in enumerate(_list(spec.get("requirements"), name, "spec.requirements")):
         path = f"spec.requirements[{i}]"
         if not isinstance(r, Mapping):
             raise InvalidCapacityRequest(name, path, "expected an object")
@@ -396,16 +432,19 @@ def contribution_from_cr(cr: Mapping[str, Any]) -> Contribution:
         if op is None:
             raise UnsupportedRequirement(name, f"{path}.operator", op_str)
         values = r.get("values") or ()
-        if isinstance(values, (str, bytes)) or not all(isinstance(v, str) for v in values):
+        if not isinstance(values, (list, tuple)) or not all(isinstance(v, str) for v in values):
             raise InvalidCapacityRequest(name, f"{path}.values", "expected a list of strings")
         reqs.append(Requirement(str(r.get("key") or ""), op, tuple(values)))
 
     spread: list[Spread] = []
-    for i, s in enumerate(spec.get("topologySpread") or ()):
+    for i, s in enumerate(_list(spec.get("topologySpread"), name, "spec.topologySpread")):
         path = f"spec.topologySpread[{i}]"
         if not isinstance(s, Mapping):
             raise InvalidCapacityRequest(name, path, "expected an object")
         when = s.get("whenUnsatisfiable") or ""
+        tk = s.get("topologyKey") or ""
+        if not isinstance(tk, str):
+            raise InvalidCapacityRequest(name, f"{path}.topologyKey", "expected a string")
         if when == "ScheduleAnyway":
             continue  # M68b: soft spread never reaches the engine
         spread.append(
@@ -447,7 +486,12 @@ def contribution_from_cr(cr: Mapping[str, Any]) -> Contribution:
     sel = col.get("labelSelector") if col else None
     if sel is not None and not isinstance(sel, Mapping):
         raise InvalidCapacityRequest(name, "spec.coLocation.labelSelector", "expected an object")
-    group = co_location_group(spec)
+    if col and not isinstance(col.get("topologyKey") or "", str):
+        raise InvalidCapacityRequest(name, "spec.coLocation.topologyKey", "expected a string")
+    try:
+        group = co_location_group(spec)
+    except InvalidCapacityRequest as e:
+        raise InvalidCapacityRequest(name, f"spec.coLocation.{e.field}", e.message) from None
     if group:
         profile = with_same_requirement(profile, col["topologyKey"])  # type: ignore[index]
     return Contribution(profile, group, resources)
