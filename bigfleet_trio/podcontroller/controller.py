@@ -426,8 +426,14 @@ class PodController:
 
     def _on_cr_delete(self, cr: dict[str, Any]) -> None:
         owner = _owner_pod_name(cr)
-        if owner and self.synced:  # recreate at once if the Pod still wants one
-            self._enqueue_pod(f"{cr.get('metadata', {}).get('namespace', '')}/{owner}")
+        if not owner or not self.synced:
+            return
+        key = f"{cr.get('metadata', {}).get('namespace', '')}/{owner}"
+        pod = self.pods.store.get(key)
+        # recreate at once if that very Pod is still live (not for GC after a Pod deletion)
+        if (pod is not None and pod.get("metadata", {}).get("uid") == _owner_uid(cr)
+                and not is_terminal(pod)):
+            self._enqueue_pod(key)
 
     # -- running ------------------------------------------------------------------------------
 

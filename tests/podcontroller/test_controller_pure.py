@@ -1,0 +1,176 @@
+"""Pure parts of the controller: the slim Pod/CR projections and the merge-patch diff (issue 6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bigfleet_trio.podcontroller.controller import merge_patch_diff, slim_cr, slim_pod
+from bigfleet_trio.podcontroller.translate import translate_pod
+
+REQ = "requiredDuringSchedulingIgnoredDuringExecution"
+PREF = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def full_pod() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u-1",
+            "resourceVersion": "42",
+            "labels": {"app": "x"},
+            "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": "{...big...}",
+                "bigfleet.lucy.sh/interruption-penalty": "10",
+            },
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "rs", "uid": "rs-1"}],
+            "managedFields": [{"manager": "kubectl"}],
+        },
+        "spec": {
+            "priority": 5,
+            "priorityClassName": "gold",
+            "nodeSelector": {"zone": "a"},
+            "overhead": {"cpu": "100m"},
+            "affinity": {
+                "nodeAffinity": {REQ: {"nodeSelectorTerms": []}, PREF: [{"weight": 1}]},
+                "podAffinity": {PREF: [{"weight": 1}]},
+                "podAntiAffinity": {REQ: [{"topologyKey": "h"}]},
+            },
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "busybox",
+                    "env": [{"name": "A"}],
+                    "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2"}},
+                }
+            ],
+            "initContainers": [
+                {
+                    "name": "i",
+                    "image": "busybox",
+                    "restartPolicy": "Always",
+                    "resources": {"requests": {"memory": "1Gi"}},
+                }
+            ],
+            "volumes": [{"name": "v"}],
+        },
+        "status": {"phase": "Running", "conditions": [{"type": "Ready"}], "podIP": "10.0.0.1"},
+    }
+
+
+def test_slim_pod_keeps_exactly_what_translation_and_events_need() -> None:
+    assert slim_pod(full_pod()) == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u-1",
+            "annotations": {"bigfleet.lucy.sh/interruption-penalty": "10"},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "rs", "uid": "rs-1"}],
+        },
+        "spec": {
+            "priority": 5,
+            "priorityClassName": "gold",
+            "nodeSelector": {"zone": "a"},
+            "overhead": {"cpu": "100m"},
+            "affinity": {"nodeAffinity": {REQ: {"nodeSelectorTerms": []}}},
+            "containers": [{"resources": {"requests": {"cpu": "1"}}}],
+            "initContainers": [
+                {"restartPolicy": "Always", "resources": {"requests": {"memory": "1Gi"}}}
+            ],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def test_slim_pod_translates_like_the_full_pod() -> None:
+    assert translate_pod(slim_pod(full_pod()), None) == translate_pod(full_pod(), None)
+
+
+def test_slim_pod_hides_status_churn() -> None:
+    a, b = full_pod(), full_pod()
+    b["metadata"]["resourceVersion"] = "43"
+    b["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    assert slim_pod(a) == slim_pod(b)
+    b["status"]["phase"] = "Succeeded"
+    assert slim_pod(a) != slim_pod(b)
+
+
+def test_slim_pod_keeps_malformed_shapes_for_translation_to_report() -> None:
+    bad = {
+        "metadata": {"name": "p", "annotations": "oops"},
+        "spec": {"containers": "nope", "affinity": ["x"]},
+    }
+    assert slim_pod(bad) == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "annotations": "oops"},
+        "spec": {"containers": "nope", "affinity": ["x"]},
+    }
+    assert slim_pod({}) == {"apiVersion": "v1", "kind": "Pod", "metadata": {}, "spec": {}}
+
+
+def test_slim_cr() -> None:
+    cr = {
+        "apiVersion": "bigfleet.lucy.sh/v1alpha1",
+        "kind": "CapacityRequest",
+        "metadata": {
+            "name": "cr-u",
+            "namespace": "ns",
+            "uid": "c-1",
+            "resourceVersion": "9",
+            "labels": {"bigfleet.lucy.sh/owned-by-pod": "u", "x": "y"},
+            "ownerReferences": [{"kind": "Pod", "name": "p", "uid": "u"}],
+        },
+        "spec": {"priority": 1, "resources": {}},
+        "status": {"phase": "Acknowledged", "acknowledgedAt": "t"},
+    }
+    assert slim_cr(cr) == {
+        "metadata": {
+            "name": "cr-u",
+            "namespace": "ns",
+            "uid": "c-1",
+            "labels": {"bigfleet.lucy.sh/owned-by-pod": "u"},
+            "ownerReferences": [{"kind": "Pod", "name": "p", "uid": "u"}],
+        },
+        "spec": {"priority": 1, "resources": {}},
+        "status": {"phase": "Acknowledged"},
+    }
+
+
+def test_merge_patch_diff() -> None:
+    old = {
+        "priority": 0,
+        "resources": {"cpu": "1", "memory": "1Gi"},
+        "requirements": [{"key": "a", "operator": "Exists"}],
+        "coLocation": {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "zone"},
+        "interruptionPenalty": "5",
+    }
+    new = {
+        "priority": 0,
+        "resources": {"cpu": "2", "memory": "1Gi"},
+        "requirements": [{"key": "a", "operator": "Exists"}, {"key": "b", "operator": "Exists"}],
+        "coLocation": {
+            "labelSelector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]},
+            "topologyKey": "zone",
+        },
+        "reclamationPenalty": "1",
+    }
+    assert merge_patch_diff(old, new) == {
+        "resources": {"cpu": "2"},
+        "requirements": [{"key": "a", "operator": "Exists"}, {"key": "b", "operator": "Exists"}],
+        "coLocation": {
+            "labelSelector": {
+                "matchLabels": None,
+                "matchExpressions": [{"key": "app", "operator": "Exists"}],
+            }
+        },
+        "interruptionPenalty": None,
+        "reclamationPenalty": "1",
+    }
+    assert merge_patch_diff(new, new) == {}
+    assert merge_patch_diff(None, {"a": 1}) == {"a": 1}
+    assert merge_patch_diff({"a": {"b": 1}}, {"a": 2}) == {"a": 2}
