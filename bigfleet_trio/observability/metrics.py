@@ -91,3 +91,20 @@ ROLLUP_ERRORS = Counter(
     "Roll-up builds or post-enqueue hooks that raised (the session goes on).",
     ["stage"],
 )
+
+# --- operator: drains (ours; reclaim.py) ------------------------------------------------------
+
+DRAINS = Counter(
+    "bigfleet_operator_drains",
+    "Node drains finished, by outcome (drained|failed|abandoned).",
+    ["outcome"],
+)
+DRAINS_ACTIVE = Gauge(
+    "bigfleet_operator_drains_active",
+    "Node drains running now.",
+)
+EVICTIONS = Counter(
+    "bigfleet_operator_evictions",
+    "Pod eviction calls by result (evicted|gone|blocked|refused).",
+    ["result"],
+)

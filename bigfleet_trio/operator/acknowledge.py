@@ -18,6 +18,10 @@ Deviations from the Go reference, on purpose:
 
 Failures other than NotFound are logged and not retried here; the CR stays Pending in the
 informer, so the next roll-up cycle submits it again.
+
+Metrics (ref §15): ``bigfleet_operator_acknowledged_total`` counts successful patches;
+``bigfleet_operator_acknowledge_duration_seconds`` observes each batch (one :meth:`submit` call's
+newly scheduled CRs) from submission until its last patch finished.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ from typing import Any, Protocol
 
 import trio
 
+from bigfleet_trio.kube.client import PatchType
 from bigfleet_trio.kube.errors import KubeError, NotFound
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, Resource
+from bigfleet_trio.observability import metrics
 
 __all__ = [
     "DEFAULT_ACK_CONCURRENCY",
@@ -60,7 +66,7 @@ class PatchClient(Protocol):
         patch: Any,
         namespace: str | None = None,
         *,
-        patch_type: str = "merge",
+        patch_type: PatchType = "merge",
         subresource: str | None = None,
     ) -> dict[str, Any]: ...
 
@@ -184,16 +190,24 @@ class Acknowledger:
         nursery = self._nursery
         if nursery is None:
             raise RuntimeError("Acknowledger.run is not running")
-        started = 0
+        batch: list[CRKey] = []
         for key in keys:
             if key in self._in_flight:
                 continue
             self._in_flight.add(key)
-            nursery.start_soon(self._acknowledge_one, key)
-            started += 1
-        if started:
-            log.debug("acknowledge: scheduled=%d in_flight=%d", started, len(self._in_flight))
-        return started
+            batch.append(key)
+        if batch:
+            nursery.start_soon(self._batch, batch)
+            log.debug("acknowledge: scheduled=%d in_flight=%d", len(batch), len(self._in_flight))
+        return len(batch)
+
+    async def _batch(self, keys: list[CRKey]) -> None:
+        """Patch ``keys`` (each under the shared limiter) and time the whole batch."""
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for key in keys:
+                nursery.start_soon(self._acknowledge_one, key)
+        metrics.ACKNOWLEDGE_DURATION.observe(trio.current_time() - started)
 
     async def _acknowledge_one(self, key: CRKey) -> None:
         ns, name = key
@@ -219,6 +233,7 @@ class Acknowledger:
             )
         else:
             self.acknowledged_total += 1
+            metrics.ACKNOWLEDGED.inc()
             log.debug("acknowledge: acknowledged namespace=%s name=%s", ns, name)
         finally:
             self._in_flight.discard(key)

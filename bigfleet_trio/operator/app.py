@@ -98,8 +98,8 @@ class OperatorStatistics:
         crs_contributing / crs_excluded: CapacityRequests in / left out of the aggregate.
         crs_acknowledged / ack_failures: Pending -> Acknowledged patches done / failed.
         drains_active: nodes draining now.
-        drains_completed / drains_failed / drains_abandoned: finished drains by outcome (the
-            DrainManager keeps the last 1024 results).
+        drains_completed / drains_failed / drains_abandoned: finished drains by outcome
+            (cumulative over this run's DrainManager).
         frames_in / frames_out: shard frames received / sent.
         handler_errors: inbound handlers that raised.
         outbox_dropped: responses dropped because the outbox was full.
@@ -278,7 +278,6 @@ class Operator:
             return OperatorStatistics()
         src = rt.source.statistics()
         st = rt.agent.stats
-        outcomes = [r.outcome for r in rt.drains.results.values()]
         pending_rollup = 1 if rt.agent.session is not None and rt.agent.session.queues.rollup else 0
         return OperatorStatistics(
             running=self._synced and self._running,
@@ -295,9 +294,9 @@ class Operator:
             crs_acknowledged=rt.acknowledger.acknowledged_total,
             ack_failures=rt.acknowledger.failed_total,
             drains_active=len(rt.drains.active),
-            drains_completed=outcomes.count("drained"),
-            drains_failed=outcomes.count("failed"),
-            drains_abandoned=outcomes.count("abandoned"),
+            drains_completed=rt.drains.completed_total,
+            drains_failed=rt.drains.failed_total,
+            drains_abandoned=rt.drains.abandoned_total,
             frames_in=st.frames_in,
             frames_out=st.frames_out,
             handler_errors=st.handler_errors,

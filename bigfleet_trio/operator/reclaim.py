@@ -37,8 +37,14 @@ doubling up to the ~2 s interval) so a short grace is not lost waiting. Rounds g
 evictable Pod remains -> the UpcomingNode goes to Drained and is deleted (the rule of
 :mod:`.upcoming`; the memory keeps a tombstone so a later IDLE does not recreate it), or until the
 deadline -> one last listing right at the deadline (bounded by ``FINAL_CHECK_TIMEOUT``), then
-Drained if the Pods are gone by now, else Failed with ``lastError`` naming the Pods left and why. On shutdown (the operator cancels :meth:`DrainManager.run`) running drains may
-finish for up to ``shutdown_timeout`` seconds, then they are cancelled.
+Drained if the Pods are gone by now, else Failed with ``lastError`` naming the Pods left and why.
+On shutdown (the operator cancels :meth:`DrainManager.run`) running drains may finish for up to
+``shutdown_timeout`` seconds, then they are cancelled.
+
+Metrics (ours): ``bigfleet_operator_drains_total{outcome=drained|failed|abandoned}``,
+``bigfleet_operator_drains_active`` and ``bigfleet_operator_evictions_total{result=evicted|gone|
+blocked|refused}`` (one per eviction call); :class:`DrainManager` also keeps cumulative
+``completed_total``/``failed_total``/``abandoned_total`` (not bounded by its results ring).
 
 Deviations from the Go reference (ref §7, §18.2-4): machine IDs are resolved through the
 UpcomingNode; nodes_started counts cordoned nodes; a per-node deadline instead of one shared
@@ -62,6 +68,7 @@ import trio
 
 from bigfleet_trio.kube.errors import ApiError, KubeError, KubeTransportError, NotFound
 from bigfleet_trio.kube.resources import NODES, PODS, UPCOMING_NODES, Resource
+from bigfleet_trio.observability import metrics
 from bigfleet_trio.operator.upcoming import (
     PHASE_DRAINED,
     PHASE_DRAINING,
@@ -142,6 +149,14 @@ class EvictionOutcome(Enum):
     GONE = "gone"
     RETRY = "retry"
     STOP = "stop"
+
+
+_EVICTION_RESULT: Final = {
+    EvictionOutcome.GONE: "gone",
+    EvictionOutcome.RETRY: "blocked",
+    EvictionOutcome.STOP: "refused",
+}
+"""``result`` label of ``bigfleet_operator_evictions_total`` for a failed eviction."""
 
 
 def classify_eviction_error(exc: BaseException) -> EvictionOutcome:
@@ -291,6 +306,12 @@ class DrainManager:
         self._idle.set()
         self.results: OrderedDict[str, DrainResult] = OrderedDict()
         self._results_capacity = results_capacity
+        self.completed_total = 0
+        """Drains that ended Drained since construction (cumulative)."""
+        self.failed_total = 0
+        """Drains that ended Failed (deadline) since construction (cumulative)."""
+        self.abandoned_total = 0
+        """Drains abandoned at shutdown since construction (cumulative)."""
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -370,6 +391,7 @@ class DrainManager:
             raise RuntimeError("DrainManager.run is not running")
         job = _Job(node, un_name, grace_seconds, instruction_id)
         self._active[node] = job
+        metrics.DRAINS_ACTIVE.inc()
         self._idle = trio.Event()
         self._nursery.start_soon(self._drain, job, name=f"drain {node}")
         log.info(
@@ -382,6 +404,13 @@ class DrainManager:
         return True
 
     def _finish(self, job: _Job, result: DrainResult) -> None:
+        if result.outcome == "drained":
+            self.completed_total += 1
+        elif result.outcome == "failed":
+            self.failed_total += 1
+        else:
+            self.abandoned_total += 1
+        metrics.DRAINS.labels(result.outcome).inc()
         self.results[job.node] = result
         self.results.move_to_end(job.node)
         while len(self.results) > self._results_capacity:
@@ -391,12 +420,14 @@ class DrainManager:
     async def _drain(self, job: _Job) -> None:
         deadline = trio.current_time() + job.grace
         finished = False
+        recorded = False  # outcome recorded (a cancelled final status write is not abandonment)
         try:
             with trio.CancelScope(deadline=deadline):
                 await self._evict_until_empty(job, deadline)
                 finished = True
             if not finished:
                 finished = await self._final_check(job)
+            recorded = True
             if finished:
                 self._finish(job, DrainResult(job.node, "drained"))
                 log.info(
@@ -416,14 +447,12 @@ class DrainManager:
                 with trio.move_on_after(STATUS_WRITE_TIMEOUT):
                     await self._write_failed(job, message)
         except trio.Cancelled:
-            if job.node not in self.results or self.results[job.node].outcome not in (
-                "drained",
-                "failed",
-            ):
+            if not recorded:
                 self._finish(job, DrainResult(job.node, "abandoned", dict(job.pods_left)))
-            log.warning("drain: abandoned at shutdown node=%s", job.node)
+                log.warning("drain: abandoned at shutdown node=%s", job.node)
             raise
         finally:
+            metrics.DRAINS_ACTIVE.dec()
             del self._active[job.node]
             if not self._active:
                 self._idle.set()
@@ -513,6 +542,7 @@ class DrainManager:
                     )
                 except KubeError as exc:
                     outcome = classify_eviction_error(exc)
+                    metrics.EVICTIONS.labels(_EVICTION_RESULT[outcome]).inc()
                     text = _error_text(exc)
                     if outcome is EvictionOutcome.GONE:
                         log.info("drain: pod already gone node=%s pod=%s", job.node, key)
@@ -536,6 +566,7 @@ class DrainManager:
                         text,
                     )
                     continue
+                metrics.EVICTIONS.labels("evicted").inc()
                 pending[key] = "evicted, terminating"
                 evicted_now = terminating = True
                 log.info("drain: evicted node=%s pod=%s", job.node, key)

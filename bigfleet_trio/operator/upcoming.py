@@ -38,6 +38,14 @@ provisioningStartTime is set on the first status write. Spec (labels, resources,
 refreshed only when it changed. Both writes are JSON merge-patches carrying only changed fields,
 with no resourceVersion guard; nothing is written when nothing changed.
 
+Metrics (ref §6): ``bigfleet_operator_upcoming_node_writes_total{op,outcome}`` counts every write
+attempt, op in create|spec_update|status_update|delete, outcome success|conflict|error|noop:
+conflict is AlreadyExists/Conflict (or a patch finding the object deleted: all resolved by
+re-planning), noop is a status write skipped because nothing changed or a delete of an object
+already gone. ``bigfleet_operator_node_state_update_duration_seconds{phase}`` observes each update
+(retries included), labelled with the phase before Drained inference (``Deleting`` for DELETING,
+``Unknown`` for UNSPECIFIED/unknown states).
+
 Names: machine IDs that are not valid object names are sanitised (lower-cased, invalid characters
 replaced by ``-``, plus an 8-hex sha256 suffix so two different IDs never collide) with a log
 line; IDs with no usable character are rejected.
@@ -57,6 +65,7 @@ from typing import Any, Final, Literal, Protocol
 import tenacity
 import trio
 
+from bigfleet_trio.kube.client import PatchType
 from bigfleet_trio.kube.errors import (
     AlreadyExists,
     Conflict,
@@ -67,6 +76,7 @@ from bigfleet_trio.kube.errors import (
     TooManyRequests,
 )
 from bigfleet_trio.kube.resources import UPCOMING_NODES, Resource
+from bigfleet_trio.observability import metrics
 from bigfleet_trio.proto import pb
 from bigfleet_trio.quantity import Quantity, QuantityError
 
@@ -98,6 +108,7 @@ __all__ = [
     "upcoming_node_name",
     "patch_upcoming_status",
     "delete_upcoming",
+    "duration_phase_label",
 ]
 
 log = logging.getLogger(__name__)
@@ -512,7 +523,7 @@ class KubeLike(Protocol):
         patch: Any,
         namespace: str | None = None,
         *,
-        patch_type: str = "merge",
+        patch_type: PatchType = "merge",
         subresource: str | None = None,
     ) -> dict[str, Any]: ...
 
@@ -530,6 +541,28 @@ class KubeLike(Protocol):
 
 class Replan(Exception):
     """The object changed under us (created or deleted concurrently): fetch again and re-plan."""
+
+
+WriteOp = Literal["create", "spec_update", "status_update", "delete"]
+WriteOutcome = Literal["success", "conflict", "error", "noop"]
+
+
+def _count_write(op: WriteOp, outcome: WriteOutcome) -> None:
+    metrics.UPCOMING_NODE_WRITES.labels(op, outcome).inc()
+
+
+def _failed_write_outcome(exc: BaseException) -> WriteOutcome:
+    """conflict for AlreadyExists/Conflict/NotFound-on-patch (re-plan material), else error."""
+    return "conflict" if isinstance(exc, (AlreadyExists, Conflict, NotFound)) else "error"
+
+
+def duration_phase_label(state: int) -> str:
+    """``phase`` label of the duration histogram: the phase before Drained inference,
+    ``Deleting`` for DELETING and ``Unknown`` for UNSPECIFIED/unknown states."""
+    phase = phase_for_state(state)
+    if phase is None:
+        return "Unknown"
+    return "Deleting" if phase == DELETE else phase
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -609,6 +642,7 @@ class UpcomingNodeHandler:
 
     async def on_node_state_update(self, u: pb.NodeStateUpdate) -> None:
         """Reflect one update; logs and gives up (never raises) on a permanent error."""
+        started = trio.current_time()
         try:
             async for attempt in kube_retrying(self._attempts):
                 with attempt:
@@ -619,6 +653,10 @@ class UpcomingNodeHandler:
                 u.machine_id,
                 u.state,
                 exc,
+            )
+        finally:
+            metrics.NODE_STATE_UPDATE_DURATION.labels(duration_phase_label(u.state)).observe(
+                trio.current_time() - started
             )
 
     async def _get(self, name: str) -> dict[str, Any] | None:
@@ -663,7 +701,12 @@ class UpcomingNodeHandler:
             try:
                 await self._client.create(UPCOMING_NODES, body)
             except AlreadyExists as exc:
+                _count_write("create", "conflict")
                 raise Replan(f"UpcomingNode {plan.name} created concurrently") from exc
+            except KubeError as exc:
+                _count_write("create", _failed_write_outcome(exc))
+                raise
+            _count_write("create", "success")
             log.info("upcoming: created name=%s phase=%s", plan.name, plan.phase)
         elif plan.spec_patch is not None:
             await self._patch(plan.name, plan.spec_patch, None)
@@ -680,19 +723,32 @@ class UpcomingNodeHandler:
                 plan.phase,
                 sorted(plan.status_patch["status"]),
             )
-        elif plan.op == "update" and plan.spec_patch is None:
-            log.debug("upcoming: no-op name=%s phase=%s", plan.name, plan.phase)
+        else:
+            _count_write("status_update", "noop")
+            if plan.spec_patch is None:
+                log.debug("upcoming: no-op name=%s phase=%s", plan.name, plan.phase)
         apply_memory(self.memory, plan)
 
     async def _patch(self, name: str, body: dict[str, Any], subresource: str | None) -> None:
+        op: WriteOp = "status_update" if subresource == "status" else "spec_update"
         try:
             await self._client.patch(UPCOMING_NODES, name, body, subresource=subresource)
         except NotFound as exc:
+            _count_write(op, "conflict")
             raise Replan(f"UpcomingNode {name} deleted concurrently") from exc
+        except KubeError as exc:
+            _count_write(op, _failed_write_outcome(exc))
+            raise
+        _count_write(op, "success")
 
     async def _delete(self, name: str) -> bool:
         try:
             await self._client.delete(UPCOMING_NODES, name)
         except NotFound:
+            _count_write("delete", "noop")
             return False
+        except KubeError as exc:
+            _count_write("delete", _failed_write_outcome(exc))
+            raise
+        _count_write("delete", "success")
         return True

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import trio
+from prometheus_client import REGISTRY
 
 from bigfleet_trio.kube.errors import NotFound, ServerError
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, Resource
@@ -176,6 +177,34 @@ async def test_notfound_ignored_other_errors_retried_next_cycle(
         await trio.sleep(1)
         nursery.cancel_scope.cancel()
     assert ack.acknowledged_total == 2
+
+
+def _sample(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+async def test_metrics_acknowledged_total_and_batch_duration(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # ref §15: acknowledged_total counts successful patches; acknowledge_duration_seconds
+    # observes one Pending->Acknowledged batch (one submit), here 3 patches of 0.01 s each
+    # in parallel -> one observation of 0.01 s.
+    client = FakeClient()
+    client.errors = {"gone": NotFound(404, "NotFound", "gone")}
+    ack = Acknowledger(client, now=lambda: T0)
+    acked = _sample("bigfleet_operator_acknowledged_total")
+    count = _sample("bigfleet_operator_acknowledge_duration_seconds_count")
+    total = _sample("bigfleet_operator_acknowledge_duration_seconds_sum")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ack.run)
+        ack.submit([_cr("ns", "a"), _cr("ns", "b"), _cr("ns", "gone")])
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert _sample("bigfleet_operator_acknowledged_total") - acked == 2
+    assert _sample("bigfleet_operator_acknowledge_duration_seconds_count") - count == 1
+    assert _sample("bigfleet_operator_acknowledge_duration_seconds_sum") - total == pytest.approx(
+        0.01
+    )
 
 
 def test_submit_without_run_is_an_error() -> None:

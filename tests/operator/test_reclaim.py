@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import trio
+from prometheus_client import REGISTRY
 
 from bigfleet_trio.kube.errors import (
     BadRequest,
@@ -626,8 +627,81 @@ async def test_shutdown_timeout_abandons_drain(autojump_clock: trio.abc.Clock) -
         operator.cancel_scope.cancel()
     assert trio.current_time() - t_stop == pytest.approx(20.0)
     assert drains.results["n-1"].outcome == "abandoned"
+    assert drains.abandoned_total == 1
     # no new drains once shutting down
     assert drains.start("n-2", un_name=None, grace_seconds=1, instruction_id="x") is False
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _drain_metrics() -> dict[str, float]:
+    out = {
+        f"drains/{o}": _sample("bigfleet_operator_drains_total", outcome=o)
+        for o in ("drained", "failed", "abandoned")
+    }
+    out.update(
+        {
+            f"evictions/{r}": _sample("bigfleet_operator_evictions_total", result=r)
+            for r in ("evicted", "gone", "blocked", "refused")
+        }
+    )
+    return out
+
+
+def _delta(before: dict[str, float]) -> dict[str, float]:
+    after = _drain_metrics()
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+async def test_drain_metrics_and_totals(autojump_clock: trio.abc.Clock) -> None:
+    # n-1: "web" blocked once (429) then evicted, "ghost" 404, "stuck" 403 -> Failed at 8 s.
+    # n-2: "api" evicted at once -> Drained.
+    c = standard_cluster()
+    c.add_node("n-2")
+    web = c.add_pod(_pod("web"))
+    ghost = c.add_pod(_pod("ghost"))
+    stuck = c.add_pod(_pod("stuck"))
+    c.add_pod(_pod("api", node="n-2"))
+    c.eviction_policy[web] = pdb_block(1)
+    c.eviction_policy[ghost] = lambda attempt: NotFound(404, "NotFound", "ghost")
+    c.eviction_policy[stuck] = lambda attempt: Forbidden(403, "Forbidden", "no")
+    before = _drain_metrics()
+    active0 = _sample("bigfleet_operator_drains_active")
+    drains, handler, _ = make(c)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "n-1", "n-2", grace=8), Replies())
+        assert _sample("bigfleet_operator_drains_active") - active0 == 2
+        await drains.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert _sample("bigfleet_operator_drains_active") == active0
+    # the fake keeps "ghost" listed (404 on eviction each round): counted per eviction call
+    assert c.evicted(ghost) >= 2
+    assert _delta(before) == {
+        "drains/drained": 1,
+        "drains/failed": 1,
+        "evictions/evicted": 2,
+        "evictions/blocked": 1,
+        "evictions/gone": c.evicted(ghost),
+        "evictions/refused": 1,
+    }
+    assert (drains.completed_total, drains.failed_total, drains.abandoned_total) == (1, 1, 0)
+
+
+async def test_totals_not_bounded_by_results_ring(autojump_clock: trio.abc.Clock) -> None:
+    c = FakeCluster()
+    for i in range(3):
+        c.add_node(f"n-{i}")
+    drains, handler, _ = make(c, results_capacity=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "n-0", "n-1", "n-2"), Replies())
+        await drains.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert len(drains.results) == 1
+    assert drains.completed_total == 3
 
 
 async def test_start_without_run_is_an_error() -> None:
@@ -799,3 +873,25 @@ async def test_apiserver_pdb_never_allows_fails_at_deadline(
         "default/web (eviction blocked: 429:"
     )
     assert await _pod_names(client) == ["agent", "web"]
+
+
+# --------------------------------------------------------------------------- operator wiring
+
+
+def _operator_runtime() -> Any:
+    from bigfleet_trio.config import OperatorConfig
+    from bigfleet_trio.operator.app import Operator, _Runtime
+    from bigfleet_trio.shard.transport import MemoryConnector
+
+    cfg = OperatorConfig(cluster_id="c1", shard_addr="h:1")
+    op = Operator(cfg, client=FakeCluster(), connector=MemoryConnector())  # type: ignore[arg-type]
+    op._rt = _Runtime(op)
+    return op
+
+
+def test_statistics_use_cumulative_drain_totals() -> None:
+    op = _operator_runtime()
+    drains = op.runtime.drains
+    drains.completed_total, drains.failed_total, drains.abandoned_total = 5000, 7, 2
+    stats = op.statistics()
+    assert (stats.drains_completed, stats.drains_failed, stats.drains_abandoned) == (5000, 7, 2)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import trio
+from prometheus_client import REGISTRY
 
 from bigfleet_trio.kube.errors import (
     AlreadyExists,
@@ -534,6 +535,95 @@ async def test_unspecified_writes_nothing_and_deleting_deletes(
     assert kube.writes() == [("delete", "un-m-1", None)]
     await h.on_node_state_update(nsu(MS.DELETING))
     assert kube.writes() == []
+
+
+_WRITE_KEYS = [
+    (op, outcome)
+    for op in ("create", "spec_update", "status_update", "delete")
+    for outcome in ("success", "conflict", "error", "noop")
+]
+_PHASES = ["Provisioning", "Launched", "Registered", "Ready", "Draining", "Failed", "Deleting"]
+
+
+def _metric_snapshot() -> dict[str, float]:
+    out: dict[str, float] = {}
+    for op, outcome in _WRITE_KEYS:
+        out[f"{op}/{outcome}"] = (
+            REGISTRY.get_sample_value(
+                "bigfleet_operator_upcoming_node_writes_total", {"op": op, "outcome": outcome}
+            )
+            or 0.0
+        )
+    for phase in _PHASES:
+        out[phase] = (
+            REGISTRY.get_sample_value(
+                "bigfleet_operator_node_state_update_duration_seconds_count", {"phase": phase}
+            )
+            or 0.0
+        )
+    return out
+
+
+def _metric_delta(before: dict[str, float]) -> dict[str, float]:
+    after = _metric_snapshot()
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+async def test_metrics_writes_and_duration(autojump_clock: trio.abc.Clock) -> None:
+    # ref §6 metrics: writes_total{op,outcome} per apiserver write attempt (conflict =
+    # AlreadyExists or Conflict), status_update/noop when nothing changed; the duration
+    # histogram once per update, labelled with the phase before Drained inference.
+    before = _metric_snapshot()
+    kube = FakeKube()
+    h = handler(kube)
+    await h.on_node_state_update(nsu(MS.CREATING, labels={"zone": "a"}))  # create + status
+    await h.on_node_state_update(nsu(MS.CREATING, labels={"zone": "a"}))  # no-op
+    kube.fail = {"patch": [Conflict(409, "Conflict", "x")]}
+    # spec patch conflicts, retried: spec + status written
+    await h.on_node_state_update(nsu(MS.CONFIGURING, labels={"zone": "b"}))
+    await h.on_node_state_update(nsu(MS.IDLE, labels={"zone": "b"}))  # left the cluster: delete
+    assert kube.objects == {}
+    kube.objects["un-m-1"] = obj("Ready")
+    kube.fail = {"delete": [Forbidden(403, "Forbidden", "rbac")]}
+    await h.on_node_state_update(nsu(MS.DELETING))  # delete refused (permanent)
+    assert _metric_delta(before) == {
+        "create/success": 1,
+        "status_update/success": 2,
+        "status_update/noop": 1,
+        "spec_update/conflict": 1,
+        "spec_update/success": 1,
+        "delete/success": 1,
+        "delete/error": 1,
+        "Provisioning": 2,
+        "Registered": 1,
+        "Launched": 1,
+        "Deleting": 1,
+    }
+
+
+async def test_metrics_create_conflict(autojump_clock: trio.abc.Clock) -> None:
+    before = _metric_snapshot()
+    kube = FakeKube()
+    real_get = kube.get
+    first = True
+
+    async def get_then_race(
+        res: Resource, name: str, namespace: str | None = None
+    ) -> dict[str, Any]:
+        nonlocal first
+        if first:
+            first = False
+            kube.objects[name] = obj("Provisioning")
+            raise NotFound(404, "NotFound", name)
+        return await real_get(res, name, namespace)
+
+    kube.get = get_then_race  # type: ignore[method-assign]
+    await handler(kube).on_node_state_update(nsu(MS.IDLE))
+    assert _metric_delta(before) == {
+        "create/conflict": 1,
+        "status_update/success": 1,
+        "Launched": 1,
+    }
 
 
 async def test_spec_refresh_written_once(autojump_clock: trio.abc.Clock) -> None:
