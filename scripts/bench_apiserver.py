@@ -51,7 +51,13 @@ def body(i: int) -> dict[str, Any]:
         "spec": {
             "priority": i % 1000,
             "resources": {"cpu": "500m", "memory": "1Gi"},
-            "requirements": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a", "us-east-1b"]}],
+            "requirements": [
+                {
+                    "key": "topology.kubernetes.io/zone",
+                    "operator": "In",
+                    "values": ["us-east-1a", "us-east-1b"],
+                }
+            ],
         },
     }
 
@@ -83,7 +89,13 @@ async def inprocess(n: int) -> dict[str, float]:
     after_create = rss_mb()
     t0 = time.perf_counter()
     for i in range(n):
-        api.patch(res, "default", f"req-{i:06d}", {"spec": {"priority": 7}}, "application/merge-patch+json")
+        api.patch(
+            res,
+            "default",
+            f"req-{i:06d}",
+            {"spec": {"priority": 7}},
+            "application/merge-patch+json",
+        )
     patch_s = time.perf_counter() - t0
     out = {
         "inproc_create_per_s": n / create_s,
@@ -92,7 +104,9 @@ async def inprocess(n: int) -> dict[str, float]:
         "rss_mb_after_patches_incl_history": rss_mb() - before,
     }
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(lambda task_status: serve(api, engine="fast", task_status=task_status))
+        url = await nursery.start(
+            lambda task_status: serve(api, engine="fast", task_status=task_status)
+        )
         async with httpx.AsyncClient(base_url=url, timeout=120) as c:
             t0 = time.perf_counter()
             r = await c.get("/apis/bigfleet.lucy.sh/v1alpha1/capacityrequests")
@@ -103,7 +117,11 @@ async def inprocess(n: int) -> dict[str, float]:
             cont = ""
             while True:
                 params = {"limit": "500", **({"continue": cont} if cont else {})}
-                cont = (await c.get("/apis/bigfleet.lucy.sh/v1alpha1/capacityrequests", params=params)).json()["metadata"].get("continue", "")
+                cont = (
+                    (await c.get("/apis/bigfleet.lucy.sh/v1alpha1/capacityrequests", params=params))
+                    .json()["metadata"]
+                    .get("continue", "")
+                )
                 if not cont:
                     break
             out["http_paged_list_500_s"] = time.perf_counter() - t0
@@ -138,9 +156,26 @@ async def over_http(engine: str, n: int, conc: int) -> dict[str, float]:
                 out[f"{engine}_{label}_per_s"] = n / (time.perf_counter() - t0)
                 out[f"{engine}_{label}_server_ms_per_req"] = (proc_cpu(proc.pid) - cpu0) / n * 1000
 
-            await phase("create", lambda i: c.post(CR, content=json.dumps(body(i)), headers={"content-type": "application/json"}))
-            await phase("merge_patch", lambda i: c.patch(f"{CR}/req-{i:06d}", content=b'{"spec":{"priority":7}}', headers=MERGE))
-            await phase("status_patch", lambda i: c.patch(f"{CR}/req-{i:06d}/status", content=b'{"status":{"phase":"Acknowledged"}}', headers=MERGE))
+            await phase(
+                "create",
+                lambda i: c.post(
+                    CR, content=json.dumps(body(i)), headers={"content-type": "application/json"}
+                ),
+            )
+            await phase(
+                "merge_patch",
+                lambda i: c.patch(
+                    f"{CR}/req-{i:06d}", content=b'{"spec":{"priority":7}}', headers=MERGE
+                ),
+            )
+            await phase(
+                "status_patch",
+                lambda i: c.patch(
+                    f"{CR}/req-{i:06d}/status",
+                    content=b'{"status":{"phase":"Acknowledged"}}',
+                    headers=MERGE,
+                ),
+            )
     finally:
         proc.terminate()
         proc.wait()

@@ -20,5 +20,3 @@ def api() -> ApiServer:
 async def client(api: ApiServer) -> AsyncIterator[httpx.AsyncClient]:
     async with open_client(api) as c:
         yield c
-
-

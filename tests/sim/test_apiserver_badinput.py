@@ -11,20 +11,65 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bigfleet_trio.sim.apiserver import ApiServer
-from bigfleet_trio.sim.apiserver.testing import CR_PATH, JSONPATCH, MERGE, PODS, SMP, cr_body, open_client, patch, pod_body
+from bigfleet_trio.sim.apiserver.testing import (
+    CR_PATH,
+    JSONPATCH,
+    MERGE,
+    PODS,
+    SMP,
+    cr_body,
+    open_client,
+    patch,
+    pod_body,
+)
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.sampled_from(["metadata", "spec", "status", "labels", "name", "priority", "resources", "cpu", "finalizers", "ownerReferences", "kind", "apiVersion", "uid", "x"]), children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 5)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "metadata",
+                    "spec",
+                    "status",
+                    "labels",
+                    "name",
+                    "priority",
+                    "resources",
+                    "cpu",
+                    "finalizers",
+                    "ownerReferences",
+                    "kind",
+                    "apiVersion",
+                    "uid",
+                    "x",
+                ]
+            ),
+            children,
+            max_size=4,
+        )
+    ),
     max_leaves=12,
 )
 
 
 async def test_type_confused_metadata_is_400(client: httpx.AsyncClient) -> None:
-    for meta in ({"name": "a", "labels": {"x": 1}}, {"name": 5}, {"name": "a", "finalizers": "x"}, {"name": "a", "ownerReferences": [1]}):
+    for meta in (
+        {"name": "a", "labels": {"x": 1}},
+        {"name": 5},
+        {"name": "a", "finalizers": "x"},
+        {"name": "a", "ownerReferences": [1]},
+    ):
         r = await client.post(CR_PATH, json={**cr_body("a"), "metadata": meta})
         assert r.status_code == 400, meta
-    r = await client.post(CR_PATH, json={**cr_body("a"), "metadata": {"name": "a", "labels": {"bad key!": "v"}}})
+    r = await client.post(
+        CR_PATH, json={**cr_body("a"), "metadata": {"name": "a", "labels": {"bad key!": "v"}}}
+    )
     assert r.status_code == 422
     await client.post(PODS, json=pod_body("p"))
     r = await patch(client, f"{PODS}/p", {"metadata": {"labels": {"a": ["x"]}}})
@@ -32,7 +77,10 @@ async def test_type_confused_metadata_is_400(client: httpx.AsyncClient) -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(payload=json_values, kind=st.sampled_from(["merge", "json", "smp", "put", "post", "status", "evict", "delete"]))
+@given(
+    payload=json_values,
+    kind=st.sampled_from(["merge", "json", "smp", "put", "post", "status", "evict", "delete"]),
+)
 def test_fuzzed_writes_never_5xx_or_corrupt(payload: Any, kind: str) -> None:
     import trio
 
@@ -51,21 +99,38 @@ def test_fuzzed_writes_never_5xx_or_corrupt(payload: Any, kind: str) -> None:
             elif kind == "smp":
                 r = await client.patch(f"{PODS}/p", content=raw, headers=SMP)
             elif kind == "put":
-                r = await client.put(f"{CR_PATH}/a", content=raw, headers={"content-type": "application/json"})
+                r = await client.put(
+                    f"{CR_PATH}/a", content=raw, headers={"content-type": "application/json"}
+                )
             elif kind == "post":
-                r = await client.post(CR_PATH, content=raw, headers={"content-type": "application/json"})
+                r = await client.post(
+                    CR_PATH, content=raw, headers={"content-type": "application/json"}
+                )
             elif kind == "status":
                 r = await client.patch(f"{CR_PATH}/a/status", content=raw, headers=MERGE)
             elif kind == "evict":
-                r = await client.post(f"{PODS}/p/eviction", content=raw, headers={"content-type": "application/json"})
+                r = await client.post(
+                    f"{PODS}/p/eviction", content=raw, headers={"content-type": "application/json"}
+                )
             else:
-                r = await client.request("DELETE", f"{CR_PATH}/a", content=raw, headers={"content-type": "application/json"})
+                r = await client.request(
+                    "DELETE",
+                    f"{CR_PATH}/a",
+                    content=raw,
+                    headers={"content-type": "application/json"},
+                )
             assert r.status_code < 500, (kind, raw, r.text)
             body = r.json()
             if r.status_code >= 400:
                 assert body["kind"] == "Status" and body["code"] == r.status_code
-                assert json.dumps(api.store.get(api.find("cr"), "default", "a"), sort_keys=True) == before_cr
-                assert json.dumps(api.store.get(api.find("pods"), "default", "p"), sort_keys=True) == before_pod
+                assert (
+                    json.dumps(api.store.get(api.find("cr"), "default", "a"), sort_keys=True)
+                    == before_cr
+                )
+                assert (
+                    json.dumps(api.store.get(api.find("pods"), "default", "p"), sort_keys=True)
+                    == before_pod
+                )
             # Whatever happened, every stored object is still well-formed JSON with metadata.
             for res in (api.find("cr"), api.find("pods")):
                 for obj in api.store.items(res):

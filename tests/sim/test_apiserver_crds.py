@@ -24,16 +24,36 @@ def widget_crd() -> dict[str, Any]:
         "spec": {
             "group": "example.com",
             "scope": "Namespaced",
-            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"]},
-            "versions": [{
-                "name": "v1", "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "properties": {
-                        "size": {"type": "integer", "default": 3},
-                        "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                    }},
-                }}},
-            }],
+            "names": {
+                "plural": "widgets",
+                "singular": "widget",
+                "kind": "Widget",
+                "shortNames": ["wd"],
+            },
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {
+                                    "type": "object",
+                                    "properties": {
+                                        "size": {"type": "integer", "default": 3},
+                                        "free": {
+                                            "type": "object",
+                                            "x-kubernetes-preserve-unknown-fields": True,
+                                        },
+                                    },
+                                },
+                            },
+                        }
+                    },
+                }
+            ],
         },
     }
 
@@ -41,7 +61,11 @@ def widget_crd() -> dict[str, Any]:
 async def test_project_crds_installed_and_established(client: httpx.AsyncClient) -> None:
     lst = (await client.get(CRDS)).json()
     names = sorted(o["metadata"]["name"] for o in lst["items"])
-    assert names == ["availablecapacities.bigfleet.lucy.sh", "capacityrequests.bigfleet.lucy.sh", "upcomingnodes.bigfleet.lucy.sh"]
+    assert names == [
+        "availablecapacities.bigfleet.lucy.sh",
+        "capacityrequests.bigfleet.lucy.sh",
+        "upcomingnodes.bigfleet.lucy.sh",
+    ]
     for crd in lst["items"]:
         conds = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
         assert conds == {"NamesAccepted": "True", "Established": "True"}
@@ -51,7 +75,10 @@ async def test_project_crds_installed_and_established(client: httpx.AsyncClient)
 async def test_crd_registration_and_deletion(client: httpx.AsyncClient) -> None:
     r = await client.post(CRDS, json=widget_crd())
     assert r.status_code == 201
-    r = await client.post("/apis/example.com/v1/namespaces/default/widgets", json={"metadata": {"name": "w"}, "spec": {"free": {"x": 1}, "junk": 2}})
+    r = await client.post(
+        "/apis/example.com/v1/namespaces/default/widgets",
+        json={"metadata": {"name": "w"}, "spec": {"free": {"x": 1}, "junk": 2}},
+    )
     assert r.status_code == 201
     assert r.json()["spec"] == {"size": 3, "free": {"x": 1}}
     assert "warning" in r.headers
@@ -68,25 +95,43 @@ async def test_crd_name_must_match(client: httpx.AsyncClient) -> None:
 
 async def test_schema_errors_are_422_with_causes(client: httpx.AsyncClient) -> None:
     body = cr_body("a")
-    body["spec"] = {"priority": "high", "resources": {"cpu": "lots"}, "requirements": [{"key": "k", "operator": "Near"}]}
+    body["spec"] = {
+        "priority": "high",
+        "resources": {"cpu": "lots"},
+        "requirements": [{"key": "k", "operator": "Near"}],
+    }
     r = await client.post(CR_PATH, json=body)
     assert r.status_code == 422
     causes = {c["field"]: c for c in r.json()["details"]["causes"]}
     assert set(causes) == {"spec.priority", "spec.resources.cpu", "spec.requirements[0].operator"}
     assert causes["spec.requirements[0].operator"]["reason"] == "FieldValueNotSupported"
-    assert causes["spec.requirements[0].operator"]["message"] == 'Unsupported value: "Near": supported values: "In", "NotIn", "Exists", "DoesNotExist"'
+    assert (
+        causes["spec.requirements[0].operator"]["message"]
+        == 'Unsupported value: "Near": supported values: "In", "NotIn", "Exists", "DoesNotExist"'
+    )
     r = await client.post(CR_PATH, json={"metadata": {"name": "b"}, "spec": {"priority": 1}})
     assert r.status_code == 422
     c = r.json()["details"]["causes"][0]
-    assert c == {"reason": "FieldValueRequired", "message": "Required value", "field": "spec.resources"}
-    assert r.json()["message"] == 'CapacityRequest.bigfleet.lucy.sh "b" is invalid: spec.resources: Required value'
+    assert c == {
+        "reason": "FieldValueRequired",
+        "message": "Required value",
+        "field": "spec.resources",
+    }
+    assert (
+        r.json()["message"]
+        == 'CapacityRequest.bigfleet.lucy.sh "b" is invalid: spec.resources: Required value'
+    )
 
 
 async def test_status_schema_enforced(client: httpx.AsyncClient) -> None:
     await client.post(CR_PATH, json=cr_body("a"))
     r = await patch(client, f"{CR_PATH}/a/status", {"status": {"phase": "Bogus"}})
     assert r.status_code == 422
-    r = await patch(client, f"{CR_PATH}/a/status", {"status": {"phase": "Acknowledged", "acknowledgedAt": "2026-01-01T00:00:00Z"}})
+    r = await patch(
+        client,
+        f"{CR_PATH}/a/status",
+        {"status": {"phase": "Acknowledged", "acknowledgedAt": "2026-01-01T00:00:00Z"}},
+    )
     assert r.status_code == 200
 
 
@@ -115,7 +160,10 @@ async def test_legacy_discovery(client: httpx.AsyncClient) -> None:
     core = (await client.get("/api/v1")).json()
     by_name = {r["name"]: r for r in core["resources"]}
     assert by_name["pods"]["shortNames"] == ["po"]
-    assert by_name["pods/eviction"]["group"] == "policy" and by_name["pods/eviction"]["kind"] == "Eviction"
+    assert (
+        by_name["pods/eviction"]["group"] == "policy"
+        and by_name["pods/eviction"]["kind"] == "Eviction"
+    )
     fleet = (await client.get("/apis/bigfleet.lucy.sh/v1alpha1")).json()
     by_name = {r["name"]: r for r in fleet["resources"]}
     assert by_name["capacityrequests"]["shortNames"] == ["cr", "crs"]
@@ -126,7 +174,10 @@ async def test_legacy_discovery(client: httpx.AsyncClient) -> None:
 
 async def test_aggregated_discovery(client: httpx.AsyncClient) -> None:
     r = await client.get("/apis", headers={"accept": AGG})
-    assert r.headers["content-type"] == "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+    assert (
+        r.headers["content-type"]
+        == "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+    )
     items = {i["metadata"]["name"]: i for i in r.json()["items"]}
     fleet = items["bigfleet.lucy.sh"]["versions"][0]["resources"]
     upn = next(x for x in fleet if x["resource"] == "upcomingnodes")
@@ -140,8 +191,14 @@ async def test_openapi_v3(client: httpx.AsyncClient) -> None:
     root = (await client.get("/openapi/v3")).json()
     url = root["paths"]["apis/bigfleet.lucy.sh/v1alpha1"]["serverRelativeURL"]
     doc = (await client.get(url)).json()
-    op = doc["paths"]["/apis/bigfleet.lucy.sh/v1alpha1/namespaces/{namespace}/capacityrequests/{name}"]["patch"]
-    assert op["x-kubernetes-group-version-kind"] == {"group": "bigfleet.lucy.sh", "version": "v1alpha1", "kind": "CapacityRequest"}
+    op = doc["paths"][
+        "/apis/bigfleet.lucy.sh/v1alpha1/namespaces/{namespace}/capacityrequests/{name}"
+    ]["patch"]
+    assert op["x-kubernetes-group-version-kind"] == {
+        "group": "bigfleet.lucy.sh",
+        "version": "v1alpha1",
+        "kind": "CapacityRequest",
+    }
     assert {"name": "fieldValidation", "in": "query"}.items() <= op["parameters"][0].items()
     await client.post(CRDS, json=widget_crd())
     root2 = (await client.get("/openapi/v3")).json()
@@ -150,8 +207,14 @@ async def test_openapi_v3(client: httpx.AsyncClient) -> None:
 
 
 async def test_table_uses_printer_columns(client: httpx.AsyncClient) -> None:
-    await client.post(UPN_PATH, json={"metadata": {"name": "u1"}, "spec": {"resources": {"cpu": "4"}}})
-    await patch(client, f"{UPN_PATH}/u1/status", {"status": {"phase": "Ready", "nodeRef": {"name": "node-7"}}})
+    await client.post(
+        UPN_PATH, json={"metadata": {"name": "u1"}, "spec": {"resources": {"cpu": "4"}}}
+    )
+    await patch(
+        client,
+        f"{UPN_PATH}/u1/status",
+        {"status": {"phase": "Ready", "nodeRef": {"name": "node-7"}}},
+    )
     r = await client.get(UPN_PATH, headers={"accept": TABLE})
     t = r.json()
     assert t["kind"] == "Table"
@@ -159,7 +222,12 @@ async def test_table_uses_printer_columns(client: httpx.AsyncClient) -> None:
     assert t["rows"][0]["cells"][:3] == ["u1", "Ready", "node-7"]
     assert t["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
     cr_table = (await client.get(CR_PATH, headers={"accept": TABLE})).json()
-    assert [c["name"] for c in cr_table["columnDefinitions"]] == ["Name", "Phase", "Priority", "Age"]
+    assert [c["name"] for c in cr_table["columnDefinitions"]] == [
+        "Name",
+        "Phase",
+        "Priority",
+        "Age",
+    ]
 
 
 def test_human_duration() -> None:

@@ -6,7 +6,17 @@ from __future__ import annotations
 import httpx
 
 from bigfleet_trio.sim.apiserver import ApiServer
-from bigfleet_trio.sim.apiserver.testing import CR_PATH, JSONPATCH, MERGE, NODES, PODS, SMP, cr_body, patch, pod_body
+from bigfleet_trio.sim.apiserver.testing import (
+    CR_PATH,
+    JSONPATCH,
+    MERGE,
+    NODES,
+    PODS,
+    SMP,
+    cr_body,
+    patch,
+    pod_body,
+)
 
 
 async def test_create_sets_server_fields_and_drops_status(client: httpx.AsyncClient) -> None:
@@ -27,9 +37,14 @@ async def test_already_exists_and_not_found_status_shapes(client: httpx.AsyncCli
     r = await client.post(CR_PATH, json=cr_body("a"))
     assert r.status_code == 409
     assert r.json() == {
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": 'capacityrequests.bigfleet.lucy.sh "a" already exists', "reason": "AlreadyExists",
-        "details": {"name": "a", "group": "bigfleet.lucy.sh", "kind": "capacityrequests"}, "code": 409,
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": 'capacityrequests.bigfleet.lucy.sh "a" already exists',
+        "reason": "AlreadyExists",
+        "details": {"name": "a", "group": "bigfleet.lucy.sh", "kind": "capacityrequests"},
+        "code": 409,
     }
     r = await client.get(f"{PODS}/nope")
     assert r.status_code == 404
@@ -59,7 +74,9 @@ async def test_bad_names_are_422(client: httpx.AsyncClient) -> None:
     body = r.json()
     assert body["reason"] == "Invalid"
     assert body["details"]["causes"][0]["field"] == "metadata.name"
-    assert body["message"].startswith('CapacityRequest.bigfleet.lucy.sh "Bad_Name" is invalid: metadata.name: Invalid value: "Bad_Name"')
+    assert body["message"].startswith(
+        'CapacityRequest.bigfleet.lucy.sh "Bad_Name" is invalid: metadata.name: Invalid value: "Bad_Name"'
+    )
     r = await client.post("/api/v1/namespaces", json={"metadata": {"name": "a.b"}})
     assert r.status_code == 422
     r = await client.post(CR_PATH, json=cr_body(""))
@@ -67,9 +84,13 @@ async def test_bad_names_are_422(client: httpx.AsyncClient) -> None:
     assert r.json()["details"]["causes"][0]["reason"] == "FieldValueRequired"
 
 
-async def test_malformed_bodies_are_400_and_store_untouched(client: httpx.AsyncClient, api: ApiServer) -> None:
+async def test_malformed_bodies_are_400_and_store_untouched(
+    client: httpx.AsyncClient, api: ApiServer
+) -> None:
     rv = api.store.rv
-    r = await client.post(CR_PATH, content=b"{not json", headers={"content-type": "application/json"})
+    r = await client.post(
+        CR_PATH, content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and r.json()["reason"] == "BadRequest"
     r = await client.post(CR_PATH, content=b"a: [b", headers={"content-type": "application/yaml"})
     assert r.status_code == 400
@@ -87,7 +108,11 @@ async def test_malformed_bodies_are_400_and_store_untouched(client: httpx.AsyncC
 
 async def test_yaml_body_accepted(client: httpx.AsyncClient) -> None:
     text = b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm1\ndata:\n  a: b\n"
-    r = await client.post("/api/v1/namespaces/default/configmaps", content=text, headers={"content-type": "application/yaml"})
+    r = await client.post(
+        "/api/v1/namespaces/default/configmaps",
+        content=text,
+        headers={"content-type": "application/yaml"},
+    )
     assert r.status_code == 201
     assert r.json()["data"] == {"a": "b"}
 
@@ -110,7 +135,13 @@ async def test_spec_vs_status_split_and_generation(client: httpx.AsyncClient) ->
     await client.post(CR_PATH, json=cr_body("a"))
     obj = (await patch(client, f"{CR_PATH}/a", {"spec": {"priority": 2}})).json()
     assert obj["metadata"]["generation"] == 2
-    obj = (await patch(client, f"{CR_PATH}/a/status", {"spec": {"priority": 99}, "status": {"phase": "Acknowledged"}})).json()
+    obj = (
+        await patch(
+            client,
+            f"{CR_PATH}/a/status",
+            {"spec": {"priority": 99}, "status": {"phase": "Acknowledged"}},
+        )
+    ).json()
     assert obj["status"] == {"phase": "Acknowledged"}
     assert obj["spec"]["priority"] == 2
     assert obj["metadata"]["generation"] == 2
@@ -123,7 +154,11 @@ async def test_spec_vs_status_split_and_generation(client: httpx.AsyncClient) ->
 
 async def test_update_conflict_on_stale_rv(client: httpx.AsyncClient) -> None:
     lease_path = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
-    obj = (await client.post(lease_path, json={"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}})).json()
+    obj = (
+        await client.post(
+            lease_path, json={"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}}
+        )
+    ).json()
     a = dict(obj, spec={"holderIdentity": "b"})
     b = dict(obj, spec={"holderIdentity": "c"})
     r = await client.put(f"{lease_path}/l", json=a)
@@ -135,7 +170,14 @@ async def test_update_conflict_on_stale_rv(client: httpx.AsyncClient) -> None:
         'Operation cannot be fulfilled on leases.coordination.k8s.io "l": the object has been modified; '
         "please apply your changes to the latest version and try again"
     )
-    r = await patch(client, f"{lease_path}/l", {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "spec": {"holderIdentity": "d"}})
+    r = await patch(
+        client,
+        f"{lease_path}/l",
+        {
+            "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+            "spec": {"holderIdentity": "d"},
+        },
+    )
     assert r.status_code == 409
     unconditional = {"metadata": {"name": "l"}, "spec": {"holderIdentity": "e"}}
     r = await client.put(f"{lease_path}/l", json=unconditional)
@@ -149,13 +191,25 @@ async def test_patch_types(client: httpx.AsyncClient) -> None:
     await client.post(PODS, json=pod_body("p"))
     r = await patch(client, f"{CR_PATH}/a", {"spec": {"priority": 3}}, SMP)
     assert r.status_code == 415 and r.json()["reason"] == "UnsupportedMediaType"
-    assert "accepted media types include: application/json-patch+json, application/merge-patch+json" in r.json()["message"]
-    r = await patch(client, f"{PODS}/p", {"spec": {"containers": [{"name": "c", "image": "nginx"}]}}, SMP)
+    assert (
+        "accepted media types include: application/json-patch+json, application/merge-patch+json"
+        in r.json()["message"]
+    )
+    r = await patch(
+        client, f"{PODS}/p", {"spec": {"containers": [{"name": "c", "image": "nginx"}]}}, SMP
+    )
     assert r.status_code == 200
     assert r.json()["spec"]["containers"] == [{"name": "c", "image": "nginx"}]
-    r = await patch(client, f"{CR_PATH}/a", [{"op": "test", "path": "/spec/priority", "value": 42}], JSONPATCH)
+    r = await patch(
+        client, f"{CR_PATH}/a", [{"op": "test", "path": "/spec/priority", "value": 42}], JSONPATCH
+    )
     assert r.status_code == 422 and r.json()["reason"] == "Invalid"
-    r = await patch(client, f"{CR_PATH}/a", [{"op": "replace", "path": "/spec/priority", "value": 42}], JSONPATCH)
+    r = await patch(
+        client,
+        f"{CR_PATH}/a",
+        [{"op": "replace", "path": "/spec/priority", "value": 42}],
+        JSONPATCH,
+    )
     assert r.status_code == 200 and r.json()["spec"]["priority"] == 42
     r = await client.patch(f"{CR_PATH}/a", content=b"{}", headers={"content-type": "text/plain"})
     assert r.status_code == 415
@@ -163,8 +217,12 @@ async def test_patch_types(client: httpx.AsyncClient) -> None:
     assert r.status_code == 400
 
 
-async def test_merge_patch_null_deletes_and_schema_validation_on_patch(client: httpx.AsyncClient) -> None:
-    await client.post(CR_PATH, json=cr_body("a", metadata={"name": "a", "labels": {"x": "1", "y": "2"}}))
+async def test_merge_patch_null_deletes_and_schema_validation_on_patch(
+    client: httpx.AsyncClient,
+) -> None:
+    await client.post(
+        CR_PATH, json=cr_body("a", metadata={"name": "a", "labels": {"x": "1", "y": "2"}})
+    )
     r = await patch(client, f"{CR_PATH}/a", {"metadata": {"labels": {"x": None}}})
     assert r.json()["metadata"]["labels"] == {"y": "2"}
     r = await patch(client, f"{CR_PATH}/a", {"spec": {"priority": "high"}})
@@ -221,9 +279,15 @@ async def test_selectors(client: httpx.AsyncClient) -> None:
     assert r.status_code == 400 and r.json()["message"] == "field label not supported: spec.foo"
     r = await client.get("/api/v1/pods", params={"labelSelector": "app in (web"})
     assert r.status_code == 400
-    r = await client.get("/apis/bigfleet.lucy.sh/v1alpha1/capacityrequests", params={"fieldSelector": "status.phase=Pending"})
+    r = await client.get(
+        "/apis/bigfleet.lucy.sh/v1alpha1/capacityrequests",
+        params={"fieldSelector": "status.phase=Pending"},
+    )
     assert r.status_code == 200
-    r = await client.get("/apis/bigfleet.lucy.sh/v1alpha1/capacityrequests", params={"fieldSelector": "spec.priority=1"})
+    r = await client.get(
+        "/apis/bigfleet.lucy.sh/v1alpha1/capacityrequests",
+        params={"fieldSelector": "spec.priority=1"},
+    )
     assert r.status_code == 400
     r = await client.get(NODES, params={"fieldSelector": "spec.unschedulable=false"})
     assert r.status_code == 200
@@ -249,7 +313,11 @@ async def test_finalizers_and_deletion_timestamp(client: httpx.AsyncClient) -> N
     assert r.status_code == 200
     obj = r.json()
     assert obj["metadata"]["deletionTimestamp"] and obj["metadata"]["generation"] == 2
-    r = await patch(client, f"{CR_PATH}/a", {"metadata": {"finalizers": ["example.com/hold", "example.com/new"]}})
+    r = await patch(
+        client,
+        f"{CR_PATH}/a",
+        {"metadata": {"finalizers": ["example.com/hold", "example.com/new"]}},
+    )
     assert r.status_code == 422
     assert r.json()["details"]["causes"][0]["field"] == "metadata.finalizers"
     r = await patch(client, f"{CR_PATH}/a", {"metadata": {"finalizers": None}})
@@ -261,7 +329,12 @@ async def test_delete_preconditions(client: httpx.AsyncClient) -> None:
     await client.post(PODS, json=pod_body("p"))
     r = await client.request("DELETE", f"{PODS}/p", json={"preconditions": {"uid": "nope"}})
     assert r.status_code == 409
-    r = await client.request("DELETE", f"{PODS}/p", content=b"k8s\x00\x01protobuf", headers={"content-type": "application/vnd.kubernetes.protobuf"})
+    r = await client.request(
+        "DELETE",
+        f"{PODS}/p",
+        content=b"k8s\x00\x01protobuf",
+        headers={"content-type": "application/vnd.kubernetes.protobuf"},
+    )
     assert r.status_code == 200
     assert (await client.delete(f"{PODS}/p")).status_code == 404
 
@@ -271,8 +344,12 @@ async def test_owner_reference_gc(client: httpx.AsyncClient, api: ApiServer) -> 
     q = (await client.post(PODS, json=pod_body("q"))).json()
     ref_p = {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": p["metadata"]["uid"]}
     ref_q = {"apiVersion": "v1", "kind": "Pod", "name": "q", "uid": q["metadata"]["uid"]}
-    await client.post(CR_PATH, json=cr_body("one", metadata={"name": "one", "ownerReferences": [ref_p]}))
-    await client.post(CR_PATH, json=cr_body("two", metadata={"name": "two", "ownerReferences": [ref_p, ref_q]}))
+    await client.post(
+        CR_PATH, json=cr_body("one", metadata={"name": "one", "ownerReferences": [ref_p]})
+    )
+    await client.post(
+        CR_PATH, json=cr_body("two", metadata={"name": "two", "ownerReferences": [ref_p, ref_q]})
+    )
     assert (await client.delete(f"{PODS}/p")).status_code == 200
     assert (await client.get(f"{CR_PATH}/one")).status_code == 404
     assert (await client.get(f"{CR_PATH}/two")).status_code == 200
@@ -281,7 +358,9 @@ async def test_owner_reference_gc(client: httpx.AsyncClient, api: ApiServer) -> 
     # Orphan propagation keeps the dependent and strips the reference.
     r = (await client.post(PODS, json=pod_body("r"))).json()
     ref_r = {"apiVersion": "v1", "kind": "Pod", "name": "r", "uid": r["metadata"]["uid"]}
-    await client.post(CR_PATH, json=cr_body("three", metadata={"name": "three", "ownerReferences": [ref_r]}))
+    await client.post(
+        CR_PATH, json=cr_body("three", metadata={"name": "three", "ownerReferences": [ref_r]})
+    )
     await client.request("DELETE", f"{PODS}/r", json={"propagationPolicy": "Orphan"})
     kept = (await client.get(f"{CR_PATH}/three")).json()
     assert "ownerReferences" not in kept["metadata"]
@@ -289,7 +368,9 @@ async def test_owner_reference_gc(client: httpx.AsyncClient, api: ApiServer) -> 
 
 async def test_dangling_owner_is_collected(client: httpx.AsyncClient) -> None:
     ref = {"apiVersion": "v1", "kind": "Pod", "name": "gone", "uid": "00000000-dead"}
-    r = await client.post(CR_PATH, json=cr_body("x", metadata={"name": "x", "ownerReferences": [ref]}))
+    r = await client.post(
+        CR_PATH, json=cr_body("x", metadata={"name": "x", "ownerReferences": [ref]})
+    )
     assert r.status_code == 201
     assert (await client.get(f"{CR_PATH}/x")).status_code == 404
 
@@ -303,7 +384,13 @@ async def test_namespace_delete_cascades(client: httpx.AsyncClient) -> None:
 
 
 async def test_node_strategic_patch_cordon(client: httpx.AsyncClient) -> None:
-    await client.post(NODES, json={"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    await client.post(
+        NODES,
+        json={
+            "metadata": {"name": "n1"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        },
+    )
     r = await patch(client, f"{NODES}/n1", {"spec": {"unschedulable": True}}, SMP)
     assert r.json()["spec"] == {"unschedulable": True}
     assert r.json()["status"]["conditions"][0]["type"] == "Ready"

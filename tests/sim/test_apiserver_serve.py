@@ -26,7 +26,9 @@ async def test_serve_returns_url_and_streams_watch() -> None:
             rv = (await c.get(CR_PATH)).json()["metadata"]["resourceVersion"]
             await c.post(CR_PATH, json=cr_body("a"))
             lines = []
-            async with c.stream("GET", CR_PATH, params={"watch": "1", "resourceVersion": rv}) as resp:
+            async with c.stream(
+                "GET", CR_PATH, params={"watch": "1", "resourceVersion": rv}
+            ) as resp:
                 assert resp.headers["content-type"] == "application/json"
                 async for line in resp.aiter_lines():
                     lines.append(json.loads(line))
@@ -40,7 +42,10 @@ def test_write_kubeconfig(tmp_path: Path) -> None:
     write_kubeconfig("http://127.0.0.1:1234", str(p), token="t0k")
     cfg = yaml.safe_load(p.read_text())
     assert cfg["current-context"] == "bigfleet-sim"
-    assert cfg["clusters"][0] == {"name": "bigfleet-sim", "cluster": {"server": "http://127.0.0.1:1234"}}
+    assert cfg["clusters"][0] == {
+        "name": "bigfleet-sim",
+        "cluster": {"server": "http://127.0.0.1:1234"},
+    }
     assert cfg["users"][0] == {"name": "bigfleet-sim", "user": {"token": "t0k"}}
     assert cfg["contexts"][0]["context"]["cluster"] == "bigfleet-sim"
 
@@ -49,9 +54,14 @@ async def test_cli_process_serves_until_sigterm(tmp_path: Path) -> None:
     kc = tmp_path / "kc.yaml"
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
-            proc: trio.Process = await nursery.start(lambda task_status: trio.run_process(
-                [sys.executable, "-m", "bigfleet_trio.sim.apiserver", "0", str(kc)],
-                stdout=subprocess.PIPE, check=False, task_status=task_status))
+            proc: trio.Process = await nursery.start(
+                lambda task_status: trio.run_process(
+                    [sys.executable, "-m", "bigfleet_trio.sim.apiserver", "0", str(kc)],
+                    stdout=subprocess.PIPE,
+                    check=False,
+                    task_status=task_status,
+                )
+            )
             assert proc.stdout is not None
             line = b""
             while b"\n" not in line:
@@ -60,7 +70,10 @@ async def test_cli_process_serves_until_sigterm(tmp_path: Path) -> None:
             url = yaml.safe_load(kc.read_text())["clusters"][0]["cluster"]["server"]
             assert url in line.decode()
             async with httpx.AsyncClient(base_url=url) as c:
-                names = [n["metadata"]["name"] for n in (await c.get("/api/v1/namespaces")).json()["items"]]
+                names = [
+                    n["metadata"]["name"]
+                    for n in (await c.get("/api/v1/namespaces")).json()["items"]
+                ]
                 assert "default" in names
             proc.send_signal(signal.SIGTERM)
             assert await proc.wait() == 0
@@ -86,27 +99,45 @@ async def _raw(url: str, data: bytes, *, until: bytes = b"\r\n\r\n", close: bool
 async def test_fast_engine_raw_http() -> None:
     api = ApiServer()
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(lambda task_status: serve(api, engine="fast", task_status=task_status))
+        url = await nursery.start(
+            lambda task_status: serve(api, engine="fast", task_status=task_status)
+        )
         # malformed request line -> 400 and close
         assert (await _raw(url, b"GARBAGE\r\n\r\n")).startswith(b"HTTP/1.1 400")
         # chunked request body + Connection: close
         body = json.dumps(cr_body("chunky")).encode()
-        req = (f"POST {CR_PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
-               f"connection: close\r\n\r\n{len(body):x}\r\n").encode() + body + b"\r\n0\r\n\r\n"
+        req = (
+            (
+                f"POST {CR_PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
+                f"connection: close\r\n\r\n{len(body):x}\r\n"
+            ).encode()
+            + body
+            + b"\r\n0\r\n\r\n"
+        )
         out = await _raw(url, req)
         assert out.startswith(b"HTTP/1.1 201 Created") and b'"name":"chunky"' in out
         # two pipelined keep-alive requests, the second closing
-        two = (b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n" b"GET /version HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        two = (
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"GET /version HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        )
         out = await _raw(url, two)
         assert out.count(b"HTTP/1.1 200 OK") == 2 and b"gitVersion" in out
         # Expect: 100-continue
-        req = (f"POST {CR_PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nexpect: 100-continue\r\n"
-               f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+        req = (
+            f"POST {CR_PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nexpect: 100-continue\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        ).encode() + body
         out = await _raw(url, req)
         assert out.startswith(b"HTTP/1.1 100 Continue") and b"409 Conflict" in out
         # a client hanging up on a watch unregisters the watcher
         bucket = api.store.bucket(api.find("cr"))
-        out = await _raw(url, f"GET {CR_PATH}?watch=1&resourceVersion=1 HTTP/1.1\r\nhost: x\r\n\r\n".encode(), until=b"chunked", close=False)
+        out = await _raw(
+            url,
+            f"GET {CR_PATH}?watch=1&resourceVersion=1 HTTP/1.1\r\nhost: x\r\n\r\n".encode(),
+            until=b"chunked",
+            close=False,
+        )
         assert b"transfer-encoding: chunked" in out
         with trio.fail_after(5):
             while bucket.watchers:
@@ -119,9 +150,13 @@ async def test_client_hangup_unregisters_watch_on_both_engines() -> None:
         api = ApiServer()
         bucket = api.store.bucket(api.find("cr"))
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(lambda task_status, e=engine: serve(api, engine=e, task_status=task_status))
+            url = await nursery.start(
+                lambda task_status, e=engine, a=api: serve(a, engine=e, task_status=task_status)
+            )
             async with httpx.AsyncClient(base_url=url) as c:
-                async with c.stream("GET", CR_PATH, params={"watch": "1", "resourceVersion": "1"}) as resp:
+                async with c.stream(
+                    "GET", CR_PATH, params={"watch": "1", "resourceVersion": "1"}
+                ) as resp:
                     assert resp.status_code == 200
                     assert len(bucket.watchers) == 1
             with trio.fail_after(5):

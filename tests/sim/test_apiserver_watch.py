@@ -14,7 +14,9 @@ from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import CR_PATH, PODS, cr_body, patch, pod_body, watch_lines
 
 
-async def test_watch_resume_replays_in_order(client: httpx.AsyncClient, autojump_clock: Any) -> None:
+async def test_watch_resume_replays_in_order(
+    client: httpx.AsyncClient, autojump_clock: Any
+) -> None:
     rv = (await client.get(CR_PATH)).json()["metadata"]["resourceVersion"]
     await client.post(CR_PATH, json=cr_body("a"))
     await patch(client, f"{CR_PATH}/a", {"spec": {"priority": 2}})
@@ -27,11 +29,16 @@ async def test_watch_resume_replays_in_order(client: httpx.AsyncClient, autojump
     assert events[0]["object"]["kind"] == "CapacityRequest"
 
 
-async def test_watch_without_rv_sends_synthetic_added(client: httpx.AsyncClient, autojump_clock: Any) -> None:
+async def test_watch_without_rv_sends_synthetic_added(
+    client: httpx.AsyncClient, autojump_clock: Any
+) -> None:
     await client.post(CR_PATH, json=cr_body("a"))
     await client.post(CR_PATH, json=cr_body("b"))
     events = await watch_lines(client, CR_PATH, timeoutSeconds="1")
-    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "a"), ("ADDED", "b")]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+        ("ADDED", "a"),
+        ("ADDED", "b"),
+    ]
 
 
 async def test_live_events_then_timeout(client: httpx.AsyncClient, autojump_clock: Any) -> None:
@@ -53,7 +60,9 @@ async def test_live_events_then_timeout(client: httpx.AsyncClient, autojump_cloc
     assert trio.current_time() - start <= 10
 
 
-async def test_too_old_rv_gets_410_error_event(api: ApiServer, client: httpx.AsyncClient, autojump_clock: Any) -> None:
+async def test_too_old_rv_gets_410_error_event(
+    api: ApiServer, client: httpx.AsyncClient, autojump_clock: Any
+) -> None:
     small = ApiServer(history=10)
     from bigfleet_trio.sim.apiserver.testing import open_client
 
@@ -71,7 +80,9 @@ async def test_too_old_rv_gets_410_error_event(api: ApiServer, client: httpx.Asy
         assert await watch_lines(c, CR_PATH, resourceVersion=cur, timeoutSeconds="1") == []
 
 
-async def test_compact_fault_forces_410(api: ApiServer, client: httpx.AsyncClient, autojump_clock: Any) -> None:
+async def test_compact_fault_forces_410(
+    api: ApiServer, client: httpx.AsyncClient, autojump_clock: Any
+) -> None:
     rv = (await client.post(CR_PATH, json=cr_body("a"))).json()["metadata"]["resourceVersion"]
     await patch(client, f"{CR_PATH}/a", {"spec": {"priority": 3}})
     api.faults.compact()
@@ -83,17 +94,29 @@ async def test_bookmarks(api: ApiServer, client: httpx.AsyncClient, autojump_clo
     api.bookmark_interval = 1.0
     await client.post(CR_PATH, json=cr_body("a"))
     rv = (await client.get(CR_PATH)).json()["metadata"]["resourceVersion"]
-    events = await watch_lines(client, CR_PATH, resourceVersion=rv, allowWatchBookmarks="true", timeoutSeconds="3")
+    events = await watch_lines(
+        client, CR_PATH, resourceVersion=rv, allowWatchBookmarks="true", timeoutSeconds="3"
+    )
     assert events and all(e["type"] == "BOOKMARK" for e in events)
-    assert events[0]["object"] == {"kind": "CapacityRequest", "apiVersion": "bigfleet.lucy.sh/v1alpha1", "metadata": {"resourceVersion": rv}}
+    assert events[0]["object"] == {
+        "kind": "CapacityRequest",
+        "apiVersion": "bigfleet.lucy.sh/v1alpha1",
+        "metadata": {"resourceVersion": rv},
+    }
 
 
-async def test_watch_list_initial_events_end(client: httpx.AsyncClient, autojump_clock: Any) -> None:
+async def test_watch_list_initial_events_end(
+    client: httpx.AsyncClient, autojump_clock: Any
+) -> None:
     await client.post(CR_PATH, json=cr_body("a"))
     await client.post(CR_PATH, json=cr_body("b"))
     events = await watch_lines(
-        client, CR_PATH, sendInitialEvents="true", resourceVersionMatch="NotOlderThan",
-        allowWatchBookmarks="true", timeoutSeconds="1",
+        client,
+        CR_PATH,
+        sendInitialEvents="true",
+        resourceVersionMatch="NotOlderThan",
+        allowWatchBookmarks="true",
+        timeoutSeconds="1",
     )
     assert [e["type"] for e in events[:3]] == ["ADDED", "ADDED", "BOOKMARK"]
     assert events[2]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
@@ -101,16 +124,22 @@ async def test_watch_list_initial_events_end(client: httpx.AsyncClient, autojump
     assert r.status_code == 422
 
 
-async def test_filtered_watch_enter_and_leave(client: httpx.AsyncClient, autojump_clock: Any) -> None:
+async def test_filtered_watch_enter_and_leave(
+    client: httpx.AsyncClient, autojump_clock: Any
+) -> None:
     await client.post(PODS, json=pod_body("p", labels={"app": "web"}))
     rv = (await client.get(PODS)).json()["metadata"]["resourceVersion"]
     await patch(client, f"{PODS}/p", {"metadata": {"labels": {"app": None}}})
     await patch(client, f"{PODS}/p", {"metadata": {"labels": {"app": "web"}}})
-    events = await watch_lines(client, PODS, resourceVersion=rv, labelSelector="app=web", timeoutSeconds="1")
+    events = await watch_lines(
+        client, PODS, resourceVersion=rv, labelSelector="app=web", timeoutSeconds="1"
+    )
     assert [e["type"] for e in events] == ["DELETED", "ADDED"]
 
 
-async def test_drop_watches_ends_streams(api: ApiServer, client: httpx.AsyncClient, autojump_clock: Any) -> None:
+async def test_drop_watches_ends_streams(
+    api: ApiServer, client: httpx.AsyncClient, autojump_clock: Any
+) -> None:
     done = trio.Event()
 
     async def watcher() -> None:
@@ -126,33 +155,59 @@ async def test_drop_watches_ends_streams(api: ApiServer, client: httpx.AsyncClie
 
 
 async def test_watch_table_events(client: httpx.AsyncClient, autojump_clock: Any) -> None:
-    rv = (await client.get("/apis/bigfleet.lucy.sh/v1alpha1/upcomingnodes")).json()["metadata"]["resourceVersion"]
+    rv = (await client.get("/apis/bigfleet.lucy.sh/v1alpha1/upcomingnodes")).json()["metadata"][
+        "resourceVersion"
+    ]
     upn = {"metadata": {"name": "u1"}, "spec": {"resources": {"cpu": "4"}}}
     await client.post("/apis/bigfleet.lucy.sh/v1alpha1/upcomingnodes", json=upn)
-    await patch(client, "/apis/bigfleet.lucy.sh/v1alpha1/upcomingnodes/u1/status", {"status": {"phase": "Launched", "nodeRef": {"name": "n9"}}})
+    await patch(
+        client,
+        "/apis/bigfleet.lucy.sh/v1alpha1/upcomingnodes/u1/status",
+        {"status": {"phase": "Launched", "nodeRef": {"name": "n9"}}},
+    )
     lines = []
-    async with client.stream("GET", "/apis/bigfleet.lucy.sh/v1alpha1/upcomingnodes", params={"watch": "1", "resourceVersion": rv, "timeoutSeconds": "1"},
-                             headers={"accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}) as resp:
+    async with client.stream(
+        "GET",
+        "/apis/bigfleet.lucy.sh/v1alpha1/upcomingnodes",
+        params={"watch": "1", "resourceVersion": rv, "timeoutSeconds": "1"},
+        headers={"accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"},
+    ) as resp:
         async for line in resp.aiter_lines():
             if line:
                 lines.append(json.loads(line))
     assert lines[0]["object"]["kind"] == "Table"
-    assert [c["name"] for c in lines[0]["object"]["columnDefinitions"]] == ["Name", "Phase", "Node", "Age"]
+    assert [c["name"] for c in lines[0]["object"]["columnDefinitions"]] == [
+        "Name",
+        "Phase",
+        "Node",
+        "Age",
+    ]
     assert lines[1]["object"]["columnDefinitions"] == []
     assert lines[1]["object"]["rows"][0]["cells"][:3] == ["u1", "Launched", "n9"]
 
 
 async def test_partial_object_metadata(client: httpx.AsyncClient, autojump_clock: Any) -> None:
-    accept = {"accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"}
+    accept = {
+        "accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+    }
     rv = (await client.get(CR_PATH)).json()["metadata"]["resourceVersion"]
     await client.post(CR_PATH, json=cr_body("a"))
     lst = (await client.get(CR_PATH, headers=accept)).json()
     assert lst["kind"] == "PartialObjectMetadataList"
     assert lst["items"][0]["kind"] == "PartialObjectMetadata" and "spec" not in lst["items"][0]
     lines = []
-    async with client.stream("GET", CR_PATH, params={"watch": "1", "resourceVersion": rv, "timeoutSeconds": "1"}, headers=accept) as resp:
+    async with client.stream(
+        "GET",
+        CR_PATH,
+        params={"watch": "1", "resourceVersion": rv, "timeoutSeconds": "1"},
+        headers=accept,
+    ) as resp:
         async for line in resp.aiter_lines():
             if line:
                 lines.append(json.loads(line))
-    assert lines[0]["object"] == {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": lines[0]["object"]["metadata"]}
+    assert lines[0]["object"] == {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": lines[0]["object"]["metadata"],
+    }
     assert lines[0]["object"]["metadata"]["name"] == "a"

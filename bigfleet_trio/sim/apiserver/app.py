@@ -36,14 +36,22 @@ JSON_CT = b"application/json"
 class Response:
     __slots__ = ("status", "body", "content_type", "headers")
 
-    def __init__(self, status: int, body: bytes, content_type: bytes = JSON_CT, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        body: bytes,
+        content_type: bytes = JSON_CT,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         self.status = status
         self.body = body
         self.content_type = content_type
         self.headers = headers or []
 
 
-def _json(status: int, obj: Any, ct: bytes = JSON_CT, warnings: list[str] | None = None) -> Response:
+def _json(
+    status: int, obj: Any, ct: bytes = JSON_CT, warnings: list[str] | None = None
+) -> Response:
     headers = [(b"warning", f'299 - "{w}"'.encode()) for w in warnings or ()]
     return Response(status, dumps(obj), ct, headers)
 
@@ -56,7 +64,9 @@ def _error(err: ApiError) -> Response:
 class _Request:
     __slots__ = ("method", "path", "query", "headers", "body")
 
-    def __init__(self, method: str, path: str, query: dict[str, str], headers: dict[str, str], body: bytes) -> None:
+    def __init__(
+        self, method: str, path: str, query: dict[str, str], headers: dict[str, str], body: bytes
+    ) -> None:
         self.method = method
         self.path = path
         self.query = query
@@ -80,7 +90,11 @@ class _Request:
             try:
                 return decode(self.body)
             except (ProtobufError, UnicodeDecodeError) as exc:
-                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - accepted media types include: application/json, application/yaml ({exc})") from None
+                raise ApiError(
+                    415,
+                    "UnsupportedMediaType",
+                    f"the body of the request was in an unknown format - accepted media types include: application/json, application/yaml ({exc})",
+                ) from None
         if "cbor" in ct:
             raise E.unsupported_media_type(ct)
         if allow_yaml and ("yaml" in ct):
@@ -116,10 +130,14 @@ def make_app(server: ApiServer) -> Callable[[Scope, Receive, Send], Awaitable[No
             chunks.append(msg.get("body", b""))
             if not msg.get("more_body"):
                 break
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        headers = {
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])
+        }
         qs = scope.get("query_string", b"").decode("latin-1")
         query = {k: v[-1] for k, v in parse_qs(qs, keep_blank_values=True).items()}
-        req = _Request(scope["method"].upper(), unquote(scope["path"]), query, headers, b"".join(chunks))
+        req = _Request(
+            scope["method"].upper(), unquote(scope["path"]), query, headers, b"".join(chunks)
+        )
         try:
             result = await _handle(server, req)
         except ApiError as err:
@@ -128,7 +146,11 @@ def make_app(server: ApiServer) -> Callable[[Scope, Receive, Send], Awaitable[No
             log.exception("internal error handling %s %s", req.method, req.path)
             result = _error(E.internal(repr(exc)))
         if isinstance(result, Response):
-            hdrs = [(b"content-type", result.content_type), (b"content-length", str(len(result.body)).encode()), *result.headers]
+            hdrs = [
+                (b"content-type", result.content_type),
+                (b"content-length", str(len(result.body)).encode()),
+                *result.headers,
+            ]
             await send({"type": "http.response.start", "status": result.status, "headers": hdrs})
             await send({"type": "http.response.body", "body": result.body})
         else:
@@ -141,13 +163,25 @@ PARTIAL_CT = b"application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 
 def _partial(obj: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+    return {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj["metadata"],
+    }
 
 
 class _WatchPlan:
     __slots__ = ("res", "initial", "watcher", "timeout", "bookmarks", "as_table", "partial")
 
-    def __init__(self, res: ResourceType, initial: list[Any], watcher: Any, timeout: float | None, bookmarks: bool, as_table: bool) -> None:
+    def __init__(
+        self,
+        res: ResourceType,
+        initial: list[Any],
+        watcher: Any,
+        timeout: float | None,
+        bookmarks: bool,
+        as_table: bool,
+    ) -> None:
         self.res = res
         self.initial = initial
         self.watcher = watcher
@@ -176,12 +210,22 @@ async def _handle(server: ApiServer, req: _Request) -> Response | _WatchPlan:
     parts = [p for p in path.split("/") if p]
     accept = req.headers.get("accept", "")
     if not parts:
-        return _json(200, {"paths": ["/api", "/api/v1", "/apis", "/openapi/v3", "/version", "/healthz"]})
+        return _json(
+            200, {"paths": ["/api", "/api/v1", "/apis", "/openapi/v3", "/version", "/healthz"]}
+        )
     head = parts[0]
     if head in ("healthz", "readyz", "livez"):
         return Response(200, b"ok", b"text/plain")
     if head == "version":
-        return _json(200, {"major": "1", "minor": "37", "gitVersion": "v1.37.0-bigfleet-sim", "platform": "linux/amd64"})
+        return _json(
+            200,
+            {
+                "major": "1",
+                "minor": "37",
+                "gitVersion": "v1.37.0-bigfleet-sim",
+                "platform": "linux/amd64",
+            },
+        )
     if head == "openapi":
         if len(parts) >= 2 and parts[1] == "v3":
             if len(parts) == 2:
@@ -210,13 +254,17 @@ async def _handle(server: ApiServer, req: _Request) -> Response | _WatchPlan:
         if head == "apis" and len(parts) == 2:
             doc = D.legacy_group(server, parts[1])
             if doc is None:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+                raise ApiError(
+                    404, "NotFound", "the server could not find the requested resource", {}
+                )
             return _json(200, doc)
         if (head == "api" and len(parts) == 2) or (head == "apis" and len(parts) == 3):
             group, version = ("", parts[1]) if head == "api" else (parts[1], parts[2])
             doc = D.resource_list(server, group, version)
             if doc is None:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+                raise ApiError(
+                    404, "NotFound", "the server could not find the requested resource", {}
+                )
             return _json(200, doc)
     if head == "api":
         if len(parts) < 3:
@@ -227,7 +275,11 @@ async def _handle(server: ApiServer, req: _Request) -> Response | _WatchPlan:
             raise E.method_not_allowed()
         group, version, rest = parts[1], parts[2], parts[3:]
     namespace: str | None = None
-    if rest[0] == "namespaces" and len(rest) >= 3 and not (len(rest) == 3 and rest[2] in ("status", "finalize")):
+    if (
+        rest[0] == "namespaces"
+        and len(rest) >= 3
+        and not (len(rest) == 3 and rest[2] in ("status", "finalize"))
+    ):
         namespace = rest[1]
         rest = rest[2:]
     if len(rest) > 3:
@@ -236,8 +288,11 @@ async def _handle(server: ApiServer, req: _Request) -> Response | _WatchPlan:
     name = rest[1] if len(rest) > 1 else None
     sub = rest[2] if len(rest) > 2 else None
     res = server.resource(group, version, plural)
-    if (namespace is not None and not res.namespaced) or (sub is not None and sub not in ("status", "finalize", *res.extra_subresources)) \
-            or (sub == "status" and not res.status):
+    if (
+        (namespace is not None and not res.namespaced)
+        or (sub is not None and sub not in ("status", "finalize", *res.extra_subresources))
+        or (sub == "status" and not res.status)
+    ):
         raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
     if res.namespaced and namespace is None and (name is not None or req.method not in ("GET",)):
         raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
@@ -257,7 +312,9 @@ async def _handle(server: ApiServer, req: _Request) -> Response | _WatchPlan:
     partial = not as_table and "as=PartialObjectMetadata" in accept.replace(" ", "")
     field_validation = req.q("fieldValidation") or "Warn"
     if field_validation not in ("Strict", "Warn", "Ignore"):
-        raise E.bad_request(f"fieldValidation must be one of Strict, Warn, Ignore (got {field_validation!r})")
+        raise E.bad_request(
+            f"fieldValidation must be one of Strict, Warn, Ignore (got {field_validation!r})"
+        )
     dry_run = bool(req.q("dryRun"))
     warnings: list[str] = []
 
@@ -286,40 +343,98 @@ async def _handle(server: ApiServer, req: _Request) -> Response | _WatchPlan:
             limit = int(limit_s) if limit_s else None
         except ValueError:
             raise E.bad_request(f"invalid limit: {limit_s!r}") from None
-        lst = server.list(res, namespace, label_selector=req.q("labelSelector"), field_selector=req.q("fieldSelector"),
-                          limit=limit, continue_=req.q("continue"))
+        lst = server.list(
+            res,
+            namespace,
+            label_selector=req.q("labelSelector"),
+            field_selector=req.q("fieldSelector"),
+            limit=limit,
+            continue_=req.q("continue"),
+        )
         if as_table:
-            return _json(200, D.table(res, lst.items, rv=lst.rv, cont=lst.cont, remaining=lst.remaining), D.TABLE_CT.encode())
+            return _json(
+                200,
+                D.table(res, lst.items, rv=lst.rv, cont=lst.cont, remaining=lst.remaining),
+                D.TABLE_CT.encode(),
+            )
         if partial:
             meta: dict[str, Any] = {"resourceVersion": lst.rv}
             if lst.cont:
                 meta["continue"] = lst.cont
             if lst.remaining is not None:
                 meta["remainingItemCount"] = lst.remaining
-            return _json(200, {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
-                               "items": [_partial(o) for o in lst.items]}, PARTIAL_CT)
+            return _json(
+                200,
+                {
+                    "kind": "PartialObjectMetadataList",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": meta,
+                    "items": [_partial(o) for o in lst.items],
+                },
+                PARTIAL_CT,
+            )
         return _list_response(res, lst.items, lst.rv, lst.cont, lst.remaining)
     if req.method == "POST":
         if name is None:
             body = req.decode()
-            obj = server.create(res, namespace, body, field_validation=field_validation, dry_run=dry_run, warnings=warnings)
+            obj = server.create(
+                res,
+                namespace,
+                body,
+                field_validation=field_validation,
+                dry_run=dry_run,
+                warnings=warnings,
+            )
             return _json(201, obj, warnings=warnings)
         if sub == "eviction" and namespace is not None:
             body = req.decode() if req.body else None
             server.evict(namespace, name, body)
-            return _json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+            return _json(
+                201,
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Success",
+                    "code": 201,
+                },
+            )
         raise E.method_not_allowed()
     if req.method == "PUT" and name is not None:
         body = req.decode()
-        obj = server.update(res, namespace, name, body, subresource=sub, field_validation=field_validation, dry_run=dry_run, warnings=warnings)
+        obj = server.update(
+            res,
+            namespace,
+            name,
+            body,
+            subresource=sub,
+            field_validation=field_validation,
+            dry_run=dry_run,
+            warnings=warnings,
+        )
         return _json(200, obj, warnings=warnings)
     if req.method == "PATCH" and name is not None:
         ct = req.headers.get("content-type", "")
         ctype = ct.split(";")[0].strip().lower()
-        if ctype not in ("application/merge-patch+json", "application/json-patch+json", "application/strategic-merge-patch+json", "application/apply-patch+yaml"):
+        if ctype not in (
+            "application/merge-patch+json",
+            "application/json-patch+json",
+            "application/strategic-merge-patch+json",
+            "application/apply-patch+yaml",
+        ):
             raise E.unsupported_media_type(ctype or "(none)")
         body = req.decode(allow_yaml=ctype.endswith("yaml"))
-        obj = server.patch(res, namespace, name, body, ctype, subresource=sub, field_validation=field_validation, dry_run=dry_run, warnings=warnings)
+        obj = server.patch(
+            res,
+            namespace,
+            name,
+            body,
+            ctype,
+            subresource=sub,
+            field_validation=field_validation,
+            dry_run=dry_run,
+            warnings=warnings,
+        )
         return _json(200, obj, warnings=warnings)
     if req.method == "DELETE":
         options: dict[str, Any] = {}
@@ -336,12 +451,20 @@ async def _handle(server: ApiServer, req: _Request) -> Response | _WatchPlan:
         if name is not None:
             obj = server.delete(res, namespace, name, options, dry_run=dry_run)
             return _json(200, obj)
-        items = server.delete_collection(res, namespace, label_selector=req.q("labelSelector"), field_selector=req.q("fieldSelector"), options=options)
+        items = server.delete_collection(
+            res,
+            namespace,
+            label_selector=req.q("labelSelector"),
+            field_selector=req.q("fieldSelector"),
+            options=options,
+        )
         return _list_response(res, items, str(server.store.rv), "", None)
     raise E.method_not_allowed()
 
 
-def _list_response(res: ResourceType, items: list[dict[str, Any]], rv: str, cont: str, remaining: int | None) -> Response:
+def _list_response(
+    res: ResourceType, items: list[dict[str, Any]], rv: str, cont: str, remaining: int | None
+) -> Response:
     meta: dict[str, Any] = {"resourceVersion": rv}
     if cont:
         meta["continue"] = cont
@@ -352,34 +475,61 @@ def _list_response(res: ResourceType, items: list[dict[str, Any]], rv: str, cont
     return Response(200, body)
 
 
-def _plan_watch(server: ApiServer, res: ResourceType, namespace: str | None, req: _Request, as_table: bool) -> _WatchPlan:
+def _plan_watch(
+    server: ApiServer, res: ResourceType, namespace: str | None, req: _Request, as_table: bool
+) -> _WatchPlan:
     send_initial = req.flag("sendInitialEvents")
     bookmarks = req.flag("allowWatchBookmarks")
     if send_initial:
         if req.q("resourceVersionMatch") != "NotOlderThan" or not bookmarks:
-            raise E.invalid(res.kind, res.group, "", [E.field_cause(
-                "FieldValueForbidden", "sendInitialEvents",
-                "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan and allowWatchBookmarks=true")])
+            raise E.invalid(
+                res.kind,
+                res.group,
+                "",
+                [
+                    E.field_cause(
+                        "FieldValueForbidden",
+                        "sendInitialEvents",
+                        "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan and allowWatchBookmarks=true",
+                    )
+                ],
+            )
     timeout_s = req.q("timeoutSeconds")
     try:
         timeout = float(timeout_s) if timeout_s else None
     except ValueError:
         raise E.bad_request(f"invalid timeoutSeconds: {timeout_s!r}") from None
     initial, watcher = server.open_watch(
-        res, namespace, resource_version=req.q("resourceVersion"),
-        label_selector=req.q("labelSelector"), field_selector=req.q("fieldSelector"),
+        res,
+        namespace,
+        resource_version=req.q("resourceVersion"),
+        label_selector=req.q("labelSelector"),
+        field_selector=req.q("fieldSelector"),
         send_initial_events=send_initial,
     )
     return _WatchPlan(res, initial, watcher, timeout, bookmarks, as_table)
 
 
-def _encode_item(res: ResourceType, item: tuple[str, Any, bytes | None], table_state: list[bool] | None, partial: bool = False) -> bytes:
+def _encode_item(
+    res: ResourceType,
+    item: tuple[str, Any, bytes | None],
+    table_state: list[bool] | None,
+    partial: bool = False,
+) -> bytes:
     typ, obj, cached = item
     if typ == "BOOKMARK":
         meta: dict[str, Any] = {"resourceVersion": obj}
         if cached == b"initial-events-end":
             meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-        return dumps({"type": "BOOKMARK", "object": {"kind": res.kind, "apiVersion": res.api_version, "metadata": meta}}) + b"\n"
+        return (
+            dumps(
+                {
+                    "type": "BOOKMARK",
+                    "object": {"kind": res.kind, "apiVersion": res.api_version, "metadata": meta},
+                }
+            )
+            + b"\n"
+        )
     if table_state is not None:
         first = not table_state[0]
         table_state[0] = True
@@ -396,8 +546,13 @@ async def _stream_watch(server: ApiServer, plan: _WatchPlan, receive: Receive, s
     watcher = plan.watcher
     res = plan.res
     table_state = [False] if plan.as_table else None
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", JSON_CT), (b"cache-control", b"no-cache, private")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", JSON_CT), (b"cache-control", b"no-cache, private")],
+        }
+    )
     try:
         async with trio.open_nursery() as nursery:
 
@@ -420,7 +575,13 @@ async def _stream_watch(server: ApiServer, plan: _WatchPlan, receive: Receive, s
                 if plan.initial:
                     buf = [_encode_item(res, it, table_state, plan.partial) for it in plan.initial]
                     for i in range(0, len(buf), 1000):
-                        await send({"type": "http.response.body", "body": b"".join(buf[i:i + 1000]), "more_body": True})
+                        await send(
+                            {
+                                "type": "http.response.body",
+                                "body": b"".join(buf[i : i + 1000]),
+                                "more_body": True,
+                            }
+                        )
                 else:
                     await send({"type": "http.response.body", "body": b"", "more_body": True})
                 recv = watcher.receive
@@ -432,10 +593,14 @@ async def _stream_watch(server: ApiServer, plan: _WatchPlan, receive: Receive, s
                     out = [_encode_item(res, item, table_state, plan.partial)]
                     while len(out) < 1000:
                         try:
-                            out.append(_encode_item(res, recv.receive_nowait(), table_state, plan.partial))
+                            out.append(
+                                _encode_item(res, recv.receive_nowait(), table_state, plan.partial)
+                            )
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
-                    await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                    await send(
+                        {"type": "http.response.body", "body": b"".join(out), "more_body": True}
+                    )
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             nursery.cancel_scope.cancel()
     except OSError:

@@ -43,14 +43,20 @@ def _healthy(pod: dict[str, Any]) -> bool:
     st = pod.get("status") or {}
     if st.get("phase") != "Running":
         return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or ())
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or ()
+    )
 
 
-def _expected_from_controllers(pods: list[dict[str, Any]], scale_of: Callable[[str], int | None]) -> int | None:
+def _expected_from_controllers(
+    pods: list[dict[str, Any]], scale_of: Callable[[str], int | None]
+) -> int | None:
     """Sum of the distinct controllers' ``spec.replicas``; None when a pod has no scalable controller."""
     seen: dict[str, int] = {}
     for p in pods:
-        ref = next((r for r in p["metadata"].get("ownerReferences") or () if r.get("controller")), None)
+        ref = next(
+            (r for r in p["metadata"].get("ownerReferences") or () if r.get("controller")), None
+        )
         if ref is None:
             return None
         uid = ref.get("uid", "")
@@ -79,7 +85,9 @@ def pdb_status(
     """
     spec = pdb.get("spec") or {}
     reqs = label_selector_from_object(spec.get("selector"))
-    matching = [p for p in pods if reqs is not None and match_labels(reqs, p["metadata"].get("labels"))]
+    matching = [
+        p for p in pods if reqs is not None and match_labels(reqs, p["metadata"].get("labels"))
+    ]
     expected = len(matching)
     min_av = spec.get("minAvailable")
     if not (isinstance(min_av, int) and not isinstance(min_av, bool)):
@@ -95,20 +103,24 @@ def pdb_status(
         desired = expected
     allowed = max(0, healthy - desired)
     names = {p["metadata"]["name"] for p in matching}
-    disrupted = {k: v for k, v in ((old_status or {}).get("disruptedPods") or {}).items() if k in names}
+    disrupted = {
+        k: v for k, v in ((old_status or {}).get("disruptedPods") or {}).items() if k in names
+    }
     status: dict[str, Any] = {
         "observedGeneration": int(pdb["metadata"].get("generation", 1)),
         "disruptionsAllowed": allowed,
         "currentHealthy": healthy,
         "desiredHealthy": desired,
         "expectedPods": expected,
-        "conditions": [{
-            "type": "DisruptionAllowed",
-            "status": "True" if allowed > 0 else "False",
-            "reason": "SufficientPods" if allowed > 0 else "InsufficientPods",
-            "message": "",
-            "observedGeneration": int(pdb["metadata"].get("generation", 1)),
-        }],
+        "conditions": [
+            {
+                "type": "DisruptionAllowed",
+                "status": "True" if allowed > 0 else "False",
+                "reason": "SufficientPods" if allowed > 0 else "InsufficientPods",
+                "message": "",
+                "observedGeneration": int(pdb["metadata"].get("generation", 1)),
+            }
+        ],
     }
     if disrupted:
         status["disruptedPods"] = disrupted
@@ -132,7 +144,11 @@ class PdbController:
             if ev.type == "DELETED":
                 return
             old = ev.old
-            if old is not None and old.get("spec") == ev.obj.get("spec") and old["metadata"].get("generation") == ev.obj["metadata"].get("generation"):
+            if (
+                old is not None
+                and old.get("spec") == ev.obj.get("spec")
+                and old["metadata"].get("generation") == ev.obj["metadata"].get("generation")
+            ):
                 return
             ns = ev.obj["metadata"].get("namespace", "")
         else:
@@ -153,7 +169,9 @@ class PdbController:
         def scale_of(uid: str) -> int | None:
             owner = srv.store.by_uid(uid)
             replicas = ((owner or {}).get("spec") or {}).get("replicas")
-            return replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None
+            return (
+                replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None
+            )
 
         for pdb in pdbs:
             status = pdb_status(pdb, pods, pdb.get("status"), scale_of)
@@ -163,5 +181,11 @@ class PdbController:
             new["metadata"] = dict(pdb["metadata"])
             new["status"] = status
             srv.store.put(srv.pdbs, new, pdb)
-            log.debug("pdb %s/%s: allowed=%d healthy=%d desired=%d", ns, pdb["metadata"]["name"],
-                      status["disruptionsAllowed"], status["currentHealthy"], status["desiredHealthy"])
+            log.debug(
+                "pdb %s/%s: allowed=%d healthy=%d desired=%d",
+                ns,
+                pdb["metadata"]["name"],
+                status["disruptionsAllowed"],
+                status["currentHealthy"],
+                status["desiredHealthy"],
+            )

@@ -43,7 +43,11 @@ def _verbs(res: ResourceType) -> list[str]:
 
 def legacy_api(server: ApiServer) -> dict[str, Any]:
     """``GET /api``."""
-    return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
+    return {
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}],
+    }
 
 
 def legacy_apis(server: ApiServer) -> dict[str, Any]:
@@ -63,7 +67,13 @@ def legacy_group(server: ApiServer, group: str) -> dict[str, Any] | None:
     if not versions:
         return None
     vs = [{"groupVersion": f"{group}/{v}", "version": v} for v in sorted(versions)]
-    return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": vs, "preferredVersion": vs[0]}
+    return {
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": group,
+        "versions": vs,
+        "preferredVersion": vs[0],
+    }
 
 
 def resource_list(server: ApiServer, group: str, version: str) -> dict[str, Any] | None:
@@ -86,11 +96,27 @@ def resource_list(server: ApiServer, group: str, version: str) -> dict[str, Any]
             entry["categories"] = list(res.categories)
         out.append(entry)
         if res.status:
-            out.append({"name": f"{res.plural}/status", "singularName": "", "namespaced": res.namespaced,
-                        "kind": res.kind, "verbs": ["get", "patch", "update"]})
+            out.append(
+                {
+                    "name": f"{res.plural}/status",
+                    "singularName": "",
+                    "namespaced": res.namespaced,
+                    "kind": res.kind,
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
         if "eviction" in res.extra_subresources:
-            out.append({"name": f"{res.plural}/eviction", "singularName": "", "namespaced": res.namespaced,
-                        "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]})
+            out.append(
+                {
+                    "name": f"{res.plural}/eviction",
+                    "singularName": "",
+                    "namespaced": res.namespaced,
+                    "group": "policy",
+                    "version": "v1",
+                    "kind": "Eviction",
+                    "verbs": ["create"],
+                }
+            )
     gv = f"{group}/{version}" if group else version
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out}
 
@@ -118,17 +144,40 @@ def aggregated(server: ApiServer, core: bool) -> dict[str, Any]:
                     entry["categories"] = list(res.categories)
                 subs = []
                 if res.status:
-                    subs.append({"subresource": "status", "responseKind": {"group": res.group, "version": res.version, "kind": res.kind},
-                                 "verbs": ["get", "patch", "update"]})
+                    subs.append(
+                        {
+                            "subresource": "status",
+                            "responseKind": {
+                                "group": res.group,
+                                "version": res.version,
+                                "kind": res.kind,
+                            },
+                            "verbs": ["get", "patch", "update"],
+                        }
+                    )
                 if "eviction" in res.extra_subresources:
-                    subs.append({"subresource": "eviction", "responseKind": {"group": "policy", "version": "v1", "kind": "Eviction"},
-                                 "verbs": ["create"]})
+                    subs.append(
+                        {
+                            "subresource": "eviction",
+                            "responseKind": {
+                                "group": "policy",
+                                "version": "v1",
+                                "kind": "Eviction",
+                            },
+                            "verbs": ["create"],
+                        }
+                    )
                 if subs:
                     entry["subresources"] = subs
                 rlist.append(entry)
             vlist.append({"version": v, "resources": rlist, "freshness": "Current"})
         items.append({"metadata": {"name": g, "creationTimestamp": None}, "versions": vlist})
-    return {"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items}
+    return {
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": "apidiscovery.k8s.io/v2",
+        "metadata": {},
+        "items": items,
+    }
 
 
 def _gv_path(group: str, version: str) -> str:
@@ -158,12 +207,27 @@ def openapi_gv(server: ApiServer, group: str, version: str) -> dict[str, Any] | 
         op = {
             "x-kubernetes-group-version-kind": gvk,
             "x-kubernetes-action": "patch",
-            "parameters": [{"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True}}],
+            "parameters": [
+                {
+                    "name": "fieldValidation",
+                    "in": "query",
+                    "schema": {"type": "string", "uniqueItems": True},
+                }
+            ],
             "responses": {"200": {"description": "OK"}},
         }
-        item = f"{prefix}/namespaces/{{namespace}}/{res.plural}/{{name}}" if res.namespaced else f"{prefix}/{res.plural}/{{name}}"
+        item = (
+            f"{prefix}/namespaces/{{namespace}}/{res.plural}/{{name}}"
+            if res.namespaced
+            else f"{prefix}/{res.plural}/{{name}}"
+        )
         paths[item] = {"patch": op}
-    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.37.0"}, "paths": paths, "components": {"schemas": {}}}
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.37.0"},
+        "paths": paths,
+        "components": {"schemas": {}},
+    }
 
 
 # ---- Tables ----------------------------------------------------------------------------------
@@ -236,23 +300,53 @@ def _cell(col: dict[str, Any], obj: dict[str, Any], now: _dt.datetime) -> Any:
 
 
 def column_definitions(res: ResourceType) -> list[dict[str, Any]]:
-    cols = [{"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}]
+    cols = [
+        {
+            "name": "Name",
+            "type": "string",
+            "format": "name",
+            "description": "Name must be unique within a namespace.",
+            "priority": 0,
+        }
+    ]
     for c in res.columns:
-        cols.append({"name": c["name"], "type": c["type"], "format": c.get("format", ""), "description": c.get("description", ""), "priority": c.get("priority", 0)})
+        cols.append(
+            {
+                "name": c["name"],
+                "type": c["type"],
+                "format": c.get("format", ""),
+                "description": c.get("description", ""),
+                "priority": c.get("priority", 0),
+            }
+        )
     return cols
 
 
-def table_row(res: ResourceType, obj: dict[str, Any], now: _dt.datetime | None = None) -> dict[str, Any]:
+def table_row(
+    res: ResourceType, obj: dict[str, Any], now: _dt.datetime | None = None
+) -> dict[str, Any]:
     """One Table row with a PartialObjectMetadata ``object``."""
     now = now or _dt.datetime.now(_dt.UTC)
     cells = [obj["metadata"].get("name")] + [_cell(c, obj, now) for c in res.columns]
     return {
         "cells": cells,
-        "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]},
+        "object": {
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": obj["metadata"],
+        },
     }
 
 
-def table(res: ResourceType, objs: list[dict[str, Any]], *, rv: str = "", cont: str = "", remaining: int | None = None, with_columns: bool = True) -> dict[str, Any]:
+def table(
+    res: ResourceType,
+    objs: list[dict[str, Any]],
+    *,
+    rv: str = "",
+    cont: str = "",
+    remaining: int | None = None,
+    with_columns: bool = True,
+) -> dict[str, Any]:
     """A meta.k8s.io/v1 Table for ``objs``."""
     now = _dt.datetime.now(_dt.UTC)
     meta: dict[str, Any] = {}

@@ -117,7 +117,9 @@ def bad_request(message: str) -> ApiError:
 
 def method_not_allowed() -> ApiError:
     """405 MethodNotAllowed."""
-    return ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+    return ApiError(
+        405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+    )
 
 
 def unsupported_media_type(content_type: str, kind_desc: str | None = None) -> ApiError:
@@ -154,5 +156,8 @@ def too_many_requests(
 def internal(message: str) -> ApiError:
     """500 InternalError."""
     return ApiError(
-        500, "InternalError", f"Internal error occurred: {message}", {"causes": [{"message": message}]}
+        500,
+        "InternalError",
+        f"Internal error occurred: {message}",
+        {"causes": [{"message": message}]},
     )

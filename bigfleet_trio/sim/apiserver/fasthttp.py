@@ -52,7 +52,7 @@ async def _read_exact(stream: trio.SocketStream, buf: bytearray, n: int) -> byte
 
 
 async def _read_chunked(stream: trio.SocketStream, buf: bytearray) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     while True:
         idx = await _read_until(stream, buf, b"\r\n")
         if idx is None:
@@ -117,12 +117,16 @@ async def _handle_conn(app: Any, stream: trio.SocketStream) -> None:
                     raise _BadRequest("bad content-length") from None
                 body = await _read_exact(stream, buf, clen) if clen else b""
             conn_hdr = hmap.get(b"connection", b"").lower()
-            keep_alive = (version == b"HTTP/1.1" and conn_hdr != b"close") or conn_hdr == b"keep-alive"
+            keep_alive = (
+                version == b"HTTP/1.1" and conn_hdr != b"close"
+            ) or conn_hdr == b"keep-alive"
             raw_path, _, query = target.partition(b"?")
             scope = {
                 "type": "http",
                 "asgi": {"version": "3.0", "spec_version": "2.3"},
-                "http_version": version[5:].decode("latin-1") if version.startswith(b"HTTP/") else "1.1",
+                "http_version": version[5:].decode("latin-1")
+                if version.startswith(b"HTTP/")
+                else "1.1",
                 "method": method.decode("latin-1"),
                 "scheme": "http",
                 "path": unquote_to_bytes(raw_path).decode("utf-8", "replace"),
@@ -139,7 +143,9 @@ async def _handle_conn(app: Any, stream: trio.SocketStream) -> None:
     except _BadRequest as exc:
         log.debug("fasthttp: bad request: %s", exc)
         try:
-            await stream.send_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            await stream.send_all(
+                b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            )
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
     except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError, OSError):
@@ -153,7 +159,14 @@ async def _handle_conn(app: Any, stream: trio.SocketStream) -> None:
                 pass
 
 
-async def _run_app(app: Any, scope: dict[str, Any], body: bytes, stream: trio.SocketStream, buf: bytearray, keep_alive: bool) -> bool:
+async def _run_app(
+    app: Any,
+    scope: dict[str, Any],
+    body: bytes,
+    stream: trio.SocketStream,
+    buf: bytearray,
+    keep_alive: bool,
+) -> bool:
     """Run one request; returns False when the connection must close."""
     body_sent = False
     state: dict[str, Any] = {"started": False, "chunked": False, "done": False, "head": b""}
@@ -212,13 +225,19 @@ async def _run_app(app: Any, scope: dict[str, Any], body: bytes, stream: trio.So
     except OSError:
         return False
     if not state["started"]:
-        await stream.send_all(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        await stream.send_all(
+            b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        )
         return False
     return bool(state["done"])
 
 
 async def serve_fast(
-    app: Any, *, host: str = "127.0.0.1", port: int = 0, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until cancelled; ``task_status.started`` gets ``http://HOST:PORT``."""
     listeners = await trio.open_tcp_listeners(port, host=host)

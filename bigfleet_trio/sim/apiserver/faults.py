@@ -35,7 +35,9 @@ class _Rule:
     resource: str | None
 
     def matches(self, verb: str, resource: str) -> bool:
-        return (self.verb is None or self.verb == verb) and (self.resource is None or self.resource == resource)
+        return (self.verb is None or self.verb == verb) and (
+            self.resource is None or self.resource == resource
+        )
 
 
 @dataclass
@@ -58,11 +60,15 @@ class Faults:
         self._rules: list[_Rule] = []
         self._latency: list[_Latency] = []
 
-    def fail_next(self, n: int = 1, *, code: int = 500, verb: str | None = None, resource: str | None = None) -> None:
+    def fail_next(
+        self, n: int = 1, *, code: int = 500, verb: str | None = None, resource: str | None = None
+    ) -> None:
         """Make the next ``n`` matching requests fail with ``code`` (a Status body)."""
         self._rules.append(_Rule(n, code, verb, resource))
 
-    def add_latency(self, seconds: float, *, verb: str | None = None, resource: str | None = None) -> None:
+    def add_latency(
+        self, seconds: float, *, verb: str | None = None, resource: str | None = None
+    ) -> None:
         """Delay every matching request by ``seconds`` before it is handled."""
         self._latency.append(_Latency(seconds, verb, resource))
 
@@ -82,7 +88,11 @@ class Faults:
     # ---- used by the app ---------------------------------------------------------------------
 
     def latency_for(self, verb: str, resource: str) -> float:
-        return sum(l.seconds for l in self._latency if (l.verb in (None, verb)) and (l.resource in (None, resource)))
+        return sum(
+            rule.seconds
+            for rule in self._latency
+            if (rule.verb in (None, verb)) and (rule.resource in (None, resource))
+        )
 
     def take(self, verb: str, resource: str) -> ApiError | None:
         """Consume a matching failure rule, returning the error to answer with."""
@@ -94,7 +104,9 @@ class Faults:
                 reason = _REASONS.get(rule.code, "InternalError")
                 headers = {"Retry-After": "1"} if rule.code == 429 else None
                 details = {"retryAfterSeconds": 1} if rule.code == 429 else None
-                return ApiError(rule.code, reason, f"injected fault ({verb} {resource})", details, headers)
+                return ApiError(
+                    rule.code, reason, f"injected fault ({verb} {resource})", details, headers
+                )
         return None
 
 
@@ -112,7 +124,9 @@ class Counters:
 
     def total(self, verb: str | None = None, resource: str | None = None) -> int:
         """Sum over matching keys (None matches anything)."""
-        return sum(n for (v, r), n in self.by_key.items() if verb in (None, v) and resource in (None, r))
+        return sum(
+            n for (v, r), n in self.by_key.items() if verb in (None, v) and resource in (None, r)
+        )
 
     def reset(self) -> None:
         self.by_key.clear()

@@ -48,7 +48,9 @@ def json_patch(target: dict[str, Any], ops: Any) -> dict[str, Any]:
         patch = jsonpatch.JsonPatch(ops)
         result = patch.apply(copy.deepcopy(target), in_place=True)
     except jsonpatch.JsonPatchTestFailed as exc:
-        raise JsonPatchFailed(f"the server rejected our request due to an error in our request: {exc}") from None
+        raise JsonPatchFailed(
+            f"the server rejected our request due to an error in our request: {exc}"
+        ) from None
     except (jsonpatch.JsonPatchConflict, jsonpointer.JsonPointerException) as exc:
         raise JsonPatchFailed(str(exc)) from None
     except (jsonpatch.InvalidJsonPatch, TypeError, KeyError, ValueError) as exc:
@@ -162,9 +164,7 @@ def _merge_list(field: str, cur: Any, patch_list: list[Any]) -> list[Any]:
     out = list(cur_list)
     for item in patch_list:
         k = item.get(key)
-        idx = next(
-            (i for i, x in enumerate(out) if isinstance(x, dict) and x.get(key) == k), None
-        )
+        idx = next((i for i, x in enumerate(out) if isinstance(x, dict) and x.get(key) == k), None)
         if item.get("$patch") == "delete":
             if idx is not None:
                 out.pop(idx)
@@ -187,7 +187,12 @@ def _apply_order(field: str, cur: list[Any], order: list[Any]) -> list[Any]:
     wanted = [ident(o) for o in order]
     pos = {w: i for i, w in enumerate(wanted) if isinstance(w, (str, int, float, bool))}
     ordered = sorted(
-        enumerate(cur), key=lambda p: (pos.get(ident(p[1]), len(pos) + p[0]) if isinstance(ident(p[1]), (str, int, float, bool)) else len(pos) + p[0])
+        enumerate(cur),
+        key=lambda p: (
+            pos.get(ident(p[1]), len(pos) + p[0])
+            if isinstance(ident(p[1]), (str, int, float, bool))
+            else len(pos) + p[0]
+        ),
     )
     return [x for _, x in ordered]
 

@@ -40,6 +40,7 @@ def fields(buf: bytes) -> list[tuple[int, int, Any]]:
     while i < len(buf):
         key, i = _varint(buf, i)
         num, wt = key >> 3, key & 7
+        val: Any
         if wt == 0:
             val, i = _varint(buf, i)
         elif wt == 2:
@@ -133,7 +134,7 @@ def decode(body: bytes) -> dict[str, Any]:
         raise ProtobufError("missing k8s protobuf magic")
     api_version = kind = ""
     raw = b""
-    for num, _, val in fields(body[len(MAGIC):]):
+    for num, _, val in fields(body[len(MAGIC) :]):
         if num == 1:
             for n2, _, v2 in fields(val):
                 if n2 == 1:

@@ -89,7 +89,9 @@ class ResourceType:
 
 def _pod_ready(obj: dict[str, Any]) -> str:
     total = len((obj.get("spec") or {}).get("containers") or [])
-    ready = sum(1 for c in (obj.get("status") or {}).get("containerStatuses") or [] if c.get("ready"))
+    ready = sum(
+        1 for c in (obj.get("status") or {}).get("containerStatuses") or [] if c.get("ready")
+    )
     return f"{ready}/{total}"
 
 
@@ -101,7 +103,10 @@ def _pod_status(obj: dict[str, Any]) -> str:
 
 
 def _pod_restarts(obj: dict[str, Any]) -> int:
-    return sum(int(c.get("restartCount", 0)) for c in (obj.get("status") or {}).get("containerStatuses") or [])
+    return sum(
+        int(c.get("restartCount", 0))
+        for c in (obj.get("status") or {}).get("containerStatuses") or []
+    )
 
 
 def _node_status(obj: dict[str, Any]) -> str:
@@ -122,8 +127,23 @@ def _node_roles(obj: dict[str, Any]) -> str:
     return ",".join(roles) or "<none>"
 
 
-def _col(name: str, typ: str = "string", *, path: str | None = None, fn: Callable[[dict[str, Any]], Any] | None = None, priority: int = 0, fmt: str = "", desc: str = "") -> Column:
-    c: Column = {"name": name, "type": typ, "format": fmt, "description": desc or name, "priority": priority}
+def _col(
+    name: str,
+    typ: str = "string",
+    *,
+    path: str | None = None,
+    fn: Callable[[dict[str, Any]], Any] | None = None,
+    priority: int = 0,
+    fmt: str = "",
+    desc: str = "",
+) -> Column:
+    c: Column = {
+        "name": name,
+        "type": typ,
+        "format": fmt,
+        "description": desc or name,
+        "priority": priority,
+    }
     if path is not None:
         c["jsonPath"] = path
     if fn is not None:
@@ -152,44 +172,243 @@ def builtin_resources() -> list[ResourceType]:
     """The built-in resource types (fresh instances)."""
     R = ResourceType
     return [
-        R("", "v1", "namespaces", "Namespace", False, ("ns",), status=True, selectable=frozenset({"status.phase"}),
-          columns=[_col("Status", path=".status.phase"), AGE]),
-        R("", "v1", "pods", "Pod", True, ("po",), ("all",), status=True, extra_subresources=("eviction",),
-          selectable=POD_FIELDS, field_defaults={"spec.hostNetwork": "false"},
-          columns=[_col("Ready", fn=_pod_ready), _col("Status", fn=_pod_status), _col("Restarts", "integer", fn=_pod_restarts), AGE,
-                   _col("IP", path=".status.podIP", priority=1), _col("Node", path=".spec.nodeName", priority=1)]),
-        R("", "v1", "nodes", "Node", False, ("no",), status=True, selectable=frozenset({"spec.unschedulable"}),
-          field_defaults={"spec.unschedulable": "false"},
-          columns=[_col("Status", fn=_node_status), _col("Roles", fn=_node_roles), AGE,
-                   _col("Version", path=".status.nodeInfo.kubeletVersion")]),
-        R("", "v1", "events", "Event", True, ("ev",),
-          selectable=frozenset({"involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
-                                "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath",
-                                "reason", "reportingComponent", "source", "type"}),
-          columns=[_col("Type", path=".type"), _col("Reason", path=".reason"), _col("Object", path=".involvedObject.name"), _col("Message", path=".message")]),
+        R(
+            "",
+            "v1",
+            "namespaces",
+            "Namespace",
+            False,
+            ("ns",),
+            status=True,
+            selectable=frozenset({"status.phase"}),
+            columns=[_col("Status", path=".status.phase"), AGE],
+        ),
+        R(
+            "",
+            "v1",
+            "pods",
+            "Pod",
+            True,
+            ("po",),
+            ("all",),
+            status=True,
+            extra_subresources=("eviction",),
+            selectable=POD_FIELDS,
+            field_defaults={"spec.hostNetwork": "false"},
+            columns=[
+                _col("Ready", fn=_pod_ready),
+                _col("Status", fn=_pod_status),
+                _col("Restarts", "integer", fn=_pod_restarts),
+                AGE,
+                _col("IP", path=".status.podIP", priority=1),
+                _col("Node", path=".spec.nodeName", priority=1),
+            ],
+        ),
+        R(
+            "",
+            "v1",
+            "nodes",
+            "Node",
+            False,
+            ("no",),
+            status=True,
+            selectable=frozenset({"spec.unschedulable"}),
+            field_defaults={"spec.unschedulable": "false"},
+            columns=[
+                _col("Status", fn=_node_status),
+                _col("Roles", fn=_node_roles),
+                AGE,
+                _col("Version", path=".status.nodeInfo.kubeletVersion"),
+            ],
+        ),
+        R(
+            "",
+            "v1",
+            "events",
+            "Event",
+            True,
+            ("ev",),
+            selectable=frozenset(
+                {
+                    "involvedObject.kind",
+                    "involvedObject.namespace",
+                    "involvedObject.name",
+                    "involvedObject.uid",
+                    "involvedObject.apiVersion",
+                    "involvedObject.resourceVersion",
+                    "involvedObject.fieldPath",
+                    "reason",
+                    "reportingComponent",
+                    "source",
+                    "type",
+                }
+            ),
+            columns=[
+                _col("Type", path=".type"),
+                _col("Reason", path=".reason"),
+                _col("Object", path=".involvedObject.name"),
+                _col("Message", path=".message"),
+            ],
+        ),
         R("", "v1", "configmaps", "ConfigMap", True, ("cm",), columns=[AGE]),
-        R("", "v1", "secrets", "Secret", True, (), selectable=frozenset({"type"}), columns=[_col("Type", path=".type"), AGE]),
+        R(
+            "",
+            "v1",
+            "secrets",
+            "Secret",
+            True,
+            (),
+            selectable=frozenset({"type"}),
+            columns=[_col("Type", path=".type"), AGE],
+        ),
         R("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",), columns=[AGE]),
-        R("", "v1", "services", "Service", True, ("svc",), ("all",), status=True, columns=[_col("Type", path=".spec.type"), _col("Cluster-IP", path=".spec.clusterIP"), AGE]),
-        R("apps", "v1", "deployments", "Deployment", True, ("deploy",), ("all",), status=True,
-          columns=[_col("Ready", path=".status.readyReplicas"), _col("Up-to-date", path=".status.updatedReplicas"), _col("Available", path=".status.availableReplicas"), AGE]),
-        R("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), ("all",), status=True,
-          columns=[_col("Desired", "integer", path=".spec.replicas"), _col("Current", "integer", path=".status.replicas"), _col("Ready", "integer", path=".status.readyReplicas"), AGE]),
-        R("apps", "v1", "statefulsets", "StatefulSet", True, ("sts",), ("all",), status=True,
-          columns=[_col("Ready", path=".status.readyReplicas"), AGE]),
-        R("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), ("all",), status=True,
-          columns=[_col("Desired", "integer", path=".status.desiredNumberScheduled"), _col("Current", "integer", path=".status.currentNumberScheduled"), _col("Ready", "integer", path=".status.numberReady"), AGE]),
-        R("batch", "v1", "jobs", "Job", True, (), ("all",), status=True, selectable=frozenset({"status.successful"}),
-          columns=[_col("Status", path=".status.conditions[0].type"), _col("Completions", "integer", path=".spec.completions"), AGE]),
-        R("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("pdb",), status=True,
-          columns=[_col("Min Available", path=".spec.minAvailable"), _col("Max Unavailable", path=".spec.maxUnavailable"),
-                   _col("Allowed Disruptions", "integer", path=".status.disruptionsAllowed"), AGE]),
-        R("coordination.k8s.io", "v1", "leases", "Lease", True, (), columns=[_col("Holder", path=".spec.holderIdentity"), AGE]),
-        R("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",),
-          columns=[_col("Value", "integer", path=".value"), _col("Global-Default", "boolean", path=".globalDefault"), AGE]),
-        R("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False, (), columns=[_col("Handler", path=".handler"), AGE]),
-        R("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False, ("crd", "crds"),
-          ("api-extensions",), status=True, columns=[_col("Created At", "date", path=".metadata.creationTimestamp")]),
+        R(
+            "",
+            "v1",
+            "services",
+            "Service",
+            True,
+            ("svc",),
+            ("all",),
+            status=True,
+            columns=[
+                _col("Type", path=".spec.type"),
+                _col("Cluster-IP", path=".spec.clusterIP"),
+                AGE,
+            ],
+        ),
+        R(
+            "apps",
+            "v1",
+            "deployments",
+            "Deployment",
+            True,
+            ("deploy",),
+            ("all",),
+            status=True,
+            columns=[
+                _col("Ready", path=".status.readyReplicas"),
+                _col("Up-to-date", path=".status.updatedReplicas"),
+                _col("Available", path=".status.availableReplicas"),
+                AGE,
+            ],
+        ),
+        R(
+            "apps",
+            "v1",
+            "replicasets",
+            "ReplicaSet",
+            True,
+            ("rs",),
+            ("all",),
+            status=True,
+            columns=[
+                _col("Desired", "integer", path=".spec.replicas"),
+                _col("Current", "integer", path=".status.replicas"),
+                _col("Ready", "integer", path=".status.readyReplicas"),
+                AGE,
+            ],
+        ),
+        R(
+            "apps",
+            "v1",
+            "statefulsets",
+            "StatefulSet",
+            True,
+            ("sts",),
+            ("all",),
+            status=True,
+            columns=[_col("Ready", path=".status.readyReplicas"), AGE],
+        ),
+        R(
+            "apps",
+            "v1",
+            "daemonsets",
+            "DaemonSet",
+            True,
+            ("ds",),
+            ("all",),
+            status=True,
+            columns=[
+                _col("Desired", "integer", path=".status.desiredNumberScheduled"),
+                _col("Current", "integer", path=".status.currentNumberScheduled"),
+                _col("Ready", "integer", path=".status.numberReady"),
+                AGE,
+            ],
+        ),
+        R(
+            "batch",
+            "v1",
+            "jobs",
+            "Job",
+            True,
+            (),
+            ("all",),
+            status=True,
+            selectable=frozenset({"status.successful"}),
+            columns=[
+                _col("Status", path=".status.conditions[0].type"),
+                _col("Completions", "integer", path=".spec.completions"),
+                AGE,
+            ],
+        ),
+        R(
+            "policy",
+            "v1",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            True,
+            ("pdb",),
+            status=True,
+            columns=[
+                _col("Min Available", path=".spec.minAvailable"),
+                _col("Max Unavailable", path=".spec.maxUnavailable"),
+                _col("Allowed Disruptions", "integer", path=".status.disruptionsAllowed"),
+                AGE,
+            ],
+        ),
+        R(
+            "coordination.k8s.io",
+            "v1",
+            "leases",
+            "Lease",
+            True,
+            (),
+            columns=[_col("Holder", path=".spec.holderIdentity"), AGE],
+        ),
+        R(
+            "scheduling.k8s.io",
+            "v1",
+            "priorityclasses",
+            "PriorityClass",
+            False,
+            ("pc",),
+            columns=[
+                _col("Value", "integer", path=".value"),
+                _col("Global-Default", "boolean", path=".globalDefault"),
+                AGE,
+            ],
+        ),
+        R(
+            "node.k8s.io",
+            "v1",
+            "runtimeclasses",
+            "RuntimeClass",
+            False,
+            (),
+            columns=[_col("Handler", path=".handler"), AGE],
+        ),
+        R(
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+            "CustomResourceDefinition",
+            False,
+            ("crd", "crds"),
+            ("api-extensions",),
+            status=True,
+            columns=[_col("Created At", "date", path=".metadata.creationTimestamp")],
+        ),
     ]
 
 
@@ -203,8 +422,12 @@ def resource_from_crd(crd: dict[str, Any]) -> ResourceType:
     names = spec.get("names") or {}
     versions = spec.get("versions") or []
     if not spec.get("group") or not names.get("plural") or not names.get("kind") or not versions:
-        raise ValueError("CRD needs spec.group, spec.names.plural, spec.names.kind and spec.versions")
-    ver = next((v for v in versions if v.get("storage")), None) or next((v for v in versions if v.get("served", True)), versions[0])
+        raise ValueError(
+            "CRD needs spec.group, spec.names.plural, spec.names.kind and spec.versions"
+        )
+    ver = next((v for v in versions if v.get("storage")), None) or next(
+        (v for v in versions if v.get("served", True)), versions[0]
+    )
     schema = ((ver.get("schema") or {}).get("openAPIV3Schema")) or None
     subres = ver.get("subresources") or spec.get("subresources") or {}
     columns: list[Column] = []
@@ -224,7 +447,9 @@ def resource_from_crd(crd: dict[str, Any]) -> ResourceType:
                 }
             )
     selectable = frozenset(
-        str(f.get("jsonPath", "")).lstrip(".") for f in ver.get("selectableFields") or [] if f.get("jsonPath")
+        str(f.get("jsonPath", "")).lstrip(".")
+        for f in ver.get("selectableFields") or []
+        if f.get("jsonPath")
     )
     return ResourceType(
         group=spec["group"],

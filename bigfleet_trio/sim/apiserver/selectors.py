@@ -52,7 +52,9 @@ def _split_top(text: str) -> list[str]:
         elif ch == ")":
             depth -= 1
             if depth < 0:
-                raise bad_request(f"unable to parse requirement: unbalanced parentheses in {text!r}")
+                raise bad_request(
+                    f"unable to parse requirement: unbalanced parentheses in {text!r}"
+                )
         if ch == "," and depth == 0:
             out.append("".join(cur))
             cur = []
@@ -86,7 +88,9 @@ def parse_label_selector(text: str | None) -> list[Requirement]:
     for raw in _split_top(text):
         part = raw.strip()
         if not part:
-            raise bad_request(f"unable to parse requirement: found '', expected: identifier in {text!r}")
+            raise bad_request(
+                f"unable to parse requirement: found '', expected: identifier in {text!r}"
+            )
         m = _SET_RE.match(part)
         if m:
             key, op, inner = m.group(1), m.group(2), m.group(3)
@@ -94,7 +98,7 @@ def parse_label_selector(text: str | None) -> list[Requirement]:
             values = tuple(v.strip() for v in inner.split(",")) if inner.strip() else ()
             if not values:
                 raise bad_request(
-                    f"unable to parse requirement: for 'in', 'notin' operators, values set can't be empty"
+                    "unable to parse requirement: for 'in', 'notin' operators, values set can't be empty"
                 )
             for v in values:
                 _check_value(v)
@@ -114,7 +118,7 @@ def parse_label_selector(text: str | None) -> list[Requirement]:
                     int(value)
                 except ValueError:
                     raise bad_request(
-                        f"unable to parse requirement: for 'Gt', 'Lt' operators, the value must be an integer"
+                        "unable to parse requirement: for 'Gt', 'Lt' operators, the value must be an integer"
                     ) from None
             else:
                 _check_value(value)
@@ -187,7 +191,9 @@ def label_selector_from_object(sel: Mapping[str, Any] | None) -> list[Requiremen
 FieldRequirement = tuple[str, str, str]  # (field, op "=" | "!=", value)
 
 
-def parse_field_selector(text: str | None, supported: Callable[[str], bool]) -> list[FieldRequirement]:
+def parse_field_selector(
+    text: str | None, supported: Callable[[str], bool]
+) -> list[FieldRequirement]:
     """Parse a field selector; unsupported field labels raise 400 like the apiserver.
 
     Args:
@@ -204,7 +210,7 @@ def parse_field_selector(text: str | None, supported: Callable[[str], bool]) -> 
             raise bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
         field, op, value = m.group(1).strip(), m.group(2), m.group(3).strip()
         if not supported(field):
-            raise bad_request(f'field label not supported: {field}')
+            raise bad_request(f"field label not supported: {field}")
         out.append((field, "=" if op == "==" else op, value))
     return out
 

@@ -39,7 +39,11 @@ async def serve(
         from .fasthttp import serve_fast
 
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(lambda task_status: serve_fast(server.app, host=host, port=port, task_status=task_status))
+            url = await nursery.start(
+                lambda task_status: serve_fast(
+                    server.app, host=host, port=port, task_status=task_status
+                )
+            )
             log.info("apiserver (fast engine) serving at %s", url)
             task_status.started(url)
         return
@@ -59,7 +63,8 @@ async def serve(
     shutdown = trio.Event()
 
     async def run(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        await hserve(server.app, cfg, shutdown_trigger=shutdown.wait, mode="asgi", task_status=task_status)  # type: ignore[arg-type]
+        app: Any = server.app
+        await hserve(app, cfg, shutdown_trigger=shutdown.wait, mode="asgi", task_status=task_status)
 
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(run)
@@ -76,7 +81,16 @@ def write_kubeconfig(url: str, path: str, *, token: str | None = None) -> None:
         "kind": "Config",
         "clusters": [{"name": "bigfleet-sim", "cluster": {"server": url}}],
         "users": [{"name": "bigfleet-sim", "user": user}],
-        "contexts": [{"name": "bigfleet-sim", "context": {"cluster": "bigfleet-sim", "user": "bigfleet-sim", "namespace": "default"}}],
+        "contexts": [
+            {
+                "name": "bigfleet-sim",
+                "context": {
+                    "cluster": "bigfleet-sim",
+                    "user": "bigfleet-sim",
+                    "namespace": "default",
+                },
+            }
+        ],
         "current-context": "bigfleet-sim",
         "preferences": {},
     }
@@ -96,9 +110,16 @@ def run_cli(port: int, kubeconfig_out: str, *, engine: str = "hypercorn") -> int
         server = ApiServer()
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                url = await nursery.start(lambda task_status: serve(server, port=port, engine=engine, task_status=task_status))
+                url = await nursery.start(
+                    lambda task_status: serve(
+                        server, port=port, engine=engine, task_status=task_status
+                    )
+                )
                 write_kubeconfig(url, kubeconfig_out)
-                print(f"apiserver listening on {url}; kubeconfig written to {kubeconfig_out}", flush=True)
+                print(
+                    f"apiserver listening on {url}; kubeconfig written to {kubeconfig_out}",
+                    flush=True,
+                )
                 async for _sig in signals:
                     break
                 nursery.cancel_scope.cancel()
@@ -109,5 +130,3 @@ def run_cli(port: int, kubeconfig_out: str, *, engine: str = "hypercorn") -> int
         print(f"sim apiserver: {exc}", file=sys.stderr)
         return 1
     return 0
-
-

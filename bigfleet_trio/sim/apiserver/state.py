@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import base64
 import copy
-import functools
 import datetime as _dt
+import functools
 import importlib.resources
 import itertools
 import logging
@@ -38,6 +38,8 @@ from .validation import metadata_type_error, validate_labels, validate_name
 
 log = logging.getLogger(__name__)
 
+_List = list  # the ApiServer.list method shadows the builtin inside the class body
+
 PROTECTED_NAMESPACES = ("default", "kube-system", "kube-public")
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
@@ -60,7 +62,9 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
         if k == "metadata":
             ma, mb = v, b["metadata"]
             skip = ("resourceVersion", "managedFields")
-            if {x: y for x, y in ma.items() if x not in skip} != {x: y for x, y in mb.items() if x not in skip}:
+            if {x: y for x, y in ma.items() if x not in skip} != {
+                x: y for x, y in mb.items() if x not in skip
+            }:
                 return False
         elif v != b[k]:
             return False
@@ -96,7 +100,9 @@ class ListResult:
 
     __slots__ = ("items", "rv", "cont", "remaining")
 
-    def __init__(self, items: list[dict[str, Any]], rv: str, cont: str, remaining: int | None) -> None:
+    def __init__(
+        self, items: list[dict[str, Any]], rv: str, cont: str, remaining: int | None
+    ) -> None:
         self.items = items
         self.rv = rv
         self.cont = cont
@@ -125,7 +131,7 @@ class ApiServer:
 
     def __init__(
         self,
-        crd_paths: list[str] | None = None,
+        crd_paths: _List[str] | None = None,
         *,
         history: int = 50_000,
         bookmark_interval: float = 5.0,
@@ -142,7 +148,7 @@ class ApiServer:
         self.resources: dict[tuple[str, str, str], ResourceType] = {}
         self.crd_resources: dict[str, ResourceType] = {}  # CRD name -> resource
         self.discovery_epoch = 0
-        self._snapshots: OrderedDict[str, tuple[int, list[dict[str, Any]]]] = OrderedDict()
+        self._snapshots: OrderedDict[str, tuple[int, _List[dict[str, Any]]]] = OrderedDict()
         self._gen_suffix = itertools.count()
         for res in builtin_resources():
             self._register(res)
@@ -157,7 +163,11 @@ class ApiServer:
         for ns in INITIAL_NAMESPACES:
             self.create(self.namespaces, None, {"metadata": {"name": ns}})
         if crd_paths is None:
-            text = importlib.resources.files("bigfleet_trio").joinpath("manifests/crds.yaml").read_text()
+            text = (
+                importlib.resources.files("bigfleet_trio")
+                .joinpath("manifests/crds.yaml")
+                .read_text()
+            )
             self.install_crd_text(text)
         else:
             for path in crd_paths:
@@ -187,11 +197,14 @@ class ApiServer:
         """Resolve a plural, singular, kind or short name (helper for in-process callers)."""
         low = name.lower()
         for res in self.resources.values():
-            if low in (res.plural, res.singular, res.kind.lower(), *res.short_names) or low == res.key:
+            if (
+                low in (res.plural, res.singular, res.kind.lower(), *res.short_names)
+                or low == res.key
+            ):
                 return res
         raise KeyError(name)
 
-    def install_crd_text(self, text: str) -> list[dict[str, Any]]:
+    def install_crd_text(self, text: str) -> _List[dict[str, Any]]:
         """Create (or replace) every CRD in a multi-document YAML string."""
         out = []
         for doc in copy.deepcopy(_parse_yaml_docs(text)):
@@ -212,14 +225,38 @@ class ApiServer:
         try:
             res = resource_from_crd(crd)
         except ValueError as exc:
-            raise E.invalid("CustomResourceDefinition", "apiextensions.k8s.io", name,
-                            [E.field_cause("FieldValueRequired", "spec", f"Required value: {exc}")]) from None
+            raise E.invalid(
+                "CustomResourceDefinition",
+                "apiextensions.k8s.io",
+                name,
+                [E.field_cause("FieldValueRequired", "spec", f"Required value: {exc}")],
+            ) from None
         except Exception as exc:  # bad schema
-            raise E.invalid("CustomResourceDefinition", "apiextensions.k8s.io", name,
-                            [E.field_cause("FieldValueInvalid", "spec.versions[0].schema.openAPIV3Schema", f"Invalid value: {exc}")]) from None
+            raise E.invalid(
+                "CustomResourceDefinition",
+                "apiextensions.k8s.io",
+                name,
+                [
+                    E.field_cause(
+                        "FieldValueInvalid",
+                        "spec.versions[0].schema.openAPIV3Schema",
+                        f"Invalid value: {exc}",
+                    )
+                ],
+            ) from None
         if name != f"{res.plural}.{res.group}":
-            raise E.invalid("CustomResourceDefinition", "apiextensions.k8s.io", name,
-                            [E.field_cause("FieldValueInvalid", "metadata.name", f'Invalid value: "{name}": must be spec.names.plural+"."+spec.group')])
+            raise E.invalid(
+                "CustomResourceDefinition",
+                "apiextensions.k8s.io",
+                name,
+                [
+                    E.field_cause(
+                        "FieldValueInvalid",
+                        "metadata.name",
+                        f'Invalid value: "{name}": must be spec.names.plural+"."+spec.group',
+                    )
+                ],
+            )
         t = now_rfc3339()
         names = dict(crd["spec"]["names"])
         names.setdefault("singular", res.singular)
@@ -228,8 +265,20 @@ class ApiServer:
         crd["status"] = {
             "acceptedNames": names,
             "conditions": [
-                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": t},
-                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": t},
+                {
+                    "type": "NamesAccepted",
+                    "status": "True",
+                    "reason": "NoConflicts",
+                    "message": "no conflicts found",
+                    "lastTransitionTime": t,
+                },
+                {
+                    "type": "Established",
+                    "status": "True",
+                    "reason": "InitialNamesAccepted",
+                    "message": "the initial names have been accepted",
+                    "lastTransitionTime": t,
+                },
             ],
             "storedVersions": [res.version],
         }
@@ -248,7 +297,9 @@ class ApiServer:
         if self.store.get(self.namespaces, None, namespace) is None:
             raise E.not_found("namespaces", "", namespace)
 
-    def _validate_schema(self, res: ResourceType, obj: dict[str, Any], field_validation: str) -> tuple[dict[str, Any], list[str]]:
+    def _validate_schema(
+        self, res: ResourceType, obj: dict[str, Any], field_validation: str
+    ) -> tuple[dict[str, Any], _List[str]]:
         """Prune/default and validate a custom resource; returns (object, warnings)."""
         if res.validator is None:
             return obj, []
@@ -263,26 +314,36 @@ class ApiServer:
         warnings = [f'unknown field "{u}"' for u in unknown] if field_validation != "Ignore" else []
         return pruned, warnings
 
-    def _check_body_meta(self, res: ResourceType, namespace: str | None, body: Any) -> dict[str, Any]:
+    def _check_body_meta(
+        self, res: ResourceType, namespace: str | None, body: Any
+    ) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise E.bad_request("the object provided is unrecognized (must be a JSON object)")
         meta = body.get("metadata")
         if meta is None:
             meta = {}
         if not isinstance(meta, dict):
-            raise E.bad_request("json: cannot unmarshal into Go struct field of type v1.ObjectMeta: metadata must be an object")
+            raise E.bad_request(
+                "json: cannot unmarshal into Go struct field of type v1.ObjectMeta: metadata must be an object"
+            )
         err = metadata_type_error(meta)
         if err:
             raise E.bad_request(err)
         kind = body.get("kind")
         if kind is not None and kind != res.kind:
-            raise E.bad_request(f"the kind of the provided object ({kind}) does not match the resource ({res.kind})")
+            raise E.bad_request(
+                f"the kind of the provided object ({kind}) does not match the resource ({res.kind})"
+            )
         av = body.get("apiVersion")
         if av is not None and av != res.api_version:
-            raise E.bad_request(f"the API version in the data ({av}) does not match the expected API version ({res.api_version})")
+            raise E.bad_request(
+                f"the API version in the data ({av}) does not match the expected API version ({res.api_version})"
+            )
         bns = meta.get("namespace")
         if res.namespaced and bns and namespace and bns != namespace:
-            raise E.bad_request("the namespace of the provided object does not match the namespace sent on the request")
+            raise E.bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request"
+            )
         return meta
 
     # ---- create ------------------------------------------------------------------------------
@@ -295,7 +356,7 @@ class ApiServer:
         *,
         field_validation: str = "Warn",
         dry_run: bool = False,
-        warnings: list[str] | None = None,
+        warnings: _List[str] | None = None,
     ) -> dict[str, Any]:
         """Create an object (POST). Returns the stored object.
 
@@ -303,8 +364,8 @@ class ApiServer:
             ApiError: 404 missing namespace, 409 AlreadyExists, 422 Invalid, 400 BadRequest.
         """
         namespace = self._check_scope(res, namespace)
-        meta = dict(self._check_body_meta(res, namespace, body))
-        obj = {"apiVersion": res.api_version, "kind": res.kind}
+        meta: dict[str, Any] = dict(self._check_body_meta(res, namespace, body))
+        obj: dict[str, Any] = {"apiVersion": res.api_version, "kind": res.kind}
         obj.update((k, v) for k, v in body.items() if k not in ("apiVersion", "kind"))
         if not meta.get("name") and meta.get("generateName"):
             gen = str(meta["generateName"])
@@ -364,7 +425,9 @@ class ApiServer:
             raise E.not_found(res.plural, res.group, name)
         return obj
 
-    def selectors(self, res: ResourceType, label_selector: str | None, field_selector: str | None) -> tuple[list[Any], list[Any]]:
+    def selectors(
+        self, res: ResourceType, label_selector: str | None, field_selector: str | None
+    ) -> tuple[_List[Any], _List[Any]]:
         """Parse ``labelSelector``/``fieldSelector`` for ``res`` (400 on error)."""
         labels = parse_label_selector(label_selector)
         fields = parse_field_selector(field_selector, lambda f: f in res.selectable)
@@ -416,14 +479,22 @@ class ApiServer:
         token = base64.urlsafe_b64encode(f"{snap_id}:{end}".encode()).decode().rstrip("=")
         return ListResult(matched[start:end], str(rv), token, len(matched) - end)
 
-    def _filter(self, res: ResourceType, objs: Iterable[dict[str, Any]], labels: list[Any], fields: list[Any]) -> list[dict[str, Any]]:
+    def _filter(
+        self,
+        res: ResourceType,
+        objs: Iterable[dict[str, Any]],
+        labels: _List[Any],
+        fields: _List[Any],
+    ) -> _List[dict[str, Any]]:
         if not labels and not fields:
-            return list(objs)
+            return _List(objs)
         out = []
         for o in objs:
             if labels and not match_labels(labels, o["metadata"].get("labels")):
                 continue
-            if fields and not all((op == "=") == (res.field_value(o, f) == v) for f, op, v in fields):
+            if fields and not all(
+                (op == "=") == (res.field_value(o, f) == v) for f, op, v in fields
+            ):
                 continue
             out.append(o)
         return out
@@ -440,7 +511,7 @@ class ApiServer:
         subresource: str | None = None,
         field_validation: str = "Warn",
         dry_run: bool = False,
-        warnings: list[str] | None = None,
+        warnings: _List[str] | None = None,
     ) -> dict[str, Any]:
         """Replace an object (PUT), honouring the status split and RV preconditions.
 
@@ -450,10 +521,19 @@ class ApiServer:
         namespace = self._check_scope(res, namespace)
         meta = self._check_body_meta(res, namespace, body)
         if meta.get("name") not in (None, name):
-            raise E.bad_request("the name of the object (%s) does not match the name on the URL (%s)" % (meta.get("name"), name))
+            raise E.bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+            )
         old = self.get(res, namespace, name)
-        return self._commit(res, old, dict(body), subresource=subresource, field_validation=field_validation,
-                            dry_run=dry_run, warnings=warnings)
+        return self._commit(
+            res,
+            old,
+            dict(body),
+            subresource=subresource,
+            field_validation=field_validation,
+            dry_run=dry_run,
+            warnings=warnings,
+        )
 
     def patch(
         self,
@@ -466,7 +546,7 @@ class ApiServer:
         subresource: str | None = None,
         field_validation: str = "Warn",
         dry_run: bool = False,
-        warnings: list[str] | None = None,
+        warnings: _List[str] | None = None,
     ) -> dict[str, Any]:
         """Apply a merge / JSON / strategic / apply patch.
 
@@ -484,19 +564,30 @@ class ApiServer:
                 patch = dict(patch)
                 patch.setdefault("metadata", {})
                 patch["metadata"] = dict(patch["metadata"], name=name)
-                return self.create(res, namespace, patch, field_validation=field_validation, dry_run=dry_run, warnings=warnings)
+                return self.create(
+                    res,
+                    namespace,
+                    patch,
+                    field_validation=field_validation,
+                    dry_run=dry_run,
+                    warnings=warnings,
+                )
         if ct == "application/strategic-merge-patch+json" and res.custom:
             raise E.unsupported_media_type(ct)
         old = self.get(res, namespace, name)
         if ct == "application/merge-patch+json":
             if not isinstance(patch, dict):
-                raise E.bad_request("json: cannot unmarshal into object: merge patch must be a JSON object")
+                raise E.bad_request(
+                    "json: cannot unmarshal into object: merge patch must be a JSON object"
+                )
             new = merge_patch(old, patch)
         elif ct == "application/json-patch+json":
             try:
                 new = json_patch(old, patch)
             except JsonPatchFailed as exc:
-                raise E.invalid(res.kind, res.group, name, [E.field_cause("FieldValueInvalid", "", str(exc))]) from None
+                raise E.invalid(
+                    res.kind, res.group, name, [E.field_cause("FieldValueInvalid", "", str(exc))]
+                ) from None
         elif ct == "application/strategic-merge-patch+json":
             if not isinstance(patch, dict):
                 raise E.bad_request("strategic merge patch must be a JSON object")
@@ -508,9 +599,21 @@ class ApiServer:
         else:
             raise E.unsupported_media_type(ct)
         if not isinstance(new, dict) or not isinstance(new.get("metadata"), dict):
-            raise E.invalid(res.kind, res.group, name, [E.field_cause("FieldValueRequired", "metadata", "Required value")])
-        return self._commit(res, old, new, subresource=subresource, field_validation=field_validation,
-                            dry_run=dry_run, warnings=warnings)
+            raise E.invalid(
+                res.kind,
+                res.group,
+                name,
+                [E.field_cause("FieldValueRequired", "metadata", "Required value")],
+            )
+        return self._commit(
+            res,
+            old,
+            new,
+            subresource=subresource,
+            field_validation=field_validation,
+            dry_run=dry_run,
+            warnings=warnings,
+        )
 
     def _commit(
         self,
@@ -521,11 +624,12 @@ class ApiServer:
         subresource: str | None,
         field_validation: str,
         dry_run: bool,
-        warnings: list[str] | None,
+        warnings: _List[str] | None,
     ) -> dict[str, Any]:
         ometa = old["metadata"]
         name = ometa["name"]
-        nmeta_in = new.get("metadata") if isinstance(new.get("metadata"), dict) else {}
+        nmeta_raw = new.get("metadata")
+        nmeta_in: dict[str, Any] = nmeta_raw if isinstance(nmeta_raw, dict) else {}
         err = metadata_type_error(nmeta_in)
         if err:
             raise E.bad_request(err)
@@ -551,8 +655,16 @@ class ApiServer:
                 else:
                     obj.pop("status", None)
             meta = dict(nmeta_in)
-            for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
-                      "deletionGracePeriodSeconds", "generation", "generateName"):
+            for k in (
+                "name",
+                "namespace",
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "generateName",
+            ):
                 if k in ometa:
                     meta[k] = ometa[k]
                 else:
@@ -560,9 +672,19 @@ class ApiServer:
             if ometa.get("deletionTimestamp"):
                 added = set(meta.get("finalizers") or ()) - set(ometa.get("finalizers") or ())
                 if added:
-                    raise E.invalid(res.kind, res.group, name, [E.field_cause(
-                        "FieldValueForbidden", "metadata.finalizers",
-                        "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers " + str(sorted(added)))])
+                    raise E.invalid(
+                        res.kind,
+                        res.group,
+                        name,
+                        [
+                            E.field_cause(
+                                "FieldValueForbidden",
+                                "metadata.finalizers",
+                                "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers "
+                                + str(sorted(added)),
+                            )
+                        ],
+                    )
         meta["resourceVersion"] = ometa["resourceVersion"]
         obj["metadata"] = meta
         if res is self.crds and subresource is None:
@@ -612,14 +734,26 @@ class ApiServer:
         pre = options.get("preconditions") or {}
         meta = obj["metadata"]
         if pre.get("uid") and pre["uid"] != meta.get("uid"):
-            raise E.conflict(res.plural, res.group, name,
-                             f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta.get('uid')}")
+            raise E.conflict(
+                res.plural,
+                res.group,
+                name,
+                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta.get('uid')}",
+            )
         if pre.get("resourceVersion") and str(pre["resourceVersion"]) != meta["resourceVersion"]:
-            raise E.conflict(res.plural, res.group, name,
-                             f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, ResourceVersion in object meta: {meta['resourceVersion']}")
+            raise E.conflict(
+                res.plural,
+                res.group,
+                name,
+                f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, ResourceVersion in object meta: {meta['resourceVersion']}",
+            )
         if res is self.namespaces and name in PROTECTED_NAMESPACES:
-            raise ApiError(403, "Forbidden", f'namespaces "{name}" is forbidden: this namespace may not be deleted',
-                           {"name": name, "kind": "namespaces"})
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+                {"name": name, "kind": "namespaces"},
+            )
         if dry_run:
             return obj
         policy = options.get("propagationPolicy") or "Background"
@@ -654,9 +788,9 @@ class ApiServer:
                 self.discovery_epoch += 1
         elif res is self.namespaces:
             ns = meta["name"]
-            for r in list(self.resources.values()):
+            for r in _List(self.resources.values()):
                 if r.namespaced:
-                    for o in list(self.store.items(r, ns)):
+                    for o in _List(self.store.items(r, ns)):
                         if self.store.get(r, ns, o["metadata"]["name"]) is o:
                             self._delete_obj(r, o, "Background")
         uid = meta.get("uid")
@@ -677,7 +811,11 @@ class ApiServer:
             if policy == "Orphan":
                 new = dict(obj)
                 new["metadata"] = dict(obj["metadata"])
-                refs = [r for r in obj["metadata"].get("ownerReferences") or () if r.get("uid") != owner_uid]
+                refs = [
+                    r
+                    for r in obj["metadata"].get("ownerReferences") or ()
+                    if r.get("uid") != owner_uid
+                ]
                 if refs:
                     new["metadata"]["ownerReferences"] = refs
                 else:
@@ -704,9 +842,11 @@ class ApiServer:
         label_selector: str | None = None,
         field_selector: str | None = None,
         options: dict[str, Any] | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> _List[dict[str, Any]]:
         """Delete every match; returns the affected objects' last states."""
-        lst = self.list(res, namespace, label_selector=label_selector, field_selector=field_selector)
+        lst = self.list(
+            res, namespace, label_selector=label_selector, field_selector=field_selector
+        )
         out = []
         policy = (options or {}).get("propagationPolicy") or "Background"
         for obj in lst.items:
@@ -733,7 +873,7 @@ class ApiServer:
                 raise E.bad_request("eviction body must be an object")
             bname = (body.get("metadata") or {}).get("name")
             if bname and bname != name:
-                raise E.bad_request(f"name in URL does not match name in Eviction object")
+                raise E.bad_request("name in URL does not match name in Eviction object")
         pod = self.get(self.pods, namespace, name)
         status = pod.get("status") or {}
         phase = status.get("phase")
@@ -747,15 +887,21 @@ class ApiServer:
             if reqs is not None and match_labels(reqs, labels):
                 pdbs.append(pdb)
         if len(pdbs) > 1:
-            raise E.ApiError(500, "InternalError",
-                             "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.")
+            raise E.ApiError(
+                500,
+                "InternalError",
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            )
         if not pdbs:
             self._delete_obj(self.pods, pod, "Background")
             return
         pdb = pdbs[0]
         pst = pdb.get("status") or {}
         pname = pdb["metadata"]["name"]
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or ()
+        )
         cur_h = int(pst.get("currentHealthy", 0))
         des_h = int(pst.get("desiredHealthy", 0))
         if not ready and cur_h >= des_h > 0:
@@ -764,14 +910,24 @@ class ApiServer:
         if int(pst.get("observedGeneration", 0)) < int(pdb["metadata"].get("generation", 1)):
             raise E.too_many_requests(
                 "Cannot evict pod as it would violate the pod's disruption budget.",
-                [{"reason": "DisruptionBudget", "message": f"The disruption budget {pname} is still being processed by the server."}],
+                [
+                    {
+                        "reason": "DisruptionBudget",
+                        "message": f"The disruption budget {pname} is still being processed by the server.",
+                    }
+                ],
                 retry_after=10,
             )
         allowed = int(pst.get("disruptionsAllowed", 0))
         if allowed <= 0:
             raise E.too_many_requests(
                 "Cannot evict pod as it would violate the pod's disruption budget.",
-                [{"reason": "DisruptionBudget", "message": f"The disruption budget {pname} needs {des_h} healthy pods and has {cur_h} currently"}],
+                [
+                    {
+                        "reason": "DisruptionBudget",
+                        "message": f"The disruption budget {pname} needs {des_h} healthy pods and has {cur_h} currently",
+                    }
+                ],
             )
         new_pdb = dict(pdb)
         new_pst = dict(pst)
@@ -793,7 +949,7 @@ class ApiServer:
         label_selector: str | None = None,
         field_selector: str | None = None,
         send_initial_events: bool = False,
-    ) -> tuple[list[tuple[str, Any, bytes | None]], Watcher]:
+    ) -> tuple[_List[tuple[str, Any, bytes | None]], Watcher]:
         """Register a watcher; returns (initial items to send, watcher).
 
         Raises:
@@ -803,7 +959,7 @@ class ApiServer:
         labels, fields = self.selectors(res, label_selector, field_selector)
         b = self.store.bucket(res)
         w = Watcher(b, namespace, labels, fields, self.store.watch_buffer)
-        initial: list[tuple[str, Any, bytes | None]] = []
+        initial: _List[tuple[str, Any, bytes | None]] = []
         rv_s = resource_version or ""
         if send_initial_events or rv_s in ("", "0"):
             for o in self._filter(res, self.store.items(res, namespace), labels, fields):

@@ -41,7 +41,9 @@ class Event:
 
     __slots__ = ("rv", "type", "obj", "old", "_line")
 
-    def __init__(self, rv: int, type_: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+    def __init__(
+        self, rv: int, type_: str, obj: dict[str, Any], old: dict[str, Any] | None
+    ) -> None:
         self.rv = rv
         self.type = type_
         self.obj = obj
@@ -236,7 +238,9 @@ class Store:
         self.rv += 1
         return self.rv
 
-    def put(self, res: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+    def put(
+        self, res: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None
+    ) -> dict[str, Any]:
         """Persist ``obj`` (its metadata dict must be fresh): assigns a new resourceVersion,
         records ADDED/MODIFIED and updates the uid/owner indexes."""
         b = self.buckets[res.key]

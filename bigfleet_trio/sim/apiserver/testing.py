@@ -58,7 +58,9 @@ class InProcessTransport(httpx.AsyncBaseTransport):
         async def send(msg: dict[str, Any]) -> None:
             if msg["type"] == "http.response.start":
                 head["status"] = msg["status"]
-                head["headers"] = [(k, v) for k, v in msg.get("headers", []) if k.lower() != b"content-length"]
+                head["headers"] = [
+                    (k, v) for k, v in msg.get("headers", []) if k.lower() != b"content-length"
+                ]
                 started.set()
             elif msg["type"] == "http.response.body":
                 if disconnect.is_set():
@@ -96,7 +98,12 @@ class InProcessTransport(httpx.AsyncBaseTransport):
 
         self.nursery.start_soon(run)
         await started.wait()
-        return httpx.Response(head["status"], headers=head["headers"], stream=_Stream(recv_ch, disconnect), request=request)
+        return httpx.Response(
+            head["status"],
+            headers=head["headers"],
+            stream=_Stream(recv_ch, disconnect),
+            request=request,
+        )
 
 
 @asynccontextmanager
@@ -104,7 +111,9 @@ async def open_client(server: Any, **kwargs: Any) -> AsyncIterator[httpx.AsyncCl
     """An ``httpx.AsyncClient`` bound to ``server.app`` in-process (base URL ``http://apiserver``)."""
     async with trio.open_nursery() as nursery:
         transport = InProcessTransport(server.app, nursery)
-        async with httpx.AsyncClient(transport=transport, base_url="http://apiserver", **kwargs) as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://apiserver", **kwargs
+        ) as client:
             yield client
         nursery.cancel_scope.cancel()
 
@@ -131,14 +140,23 @@ def cr_body(name: str, priority: int = 1, **extra: Any) -> dict[str, Any]:
     return body
 
 
-def pod_body(name: str, node: str = "", labels: dict[str, str] | None = None, **meta: Any) -> dict[str, Any]:
+def pod_body(
+    name: str, node: str = "", labels: dict[str, str] | None = None, **meta: Any
+) -> dict[str, Any]:
     spec: dict[str, Any] = {"containers": [{"name": "c", "image": "busybox"}]}
     if node:
         spec["nodeName"] = node
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}, **meta}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}, **meta},
+        "spec": spec,
+    }
 
 
-async def patch(client: httpx.AsyncClient, path: str, body: Any, headers: dict[str, str] = MERGE) -> httpx.Response:
+async def patch(
+    client: httpx.AsyncClient, path: str, body: Any, headers: dict[str, str] = MERGE
+) -> httpx.Response:
     return await client.patch(path, content=json.dumps(body), headers=headers)
 
 

@@ -15,7 +15,9 @@ import jsonschema
 
 from .errors import field_cause
 
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 SUBDOMAIN_MSG = (
@@ -30,7 +32,9 @@ LABEL_MSG = (
 )
 
 
-def validate_name(name: Any, *, label: bool = False, field: str = "metadata.name") -> list[dict[str, str]]:
+def validate_name(
+    name: Any, *, label: bool = False, field: str = "metadata.name"
+) -> list[dict[str, str]]:
     """Validate an object name.
 
     Args:
@@ -41,16 +45,28 @@ def validate_name(name: Any, *, label: bool = False, field: str = "metadata.name
         A list of StatusCause dicts; empty when valid.
     """
     if not isinstance(name, str) or not name:
-        return [field_cause("FieldValueRequired", field, "Required value: name or generateName is required")]
+        return [
+            field_cause(
+                "FieldValueRequired", field, "Required value: name or generateName is required"
+            )
+        ]
     if label:
         if len(name) > 63 or not _DNS1123_LABEL.match(name):
             msg = LABEL_MSG if len(name) <= 63 else "must be no more than 63 characters"
             return [field_cause("FieldValueInvalid", field, f'Invalid value: "{name}": {msg}')]
         return []
     if len(name) > 253:
-        return [field_cause("FieldValueInvalid", field, f'Invalid value: "{name}": must be no more than 253 characters')]
+        return [
+            field_cause(
+                "FieldValueInvalid",
+                field,
+                f'Invalid value: "{name}": must be no more than 253 characters',
+            )
+        ]
     if not _DNS1123_SUBDOMAIN.match(name):
-        return [field_cause("FieldValueInvalid", field, f'Invalid value: "{name}": {SUBDOMAIN_MSG}')]
+        return [
+            field_cause("FieldValueInvalid", field, f'Invalid value: "{name}": {SUBDOMAIN_MSG}')
+        ]
     return []
 
 
@@ -66,7 +82,7 @@ def metadata_type_error(meta: dict[str, Any]) -> str | None:
             continue
         if not isinstance(m, dict):
             return f"json: cannot unmarshal {type(m).__name__} into Go struct field ObjectMeta.metadata.{field} of type map[string]string"
-        for k, v in m.items():
+        for v in m.values():
             if not isinstance(v, str):
                 return f"json: cannot unmarshal {type(v).__name__} into Go struct field ObjectMeta.metadata.{field} of type string"
     for field in ("name", "generateName", "namespace", "resourceVersion", "uid"):
@@ -74,7 +90,9 @@ def metadata_type_error(meta: dict[str, Any]) -> str | None:
         if v is not None and not isinstance(v, str):
             return f"json: cannot unmarshal {type(v).__name__} into Go struct field ObjectMeta.metadata.{field} of type string"
     fins = meta.get("finalizers")
-    if fins is not None and (not isinstance(fins, list) or not all(isinstance(f, str) for f in fins)):
+    if fins is not None and (
+        not isinstance(fins, list) or not all(isinstance(f, str) for f in fins)
+    ):
         return "json: cannot unmarshal into Go struct field ObjectMeta.metadata.finalizers of type []string"
     refs = meta.get("ownerReferences")
     if refs is not None:
@@ -92,14 +110,34 @@ def validate_labels(meta: dict[str, Any]) -> list[dict[str, str]]:
     causes = []
     for k, v in (meta.get("labels") or {}).items():
         prefix, _, name = k.rpartition("/")
-        if ("/" in k and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix))) or len(name) > 63 or not _LABEL_NAME.match(name):
-            causes.append(field_cause("FieldValueInvalid", "metadata.labels", f'Invalid value: "{k}": name part must consist of alphanumeric characters, \'-\', \'_\' or \'.\', and must start and end with an alphanumeric character'))
+        if (
+            ("/" in k and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)))
+            or len(name) > 63
+            or not _LABEL_NAME.match(name)
+        ):
+            causes.append(
+                field_cause(
+                    "FieldValueInvalid",
+                    "metadata.labels",
+                    f"Invalid value: \"{k}\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+                )
+            )
         if len(v) > 63 or not _LABEL_VALUE.match(v):
-            causes.append(field_cause("FieldValueInvalid", f"metadata.labels", f'Invalid value: "{v}": a valid label must be an empty string or consist of alphanumeric characters, \'-\', \'_\' or \'.\', and must start and end with an alphanumeric character'))
+            causes.append(
+                field_cause(
+                    "FieldValueInvalid",
+                    "metadata.labels",
+                    f"Invalid value: \"{v}\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+                )
+            )
     for r in meta.get("ownerReferences") or ():
         for f in ("apiVersion", "kind", "name", "uid"):
             if not r.get(f):
-                causes.append(field_cause("FieldValueRequired", f"metadata.ownerReferences.{f}", "Required value"))
+                causes.append(
+                    field_cause(
+                        "FieldValueRequired", f"metadata.ownerReferences.{f}", "Required value"
+                    )
+                )
     return causes
 
 
@@ -115,7 +153,13 @@ def to_jsonschema(schema: Any) -> Any:
         return schema
     out: dict[str, Any] = {}
     for key, value in schema.items():
-        if key.startswith("x-kubernetes-") or key in ("nullable", "default", "format", "example", "externalDocs"):
+        if key.startswith("x-kubernetes-") or key in (
+            "nullable",
+            "default",
+            "format",
+            "example",
+            "externalDocs",
+        ):
             continue
         if key in ("properties", "patternProperties", "definitions"):
             out[key] = {k: to_jsonschema(v) for k, v in value.items()}
@@ -167,7 +211,9 @@ class SchemaValidator:
         if isinstance(js, dict) and "properties" in js:
             js = dict(js)
             js["properties"] = {
-                k: v for k, v in js["properties"].items() if k not in ("metadata", "apiVersion", "kind")
+                k: v
+                for k, v in js["properties"].items()
+                if k not in ("metadata", "apiVersion", "kind")
             }
         self._validator = jsonschema.Draft4Validator(js)
         try:
@@ -192,7 +238,9 @@ class SchemaValidator:
         causes: list[dict[str, str]] = []
         seen: set[tuple[str, str]] = set()
         body = {k: v for k, v in obj.items() if k not in ("metadata", "apiVersion", "kind")}
-        for err in sorted(self._validator.iter_errors(body), key=lambda e: list(map(str, e.absolute_path))):
+        for err in sorted(
+            self._validator.iter_errors(body), key=lambda e: list(map(str, e.absolute_path))
+        ):
             path = _path_str(list(err.absolute_path))
             if err.validator == "required":
                 for prop in err.validator_value:
@@ -200,7 +248,9 @@ class SchemaValidator:
                         field = f"{path}.{prop}" if path else prop
                         if ("req", field) not in seen:
                             seen.add(("req", field))
-                            causes.append(field_cause("FieldValueRequired", field, "Required value"))
+                            causes.append(
+                                field_cause("FieldValueRequired", field, "Required value")
+                            )
                 continue
             if ("x", path) in seen:
                 continue
@@ -208,17 +258,43 @@ class SchemaValidator:
             val = _fmt_value(err.instance)
             if err.validator == "enum":
                 allowed = ", ".join(_fmt_value(v) for v in err.validator_value)
-                causes.append(field_cause("FieldValueNotSupported", path, f"Unsupported value: {val}: supported values: {allowed}"))
+                causes.append(
+                    field_cause(
+                        "FieldValueNotSupported",
+                        path,
+                        f"Unsupported value: {val}: supported values: {allowed}",
+                    )
+                )
             elif err.validator == "type":
                 want = err.validator_value
                 want = want[0] if isinstance(want, list) else want
-                causes.append(field_cause("FieldValueTypeInvalid", path, f"Invalid value: {val}: {path} in body must be of type {want}: {val}"))
+                causes.append(
+                    field_cause(
+                        "FieldValueTypeInvalid",
+                        path,
+                        f"Invalid value: {val}: {path} in body must be of type {want}: {val}",
+                    )
+                )
             elif err.validator == "pattern":
-                causes.append(field_cause("FieldValueInvalid", path, f"Invalid value: {val}: {path} in body should match '{err.validator_value}'"))
+                causes.append(
+                    field_cause(
+                        "FieldValueInvalid",
+                        path,
+                        f"Invalid value: {val}: {path} in body should match '{err.validator_value}'",
+                    )
+                )
             elif err.validator == "anyOf":
-                causes.append(field_cause("FieldValueTypeInvalid", path, f"Invalid value: {val}: {path} in body must be of type integer or string: {val}"))
+                causes.append(
+                    field_cause(
+                        "FieldValueTypeInvalid",
+                        path,
+                        f"Invalid value: {val}: {path} in body must be of type integer or string: {val}",
+                    )
+                )
             else:
-                causes.append(field_cause("FieldValueInvalid", path, f"Invalid value: {val}: {err.message}"))
+                causes.append(
+                    field_cause("FieldValueInvalid", path, f"Invalid value: {val}: {err.message}")
+                )
         return causes
 
     def prune(self, obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -254,7 +330,9 @@ def _prune(value: Any, schema: Any, path: str, unknown: list[str]) -> Any:
         props = schema.get("properties")
         addl = schema.get("additionalProperties")
         if props is None and addl is None:
-            if schema.get("type") == "object" and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            if schema.get("type") == "object" and not schema.get(
+                "x-kubernetes-preserve-unknown-fields"
+            ):
                 for key in value:
                     unknown.append(f"{path}.{key}")
                 return {}
@@ -286,14 +364,39 @@ def _prune(value: Any, schema: Any, path: str, unknown: list[str]) -> Any:
 _Check = Callable[[Any, str, list[dict[str, str]]], None]
 
 _IGNORED = {
-    "description", "title", "default", "example", "format", "externalDocs", "nullable",
-    "x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string", "x-kubernetes-map-type",
-    "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "x-kubernetes-embedded-resource",
+    "description",
+    "title",
+    "default",
+    "example",
+    "format",
+    "externalDocs",
+    "nullable",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-map-type",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+    "x-kubernetes-embedded-resource",
 }
 _HANDLED = {
-    "type", "enum", "pattern", "properties", "required", "additionalProperties", "items", "anyOf",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
-    "minItems", "maxItems", "minProperties", "maxProperties",
+    "type",
+    "enum",
+    "pattern",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "anyOf",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
 }
 
 
@@ -305,7 +408,9 @@ def _is_type(v: Any, t: str) -> bool:
     if t == "string":
         return isinstance(v, str)
     if t == "integer":
-        return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer())
+        return (isinstance(v, int) and not isinstance(v, bool)) or (
+            isinstance(v, float) and v.is_integer()
+        )
     if t == "number":
         return isinstance(v, (int, float)) and not isinstance(v, bool)
     if t == "boolean":
@@ -339,7 +444,7 @@ def _compile(schema: Any, top: bool = False) -> _Check:
         for branch in any_of:
             if not isinstance(branch, dict) or set(branch) - {"type"}:
                 raise _Unsupported
-            kinds.append(branch.get("type"))
+            kinds.append(str(branch.get("type")))
         if sorted(kinds) != ["integer", "string"]:
             raise _Unsupported
         int_or_string = True
@@ -356,7 +461,20 @@ def _compile(schema: Any, top: bool = False) -> _Check:
     items_check = _compile(items) if isinstance(items, dict) else None
     if isinstance(items, list):
         raise _Unsupported
-    bounds = {k: schema[k] for k in ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties") if k in schema}
+    bounds = {
+        k: schema[k]
+        for k in (
+            "minimum",
+            "maximum",
+            "minLength",
+            "maxLength",
+            "minItems",
+            "maxItems",
+            "minProperties",
+            "maxProperties",
+        )
+        if k in schema
+    }
     excl_min = bool(schema.get("exclusiveMinimum"))
     excl_max = bool(schema.get("exclusiveMaximum"))
 
@@ -366,23 +484,49 @@ def _compile(schema: Any, top: bool = False) -> _Check:
         if int_or_string:
             if not (_is_type(v, "integer") or isinstance(v, str)):
                 val = _fmt_value(v)
-                causes.append(field_cause("FieldValueTypeInvalid", path, f"Invalid value: {val}: {path} in body must be of type integer or string: {val}"))
+                causes.append(
+                    field_cause(
+                        "FieldValueTypeInvalid",
+                        path,
+                        f"Invalid value: {val}: {path} in body must be of type integer or string: {val}",
+                    )
+                )
                 return
         elif typ is not None and not _is_type(v, typ):
             val = _fmt_value(v)
-            causes.append(field_cause("FieldValueTypeInvalid", path, f"Invalid value: {val}: {path} in body must be of type {typ}: {val}"))
+            causes.append(
+                field_cause(
+                    "FieldValueTypeInvalid",
+                    path,
+                    f"Invalid value: {val}: {path} in body must be of type {typ}: {val}",
+                )
+            )
             return
         if enum is not None and v not in enum:
             allowed = ", ".join(_fmt_value(e) for e in enum)
-            causes.append(field_cause("FieldValueNotSupported", path, f"Unsupported value: {_fmt_value(v)}: supported values: {allowed}"))
+            causes.append(
+                field_cause(
+                    "FieldValueNotSupported",
+                    path,
+                    f"Unsupported value: {_fmt_value(v)}: supported values: {allowed}",
+                )
+            )
         if pattern is not None and isinstance(v, str) and not pattern.search(v):
-            causes.append(field_cause("FieldValueInvalid", path, f"Invalid value: {_fmt_value(v)}: {path} in body should match '{pattern_src}'"))
+            causes.append(
+                field_cause(
+                    "FieldValueInvalid",
+                    path,
+                    f"Invalid value: {_fmt_value(v)}: {path} in body should match '{pattern_src}'",
+                )
+            )
         if bounds:
             _check_bounds(v, path, causes, bounds, excl_min, excl_max)
         if isinstance(v, dict):
             for r in required:
                 if r not in v:
-                    causes.append(field_cause("FieldValueRequired", _child(path, r), "Required value"))
+                    causes.append(
+                        field_cause("FieldValueRequired", _child(path, r), "Required value")
+                    )
             for k, sub in v.items():
                 c = props.get(k)
                 if c is not None:
@@ -396,27 +540,82 @@ def _compile(schema: Any, top: bool = False) -> _Check:
     return check
 
 
-def _check_bounds(v: Any, path: str, causes: list[dict[str, str]], b: dict[str, Any], excl_min: bool, excl_max: bool) -> None:
+def _check_bounds(
+    v: Any,
+    path: str,
+    causes: list[dict[str, str]],
+    b: dict[str, Any],
+    excl_min: bool,
+    excl_max: bool,
+) -> None:
     val = _fmt_value(v)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         if "minimum" in b and (v < b["minimum"] or (excl_min and v == b["minimum"])):
             op = "greater than" if excl_min else "greater than or equal to"
-            causes.append(field_cause("FieldValueInvalid", path, f"Invalid value: {val}: {path} in body should be {op} {b['minimum']}"))
+            causes.append(
+                field_cause(
+                    "FieldValueInvalid",
+                    path,
+                    f"Invalid value: {val}: {path} in body should be {op} {b['minimum']}",
+                )
+            )
         if "maximum" in b and (v > b["maximum"] or (excl_max and v == b["maximum"])):
             op = "less than" if excl_max else "less than or equal to"
-            causes.append(field_cause("FieldValueInvalid", path, f"Invalid value: {val}: {path} in body should be {op} {b['maximum']}"))
+            causes.append(
+                field_cause(
+                    "FieldValueInvalid",
+                    path,
+                    f"Invalid value: {val}: {path} in body should be {op} {b['maximum']}",
+                )
+            )
     if isinstance(v, str):
         if "minLength" in b and len(v) < b["minLength"]:
-            causes.append(field_cause("FieldValueInvalid", path, f"Invalid value: {val}: {path} in body should be at least {b['minLength']} chars long"))
+            causes.append(
+                field_cause(
+                    "FieldValueInvalid",
+                    path,
+                    f"Invalid value: {val}: {path} in body should be at least {b['minLength']} chars long",
+                )
+            )
         if "maxLength" in b and len(v) > b["maxLength"]:
-            causes.append(field_cause("FieldValueTooLong", path, f"Too long: may not be more than {b['maxLength']} bytes"))
+            causes.append(
+                field_cause(
+                    "FieldValueTooLong",
+                    path,
+                    f"Too long: may not be more than {b['maxLength']} bytes",
+                )
+            )
     if isinstance(v, list):
         if "minItems" in b and len(v) < b["minItems"]:
-            causes.append(field_cause("FieldValueInvalid", path, f"Invalid value: {len(v)}: {path} in body should have at least {b['minItems']} items"))
+            causes.append(
+                field_cause(
+                    "FieldValueInvalid",
+                    path,
+                    f"Invalid value: {len(v)}: {path} in body should have at least {b['minItems']} items",
+                )
+            )
         if "maxItems" in b and len(v) > b["maxItems"]:
-            causes.append(field_cause("FieldValueTooMany", path, f"Too many: {len(v)}: must have at most {b['maxItems']} items"))
+            causes.append(
+                field_cause(
+                    "FieldValueTooMany",
+                    path,
+                    f"Too many: {len(v)}: must have at most {b['maxItems']} items",
+                )
+            )
     if isinstance(v, dict):
         if "minProperties" in b and len(v) < b["minProperties"]:
-            causes.append(field_cause("FieldValueInvalid", path, f"Invalid value: {len(v)}: {path} in body should have at least {b['minProperties']} properties"))
+            causes.append(
+                field_cause(
+                    "FieldValueInvalid",
+                    path,
+                    f"Invalid value: {len(v)}: {path} in body should have at least {b['minProperties']} properties",
+                )
+            )
         if "maxProperties" in b and len(v) > b["maxProperties"]:
-            causes.append(field_cause("FieldValueTooMany", path, f"Too many: {len(v)}: must have at most {b['maxProperties']} items"))
+            causes.append(
+                field_cause(
+                    "FieldValueTooMany",
+                    path,
+                    f"Too many: {len(v)}: must have at most {b['maxProperties']} items",
+                )
+            )
