@@ -141,8 +141,7 @@ class _Runtime:
 
     def __init__(self, op: Operator) -> None:
         cfg = op.cfg
-        # Any: the handlers' Protocols spell ``patch_type: str`` where KubeClient has a Literal.
-        client: Any = op.client
+        client = op.client
         self.memory = DrainMemory()
         self.drains = DrainManager(client, self.memory, shutdown_timeout=cfg.drain_shutdown_timeout)
         self.acknowledger = Acknowledger(client, concurrency=cfg.ack_concurrency or 16)
@@ -164,7 +163,9 @@ class _Runtime:
             bootstrap=BootstrapHandler(
                 op.renderer, cfg.cluster_id, ttl_seconds=int(cfg.bootstrap_ttl)
             ),
-            reclaim=ReclaimHandler(client, self.drains, self.memory),
+            reclaim=ReclaimHandler(
+                client, self.drains, self.memory, upcoming_lookup=op.upcoming_for_node
+            ),
             upcoming=UpcomingNodeHandler(client, self.memory),
             available=AvailableCapacityHandler(client),
             feed=op.feed,

@@ -5,7 +5,9 @@ peers.md N1-N5, P1-P5; issue 5 "Reclaim").
 
 1. Resolve each entry of ``nodes`` to a Node: a Node of that name; else the UpcomingNode
    ``un-<entry>`` (the shard sends machine IDs) and its ``status.nodeRef``; else that
-   UpcomingNode's ``status.providerID`` matched against ``Node.spec.providerID``.
+   UpcomingNode's ``status.providerID`` matched against ``Node.spec.providerID``. For an entry
+   that names a Node, its UpcomingNode is found by ``status.nodeRef.name`` through the injected
+   ``upcoming_lookup`` (the operator's informer index), else by listing UpcomingNodes.
 2. Cordon it (merge-patch ``{"spec":{"unschedulable":true}}``), walk its UpcomingNode to Draining
    and remember in the :class:`~bigfleet_trio.operator.upcoming.DrainMemory` that a drain began,
    then hand the drain to the :class:`DrainManager` (non-blocking).
@@ -59,7 +61,7 @@ import logging
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final, Literal, Protocol
@@ -119,6 +121,9 @@ MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 DEFAULT_POD_GRACE: Final = 30
 
 Reply = Callable[[pb.OperatorMessage], bool]
+UpcomingLookup = Callable[[str], Iterable[Mapping[str, Any]]]
+"""Node name -> UpcomingNodes whose ``status.nodeRef.name`` is that node (e.g. an informer
+index: ``Operator.upcoming_for_node``)."""
 
 
 class ReclaimKube(KubeLike, Protocol):
@@ -534,6 +539,9 @@ class DrainManager:
                     terminating = True
                     continue
                 remaining = deadline - trio.current_time()
+                # P3: no timeout of our own here. A disruption webhook (Podseidon) may take up to
+                # 10 s; KubeClient.request_timeout (30 s default) bounds the call, and so does
+                # the drain deadline (test_eviction_waits_for_a_slow_disruption_webhook).
                 try:
                     await self._client.evict(
                         meta.get("name", ""),
@@ -614,6 +622,8 @@ class ReclaimHandler:
         drains: the operator's :class:`DrainManager` (already running).
         memory: the DrainMemory shared with the UpcomingNode handler.
         seen_capacity: how many instruction ids to remember for duplicate detection.
+        upcoming_lookup: Node name -> UpcomingNodes pointing at it (an informer index); None
+            lists every UpcomingNode from the apiserver instead (one list per such entry).
     """
 
     def __init__(
@@ -623,8 +633,10 @@ class ReclaimHandler:
         memory: DrainMemory,
         *,
         seen_capacity: int = 4096,
+        upcoming_lookup: UpcomingLookup | None = None,
     ) -> None:
         self._client = client
+        self._upcoming_lookup = upcoming_lookup
         self._drains = drains
         self.memory = memory
         self._seen: OrderedDict[str, _Instruction] = OrderedDict()
@@ -750,11 +762,27 @@ class ReclaimHandler:
         return _Resolved(entry, None, _name(un), "upcoming without node")
 
     async def _upcoming_by_node_ref(self, node: str) -> dict[str, Any] | None:
-        listing = await self._call(lambda: self._client.list(UPCOMING_NODES))
-        for un in listing.items:
-            if ((un.get("status") or {}).get("nodeRef") or {}).get("name") == node:
-                return dict(un)
-        return None
+        if self._upcoming_lookup is not None:
+            candidates = list(self._upcoming_lookup(node))
+        else:
+            listing = await self._call(lambda: self._client.list(UPCOMING_NODES))
+            candidates = list(listing.items)
+        found = sorted(
+            (
+                un
+                for un in candidates
+                if ((un.get("status") or {}).get("nodeRef") or {}).get("name") == node
+                and _name(un) is not None
+            ),
+            key=lambda un: _name(un) or "",
+        )
+        if len(found) > 1:
+            log.warning(
+                "reclaim: several upcoming nodes point at node=%s names=%s, using the first",
+                node,
+                [_name(un) for un in found],
+            )
+        return dict(found[0]) if found else None
 
     async def _cordon(self, node: str) -> bool:
         try:

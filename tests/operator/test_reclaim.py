@@ -361,6 +361,53 @@ async def test_machine_id_resolved_through_upcoming_node_ref(
     assert "un-m-7" not in c.upcoming  # drained (no pods) and deleted
 
 
+async def test_node_name_upcoming_found_through_injected_lookup(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # the shard names the Node itself; its UpcomingNode (un-m-1, nodeRef n-1) comes from the
+    # injected lookup (the operator's informer index), not from listing every UpcomingNode.
+    c = standard_cluster()
+    lists: list[Resource] = []
+    real_list = c.list
+
+    async def counting_list(res: Resource, namespace: str | None = None, **kw: Any) -> Listing:
+        lists.append(res)
+        return await real_list(res, namespace, **kw)
+
+    c.list = counting_list  # type: ignore[method-assign]
+    asked: list[str] = []
+
+    def lookup(node: str) -> list[dict[str, Any]]:
+        asked.append(node)
+        return [copy.deepcopy(c.upcoming["un-m-1"])] if node == "n-1" else []
+
+    memory = DrainMemory()
+    drains = DrainManager(c, memory, rng=random.Random(7))
+    handler = ReclaimHandler(c, drains, memory, upcoming_lookup=lookup)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "n-1"), Replies())
+        await drains.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert asked == ["n-1"]
+    assert UPCOMING_NODES not in lists
+    assert c.un_writes[0][:3] == ("patch", "un-m-1", {"phase": "Draining"})
+    assert "un-m-1" not in c.upcoming  # drained and deleted
+
+
+async def test_node_name_upcoming_found_by_listing_without_lookup(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    c = standard_cluster()
+    drains, handler, _ = make(c)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "n-1"), Replies())
+        await drains.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert c.un_writes[0][:3] == ("patch", "un-m-1", {"phase": "Draining"})
+
+
 async def test_machine_id_resolved_through_provider_id(autojump_clock: trio.abc.Clock) -> None:
     c = FakeCluster()
     c.add_node("other", provider_id="aws:///us-east-1a/i-2")
@@ -895,3 +942,39 @@ def test_statistics_use_cumulative_drain_totals() -> None:
     drains.completed_total, drains.failed_total, drains.abandoned_total = 5000, 7, 2
     stats = op.statistics()
     assert (stats.drains_completed, stats.drains_failed, stats.drains_abandoned) == (5000, 7, 2)
+
+
+def test_operator_injects_informer_lookup_into_reclaim() -> None:
+    op = _operator_runtime()
+    handler = op.runtime.handlers.reclaim
+    assert handler._upcoming_lookup == op.upcoming_for_node
+
+
+# --------------------------------------------------------------------------- P3: eviction timeout
+
+
+async def test_eviction_waits_for_a_slow_disruption_webhook(autojump_clock: trio.abc.Clock) -> None:
+    # peers.md P3: a Podseidon-style webhook may take up to 10 s (its timeoutSeconds); the
+    # eviction call must wait longer than that. KubeClient's default request_timeout (30 s)
+    # applies to evict(), which is never retried: a 12 s answer is a success.
+    import httpx
+
+    from bigfleet_trio.kube import KubeClient, KubeConfig
+
+    seen: list[tuple[str, float]] = []
+
+    async def slow_webhook(request: httpx.Request) -> httpx.Response:
+        await trio.sleep(12)
+        seen.append((request.url.path, trio.current_time()))
+        return httpx.Response(201, json={"kind": "Status", "status": "Success"})
+
+    client = KubeClient(
+        KubeConfig(server="http://apiserver"), transport=httpx.MockTransport(slow_webhook)
+    )
+    assert client.request_timeout > 10
+    t0 = trio.current_time()
+    async with client:
+        await client.evict("web", "default", grace_period_seconds=30)
+    assert [(p, t - t0) for p, t in seen] == [
+        ("/api/v1/namespaces/default/pods/web/eviction", pytest.approx(12.0))
+    ]
