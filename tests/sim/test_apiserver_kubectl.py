@@ -421,3 +421,50 @@ async def test_imperative_creates_with_protobuf_bodies(kube: Kube) -> None:
     assert (await kube.out("get", "pc", "high", "-o", "jsonpath={.value}")).strip() == "1000"
     dep = await kube.run("create", "deployment", "d", "--image=nginx", ok=False)
     assert dep.returncode == 1 and "unknown format" in dep.stderr.decode()
+
+
+async def test_apply_project_crds_and_wait_established(kube: Kube) -> None:
+    from importlib.resources import files
+
+    path = str(files("bigfleet_trio").joinpath("manifests/crds.yaml"))
+    out = await kube.out("apply", "-f", path)
+    assert out.count("configured") == 3
+    assert (await kube.out("apply", "-f", path)).count("unchanged") == 3
+    with trio.fail_after(20):
+        out = await kube.out("wait", "--for=condition=established", "crd", "--all", "--timeout=5s")
+    assert out.count("condition met") == 3
+
+
+async def test_delete_waits_for_finalizers(kube: Kube) -> None:
+    body = CR_YAML.replace("  name: req1\n", "  name: req1\n  finalizers: [example.com/hold]\n")
+    await kube.out("create", "-f", "-", stdin=body)
+    api = kube.api
+    cr = api.find("cr")
+    result: dict[str, Any] = {}
+
+    async def delete() -> None:
+        result["proc"] = await kube.run("delete", "cr", "req1", ok=False)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(delete)
+            while (
+                not (api.store.get(cr, "default", "req1") or {})
+                .get("metadata", {})
+                .get("deletionTimestamp")
+            ):
+                await trio.sleep(0.05)  # noqa: ASYNC110
+            # kubectl now waits on a watch-list for the object to go away.
+            while api.counters[("watch", "capacityrequests")] == 0:
+                await trio.sleep(0.05)  # noqa: ASYNC110
+            assert "proc" not in result
+            api.patch(
+                cr,
+                "default",
+                "req1",
+                {"metadata": {"finalizers": None}},
+                "application/merge-patch+json",
+            )
+    assert result["proc"].returncode == 0
+    assert 'capacityrequest.bigfleet.lucy.sh "req1" deleted' in result["proc"].stdout.decode()
+    assert api.store.get(cr, "default", "req1") is None
