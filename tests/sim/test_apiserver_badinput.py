@@ -79,7 +79,9 @@ async def test_type_confused_metadata_is_400(client: httpx.AsyncClient) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     payload=json_values,
-    kind=st.sampled_from(["merge", "json", "smp", "put", "post", "status", "evict", "delete"]),
+    kind=st.sampled_from(
+        ["merge", "json", "smp", "put", "post", "status", "evict", "delete", "pod", "pdb"]
+    ),
 )
 def test_fuzzed_writes_never_5xx_or_corrupt(payload: Any, kind: str) -> None:
     import trio
@@ -112,6 +114,31 @@ def test_fuzzed_writes_never_5xx_or_corrupt(payload: Any, kind: str) -> None:
                 r = await client.post(
                     f"{PODS}/p/eviction", content=raw, headers={"content-type": "application/json"}
                 )
+            elif kind == "pod":
+                r = await client.post(
+                    PODS, json={"metadata": {"name": "q"}, "spec": payload, "status": payload}
+                )
+                table = await client.get(
+                    PODS, headers={"accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
+                )
+                assert table.status_code == 200
+            elif kind == "pdb":
+                pdbs = "/apis/policy/v1/namespaces/default/poddisruptionbudgets"
+                r = await client.post(
+                    pdbs, json={"metadata": {"name": "b"}, "spec": {"selector": payload}}
+                )
+                if r.status_code == 201:
+                    await client.patch(
+                        f"{pdbs}/b/status", content=json.dumps({"status": payload}), headers=MERGE
+                    )
+                    await client.patch(
+                        f"{PODS}/p/status", content=b'{"status":{"phase":"Running"}}', headers=MERGE
+                    )
+                    before_pod = json.dumps(
+                        api.store.get(api.find("pods"), "default", "p"), sort_keys=True
+                    )
+                    ev = await client.post(f"{PODS}/p/eviction", json={"metadata": {"name": "p"}})
+                    assert ev.status_code < 500, ev.text
             else:
                 r = await client.request(
                     "DELETE",

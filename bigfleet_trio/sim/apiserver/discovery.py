@@ -299,6 +299,13 @@ def _cell(col: dict[str, Any], obj: dict[str, Any], now: _dt.datetime) -> Any:
     return v
 
 
+def _safe_cell(col: dict[str, Any], obj: dict[str, Any], now: _dt.datetime) -> Any:
+    try:
+        return _cell(col, obj, now)
+    except (AttributeError, TypeError, ValueError, KeyError):
+        return None  # built-in objects are not schema-checked; a malformed field prints <none>
+
+
 def column_definitions(res: ResourceType) -> list[dict[str, Any]]:
     cols = [
         {
@@ -327,7 +334,7 @@ def table_row(
 ) -> dict[str, Any]:
     """One Table row with a PartialObjectMetadata ``object``."""
     now = now or _dt.datetime.now(_dt.UTC)
-    cells = [obj["metadata"].get("name")] + [_cell(c, obj, now) for c in res.columns]
+    cells = [obj["metadata"].get("name")] + [_safe_cell(c, obj, now) for c in res.columns]
     return {
         "cells": cells,
         "object": {

@@ -174,14 +174,20 @@ def label_selector_from_object(sel: Mapping[str, Any] | None) -> list[Requiremen
 
     Returns None for a null selector (matches nothing); ``[]`` for ``{}`` (matches everything).
     """
-    if sel is None:
+    if not isinstance(sel, Mapping):
         return None
     reqs: list[Requirement] = []
-    for k, v in (sel.get("matchLabels") or {}).items():
-        reqs.append((k, "=", (str(v),)))
+    ml = sel.get("matchLabels") or {}
+    me = sel.get("matchExpressions") or []
+    if not isinstance(ml, Mapping) or not isinstance(me, list):
+        return None
+    for k, v in ml.items():
+        reqs.append((str(k), "=", (str(v),)))
     opmap = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!exists"}
-    for expr in sel.get("matchExpressions") or []:
-        op = opmap.get(expr.get("operator", ""))
+    for expr in me:
+        if not isinstance(expr, Mapping) or not isinstance(expr.get("values") or [], list):
+            return None
+        op = opmap.get(str(expr.get("operator", "")))
         if op is None:
             return None
         reqs.append((expr.get("key", ""), op, tuple(expr.get("values") or ())))

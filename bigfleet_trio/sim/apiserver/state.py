@@ -71,7 +71,22 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return True
 
 
+def _int(v: Any, default: int = 0) -> int:
+    """int(v) for status fields that no schema guards; ``default`` when not a number."""
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
 def _pod_qos(pod: dict[str, Any]) -> str:
+    try:
+        return _pod_qos_unchecked(pod)
+    except (AttributeError, TypeError):
+        return "BestEffort"
+
+
+def _pod_qos_unchecked(pod: dict[str, Any]) -> str:
     containers = (pod.get("spec") or {}).get("containers") or []
     any_set = False
     guaranteed = bool(containers)
@@ -339,6 +354,14 @@ class ApiServer:
             raise E.bad_request(
                 f"the API version in the data ({av}) does not match the expected API version ({res.api_version})"
             )
+        if not res.custom:
+            for field in ("spec", "status"):
+                v = body.get(field)
+                if v is not None and not isinstance(v, dict):
+                    raise E.bad_request(
+                        f"json: cannot unmarshal {type(v).__name__} into Go struct field "
+                        f"{res.kind}.{field} of type object"
+                    )
         bns = meta.get("namespace")
         if res.namespaced and bns and namespace and bns != namespace:
             raise E.bad_request(
@@ -871,7 +894,10 @@ class ApiServer:
         if body is not None:
             if not isinstance(body, dict):
                 raise E.bad_request("eviction body must be an object")
-            bname = (body.get("metadata") or {}).get("name")
+            bmeta = body.get("metadata") or {}
+            if not isinstance(bmeta, dict):
+                raise E.bad_request("eviction metadata must be an object")
+            bname = bmeta.get("name")
             if bname and bname != name:
                 raise E.bad_request("name in URL does not match name in Eviction object")
         pod = self.get(self.pods, namespace, name)
@@ -897,17 +923,20 @@ class ApiServer:
             return
         pdb = pdbs[0]
         pst = pdb.get("status") or {}
+        disrupted = pst.get("disruptedPods")
+        disrupted = disrupted if isinstance(disrupted, dict) else {}
         pname = pdb["metadata"]["name"]
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in status.get("conditions") or ()
+        conds = status.get("conditions")
+        ready = isinstance(conds, list) and any(
+            isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
+            for c in conds
         )
-        cur_h = int(pst.get("currentHealthy", 0))
-        des_h = int(pst.get("desiredHealthy", 0))
+        cur_h = _int(pst.get("currentHealthy", 0))
+        des_h = _int(pst.get("desiredHealthy", 0))
         if not ready and cur_h >= des_h > 0:
             self._delete_obj(self.pods, pod, "Background")
             return
-        if int(pst.get("observedGeneration", 0)) < int(pdb["metadata"].get("generation", 1)):
+        if _int(pst.get("observedGeneration", 0)) < _int(pdb["metadata"].get("generation", 1), 1):
             raise E.too_many_requests(
                 "Cannot evict pod as it would violate the pod's disruption budget.",
                 [
@@ -918,7 +947,7 @@ class ApiServer:
                 ],
                 retry_after=10,
             )
-        allowed = int(pst.get("disruptionsAllowed", 0))
+        allowed = _int(pst.get("disruptionsAllowed", 0))
         if allowed <= 0:
             raise E.too_many_requests(
                 "Cannot evict pod as it would violate the pod's disruption budget.",
@@ -932,7 +961,7 @@ class ApiServer:
         new_pdb = dict(pdb)
         new_pst = dict(pst)
         new_pst["disruptionsAllowed"] = allowed - 1
-        new_pst["disruptedPods"] = dict(pst.get("disruptedPods") or {}, **{name: now_rfc3339()})
+        new_pst["disruptedPods"] = dict(disrupted, **{name: now_rfc3339()})
         new_pdb["status"] = new_pst
         new_pdb["metadata"] = dict(pdb["metadata"])
         self.store.put(self.pdbs, new_pdb, pdb)
