@@ -251,38 +251,55 @@ def _measure(args: argparse.Namespace, frames: int, rounds: int, payload: str) -
         if proc.stdin:
             proc.stdin.close()
         proc.wait(timeout=10)
-    raw_rate = frames / min(raw_times)
-    session_rate = frames / min(session_times)
-    raw_cpu_rate = frames / min(raw_cpu)
-    session_cpu_rate = frames / min(session_cpu)
     return {
         "frames": frames,
-        "raw_grpclib_frames_per_s": round(raw_rate),
-        "session_frames_per_s": round(session_rate),
-        "ratio": round(session_rate / raw_rate, 3),
+        "raw_rates": [frames / t for t in raw_times],
+        "session_rates": [frames / t for t in session_times],
         # frames per client CPU-second: robust when the machine is shared/noisy
-        "raw_grpclib_frames_per_cpu_s": round(raw_cpu_rate),
-        "session_frames_per_cpu_s": round(session_cpu_rate),
-        "cpu_ratio": round(session_cpu_rate / raw_cpu_rate, 3),
+        "raw_cpu_rates": [frames / t for t in raw_cpu],
+        "session_cpu_rates": [frames / t for t in session_cpu],
         "session_stats_last_round": stats,
     }
 
 
 def _run_stream(args: argparse.Namespace) -> dict[str, Any]:
+    import _common as C
+
     rounds = 1 if args.quick else args.rounds
     payloads = ["lean", "full"] if args.payload == "both" else [args.payload]
-    result: dict[str, Any] = {
-        "machines": args.machines,
-        "rounds": rounds,
-        "target_ratio": 0.8,
-        "python": sys.version.split()[0],
-        "cpu_count": os.cpu_count(),
-    }
+    figs: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {}
     for payload in payloads:
         default = {"lean": 50_000, "full": 5_000}[payload]
-        frames = args.frames or (default // 5 if args.quick else default)
-        result[payload] = _measure(args, frames, rounds, payload)
-    return result
+        frames = args.frames or (default // 10 if args.quick else default)
+        m = _measure(args, frames, rounds, payload)
+        figs.append(
+            C.figure(
+                f"session frames/s ({payload} NodeStateUpdate)",
+                "frames/s",
+                m["session_rates"],
+                baseline=m["raw_rates"],
+                baseline_label="raw grpclib client (same shard subprocess, same decode)",
+                target=">= 0.8 (ratio)",
+                met=lambda _m, r: r is not None and r >= 0.8,
+            )
+        )
+        figs.append(
+            C.figure(
+                f"session frames per client CPU-s ({payload})",
+                "frames/cpu-s",
+                m["session_cpu_rates"],
+                baseline=m["raw_cpu_rates"],
+            )
+        )
+        extra[payload] = {"frames": frames, "session_stats_last_round": m["session_stats_last_round"]}
+    return C.result(
+        "stream",
+        {"machines": args.machines, "rounds": rounds, "payloads": payloads},
+        figs,
+        ["both clients decode every frame with betterproto; the shard runs in a subprocess"],
+        extra,
+    )
 
 
 def _register_stream(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -312,11 +329,18 @@ def _register_stream(sub: Any, common: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _load_plugins(sub: Any, common: argparse.ArgumentParser) -> None:
+ALL_ORDER = [
+    "rollup", "informer", "stream", "nodestate", "podcontroller", "reclaim", "connect", "apiserver"
+]
+
+
+def _load_plugins(sub: Any, common: argparse.ArgumentParser) -> list[str]:
     plugin_dir = HERE / "bench"
+    names: list[str] = []
     if not plugin_dir.is_dir():
-        return
+        return names
     sub.common = common
+    sys.path.insert(0, str(plugin_dir))
     for path in sorted(plugin_dir.glob("*.py")):
         if path.name.startswith("_"):
             continue
@@ -328,25 +352,81 @@ def _load_plugins(sub: Any, common: argparse.ArgumentParser) -> None:
         register = getattr(module, "register", None)
         if register is not None:
             register(sub)
+            names.append(path.stem)
+    return names
+
+
+def _run_all(args: argparse.Namespace, scenarios: list[str]) -> dict[str, Any]:
+    """Run every scenario in its own process (fresh memory, no cross-talk), one at a time."""
+    import _common as C
+
+    chosen = [s for s in ALL_ORDER if s in scenarios] + sorted(set(scenarios) - set(ALL_ORDER))
+    if args.only:
+        chosen = [s for s in chosen if s in args.only.split(",")]
+    results: dict[str, Any] = {}
+    timings: list[dict[str, Any]] = []
+    failed: list[str] = []
+    for name in chosen:
+        cmd = [sys.executable, str(Path(__file__).resolve()), name, "--json"]
+        if args.quick:
+            cmd.append("--quick")
+        print(f"-- {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        secs = time.perf_counter() - t0
+        timings.append(C.figure(f"{name} wall time", "s", secs))
+        if proc.returncode != 0:
+            failed.append(name)
+            print(f"!! {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}",
+                  file=sys.stderr, flush=True)
+            continue
+        try:
+            res = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            failed.append(name)
+            print(f"!! {name}: output is not JSON:\n{proc.stdout[-2000:]}", file=sys.stderr)
+            continue
+        results[name] = res
+        if not args.json:
+            C.print_result(res)
+            print(flush=True)
+    summary = C.result("all", {"quick": args.quick, "scenarios": chosen}, timings,
+                       [f"FAILED: {', '.join(failed)}"] if failed else [])
+    summary["results"] = results
+    summary["failed"] = failed
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--quick", action="store_true", help="small, fast run")
     common.add_argument("--json", action="store_true", help="print figures as JSON")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog="Sub-commands: " + ", ".join(ALL_ORDER) + ", all (every scenario, one process "
+        "each; `all --quick` is the CI smoke run: it reports, it never asserts on timing).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _register_stream(sub, common)
-    _load_plugins(sub, common)
+    scenarios = ["stream", *_load_plugins(sub, common)]
+    p_all = sub.add_parser("all", parents=[common], help="run every scenario, one at a time")
+    p_all.add_argument("--only", default="", help="comma-separated subset")
+    p_all.set_defaults(func=lambda a: _run_all(a, scenarios))
     args = parser.parse_args(argv)
     result = args.func(args)
     if getattr(args, "internal", False):
         return 0
     if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True))
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    elif isinstance(result, dict) and "figures" in result:
+        import _common as C
+
+        C.print_result(result)
     else:
         for key, value in result.items():
             print(f"{key:32} {value}")
+    if args.command == "all" and result.get("failed"):
+        return 1
     return 0
 
 

@@ -7,8 +7,12 @@ Serves a paginated LIST of N realistic CapacityRequests from an ``httpx.MockTran
 objects and for a slim projection. Memory is measured twice: tracemalloc (bytes still allocated
 after sync, minus the baseline) and the process RSS growth (each mode runs in a fresh process).
 
-Usage: ``python scripts/bench_informer.py [--count 100000] [--mode both|full|slim]
-[--page-size 500]``
+Modes: ``full`` (no transform: the whole object is cached), ``slim`` (the operator's real
+projection, :func:`bigfleet_trio.operator.crview.slim`), ``tuple`` (an interned-tuple projection:
+a lower bound for what any dict-free projection could reach).
+
+Usage: ``python scripts/bench_informer.py [--count 100000] [--mode both|full|slim|tuple]
+[--page-size 500]`` (also ``scripts/bench.py informer``, which repeats and tabulates).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import httpx
 import trio
 
 from bigfleet_trio.kube import CAPACITY_REQUESTS, Informer, KubeClient, KubeConfig
+from bigfleet_trio.operator.crview import slim as operator_slim
 
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
 FAMILIES = ["m5", "c5", "r5", "m6i"]
@@ -90,7 +95,7 @@ def _intern(value: Any) -> Any:
     return _interned.setdefault(value, value)
 
 
-def slim(obj: dict[str, Any]) -> tuple[Any, ...]:
+def tuple_slim(obj: dict[str, Any]) -> tuple[Any, ...]:
     """Projection the operator's rollup needs: (uid, rv, priority, cpu, memory, requirements,
     interruption, reclamation, phase); repeated values are interned/shared."""
     meta = obj["metadata"]
@@ -171,9 +176,8 @@ async def run_once(count: int, mode: str, page_size: int, trace: bool) -> dict[s
         tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0] if trace else 0
     client = KubeClient(KubeConfig(server="http://bench"), transport=transport(pages), qps=0)
-    inf = Informer(
-        client, CAPACITY_REQUESTS, transform=slim if mode == "slim" else None, page_size=page_size
-    )
+    transform = {"slim": operator_slim, "tuple": tuple_slim}.get(mode)
+    inf = Informer(client, CAPACITY_REQUESTS, transform=transform, page_size=page_size)
     t0 = time.perf_counter()
     async with trio.open_nursery() as n:
         await n.start(inf.run)
@@ -197,12 +201,38 @@ async def run_once(count: int, mode: str, page_size: int, trace: bool) -> dict[s
     }
 
 
+def measure(mode: str, count: int, page_size: int = 500) -> dict[str, dict[str, Any]]:
+    """One fresh child process per measurement: ``{"rss": {...}, "trace": {...}}``."""
+    out: dict[str, Any] = {}
+    for child in ("rss", "trace"):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                child,
+                "--mode",
+                mode,
+                "--count",
+                str(count),
+                "--page-size",
+                str(page_size),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=os.environ.copy(),
+        )
+        out[child] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--count", type=int, default=100_000)
-    ap.add_argument("--mode", choices=["both", "full", "slim"], default="both")
+    ap.add_argument("--mode", choices=["both", "full", "slim", "tuple"], default="both")
     ap.add_argument("--page-size", type=int, default=500)
     ap.add_argument("--child", choices=["rss", "trace"], help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -214,27 +244,7 @@ def main() -> int:
     modes = ["full", "slim"] if args.mode == "both" else [args.mode]
     print(f"{'mode':5} {'objects':>8} {'synced_s':>9} {'rss_B/obj':>10} {'traced_B/obj':>13}")
     for mode in modes:
-        out: dict[str, Any] = {}
-        for child in ("rss", "trace"):
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    child,
-                    "--mode",
-                    mode,
-                    "--count",
-                    str(args.count),
-                    "--page-size",
-                    str(args.page_size),
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-                env=os.environ.copy(),
-            )
-            out[child] = json.loads(proc.stdout.strip().splitlines()[-1])
+        out = measure(mode, args.count, args.page_size)
         print(
             f"{mode:5} {args.count:8d} {out['rss']['seconds_to_synced']:9.2f} "
             f"{out['rss']['rss_bytes_per_object']:10d} "

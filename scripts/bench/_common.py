@@ -1,0 +1,174 @@
+"""Shared helpers for the ``scripts/bench.py`` sub-commands (issue 8).
+
+Every sub-command's ``run(args)`` returns a *result* dict::
+
+    {
+      "scenario": "nodestate",
+      "params": {...},                       # sizes, rounds, knobs
+      "figures": [                           # one row per figure (see :func:`figure`)
+        {"figure": ..., "unit": ..., "median": ..., "min": ..., "max": ..., "n": ...,
+         "baseline": ..., "baseline_label": ..., "ratio": ..., "target": ..., "met": ...},
+      ],
+      "notes": [...],                        # free text (what bounds the figure)
+      "extra": {...},                        # anything else (raw samples, counters)
+    }
+
+:func:`print_result` renders it as a table. Timing targets are *reported* (``met``), never
+asserted: the CI smoke run (``bench.py all --quick``) must not fail on a slow machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+SCRIPTS = Path(__file__).resolve().parent.parent
+ROOT = SCRIPTS.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def load_script(stem: str) -> ModuleType:
+    """Import ``scripts/<stem>.py`` (the standalone benchmark scripts) as a module."""
+    name = f"_bench_script_{stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{stem}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def stats(samples: Sequence[float]) -> dict[str, float]:
+    """Median, min and max of ``samples`` (all equal to the one sample when there is one)."""
+    if not samples:
+        return {"median": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
+    return {
+        "median": float(statistics.median(samples)),
+        "min": float(min(samples)),
+        "max": float(max(samples)),
+        "n": len(samples),
+    }
+
+
+def figure(
+    name: str,
+    unit: str,
+    samples: Sequence[float] | float,
+    *,
+    baseline: Sequence[float] | float | None = None,
+    baseline_label: str = "",
+    ratio: float | None = None,
+    target: str = "",
+    met: Callable[[float, float | None], bool] | bool | None = None,
+) -> dict[str, Any]:
+    """One table row.
+
+    Args:
+        name: what is measured.
+        unit: of ``samples`` and ``baseline``.
+        samples: the repeated measurements (or one number).
+        baseline: the same quantity measured on the baseline path in the same run.
+        baseline_label: what the baseline is.
+        ratio: explicit ratio; default median/baseline-median when a baseline is given.
+        target: the issue's target, as text.
+        met: a bool, or ``f(median, ratio) -> bool``, or None (no target).
+    """
+    s = stats([samples] if isinstance(samples, (int, float)) else list(samples))
+    row: dict[str, Any] = {"figure": name, "unit": unit, **s}
+    if baseline is not None:
+        b = stats([baseline] if isinstance(baseline, (int, float)) else list(baseline))
+        row["baseline"] = b["median"]
+        row["baseline_min"] = b["min"]
+        row["baseline_max"] = b["max"]
+        row["baseline_label"] = baseline_label
+        if ratio is None and b["median"]:
+            ratio = s["median"] / b["median"]
+    row["ratio"] = ratio
+    row["target"] = target
+    if callable(met):
+        row["met"] = bool(met(s["median"], ratio))
+    else:
+        row["met"] = met
+    return row
+
+
+def result(
+    scenario: str,
+    params: dict[str, Any],
+    figures: list[dict[str, Any]],
+    notes: list[str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The common result dict (see module docstring); adds the machine facts."""
+    return {
+        "scenario": scenario,
+        "params": params,
+        "machine": machine(),
+        "figures": figures,
+        "notes": notes or [],
+        "extra": extra or {},
+    }
+
+
+def machine() -> dict[str, Any]:
+    """nproc, Python version and the 1-minute load average (noisy machines are noted)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = float("nan")
+    return {
+        "nproc": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "loadavg_1m": round(load, 2),
+    }
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        if value != value:  # nan
+            return "nan"
+        a = abs(value)
+        if a >= 1000:
+            return f"{value:,.0f}"
+        if a >= 100:
+            return f"{value:.1f}"
+        if a >= 1:
+            return f"{value:.2f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def print_result(res: dict[str, Any], out: Any = None) -> None:
+    """Print a result as a fixed-width table (figures), then params and notes."""
+    out = out or sys.stdout
+    params = ", ".join(f"{k}={v}" for k, v in res.get("params", {}).items())
+    mach = res.get("machine", {})
+    print(
+        f"== {res.get('scenario')}  ({params})  [nproc={mach.get('nproc')} "
+        f"python={mach.get('python')} load1m={mach.get('loadavg_1m')}]",
+        file=out,
+    )
+    cols = ["figure", "unit", "median", "min", "max", "n", "baseline", "ratio", "target", "met"]
+    rows = [[_fmt(r.get(c)) for c in cols] for r in res.get("figures", [])]
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)), file=out)
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)), file=out)
+    labels = {r["baseline_label"] for r in res.get("figures", []) if r.get("baseline_label")}
+    for label in sorted(labels):
+        print(f"   baseline: {label}", file=out)
+    for note in res.get("notes", []):
+        print(f"   note: {note}", file=out)
