@@ -1,16 +1,43 @@
-"""Embedded Kubernetes API server for tests, the simulation and benchmarks (issue 3).
+"""Embedded Kubernetes API server for tests, the simulation and benchmarks (issue 3;
+``shared/notes/kube-testserver.md``).
 
 Public API::
 
-    server = ApiServer()                 # project CRDs installed from manifests/crds.yaml
-    url = await nursery.start(serve, server)
-    write_kubeconfig(url, "kc.yaml")
-    server.faults.fail_next(2, code=500, verb="patch", resource="capacityrequests")
-    server.counters[("create", "capacityrequests")]
+    server = ApiServer()                      # project CRDs from manifests/crds.yaml installed
+    url = await nursery.start(serve, server)  # hypercorn's Trio worker; "http://127.0.0.1:PORT"
+    url = await nursery.start(lambda task_status: serve(server, engine="fast", task_status=task_status))
+    write_kubeconfig(url, "kc.yaml")          # context/cluster/user "bigfleet-sim", plain HTTP
+    run_cli(port, kubeconfig_out)             # `bigfleet-trio sim apiserver` (SIGINT/SIGTERM stop)
 
-Modules: ``store`` (objects, RV counter, history, watchers), ``state`` (verbs, GC, eviction,
-CRDs), ``app`` (ASGI routing, watch streaming), ``selectors``, ``patching``, ``validation``,
-``discovery`` (discovery, OpenAPI, Tables), ``faults``, ``serving``, ``testing``.
+    server.faults.fail_next(2, code=500, verb="patch", resource="capacityrequests")
+    server.faults.add_latency(0.05, verb="list"); server.faults.drop_watches(); server.faults.compact()
+    server.counters[("create", "capacityrequests")]; server.counters.total(verb="watch")
+
+    # In-process helpers (no HTTP, no faults/counters): same semantics as the REST verbs.
+    cr = server.find("cr")                    # plural / singular / kind / short name
+    server.create(cr, "default", body); server.get(cr, "default", "x")
+    server.patch(cr, "default", "x", {...}, "application/merge-patch+json", subresource="status")
+    server.list(cr, None, label_selector="a=b").items; server.delete(cr, "default", "x")
+    server.store.items(cr, "default")         # stored dicts (never mutate them)
+
+    # Tests without sockets (works with autojump_clock):
+    from bigfleet_trio.sim.apiserver.testing import open_client, InProcessTransport
+
+Options: ``ApiServer(crd_paths=None, history=50_000, bookmark_interval=5.0, gc_dangling=True,
+pdb_controller=False)``.
+
+Modules: ``store`` (objects, global RV, per-resource event history, watchers), ``state`` (verbs,
+status split, finalizers, GC, eviction, CRD registration), ``app`` (ASGI routing, Status errors,
+watch streaming, Tables), ``fasthttp`` (minimal HTTP/1.1 engine), ``serving``, ``selectors``,
+``patching``, ``validation``, ``discovery`` (legacy + aggregated discovery, OpenAPI v3, Tables),
+``controllers`` (optional PDB status), ``protobuf`` (kubectl's protobuf create bodies),
+``faults``, ``testing``.
+
+Known limits: no TLS/auth; Strict field validation only detects unknown fields on custom
+resources (built-ins have no schema here); protobuf request bodies only for Namespace, ConfigMap
+and PriorityClass (other imperative ``kubectl create <kind>`` commands get 415; use ``-f``);
+watch history is retained by count, not time; no scale subresource, no server-side-apply field
+ownership (apply-patch is create-or-merge).
 """
 
 from .errors import ApiError
