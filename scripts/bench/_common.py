@@ -172,3 +172,88 @@ def print_result(res: dict[str, Any], out: Any = None) -> None:
         print(f"   baseline: {label}", file=out)
     for note in res.get("notes", []):
         print(f"   note: {note}", file=out)
+
+
+_SERVER = """
+import sys, trio
+from bigfleet_trio.sim.apiserver import ApiServer, serve
+async def main():
+    api = ApiServer(pdb_controller=sys.argv[2] == "1")
+    async with trio.open_nursery() as n:
+        url = await n.start(lambda task_status: serve(api, engine=sys.argv[1],
+                                                      task_status=task_status))
+        print(url, flush=True)
+        await trio.sleep_forever()
+trio.run(main)
+"""
+
+
+class ApiServerProcess:
+    """The embedded apiserver in a child process (its own CPU), over loopback HTTP.
+
+    Usage: ``with ApiServerProcess(engine="fast") as srv: srv.url, srv.cpu()``.
+    """
+
+    def __init__(self, engine: str = "fast", pdb_controller: bool = False) -> None:
+        self.engine = engine
+        self.pdb_controller = pdb_controller
+        self.url = ""
+        self.proc: Any = None
+
+    def __enter__(self) -> ApiServerProcess:
+        import subprocess
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVER, self.engine, "1" if self.pdb_controller else "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http"):
+            self.proc.kill()
+            raise RuntimeError(f"apiserver did not start: {self.url!r}")
+        return self
+
+    def cpu(self) -> float:
+        """CPU seconds (user+sys) the server process has used."""
+        with open(f"/proc/{self.proc.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except Exception:  # noqa: BLE001 - bench clean-up
+            self.proc.kill()
+
+
+class CountingClient:
+    """Wraps a KubeClient and counts the requests the code under test sends, by verb."""
+
+    WRITES = ("create", "patch", "update", "delete", "evict")
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.counts: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr) or name.startswith("_"):
+            return attr
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            key = name
+            if name == "patch" and kwargs.get("subresource"):
+                key = f"patch/{kwargs['subresource']}"
+            self.counts[key] = self.counts.get(key, 0) + 1
+            return await attr(*args, **kwargs)
+
+        return counted
+
+    def writes(self) -> int:
+        return sum(n for k, n in self.counts.items() if k.split("/")[0] in self.WRITES)
+
+    def reset(self) -> None:
+        self.counts.clear()
