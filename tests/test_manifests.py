@@ -166,11 +166,11 @@ def test_operator_rbac_is_exactly_what_the_code_needs() -> None:
         (B, "capacityrequests/status"): {"patch"},
         (B, "upcomingnodes"): {"get", "list", "watch", "create", "patch", "delete"},
         (B, "upcomingnodes/status"): {"patch"},
-        (B, "availablecapacities"): {"get", "list", "watch", "create", "update"},
+        (B, "availablecapacities"): {"get", "list", "watch", "create", "patch"},
         ("", "nodes"): {"get", "list", "watch", "patch"},
         ("", "pods"): {"get", "list", "watch"},
         ("", "pods/eviction"): {"create"},
-        ("", "events"): {"create", "patch"},
+        ("", "events"): {"create"},
     }
     assert _rules("Role", "bigfleet-operator-leader-election") == {
         ("coordination.k8s.io", "leases"): {"get", "create", "update"},
@@ -185,13 +185,12 @@ def test_pod_controller_rbac_is_exactly_what_the_code_needs() -> None:
             "list",
             "watch",
             "create",
-            "update",
+            "patch",
             "delete",
             "deletecollection",
         },
         (B, "capacityrequests/status"): {"patch"},
-        ("", "events"): {"create", "patch"},
-        ("scheduling.k8s.io", "priorityclasses"): {"get", "list", "watch"},
+        ("", "events"): {"create"},
     }
     assert _rules("Role", "bigfleet-pod-controller-leader-election") == {
         ("coordination.k8s.io", "leases"): {"get", "create", "update"},
