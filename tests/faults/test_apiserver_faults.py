@@ -1,0 +1,176 @@
+"""Apiserver faults (issue 9 "Apiserver faults"), through the embedded apiserver's fault hooks
+(``server.faults``: fail_next / add_latency / drop_watches / compact) and a transport switch for
+"apiserver down for 60 s". Only the operator's client sees the faults (the simulated shard
+writes its Nodes through its own client).
+
+Each case ends converged (worked out from seed 000 and reference §5/§6 by hand):
+
+* every informer cache equals the server (same keys, same resourceVersions);
+* CRs a and b (priority 100, cpu 3 each: one need, aggregate cpu 6, min_unit 3) are both
+  Acknowledged, and the shard's last roll-up is exactly that need -- plus, for CR c (priority
+  10, cpu 1, created while the fault is active) a second need cpu 1 / 1;
+* every machine bound to the cluster is CONFIGURED in the shard and is an UpcomingNode
+  ``un-<machine_id>`` in phase Ready, and there is no other UpcomingNode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from bigfleet_trio.kube import CAPACITY_REQUESTS, NODES, UPCOMING_NODES
+from bigfleet_trio.proto import pb
+
+from ._harness import Harness, cr, harness, needs_of
+
+AB = (100, {"cpu": "6"}, {"cpu": "3"})
+C = (10, {"cpu": "1"}, {"cpu": "1"})
+
+async def _converged(h: Harness) -> tuple[bool, str]:
+    # 1. caches equal the server
+    rt = h.operator.runtime
+    assert rt is not None
+    for inf in rt.informers:
+        server = {}
+        for obj in (await h.client.list(inf.res)).items:
+            md = obj["metadata"]
+            key = f"{md['namespace']}/{md['name']}" if md.get("namespace") else md["name"]
+            server[key] = md.get("resourceVersion")
+        cache = {k: (v.get("metadata") or {}).get("resourceVersion") for k, v in inf.store.items()}
+        if cache != server:
+            return False, f"{inf.res.plural} cache {cache} != server {server}"
+    # 2. every CR acknowledged, roll-up current
+    for name in ("a", "b", "c"):
+        if await h.phase(name) != "Acknowledged":
+            return False, f"CR {name} is {await h.phase(name)}"
+    if needs_of(h.shard.last_rollup) != sorted([AB, C], key=repr):
+        return False, f"roll-up {needs_of(h.shard.last_rollup)}"
+    # 3. UpcomingNodes at the shard's last state
+    uns = await h.upcoming()
+    bound = [m for m in h.shard.engine.machines if m.bound]
+    if not bound or any(m.state != pb.MachineState.CONFIGURED for m in bound):
+        return False, f"shard not settled: {h.shard.machines_by_state()}"
+    want = {f"un-{m.machine_id}": "Ready" for m in bound}  # CONFIGURED -> Ready (seed 000)
+    got = {n: (u.get("status") or {}).get("phase") for n, u in uns.items()}
+    if got != want:
+        return False, f"UpcomingNodes {got} != shard {want}"
+    return True, ""
+
+
+Fault = Callable[[Harness], Awaitable[None]]
+
+
+async def _fail(h: Harness, n: int, code: int, verb: str | None, resource: str | None) -> None:
+    h.server.faults.fail_next(n, code=code, verb=verb, resource=resource)
+
+
+async def _down_60s(h: Harness) -> None:
+    h.transport.down = True
+    await trio.sleep(60)
+    h.transport.down = False
+
+
+async def _drop_watches_repeatedly(h: Harness) -> None:
+    for _ in range(5):
+        h.server.faults.drop_watches()
+        await trio.sleep(3)
+
+
+async def _compact_then_drop(h: Harness) -> None:
+    h.server.faults.compact()
+    h.server.faults.drop_watches()
+
+
+async def _watch_500(h: Harness) -> None:
+    h.server.faults.fail_next(3, code=500, verb="watch")
+    h.server.faults.drop_watches()
+
+
+async def _slow(h: Harness) -> None:
+    h.server.faults.add_latency(2.0)
+    await trio.sleep(30)
+    h.server.faults.clear()
+
+
+CASES: list[Any] = [
+    pytest.param(lambda h: _fail(h, 3, 500, "list", "capacityrequests"), id="500-on-list"),
+    pytest.param(lambda h: _fail(h, 4, 500, None, "upcomingnodes"), id="500-on-upcomingnodes"),
+    pytest.param(lambda h: _fail(h, 4, 500, "patch", "upcomingnodes/status"),
+                 id="500-on-upcomingnode-status"),
+    pytest.param(lambda h: _fail(h, 3, 429, "patch", "capacityrequests/status"),
+                 id="429-retry-after-on-ack"),
+    pytest.param(lambda h: _fail(h, 3, 429, "create", "upcomingnodes"), id="429-on-create"),
+    pytest.param(lambda h: _fail(h, 3, 409, "patch", "capacityrequests/status"),
+                 id="409-on-ack"),
+    pytest.param(lambda h: _fail(h, 3, 409, "patch", "upcomingnodes/status"),
+                 id="409-on-upcomingnode-status"),
+    pytest.param(_watch_500, id="500-on-rewatch"),
+    pytest.param(_slow, id="slow-responses-2s"),
+    pytest.param(_drop_watches_repeatedly, id="dropped-watches"),
+    pytest.param(_compact_then_drop, id="410-after-compaction"),
+    pytest.param(_down_60s, id="apiserver-down-60s"),
+]
+
+
+@pytest.mark.parametrize("fault", CASES)
+@pytest.mark.parametrize("when", ["at-start", "mid-run"])
+async def test_apiserver_fault_ends_converged(
+    fault: Fault, when: str, autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with harness() as h:
+        await h.client.create(CAPACITY_REQUESTS, cr("a", 100, {"cpu": "3"}), "default")
+        await h.client.create(CAPACITY_REQUESTS, cr("b", 100, {"cpu": "3"}), "default")
+        done = trio.Event()
+
+        async def inject(h: Harness) -> None:
+            await fault(h)
+            done.set()
+
+        async with trio.open_nursery() as run:
+            if when == "at-start":
+                run.start_soon(inject, h)
+                await trio.sleep(0.01)
+                await run.start(h.operator.run)
+            else:
+                await run.start(h.operator.run)
+                await h.wait(lambda: h.shard.machines_by_state().get("CONFIGURED") == 2)
+                run.start_soon(inject, h)
+                await trio.sleep(0.01)
+            # demand that arrives during the fault is not lost; the test's own client is the
+            # operator's, so write it once the apiserver answers again
+            with trio.fail_after(120):
+                while True:
+                    try:
+                        await h.client.create(CAPACITY_REQUESTS, cr("c", 10, {"cpu": "1"}),
+                                              "default")
+                        break
+                    except Exception:  # noqa: BLE001 - the injected fault itself
+                        await trio.sleep(1)
+            with trio.fail_after(120):
+                await done.wait()
+            reason = ""
+
+            async def converged() -> bool:
+                nonlocal reason
+                try:
+                    ok, reason = await _converged(h)
+                except Exception as exc:  # noqa: BLE001 - still faulty: poll again
+                    ok, reason = False, repr(exc)
+                return ok
+
+            try:
+                await h.wait_async(converged, limit=240)
+            except trio.TooSlowError:
+                pytest.fail(f"not converged: {reason}")
+            # the fault really happened: its task ended and every injected failure was consumed
+            assert done.is_set()
+            assert not h.server.faults._rules, "an injected failure was never hit"
+            stats = h.operator.statistics()
+            assert stats.running and stats.session_up
+            assert all((await h.client.list(NODES)).items)
+            assert len((await h.client.list(UPCOMING_NODES)).items) >= 2
+            run.cancel_scope.cancel()
