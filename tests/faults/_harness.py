@@ -133,11 +133,17 @@ class FaultyEnd:
 
 
 class SwitchableTransport(InProcessTransport):
-    """The in-process ASGI transport, plus ``down``: every request fails to connect."""
+    """The in-process ASGI transport, plus ``down``: every request fails to connect; every
+    request is recorded in ``requests`` as (method, path, query params)."""
 
     down = False
 
+    def __init__(self, app: Any, nursery: trio.Nursery) -> None:
+        super().__init__(app, nursery)
+        self.requests: list[tuple[str, str, httpx.QueryParams]] = []
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append((request.method, request.url.path, request.url.params))
         if self.down:
             await trio.lowlevel.checkpoint()
             raise httpx.ConnectError("apiserver down (injected)", request=request)
