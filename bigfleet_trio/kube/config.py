@@ -65,11 +65,12 @@ class KubeConfig:
     client_cert_file: str | None = None
     client_cert_data: bytes | None = None
     client_key_file: str | None = None
-    client_key_data: bytes | None = None
-    token: str | None = None
+    # secrets never appear in repr() (a logged config must not leak them; issue 9)
+    client_key_data: bytes | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
     token_file: str | None = None
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     insecure_skip_tls_verify: bool = False
     tls_server_name: str | None = None
     source: str = ""
