@@ -1,10 +1,18 @@
 #!/usr/bin/env python
 """Benchmarks (not tests). ``python scripts/bench.py <command> [--quick] [--json]``.
 
-Commands:
-  stream   frames/s through the operator session (grpclib + trio-asyncio bridge + dispatch with
-           no-op handlers) vs the raw grpclib receive rate, in the same run; prints both and the
-           ratio (issue 2 target: >= 0.8).
+Commands (issue 8; each prints a table: median/min/max of repeated runs and the baseline
+measured in the same run; ``--quick`` small, ``--json`` machine-readable):
+  rollup         roll-up cycle at 1K/10K/100K CRs vs from-scratch aggregation (scripts/bench/)
+  informer       bytes per cached CR, slim projection vs full objects
+  stream         frames/s through the operator session (grpclib + trio-asyncio bridge + dispatch
+                 with no-op handlers) vs the raw grpclib receive rate (target ratio >= 0.8)
+  nodestate      NodeStateUpdate burst -> UpcomingNodes: writes/frame, latency, convergence
+  podcontroller  Pods -> CRs: CRs/s vs the apiserver's raw create rate
+  reclaim        N nodes x M Pods with PDBs: time to Drained, evictions/s vs raw evictions
+  connect        session open -> first roll-up sent with 100K CRs cached
+  apiserver      the embedded apiserver's own write rates per engine
+  all            every scenario, one process each (``all --quick``: the CI smoke run)
 
 Adding a command: drop a module into ``scripts/bench/`` (no ``__init__.py`` needed) that defines
 ``register(subparsers) -> None``; it adds its own sub-parser with ``set_defaults(func=run)``,
@@ -24,7 +32,6 @@ import argparse
 import asyncio
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import time
@@ -292,7 +299,7 @@ def _run_stream(args: argparse.Namespace) -> dict[str, Any]:
                 baseline=m["raw_cpu_rates"],
             )
         )
-        extra[payload] = {"frames": frames, "session_stats_last_round": m["session_stats_last_round"]}
+        extra[payload] = {"frames": frames, "last_round": m["session_stats_last_round"]}
     return C.result(
         "stream",
         {"machines": args.machines, "rounds": rounds, "payloads": payloads},

@@ -151,9 +151,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     notes = []
     if not all(per[n]["incremental_equals_scratch"] for n in sizes):
         notes.append("MISMATCH: incremental aggregate differs from the from-scratch rebuild")
-    extra = {str(n): {k: v for k, v in per[n].items()
-                      if k not in ("idle_ms", "dirty_ms", "fixed_ms", "events_and_cycle_ms", "scratch_ms")}
-             for n in sizes}
+    series = ("idle_ms", "dirty_ms", "fixed_ms", "events_and_cycle_ms", "scratch_ms")
+    extra = {str(n): {k: v for k, v in per[n].items() if k not in series} for n in sizes}
     return C.result("rollup", {"sizes": sizes, "repeat": repeat}, figs, notes, extra)
 
 
