@@ -229,12 +229,28 @@ def _spread_sort_key(s: Spread) -> tuple[str, int, int]:
 def _fingerprint(
     reqs: tuple[Requirement, ...], spr: tuple[Spread, ...], priority: int, ib: int, rb: int
 ) -> str:
-    """``p=<prio>|ipb=<n>|rpb=<n>|reqs=<k:op:v,v;>...|spr=<tk:skew:when;>...`` (ref §5.3)."""
+    """``p=<prio>|ipb=<n>|rpb=<n>|reqs=<k:op:v,v;>...|spr=<tk:skew:when;>...`` (ref §5.3).
+
+    Keys, values and topology keys are escaped (``\\`` and the delimiters ``, ; : |`` get a
+    backslash), so the fingerprint is injective -- fixing ref §18.17, where ``In ["a,b"]`` and
+    ``In ["a","b"]`` collided and their demand was merged. Text without those characters (every
+    valid label key/value) is unchanged.
+    """
     parts = [f"p={priority}|ipb={ib}|rpb={rb}|reqs="]
-    parts.extend(f"{r.key}:{r.operator}:{','.join(r.values)};" for r in reqs)
+    parts.extend(
+        f"{_esc(r.key)}:{r.operator}:{','.join(_esc(v) for v in r.values)};" for r in reqs
+    )
     parts.append("|spr=")
-    parts.extend(f"{s.topology_key}:{s.max_skew}:{s.when_unsatisfiable};" for s in spr)
+    parts.extend(f"{_esc(s.topology_key)}:{s.max_skew}:{s.when_unsatisfiable};" for s in spr)
     return "".join(parts)
+
+
+_ESCAPES: Final = str.maketrans({"\\": "\\\\", ",": "\\,", ";": "\\;", ":": "\\:", "|": "\\|"})
+
+
+def _esc(text: str) -> str:
+    """Backslash-escape the fingerprint delimiters (a no-op for ordinary label text)."""
+    return text.translate(_ESCAPES)
 
 
 def with_same_requirement(profile: Profile, key: str) -> Profile:
