@@ -162,13 +162,13 @@ B = "bigfleet.lucy.sh"
 
 def test_operator_rbac_is_exactly_what_the_code_needs() -> None:
     assert _rules("ClusterRole", "bigfleet-operator") == {
-        (B, "capacityrequests"): {"get", "list", "watch"},
+        (B, "capacityrequests"): {"list", "watch"},
         (B, "capacityrequests/status"): {"patch"},
         (B, "upcomingnodes"): {"get", "list", "watch", "create", "patch", "delete"},
         (B, "upcomingnodes/status"): {"patch"},
-        (B, "availablecapacities"): {"get", "list", "watch", "create", "patch"},
+        (B, "availablecapacities"): {"get", "create", "patch"},
         ("", "nodes"): {"get", "list", "watch", "patch"},
-        ("", "pods"): {"get", "list", "watch"},
+        ("", "pods"): {"list"},
         ("", "pods/eviction"): {"create"},
         ("", "events"): {"create"},
     }

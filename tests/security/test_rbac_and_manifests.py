@@ -107,13 +107,6 @@ OPERATOR_UNEXERCISED: dict[Triple, str] = {
     ("", "events", "create"): "operator/wiring.py:270 Warning Event for an excluded CR",
 }
 
-OPERATOR_OVERGRANT = (
-    "manifests/10-operator-rbac.yaml:23,35,41 grants capacityrequests get, availablecapacities "
-    "list/watch and pods get/watch, which the operator never calls (informer = list+watch on "
-    "capacityrequests; AvailableCapacity = get/create/patch; drain = list pods by node)"
-)
-
-
 async def _operator_calls() -> set[Triple]:
     from tests.faults._harness import harness
     from tests.faults.test_shard_faults import _lifecycle
@@ -151,7 +144,6 @@ async def test_operator_calls_are_all_granted(autojump_clock: trio.testing.MockC
     assert used - grants == set(), f"called but not granted: {sorted(used - grants)}"
 
 
-@pytest.mark.xfail(strict=True, reason=OPERATOR_OVERGRANT)
 async def test_operator_is_granted_nothing_more(autojump_clock: trio.testing.MockClock) -> None:
     used = await _operator_calls()
     grants = granted("10-operator-rbac.yaml", service_account="bigfleet-operator")
