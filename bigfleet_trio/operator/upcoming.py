@@ -286,8 +286,11 @@ def spec_equal(existing: Mapping[str, Any] | None, desired: Mapping[str, Any]) -
     (key, value, effect) (a stored ``timeAdded`` is ignored).
     """
     existing = existing or {}
-    if dict(existing.get("labels") or {}) != dict(desired.get("labels") or {}):
-        return False
+    old_labels = existing.get("labels") or {}
+    if not isinstance(old_labels, Mapping) or dict(old_labels) != dict(
+        desired.get("labels") or {}
+    ):
+        return False  # a stored non-map (hand-edited, hostile) is simply "different"
     old_res = existing.get("resources") or {}
     new_res = desired.get("resources") or {}
     if not isinstance(old_res, Mapping) or set(old_res) != set(new_res):
@@ -338,6 +341,8 @@ def _spec_patch(existing: Mapping[str, Any] | None, desired: Mapping[str, Any]) 
     if "resources" in diff and isinstance(diff["resources"], dict):
         # numerically equal quantities spelled differently are not a change
         old_res = existing.get("resources") or {}
+        if not isinstance(old_res, Mapping):
+            old_res = {}
         for key in [k for k, v in diff["resources"].items() if v is not None and k in old_res]:
             old_q = _quantity_or_none(old_res[key])
             if old_q is not None and old_q == Quantity.parse(diff["resources"][key]):
