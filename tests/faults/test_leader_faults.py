@@ -123,6 +123,7 @@ async def test_partitioned_leader_steps_down_before_follower_takes_over(
             cut_at = trio.current_time()
             cands[0].transport.down = True  # partition from the apiserver only
             await h.wait(cands[1].session_up, limit=40)
+            await trio.sleep(0.05)  # let the tracer sample the new state
             down = [t for t, n, up in transitions if n == "op-a" and not up]
             up_b = [t for t, n, up in transitions if n == "op-b" and up]
             assert down and up_b
