@@ -15,6 +15,22 @@ Task layout (all in one nursery owned by :meth:`Session.run`)::
 The first exception in send/recv/rollup cancels everything else (handlers included) and
 propagates out of :meth:`Session.run`; the reconnect loop (:mod:`.agent`) decides what next.
 
+Send-progress watchdog: every ``stream.send`` (Hello and each frame of the send task) must be
+accepted by the transport within ``send_timeout`` (30 s), else the session ends with
+:class:`SendStalled` (a :class:`StreamClosed`) and the agent reconnects with backoff. Without it a
+shard that accepts the stream and never reads would hold the session in ``send`` forever (the
+in-memory seam) or until HTTP/2 keepalive gives up, which the reference never configures.
+Why 30 s: a healthy shard drains its HTTP/2 window in milliseconds, and a busy one within a
+roll-up interval or two (10 s each); a frame not accepted for three roll-up intervals means every
+response behind it is already past the shard's own re-issue timeouts (a bootstrap pull waits one
+10 s cycle), so the stream carries nothing useful any more. It is a per-frame progress bound, not
+a throughput bound: a slow shard that reads one frame every few seconds is never cut off.
+
+Outbox drops are counted one by one (metric + stats) but logged rate-limited: the first drop of
+an episode at WARNING with the frame's kind and id, then at most one WARNING summary per
+``drop_log_interval`` (10 s) with the number dropped since; a pending count is logged when the
+session ends.
+
 Dispatch and backpressure (a deliberate, documented divergence from the Go recv loop):
 
 * ReclaimInstruction, AvailableCapacityUpdate and NodeStateUpdate handlers write the apiserver;
@@ -39,6 +55,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -50,7 +67,7 @@ import trio
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.operator.queues import OUTBOX_CAPACITY, NodeStateCoalescer, SendQueues
 from bigfleet_trio.proto import pb
-from bigfleet_trio.shard.transport import OperatorStream
+from bigfleet_trio.shard.transport import OperatorStream, StreamClosed
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +75,20 @@ PROTOCOL_VERSION = "v1alpha1"
 
 Reply = Callable[[pb.OperatorMessage], bool]
 """Enqueue one frame into the session's outbox without blocking; False when it was dropped."""
+
+
+DEFAULT_SEND_TIMEOUT = 30.0
+"""Seconds one frame may wait for the transport to accept it (see the module docstring)."""
+DEFAULT_DROP_LOG_INTERVAL = 10.0
+"""Seconds between outbox-drop summary log lines."""
+
+
+class SendStalled(StreamClosed):
+    """The transport did not accept a frame within ``send_timeout``: the shard is not reading.
+
+    A :class:`StreamClosed`, so the reconnect loop treats it as "stream gone" (reconnect with
+    backoff). ``reason`` names the frame kind and the timeout.
+    """
 
 
 class RollupSource(Protocol):
@@ -112,6 +143,9 @@ class SessionConfig:
         dispatch_backlog: bounded frames that may wait for a slot before the recv pump blocks.
         outbox_capacity: bound of the response outbox (drop-newest). Default 256.
         protocol_version: Hello.protocol_version. Default "v1alpha1".
+        send_timeout: seconds one ``stream.send`` may block before the session ends with
+            :class:`SendStalled` (> 0; ``math.inf`` disables). Default 30.
+        drop_log_interval: seconds between outbox-drop summary lines (>= 0). Default 10.
     """
 
     cluster_id: str
@@ -120,6 +154,8 @@ class SessionConfig:
     dispatch_backlog: int = 1024
     outbox_capacity: int = OUTBOX_CAPACITY
     protocol_version: str = PROTOCOL_VERSION
+    send_timeout: float = DEFAULT_SEND_TIMEOUT
+    drop_log_interval: float = DEFAULT_DROP_LOG_INTERVAL
 
     def __post_init__(self) -> None:
         if not self.cluster_id:
@@ -132,6 +168,10 @@ class SessionConfig:
             raise ValueError(f"dispatch_backlog must be >= 0, got {self.dispatch_backlog}")
         if self.outbox_capacity < 1:
             raise ValueError(f"outbox_capacity must be >= 1, got {self.outbox_capacity}")
+        if not self.send_timeout > 0:
+            raise ValueError(f"send_timeout must be > 0, got {self.send_timeout}")
+        if not self.drop_log_interval >= 0:
+            raise ValueError(f"drop_log_interval must be >= 0, got {self.drop_log_interval}")
 
 
 @dataclass
@@ -216,6 +256,9 @@ class Session:
         self._admission = trio.Semaphore(config.dispatch_concurrency + config.dispatch_backlog)
         self._ack_dirty = False
         self._ack_running = False
+        self._drops_quiet_until = -math.inf  # drops before this time only add to the summary
+        self._drops_unlogged = 0
+        self._drops_pending = trio.Event()  # set when _drops_unlogged becomes > 0
 
     # ---- public, non-blocking ----------------------------------------------------------------
 
@@ -232,16 +275,45 @@ class Session:
         if not self.queues.outbox.offer(msg):
             self.stats.outbox_dropped += 1
             metrics.OUTBOX_DROPPED.inc()
+            self._log_drop(msg)
+            return False
+        self._wakeup.set()
+        return True
+
+    def _log_drop(self, msg: pb.OperatorMessage) -> None:
+        """First drop of an episode: one WARNING; later ones wait for the summary task."""
+        now = trio.current_time()
+        if self._drops_unlogged == 0 and now >= self._drops_quiet_until:
             name, value = betterproto.which_one_of(msg, "payload")
             ident = getattr(value, "request_id", "") or getattr(value, "instruction_id", "")
             log.warning(
                 "outbox full; dropped frame kind=%s id=%s capacity=%d cluster=%s "
-                "(shard will re-issue on timeout)",
+                "(shard will re-issue on timeout; further drops summarised every %gs)",
                 name, ident, self.queues.outbox.capacity, self.config.cluster_id,
+                self.config.drop_log_interval,
             )
-            return False
-        self._wakeup.set()
-        return True
+            self._drops_quiet_until = now + self.config.drop_log_interval
+            return
+        self._drops_unlogged += 1
+        self._drops_pending.set()
+
+    def _log_drop_summary(self) -> None:
+        count, self._drops_unlogged = self._drops_unlogged, 0
+        if count:
+            log.warning(
+                "outbox full; %d more frames dropped in the last %gs capacity=%d cluster=%s "
+                "(total dropped %d)",
+                count, self.config.drop_log_interval, self.queues.outbox.capacity,
+                self.config.cluster_id, self.stats.outbox_dropped,
+            )
+
+    async def _drop_summary_loop(self) -> NoReturn:
+        while True:
+            await self._drops_pending.wait()
+            await trio.sleep_until(self._drops_quiet_until)
+            self._log_drop_summary()
+            self._drops_quiet_until = trio.current_time() + self.config.drop_log_interval
+            self._drops_pending = trio.Event()
 
     def enqueue_rollup(self, needs: pb.ClusterCapacityNeeds) -> None:
         """Store a roll-up in the pending slot (replacing an unsent one). Never blocks."""
@@ -262,6 +334,7 @@ class Session:
             on_established: called once, right after Hello was sent.
 
         Raises:
+            SendStalled: a frame (Hello included) was not accepted within ``send_timeout``.
             StreamClosed: the stream ended (peer close, transport error).
             Exception: any other failure of the three tasks (a bug); the reconnect loop logs it.
         """
@@ -287,6 +360,7 @@ class Session:
                     nursery.start_soon(
                         self._guard, self._rollup_loop, nursery, name="session-rollup"
                     )
+                    nursery.start_soon(self._drop_summary_loop, name="session-drop-log")
             except BaseExceptionGroup as group:
                 # The first failure cancels the rest, so the group normally holds one error (plus
                 # Cancelled when an outer cancel raced it): re-raise that error bare so callers
@@ -301,6 +375,7 @@ class Session:
             raise AssertionError("session tasks never return normally")  # pragma: no cover
         finally:
             self.closing.set()
+            self._log_drop_summary()
             _current.reset(token)
 
     async def _guard(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
@@ -312,7 +387,14 @@ class Session:
     # ---- send --------------------------------------------------------------------------------
 
     async def _send_frame(self, msg: pb.OperatorMessage) -> None:
-        await self._stream.send(msg)
+        timeout = self.config.send_timeout
+        with trio.move_on_after(timeout) as scope:
+            await self._stream.send(msg)
+        if scope.cancelled_caught:
+            raise SendStalled(
+                f"send stalled: {_kind_out(msg)} frame not accepted within {timeout:g}s "
+                "(shard not reading)"
+            )
         self.stats.frames_out += 1
         _FRAMES_OUT[_kind_out(msg)].inc()
 

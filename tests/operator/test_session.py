@@ -5,6 +5,7 @@ All tests use the autojump clock: times asserted are virtual seconds worked out 
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -14,7 +15,13 @@ import trio
 import trio.testing
 from prometheus_client import REGISTRY
 
-from bigfleet_trio.operator.session import Reply, Session, SessionConfig, current_session
+from bigfleet_trio.operator.session import (
+    Reply,
+    SendStalled,
+    Session,
+    SessionConfig,
+    current_session,
+)
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import ShardStream, StreamClosed, memory_stream_pair
 
@@ -147,8 +154,11 @@ async def test_rollup_at_once_then_every_interval(autojump_clock: Any) -> None:
 
 async def test_three_rollups_behind_blocked_send_only_last_is_sent(autojump_clock: Any) -> None:
     async with trio.open_nursery() as n:
-        # buffer=0: every send waits for the shard to read (a stalled HTTP/2 window).
-        session, shard, _, _ = await start_session(n, buffer=0, rollup_interval=10.0)
+        # buffer=0: every send waits for the shard to read (a stalled HTTP/2 window) -- here for
+        # 35 s, so the send-progress watchdog is set above that.
+        session, shard, _, _ = await start_session(
+            n, buffer=0, rollup_interval=10.0, send_timeout=40.0
+        )
         t0 = trio.current_time()
         await shard.receive()  # hello; roll-up 1 (t=0) is now stuck in stream.send
         await trio.sleep(35)  # roll-ups 2, 3, 4 at t=10, 20, 30 queue behind it
@@ -424,3 +434,126 @@ def test_session_config_validation() -> None:
         SessionConfig(cluster_id="c", dispatch_concurrency=0)
     with pytest.raises(ValueError, match="outbox_capacity"):
         SessionConfig(cluster_id="c", outbox_capacity=0)
+
+
+# ---- send-progress watchdog (FAULTS.md "accepts and never reads") -----------------------------
+
+
+async def test_shard_that_never_reads_hello_ends_session_after_send_timeout(
+    autojump_clock: Any,
+) -> None:
+    # buffer=0 and the shard never receives: Hello can never be handed over.
+    op, _shard = memory_stream_pair(0)
+    session = Session(op, cfg(send_timeout=7.0), FakeSource(), FakeHandlers())
+    t0 = trio.current_time()
+    with pytest.raises(SendStalled) as info:
+        await session.run()
+    assert trio.current_time() - t0 == 7.0
+    assert isinstance(info.value, StreamClosed)  # the agent's "stream ended" path
+    assert "hello" in info.value.reason and "7s" in info.value.reason
+    assert session.closing.is_set()
+
+
+async def test_send_task_stall_after_hello_ends_session(autojump_clock: Any) -> None:
+    op, shard = memory_stream_pair(0)
+    session = Session(op, cfg(send_timeout=5.0), FakeSource(), FakeHandlers())
+    got: list[BaseException] = []
+
+    async def run() -> None:
+        try:
+            await session.run()
+        except SendStalled as exc:
+            got.append(exc)
+
+    async with trio.open_nursery() as n:
+        n.start_soon(run)
+        await shard.receive()  # hello; roll-up 1 is now blocked in send, nobody reads again
+        t0 = trio.current_time()
+        await session.closing.wait()
+    assert trio.current_time() - t0 == 5.0
+    assert len(got) == 1 and "rollup" in str(got[0])
+
+
+async def test_slow_but_progressing_shard_is_not_killed(autojump_clock: Any) -> None:
+    # every frame waits 4 s for the shard (< send_timeout 5 s), for 60 s in a row
+    async with trio.open_nursery() as n:
+        session, shard, _, _ = await start_session(n, buffer=0, send_timeout=5.0,
+                                                    rollup_interval=1.0)
+        t0 = trio.current_time()
+        frames = 0
+        while trio.current_time() - t0 < 60:
+            await trio.sleep(4)
+            await shard.receive()
+            frames += 1
+        assert frames == 15
+        assert not session.closing.is_set()
+        n.cancel_scope.cancel()
+
+
+def test_send_timeout_default_and_validation() -> None:
+    assert cfg().send_timeout == 30.0
+    with pytest.raises(ValueError, match="send_timeout"):
+        SessionConfig(cluster_id="c", send_timeout=0)
+    with pytest.raises(ValueError, match="drop_log_interval"):
+        SessionConfig(cluster_id="c", drop_log_interval=-1)
+
+
+# ---- rate-limited drop warnings --------------------------------------------------------------
+
+
+async def test_outbox_drops_log_first_then_one_summary_per_interval(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bigfleet_trio.operator.session")
+    before = dropped_metric()
+    async with trio.open_nursery() as n:
+        session, shard, _, _ = await start_session(
+            n, buffer=0, outbox_capacity=1, drop_log_interval=10.0, send_timeout=1000.0
+        )
+        await shard.receive()  # hello; roll-up 1 blocks the send task from here on
+        t0 = trio.current_time()
+
+        async def burst(tag: str, count: int) -> None:
+            for i in range(count):
+                await shard.send(pb.ShardMessage(
+                    bootstrap_request=pb.BootstrapRequest(request_id=f"{tag}{i}")))
+            await trio.testing.wait_all_tasks_blocked()
+
+        await burst("a", 101)  # t=0: 1 fills the outbox, 100 dropped
+        await trio.sleep(4)
+        await burst("b", 50)  # t=4: 50 more dropped
+        await trio.sleep(30)  # summary at t=10 (149 since the first); quiet afterwards
+        await burst("c", 3)  # t=34: a new episode: one WARNING, then a summary at t=44 (2)
+        await trio.sleep(20)
+        drops = [r for r in caplog.records if "dropped" in r.getMessage()]
+        assert [r.levelno for r in drops] == [logging.WARNING] * 4
+        msgs = [r.getMessage() for r in drops]
+        assert "kind=bootstrap_response id=a" in msgs[0]
+        assert "149 more" in msgs[1] and "in the last 10s" in msgs[1]
+        assert "kind=bootstrap_response id=c" in msgs[2]
+        assert "2 more" in msgs[3]
+        assert session.stats.outbox_dropped == 100 + 50 + 3
+        assert dropped_metric() - before == 153
+        assert trio.current_time() - t0 == 54
+        n.cancel_scope.cancel()
+
+
+async def test_drops_not_yet_summarised_are_logged_when_the_session_ends(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bigfleet_trio.operator.session")
+    async with trio.open_nursery() as n:
+        session, shard, _, _ = await start_session(
+            n, buffer=0, outbox_capacity=1, drop_log_interval=10.0, send_timeout=1000.0
+        )
+        await shard.receive()  # hello
+        for i in range(6):  # 1 queued, 5 dropped: first logged, 4 pending a summary
+            await shard.send(pb.ShardMessage(
+                bootstrap_request=pb.BootstrapRequest(request_id=f"x{i}")))
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(3)
+        n.cancel_scope.cancel()
+    msgs = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(msgs) == 2
+    assert "4 more" in msgs[1]
+    assert session.stats.outbox_dropped == 5
