@@ -19,12 +19,20 @@ to reconnect), and the reset rule makes the next wait depend on the last session
 on an attempt counter. Both fight tenacity's attempt/stop model; the loop below is ten lines and
 the delay arithmetic (:class:`Backoff`) is a plain, unit-tested object. It also catches only
 ``Exception``, so ``trio.Cancelled`` can never be retried (tenacity#529).
+
+Session changes: the optional ``on_session_change`` hook gets a :class:`SessionChange` when a
+session is established (Hello sent), after every session end or failed connect (with the error
+text, the backoff delay before the next attempt and the uptime), and once when the agent is
+cancelled with a session up (``retry_in`` None). The operator publishes these as
+``session_up`` / ``session_down`` feed events. Each transition is also one log line (the
+session's "session established" INFO, the agent's "shard session ended" WARNING).
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -104,6 +112,32 @@ class AgentConfig:
     healthy_after: float = 60.0
 
 
+@dataclass(frozen=True)
+class SessionChange:
+    """One session transition, for :attr:`Agent.on_session_change` hooks.
+
+    Attributes:
+        up: True when a session was just established (Hello sent), False when one ended, a
+            connect failed, or the agent stopped.
+        cluster_id: the agent's cluster.
+        error: why it went down (``"stream closed: peer closed"``, ``"stream closed: send
+            stalled: ..."``, ``"operator stopping"``); "" when up.
+        retry_in: seconds until the next connect attempt (the backoff delay); None when up or
+            when the agent is stopping.
+        uptime: seconds the ended session had been established; None when up or when it never
+            was (failed connect, Hello not sent).
+    """
+
+    up: bool
+    cluster_id: str
+    error: str = ""
+    retry_in: float | None = None
+    uptime: float | None = None
+
+
+SessionChangeHook = Callable[[SessionChange], None]
+
+
 @dataclass
 class AgentState:
     """Snapshot for /readyz and debugging."""
@@ -124,6 +158,9 @@ class Agent:
         handlers: the :class:`Handlers`.
         config: :class:`AgentConfig`.
         rng: random source for the backoff jitter.
+        on_session_change: called (synchronously, in the agent task) with a
+            :class:`SessionChange` on every transition; must not block. An exception it raises
+            is logged and ignored.
 
     Attributes:
         session_up: True while a session is established (Hello sent) -- the /readyz signal.
@@ -140,8 +177,10 @@ class Agent:
         config: AgentConfig,
         *,
         rng: random.Random | None = None,
+        on_session_change: SessionChangeHook | None = None,
     ) -> None:
         self.config = config
+        self.on_session_change = on_session_change
         self.stats = SessionStats()
         self.session_up = False
         self.session: Session | None = None
@@ -174,6 +213,7 @@ class Agent:
                 self.session_up = True
                 metrics.SESSION_UP.set(1)
                 self.stats.sessions += 1
+                self._notify(SessionChange(True, cluster))
 
             try:
                 async with self._connector.connect() as stream:
@@ -184,6 +224,13 @@ class Agent:
                     await session.run(on_established)
             except Exception as exc:  # noqa: BLE001 - every failure means "reconnect"
                 self.last_error = _describe(exc)
+            except BaseException:  # cancelled: the operator is stopping (or lost the lease)
+                if established_at is not None:
+                    up_for = trio.current_time() - established_at
+                    log.info("shard session closed cluster=%s uptime=%.1fs: operator stopping",
+                             cluster, up_for)
+                    self._notify(SessionChange(False, cluster, "operator stopping", None, up_for))
+                raise
             finally:
                 self.session = None
                 self.session_up = False
@@ -196,7 +243,17 @@ class Agent:
                 "shard session ended cluster=%s uptime=%s error=%s; reconnecting in %.3fs",
                 cluster, "never" if uptime is None else f"{uptime:.1f}s", self.last_error, delay,
             )
+            self._notify(SessionChange(False, cluster, self.last_error, delay, uptime))
             await trio.sleep(delay)
+
+    def _notify(self, change: SessionChange) -> None:
+        if self.on_session_change is None:
+            return
+        try:
+            self.on_session_change(change)
+        except Exception:
+            log.exception("session-change hook failed cluster=%s up=%s", change.cluster_id,
+                          change.up)
 
 
 def _describe(exc: BaseException) -> str:

@@ -53,7 +53,7 @@ from bigfleet_trio.kube import (
 )
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.acknowledge import Acknowledger
-from bigfleet_trio.operator.agent import Agent, AgentConfig
+from bigfleet_trio.operator.agent import Agent, AgentConfig, SessionChange
 from bigfleet_trio.operator.available import AvailableCapacityHandler
 from bigfleet_trio.operator.bootstrap import (
     BootstrapHandler,
@@ -183,6 +183,7 @@ class _Runtime:
                 initial_backoff=cfg.reconnect_initial_backoff,
                 max_backoff=cfg.reconnect_max_backoff,
             ),
+            on_session_change=op._on_session_change,
         )
 
 
@@ -307,6 +308,16 @@ class Operator:
     def _publish(self, kind: str, **fields: Any) -> None:
         if self.feed is not None:
             self.feed.publish(kind, **fields)
+
+    def _on_session_change(self, change: SessionChange) -> None:
+        """Agent hook: ``session_up`` / ``session_down`` feed events (the agent logs each one)."""
+        if change.up:
+            self._publish("session_up", cluster=change.cluster_id)
+        else:
+            self._publish(
+                "session_down", cluster=change.cluster_id, error=change.error,
+                retry_in=change.retry_in, uptime=change.uptime,
+            )
 
     # ------------------------------------------------------------------ the task
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from bigfleet_trio.operator.agent import Agent, AgentConfig, Backoff
+from bigfleet_trio.operator.agent import Agent, AgentConfig, Backoff, SessionChange
 from bigfleet_trio.operator.session import Reply, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import MemoryConnector, ShardStream, StreamClosed
@@ -190,3 +190,69 @@ async def test_cancelling_run_leaves_no_task_and_closes_transport(autojump_clock
     with pytest.raises(StreamClosed):
         while True:
             await end.receive()
+
+
+# ---- send-progress watchdog and the session-change hook -------------------------------------
+
+
+async def test_shard_that_never_reads_session_ends_after_send_timeout_then_backoff(
+    autojump_clock: Any,
+) -> None:
+    conn = MemoryConnector(buffer=0)  # Hello can only go out if the shard receives it
+    changes: list[SessionChange] = []
+    cfg = AgentConfig(session=SessionConfig(cluster_id="c1", send_timeout=5.0),
+                      backoff_jitter=0.0)
+    agent = Agent(conn, Source(), Handlers(), cfg, on_session_change=changes.append)
+    accepted_at: list[float] = []
+    held: list[ShardStream] = []  # accepted, never read
+    t0 = trio.current_time()
+    async with trio.open_nursery() as n:
+        n.start_soon(agent.run)
+        async for end in conn.accepted:
+            accepted_at.append(trio.current_time() - t0)
+            held.append(end)
+            if len(accepted_at) == 3:
+                break
+        n.cancel_scope.cancel()
+    # Hello stalls 5 s -> SendStalled; waits 0.5 then 1 (nominal, no jitter)
+    assert accepted_at == [0.0, 5.5, 11.5]
+    assert agent.stats.sessions == 0 and agent.stats.reconnects == 2
+    assert "send stalled: hello frame not accepted within 5s" in agent.last_error
+    assert [(c.up, c.retry_in, c.uptime) for c in changes] == [
+        (False, 0.5, None), (False, 1.0, None)
+    ]
+    assert changes[0].error.startswith("stream closed: send stalled")
+
+
+async def test_on_session_change_reports_up_and_down_with_error_and_delay(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    conn = MemoryConnector()
+    changes: list[tuple[float, SessionChange]] = []
+
+    def hook(change: SessionChange) -> None:
+        changes.append((trio.current_time(), change))
+        if len(changes) == 1:
+            raise RuntimeError("hook bug")  # logged, never ends the agent
+
+    cfg = AgentConfig(session=SessionConfig(cluster_id="c1"), backoff_jitter=0.0)
+    agent = Agent(conn, Source(), Handlers(), cfg, on_session_change=hook)
+    t0 = trio.current_time()
+    async with trio.open_nursery() as n:
+        n.start_soon(agent.run)
+        end: ShardStream = await conn.accepted.receive()
+        await end.receive()  # hello -> up at t=0
+        await trio.sleep(3)
+        await end.aclose()  # down at t=3 after 3 s up, retry in 0.5
+        end = await conn.accepted.receive()
+        await end.receive()  # up again at t=3.5
+        await trio.testing.wait_all_tasks_blocked()
+        n.cancel_scope.cancel()
+    got = [(t - t0, c.up, c.cluster_id, c.error, c.retry_in, c.uptime) for t, c in changes]
+    assert got == [
+        (0.0, True, "c1", "", None, None),
+        (3.0, False, "c1", "stream closed: peer closed", 0.5, 3.0),
+        (3.5, True, "c1", "", None, None),
+        (3.5, False, "c1", "operator stopping", None, 0.0),  # cancelled while up
+    ]
+    assert any("session-change hook failed" in r.getMessage() for r in caplog.records)

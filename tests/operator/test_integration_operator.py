@@ -464,3 +464,32 @@ async def test_drain_survives_a_reconnect(autojump_clock: trio.testing.MockClock
             assert drains.results[node].outcome == "drained"
             assert (await h.client.list(PODS, "default")).items == []
             run.cancel_scope.cancel()
+
+
+async def test_session_up_and_down_are_published_on_the_feed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with harness(reconnect_initial_backoff=0.5, reconnect_max_backoff=1.0) as h:
+        h.connector.fail_next = 1
+        async with h.feed.subscribe(kinds=["session_up", "session_down"]) as sub:
+            async with trio.open_nursery() as run:
+                await run.start(h.operator.run)
+                await h.wait(lambda: h.operator.ready()[0])
+                await h.shard_ends[-1].aclose()
+                await h.wait(lambda: h.operator.statistics().sessions == 2)
+                run.cancel_scope.cancel()
+            events = []
+            while True:
+                try:
+                    events.append(sub.receive_nowait())
+                except trio.WouldBlock:
+                    break
+    kinds = [e["kind"] for e in events]
+    assert kinds == ["session_down", "session_up", "session_down", "session_up", "session_down"]
+    refused, _, closed, _, stopping = events
+    assert refused["error"] == "stream closed: connection refused (injected)"
+    assert 0.4 <= refused["retry_in"] <= 0.5 and refused["uptime"] is None  # jitter <= 20 %
+    assert closed["error"] == "stream closed: peer closed"
+    assert 0.8 <= closed["retry_in"] <= 1.0 and closed["uptime"] >= 0
+    assert stopping["error"] == "operator stopping" and stopping["retry_in"] is None
+    assert all(e["cluster"] == "c1" for e in events)
