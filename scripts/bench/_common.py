@@ -78,7 +78,9 @@ def figure(
         samples: the repeated measurements (or one number).
         baseline: the same quantity measured on the baseline path in the same run.
         baseline_label: what the baseline is.
-        ratio: explicit ratio; default median/baseline-median when a baseline is given.
+        ratio: explicit ratio; default: with a baseline, the median of the per-round ratios
+            when both have the same number (>1) of samples (rounds are paired: a shared
+            machine's load changes between rounds), else median / baseline median.
         target: the issue's target, as text.
         met: a bool, or ``f(median, ratio) -> bool``, or None (no target).
     """
@@ -90,8 +92,14 @@ def figure(
         row["baseline_min"] = b["min"]
         row["baseline_max"] = b["max"]
         row["baseline_label"] = baseline_label
-        if ratio is None and b["median"]:
-            ratio = s["median"] / b["median"]
+        if ratio is None:
+            base_list = [baseline] if isinstance(baseline, (int, float)) else list(baseline)
+            own = [samples] if isinstance(samples, (int, float)) else list(samples)
+            if len(own) == len(base_list) > 1 and all(base_list):
+                # paired rounds (same round = same machine conditions): median of the ratios
+                ratio = float(statistics.median(a / b for a, b in zip(own, base_list, strict=True)))
+            elif b["median"]:
+                ratio = s["median"] / b["median"]
     row["ratio"] = ratio
     row["target"] = target
     if callable(met):
