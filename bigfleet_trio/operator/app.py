@@ -8,7 +8,7 @@ parts (diagnostics, shutdown, leader election); design.md "Data flow"::
     ├── CapacityRequestRollup.run      (exclusion Events, periodic consistency check)
     ├── Informer CapacityRequests       (slim view) --> RollupAggregator (incremental)
     ├── Informer UpcomingNodes          (indexed by status.nodeRef.name)
-    ├── Informer Nodes                  (slim view)
+    ├── Informer Nodes                  (slim view, indexed by spec.providerID)
     │        ... all three synced before ANY cluster write or roll-up ...
     ├── DrainManager.run               (operator-owned: a reconnect never cancels a drain)
     ├── Acknowledger.run               (Pending -> Acknowledged, never delays a tick)
@@ -70,16 +70,26 @@ from bigfleet_trio.operator.wiring import (
     CapacityRequestRollup,
     OperatorHandlers,
     node_ref_index,
+    provider_id_index,
     slim_node,
 )
 from bigfleet_trio.shard.transport import Connector
 
-__all__ = ["NODE_REF_INDEX", "Operator", "OperatorStatistics", "run_operator", "serve_operator"]
+__all__ = [
+    "NODE_REF_INDEX",
+    "PROVIDER_ID_INDEX",
+    "Operator",
+    "OperatorStatistics",
+    "run_operator",
+    "serve_operator",
+]
 
 log = logging.getLogger(__name__)
 
 NODE_REF_INDEX = "nodeRef"
 """Index name of the UpcomingNode informer: Node name -> UpcomingNodes pointing at it."""
+PROVIDER_ID_INDEX = "providerID"
+"""Index name of the Node informer: ``spec.providerID`` -> Nodes (reclaim by machine id)."""
 
 
 @dataclass
@@ -157,14 +167,20 @@ class _Runtime:
         self.un_informer = Informer(
             client, UPCOMING_NODES, indexers={NODE_REF_INDEX: node_ref_index}
         )
-        self.node_informer = Informer(client, NODES, transform=slim_node)
+        self.node_informer = Informer(
+            client, NODES, transform=slim_node, indexers={PROVIDER_ID_INDEX: provider_id_index}
+        )
         self.informers = (self.cr_informer, self.un_informer, self.node_informer)
         self.handlers = OperatorHandlers(
             bootstrap=BootstrapHandler(
                 op.renderer, cfg.cluster_id, ttl_seconds=int(cfg.bootstrap_ttl)
             ),
             reclaim=ReclaimHandler(
-                client, self.drains, self.memory, upcoming_lookup=op.upcoming_for_node
+                client,
+                self.drains,
+                self.memory,
+                upcoming_lookup=op.upcoming_for_node,
+                node_lookup=op.nodes_for_provider_id,
             ),
             upcoming=UpcomingNodeHandler(client, self.memory),
             available=AvailableCapacityHandler(client),
@@ -253,6 +269,12 @@ class Operator:
         if self._rt is None:
             return []
         return list(self._rt.un_informer.store.by_index(NODE_REF_INDEX, node))
+
+    def nodes_for_provider_id(self, provider_id: str) -> list[dict[str, Any]]:
+        """Nodes whose ``spec.providerID`` is ``provider_id`` (from the Node informer cache)."""
+        if self._rt is None:
+            return []
+        return list(self._rt.node_informer.store.by_index(PROVIDER_ID_INDEX, provider_id))
 
     def ready(self) -> tuple[bool, list[str]]:
         """Readiness for ``/readyz``: informers synced AND a shard session up.

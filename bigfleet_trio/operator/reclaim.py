@@ -5,9 +5,11 @@ peers.md N1-N5, P1-P5; issue 5 "Reclaim").
 
 1. Resolve each entry of ``nodes`` to a Node: a Node of that name; else the UpcomingNode
    ``un-<entry>`` (the shard sends machine IDs) and its ``status.nodeRef``; else that
-   UpcomingNode's ``status.providerID`` matched against ``Node.spec.providerID``. For an entry
-   that names a Node, its UpcomingNode is found by ``status.nodeRef.name`` through the injected
-   ``upcoming_lookup`` (the operator's informer index), else by listing UpcomingNodes.
+   UpcomingNode's ``status.providerID`` matched against ``Node.spec.providerID`` through the
+   injected ``node_lookup`` (the operator's Node informer indexed by providerID), else by listing
+   Nodes. For an entry that names a Node, its UpcomingNode is found by ``status.nodeRef.name``
+   through the injected ``upcoming_lookup`` (the operator's informer index), else by listing
+   UpcomingNodes.
 2. Cordon it (merge-patch ``{"spec":{"unschedulable":true}}``), walk its UpcomingNode to Draining
    and remember in the :class:`~bigfleet_trio.operator.upcoming.DrainMemory` that a drain began,
    then hand the drain to the :class:`DrainManager` (non-blocking).
@@ -124,6 +126,12 @@ Reply = Callable[[pb.OperatorMessage], bool]
 UpcomingLookup = Callable[[str], Iterable[Mapping[str, Any]]]
 """Node name -> UpcomingNodes whose ``status.nodeRef.name`` is that node (e.g. an informer
 index: ``Operator.upcoming_for_node``)."""
+
+
+NodeLookup = Callable[[str], Iterable[Mapping[str, Any]]]
+"""``spec.providerID`` -> Nodes with that providerID (e.g. an informer index:
+``Operator.nodes_for_provider_id``). Each returned Node is re-checked, so a stale index entry is
+harmless."""
 
 
 class ReclaimKube(KubeLike, Protocol):
@@ -624,6 +632,8 @@ class ReclaimHandler:
         seen_capacity: how many instruction ids to remember for duplicate detection.
         upcoming_lookup: Node name -> UpcomingNodes pointing at it (an informer index); None
             lists every UpcomingNode from the apiserver instead (one list per such entry).
+        node_lookup: providerID -> Nodes with it (an informer index); None lists every Node
+            from the apiserver instead (one list per entry resolved by providerID).
     """
 
     def __init__(
@@ -634,9 +644,11 @@ class ReclaimHandler:
         *,
         seen_capacity: int = 4096,
         upcoming_lookup: UpcomingLookup | None = None,
+        node_lookup: NodeLookup | None = None,
     ) -> None:
         self._client = client
         self._upcoming_lookup = upcoming_lookup
+        self._node_lookup = node_lookup
         self._drains = drains
         self.memory = memory
         self._seen: OrderedDict[str, _Instruction] = OrderedDict()
@@ -754,12 +766,22 @@ class ReclaimHandler:
         if ref and await self._get(NODES, ref) is not None:
             return _Resolved(entry, ref, _name(un), "upcoming nodeRef")
         provider_id = status.get("providerID")
-        if provider_id:
-            listing = await self._call(lambda: self._client.list(NODES))
-            for n in listing.items:
-                if (n.get("spec") or {}).get("providerID") == provider_id:
+        if provider_id and isinstance(provider_id, str):
+            for n in await self._nodes_by_provider_id(provider_id):
+                spec = n.get("spec")
+                if (
+                    isinstance(spec, Mapping)
+                    and spec.get("providerID") == provider_id
+                    and _name(n) is not None
+                ):
                     return _Resolved(entry, _name(n), _name(un), "upcoming providerID")
         return _Resolved(entry, None, _name(un), "upcoming without node")
+
+    async def _nodes_by_provider_id(self, provider_id: str) -> list[Mapping[str, Any]]:
+        if self._node_lookup is not None:
+            return sorted(self._node_lookup(provider_id), key=lambda n: _name(n) or "")
+        listing = await self._call(lambda: self._client.list(NODES))
+        return list(listing.items)
 
     async def _upcoming_by_node_ref(self, node: str) -> dict[str, Any] | None:
         if self._upcoming_lookup is not None:

@@ -430,6 +430,13 @@ def node_ref_index(un: Mapping[str, Any]) -> list[str]:
     return [name] if isinstance(name, str) and name else []
 
 
+def provider_id_index(node: Mapping[str, Any]) -> list[str]:
+    """Index function: a Node's ``spec.providerID`` (none for an empty or non-string value)."""
+    spec = node.get("spec")
+    pid = spec.get("providerID") if isinstance(spec, Mapping) else None
+    return [pid] if isinstance(pid, str) and pid else []
+
+
 def slim_node(node: dict[str, Any]) -> dict[str, Any]:
     """Informer transform for Nodes: identity, labels, cordon flag, providerID, Ready condition."""
     md = node.get("metadata") or {}

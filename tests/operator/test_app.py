@@ -25,6 +25,7 @@ from bigfleet_trio.operator.wiring import (
     CapacityRequestRollup,
     OperatorHandlers,
     node_ref_index,
+    provider_id_index,
     slim_node,
 )
 from bigfleet_trio.proto import pb
@@ -222,6 +223,11 @@ def test_informer_helpers() -> None:
     assert node_ref_index({"status": {"nodeRef": {"name": "n1"}}}) == ["n1"]
     assert node_ref_index({"status": {}}) == []
     assert node_ref_index({}) == []
+    assert provider_id_index({"spec": {"providerID": "sim://1"}}) == ["sim://1"]
+    assert provider_id_index({"spec": {"providerID": ""}}) == []
+    assert provider_id_index({"spec": {"providerID": 7}}) == []  # hand-edited junk: not indexed
+    assert provider_id_index({"spec": "junk"}) == []
+    assert provider_id_index({}) == []
     node = {
         "metadata": {"name": "n1", "uid": "u", "resourceVersion": "3", "labels": {"a": "b"},
                      "annotations": {"big": "x" * 100}},

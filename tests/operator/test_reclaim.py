@@ -423,6 +423,62 @@ async def test_machine_id_resolved_through_provider_id(autojump_clock: trio.abc.
     assert replies.acks == [("r", 1)]
 
 
+async def test_machine_id_resolved_through_injected_provider_id_lookup(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # un-m-9 has no nodeRef, only a providerID: the Node comes from the injected lookup (the
+    # operator's Node informer indexed by spec.providerID), never from listing every Node.
+    c = FakeCluster()
+    c.add_node("other", provider_id="aws:///us-east-1a/i-2")
+    c.add_node("ip-10-0-0-9", provider_id="aws:///us-east-1a/i-9")
+    c.add_un("un-m-9", phase="Ready", providerID="aws:///us-east-1a/i-9")
+    lists: list[Resource] = []
+    real_list = c.list
+
+    async def counting_list(res: Resource, namespace: str | None = None, **kw: Any) -> Listing:
+        lists.append(res)
+        return await real_list(res, namespace, **kw)
+
+    c.list = counting_list  # type: ignore[method-assign]
+    asked: list[str] = []
+
+    def by_provider(provider_id: str) -> list[dict[str, Any]]:
+        asked.append(provider_id)
+        # a stale index entry (providerID since changed) is ignored, the matching one used
+        stale = {"metadata": {"name": "stale"}, "spec": {"providerID": "aws:///x/i-0"}}
+        return [stale] + [copy.deepcopy(n) for n in c.nodes.values()
+                          if n["spec"]["providerID"] == provider_id]
+
+    memory = DrainMemory()
+    drains = DrainManager(c, memory, rng=random.Random(7))
+    handler = ReclaimHandler(c, drains, memory, node_lookup=by_provider)
+    replies = Replies()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "m-9"), replies)
+        nursery.cancel_scope.cancel()
+    assert asked == ["aws:///us-east-1a/i-9"]
+    assert NODES not in lists
+    assert c.node_patches == [("ip-10-0-0-9", {"spec": {"unschedulable": True}})]
+    assert replies.acks == [("r", 1)]
+
+
+async def test_provider_id_lookup_miss_is_no_node(autojump_clock: trio.abc.Clock) -> None:
+    c = FakeCluster()
+    c.add_un("un-m-9", phase="Ready", providerID="aws:///us-east-1a/i-9")
+    memory = DrainMemory()
+    drains = DrainManager(c, memory, rng=random.Random(7))
+    handler = ReclaimHandler(c, drains, memory, node_lookup=lambda pid: [])
+    replies = Replies()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "m-9"), replies)
+        nursery.cancel_scope.cancel()
+    assert c.node_patches == []
+    assert replies.acks == [("r", 0)]  # acked, nothing cordoned
+    assert c.upcoming["un-m-9"]["status"]["phase"] == "Draining"
+
+
 async def test_nodes_started_counts_only_cordoned(autojump_clock: trio.abc.Clock) -> None:
     c = standard_cluster()
     c.add_un("un-m-2", phase="Launched")  # a machine with no Node yet
@@ -948,6 +1004,22 @@ def test_operator_injects_informer_lookup_into_reclaim() -> None:
     op = _operator_runtime()
     handler = op.runtime.handlers.reclaim
     assert handler._upcoming_lookup == op.upcoming_for_node
+    assert handler._node_lookup == op.nodes_for_provider_id
+
+
+def test_operator_nodes_for_provider_id_reads_the_node_informer_index() -> None:
+    from bigfleet_trio.operator.wiring import slim_node
+
+    op = _operator_runtime()
+    store = op.runtime.node_informer.store
+    for name, pid in [("a", "sim://1"), ("b", "sim://2"), ("c", ""), ("d", "sim://1")]:
+        store._set(name, slim_node({"metadata": {"name": name}, "spec": {"providerID": pid}}))
+    assert [n["metadata"]["name"] for n in op.nodes_for_provider_id("sim://1")] == ["a", "d"]
+    assert op.nodes_for_provider_id("sim://2")[0]["metadata"]["name"] == "b"
+    assert op.nodes_for_provider_id("") == []  # Nodes without a providerID are not indexed
+    assert op.nodes_for_provider_id("sim://9") == []
+    store._pop("a")
+    assert [n["metadata"]["name"] for n in op.nodes_for_provider_id("sim://1")] == ["d"]
 
 
 # --------------------------------------------------------------------------- P3: eviction timeout

@@ -31,6 +31,10 @@ def _names() -> set[str]:
         "bigfleet_operator_coalesced_frames",
         "bigfleet_operator_handler_errors",
         "bigfleet_operator_rollup_errors",
+        # drains (reclaim.py); counters without the _total suffix, as above
+        "bigfleet_operator_drains",
+        "bigfleet_operator_drains_active",
+        "bigfleet_operator_evictions",
     ],
 )
 def test_metric_registered(name: str) -> None:
@@ -50,3 +54,18 @@ def test_bucket_layouts_match_reference() -> None:
 def test_outbox_dropped_exposed_with_total_suffix() -> None:
     before = REGISTRY.get_sample_value("bigfleet_operator_outbox_dropped_total")
     assert before is not None
+
+
+@pytest.mark.parametrize(
+    ("exposed", "kind"),
+    [
+        ("bigfleet_operator_drains_total", "counter"),
+        ("bigfleet_operator_drains_active", "gauge"),
+        ("bigfleet_operator_evictions_total", "counter"),
+    ],
+)
+def test_drain_metrics_exposed_under_their_scrape_names(exposed: str, kind: str) -> None:
+    from prometheus_client import generate_latest
+
+    text = generate_latest(REGISTRY).decode()
+    assert f"# TYPE {exposed} {kind}\n" in text
