@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     # pod-controller ------------------------------------------------------------------------
     pc = sub.add_parser(
         "pod-controller", command="pod-controller", help="run the unschedulable-pod controller",
-        description="Turn unschedulable Pods into CapacityRequests.",
+        description="Keep one CapacityRequest per Pod, translated as kube-scheduler sees it.",
     )
     pc.add_argument("--kubeconfig", default=None, metavar="PATH",
                     help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)")

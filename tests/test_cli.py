@@ -566,3 +566,25 @@ def test_install_crds_bad_kubeconfig_one_line(
     assert cli.main(["install-crds", "--kubeconfig", str(tmp_path / "missing")]) == 1
     lines = _err_lines(capsys)
     assert len(lines) == 1 and lines[0].startswith("install-crds: ")
+
+
+def test_sim_apiserver_unwritable_kubeconfig_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    missing = tmp_path / "no-such-dir" / "kubeconfig"
+    assert cli.main(["sim", "apiserver", "--port", "0", "--kubeconfig-out", str(missing)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sim apiserver: cannot write kubeconfig"), err
+
+
+def test_sim_apiserver_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = ["sim", "apiserver", "--port", str(port), "--kubeconfig-out", str(tmp_path / "k")]
+        assert cli.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sim apiserver: "), err

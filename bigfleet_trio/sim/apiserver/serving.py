@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING, Any
@@ -124,9 +125,29 @@ def run_cli(port: int, kubeconfig_out: str, *, engine: str = "hypercorn") -> int
                     break
                 nursery.cancel_scope.cancel()
 
+    parent = os.path.dirname(os.path.abspath(kubeconfig_out))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        print(f"sim apiserver: cannot write kubeconfig {kubeconfig_out}: "
+              f"{parent} is not a writable directory", file=sys.stderr)
+        return 1
     try:
         trio.run(main)
-    except OSError as exc:
-        print(f"sim apiserver: {exc}", file=sys.stderr)
+    except (OSError, BaseExceptionGroup) as exc:
+        err = _first_os_error(exc)
+        if err is None:
+            raise
+        print(f"sim apiserver: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _first_os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind ``exc``, looking through (nested) Trio exception groups."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_os_error(inner)
+            if found is not None:
+                return found
+    return None
