@@ -26,6 +26,13 @@ Reconcile of ``("pod", "ns/name")`` (outcome counted in
 3. Translate (:func:`~.translate.translate_pod`). TranslationError → Warning Event on the Pod +
    log → ``invalid_pod`` (no CR, no retry). Warnings (unparseable penalty annotation, ...) →
    Warning Event + log (once per distinct set of warnings per Pod) and carry on.
+   Requirements whose operator the CRD does not accept (Gt/Lt from node affinity: the
+   translation keeps them, :data:`~.translate.CRD_REQUIREMENT_OPERATORS` is what the CRD allows)
+   → no write, ONE Warning Event ``UnsupportedRequirement`` on the Pod naming key and operator
+   (once per distinct message while it persists), one warning log line, →
+   ``unsupported_requirement``; no retry (a Pod change or the resync re-checks). A CR the Pod
+   already has is deleted: it would carry the demand with constraints the Pod no longer has,
+   and the Event is what makes the demand visible (reference §18.13: never silent lost demand).
 4. No CR → create with the deterministic name; AlreadyExists → read it and treat it as existing
    → ``cr_created`` / ``cr_exists``. The status merge-patch ``{"status":{"phase":"Pending"}}``
    follows as a low-priority queue item ``("stamp", "ns/crname")``: it runs once no Pod work is
@@ -36,6 +43,11 @@ Reconcile of ``("pod", "ns/name")`` (outcome counted in
    deleted; if the kept CR's spec differs from the translation, a JSON merge patch (an RFC 7386
    diff: removed keys set to null, lists replaced wholesale) updates it → ``cr_updated``;
    otherwise ``cr_exists``.
+6. The apiserver rejects the create or patch with 422 Invalid → a permanent outcome, not an
+   error: Warning Event ``CapacityRequestRejected`` on the Pod with the apiserver's message
+   (once per translated spec version), one log line, any CR the Pod has is deleted (its spec is
+   not the Pod's any more, as in step 3), → ``cr_rejected``; no backoff retry (a Pod change or
+   the periodic resync tries again).
 
 Reconcile of ``("orphan", "ns/crname")``: the CR's owner (label UID) is not a live Pod in the cache
 and a live GET of the owner Pod confirms it is gone (or has another UID) → delete the CR with a UID
@@ -45,6 +57,7 @@ precondition → ``orphan_deleted``.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import math
 from collections.abc import Mapping
@@ -57,6 +70,7 @@ from bigfleet_trio.kube.errors import (
     AlreadyExists,
     ApiError,
     Conflict,
+    Invalid,
     KubeTransportError,
     NotFound,
 )
@@ -64,6 +78,7 @@ from bigfleet_trio.kube.errors import (
 from . import metrics
 from .defaults import PriorityClassDefaults
 from .translate import (
+    CRD_REQUIREMENT_OPERATORS,
     INTERRUPTION_PENALTY_ANNOTATION,
     OWNED_BY_POD_LABEL,
     RECLAMATION_PENALTY_ANNOTATION,
@@ -71,6 +86,7 @@ from .translate import (
     build_capacity_request,
     is_terminal,
     translate_pod,
+    unsupported_requirements,
 )
 from .workqueue import WorkQueue
 
@@ -80,6 +96,10 @@ __all__ = [
     "OWNER_UID_INDEX",
     "POD_UID_INDEX",
     "PodController",
+    "REASON_FAILED",
+    "REASON_REJECTED",
+    "REASON_UNSUPPORTED",
+    "REASON_WARNING",
     "SyncTimeout",
     "merge_patch_diff",
     "slim_cr",
@@ -95,6 +115,17 @@ OWNER_POD_INDEX = "owner-pod"
 """CR index: ``"ns/name"`` of the Pod named by the CR's Pod ownerReference."""
 POD_UID_INDEX = "uid"
 """Pod index: ``metadata.uid``."""
+
+REASON_FAILED = "CapacityRequestFailed"
+"""Event reason: the Pod cannot be translated (no CR)."""
+REASON_WARNING = "CapacityRequestWarning"
+"""Event reason: translated with a warning (e.g. unparseable penalty annotation ignored)."""
+REASON_UNSUPPORTED = "UnsupportedRequirement"
+"""Event reason: a requirement operator the CRD does not accept (Gt/Lt); no CR."""
+REASON_REJECTED = "CapacityRequestRejected"
+"""Event reason: the apiserver rejected the CR create/patch with 422 Invalid; no CR."""
+_REASONS = (REASON_FAILED, REASON_WARNING, REASON_UNSUPPORTED, REASON_REJECTED)
+_NOT_SENT = "this Pod's demand is not sent to BigFleet"
 
 PodKey = tuple[str, str]
 
@@ -365,7 +396,9 @@ class PodController:
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.synced = False
         self.leading = False
-        self._reported: dict[str, tuple[str, ...]] = {}  # pod uid -> last warnings/errors sent
+        # (pod uid, Event reason) -> (messages, version) last reported: each condition is
+        # reported once while it persists and again after it cleared and came back
+        self._reported: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {}
         self._stamp_rv: dict[str, str | None] = {}  # CR key -> resourceVersion after create
 
     # -- readiness ----------------------------------------------------------------------------
@@ -396,7 +429,7 @@ class PodController:
     def _on_pod_delete(self, pod: dict[str, Any]) -> None:
         uid = pod.get("metadata", {}).get("uid")
         if isinstance(uid, str):
-            self._reported.pop(uid, None)
+            self._clear(uid, *_REASONS)
         self._enqueue_pod(_key(pod))
 
     def _check_cr(self, cr: dict[str, Any]) -> None:
@@ -430,9 +463,12 @@ class PodController:
             return
         key = f"{cr.get('metadata', {}).get('namespace', '')}/{owner}"
         pod = self.pods.store.get(key)
-        # recreate at once if that very Pod is still live (not for GC after a Pod deletion)
-        if (pod is not None and pod.get("metadata", {}).get("uid") == _owner_uid(cr)
-                and not is_terminal(pod)):
+        uid = _owner_uid(cr)
+        # recreate at once if that very Pod is still live (not for GC after a Pod deletion),
+        # and not when we deleted it ourselves because that Pod cannot have a CR right now
+        # (unsupported requirement / rejected by the apiserver: a Pod change re-checks it)
+        if (pod is not None and pod.get("metadata", {}).get("uid") == uid
+                and not is_terminal(pod) and not self._no_cr_wanted(uid)):
             self._enqueue_pod(key)
 
     # -- running ------------------------------------------------------------------------------
@@ -606,14 +642,31 @@ class PodController:
             body = build_capacity_request(pod, translation)
         except TranslationError as exc:
             log.warning("pod cannot be translated pod=%s uid=%s err=%s", key, uid, exc)
-            await self._report(pod, uid, "CapacityRequestFailed", (str(exc),))
+            await self._report(pod, uid, REASON_FAILED, (str(exc),))
             return "invalid_pod"
+        self._clear(uid, REASON_FAILED)
         if translation.warnings:
             for w in translation.warnings:
                 log.warning("pod translation warning pod=%s uid=%s warning=%s", key, uid, w)
-            await self._report(pod, uid, "CapacityRequestWarning", translation.warnings)
+            await self._report(pod, uid, REASON_WARNING, translation.warnings)
         else:
-            self._reported.pop(uid, None)
+            self._clear(uid, REASON_WARNING)
+        unsupported = unsupported_requirements(translation.spec)
+        if unsupported:
+            return await self._unsupported(key, pod, uid, unsupported, owned)
+        self._clear(uid, REASON_UNSUPPORTED)
+        try:
+            outcome = await self._write(key, uid, body, owned)
+        except Invalid as exc:
+            return await self._rejected(key, pod, uid, body, exc, owned)
+        self._clear(uid, REASON_REJECTED)
+        return outcome
+
+    async def _write(
+        self, key: str, uid: str, body: dict[str, Any], owned: list[dict[str, Any]]
+    ) -> str:
+        """Steps 4-5: create the CR, or bring the existing one in line with ``body``."""
+        spec = body["spec"]
         want = body["metadata"]["name"]
         if not owned:
             return await self._create(key, uid, body)
@@ -621,10 +674,66 @@ class PodController:
         for extra in owned:
             if extra is not keep:
                 await self._delete_cr(extra, why="duplicate")
-        if keep.get("spec") != translation.spec:
-            return await self._update_spec(key, keep, translation.spec, body)
+        if keep.get("spec") != spec:
+            return await self._update_spec(key, keep, spec, body)
         log.debug("cr exists pod=%s cr=%s", key, keep["metadata"].get("name"))
         return "cr_exists"
+
+    async def _unsupported(
+        self,
+        key: str,
+        pod: dict[str, Any],
+        uid: str,
+        unsupported: tuple[dict[str, Any], ...],
+        owned: list[dict[str, Any]],
+    ) -> str:
+        """Step 3b: requirements the CRD cannot carry: Event + log, no CR (stale one deleted)."""
+        what = ", ".join(f"{r.get('key')!r} {r.get('operator')}" for r in unsupported)
+        message = (
+            f"node affinity requirement {what} cannot be expressed in a CapacityRequest (the "
+            f"CRD accepts operators {', '.join(sorted(CRD_REQUIREMENT_OPERATORS))}); {_NOT_SENT}"
+        )
+        self._clear(uid, REASON_REJECTED)
+        if await self._report(pod, uid, REASON_UNSUPPORTED, (message,)):
+            log.warning(
+                "pod demand not sent, unsupported requirement pod=%s uid=%s requirements=%s "
+                "stale_crs=%d",
+                key,
+                uid,
+                what,
+                len(owned),
+            )
+        else:
+            log.debug("pod demand still not sent, unsupported requirement pod=%s", key)
+        for cr in owned:
+            await self._delete_cr(cr, why="unsupported_requirement")
+        return "unsupported_requirement"
+
+    async def _rejected(
+        self,
+        key: str,
+        pod: dict[str, Any],
+        uid: str,
+        body: dict[str, Any],
+        exc: Invalid,
+        owned: list[dict[str, Any]],
+    ) -> str:
+        """Step 6: 422 Invalid on create/patch: permanent for this spec version."""
+        version = json.dumps(body["spec"], sort_keys=True, separators=(",", ":"))
+        message = f"CapacityRequest rejected by the apiserver: {exc.message}; {_NOT_SENT}"
+        if await self._report(pod, uid, REASON_REJECTED, (message,), version=version):
+            log.warning(
+                "pod demand not sent, cr rejected pod=%s uid=%s cr=%s err=%s",
+                key,
+                uid,
+                body["metadata"]["name"],
+                exc,
+            )
+        else:
+            log.debug("pod demand still not sent, cr rejected again pod=%s", key)
+        for cr in owned:
+            await self._delete_cr(cr, why="rejected_update")
+        return "cr_rejected"
 
     async def _create(self, key: str, uid: str, body: dict[str, Any]) -> str:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -741,13 +850,36 @@ class PodController:
         return None
 
     async def _report(
-        self, pod: dict[str, Any], uid: str, reason: str, messages: tuple[str, ...]
-    ) -> None:
-        """A Warning Event on the Pod per message, once per distinct set of messages."""
-        if self._reported.get(uid) == messages:
-            return
-        self._reported[uid] = messages
+        self,
+        pod: dict[str, Any],
+        uid: str,
+        reason: str,
+        messages: tuple[str, ...],
+        *,
+        version: str = "",
+    ) -> bool:
+        """A Warning Event on the Pod per message, once per distinct (messages, version).
+
+        Remembered per (Pod UID, reason) until :meth:`_clear` or the Pod's deletion.
+
+        Returns:
+            True when Events were written, False when this was reported already.
+        """
+        if self._reported.get((uid, reason)) == (messages, version):
+            return False
+        self._reported[(uid, reason)] = (messages, version)
         for message in messages:
             await self.client.create_event(
                 pod, reason=reason, message=message, type="Warning", component=self.component
             )
+        return True
+
+    def _no_cr_wanted(self, uid: str) -> bool:
+        """The Pod's last reconcile left it without a CR on purpose (Event reported)."""
+        return (uid, REASON_UNSUPPORTED) in self._reported or (
+            uid, REASON_REJECTED) in self._reported
+
+    def _clear(self, uid: str, *reasons: str) -> None:
+        """Forget that ``reasons`` were reported for ``uid`` (the condition cleared)."""
+        for reason in reasons:
+            self._reported.pop((uid, reason), None)

@@ -2,7 +2,8 @@
 
 Seed 000 "The unschedulable-pod controller: one CapacityRequest per Pod" (translation bullets),
 seed 003 (ADR-0039: every non-terminal Pod gets exactly one CR), reference-behavior.md §10.1-10.5,
-with the §18 fixes that belong here (deterministic name from the UID, blockOwnerDeletion).
+with the §18 fixes that belong here (deterministic name from the UID). The ownerReference sets
+``controller: true`` but not ``blockOwnerDeletion`` (see :func:`build_capacity_request`).
 
 Everything here is pure: no I/O, no clock. Pods are plain JSON dicts as the apiserver returns
 them (already defaulted and admitted: ``spec.priority`` and ``spec.overhead`` are resolved;
@@ -46,6 +47,7 @@ from bigfleet_trio.quantity import Quantity, QuantityError, max_resources, sum_r
 from .defaults import PriorityClassDefaults
 
 __all__ = [
+    "CRD_REQUIREMENT_OPERATORS",
     "CR_API_VERSION",
     "CR_KIND",
     "INTERRUPTION_PENALTY_ANNOTATION",
@@ -59,6 +61,7 @@ __all__ = [
     "is_terminal",
     "pod_resource_requests",
     "translate_pod",
+    "unsupported_requirements",
 ]
 
 CR_API_VERSION = "bigfleet.lucy.sh/v1alpha1"
@@ -66,6 +69,11 @@ CR_KIND = "CapacityRequest"
 OWNED_BY_POD_LABEL = "bigfleet.lucy.sh/owned-by-pod"
 INTERRUPTION_PENALTY_ANNOTATION = "bigfleet.lucy.sh/interruption-penalty"
 RECLAMATION_PENALTY_ANNOTATION = "bigfleet.lucy.sh/reclamation-penalty"
+#: ``spec.requirements[].operator`` values the shipped CapacityRequest CRD accepts (its enum in
+#: manifests/crds.yaml, fixed by protocol.md). The translation keeps Gt/Lt verbatim (issue 6);
+#: the controller checks a translation against this set before writing (reference §18.13: a CR
+#: with Gt/Lt is rejected with 422 by the apiserver, so that demand must be reported, not lost).
+CRD_REQUIREMENT_OPERATORS: frozenset[str] = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
 #: What a Pod with no node constraints at all gets, so the matcher has something to bind to.
 SYNTHESISED_REQUIREMENT: Mapping[str, str] = {
     "key": "node.kubernetes.io/instance-type",
@@ -411,8 +419,12 @@ def build_capacity_request(pod: Mapping[str, Any], translation: Translation) -> 
 
     ``metadata``: name :func:`cr_name_for_pod`, the Pod's namespace, label
     ``bigfleet.lucy.sh/owned-by-pod=<uid>``, and an ownerReference to the Pod
-    (``controller: true, blockOwnerDeletion: true``) so deleting the Pod garbage-collects the
-    CR (seed 000, implicit withdrawal). ``spec`` is a deep copy of ``translation.spec``.
+    (``controller: true``) so deleting the Pod garbage-collects the CR (seed 000, implicit
+    withdrawal). ``blockOwnerDeletion`` is deliberately not set, as in the Go reference
+    (reference-behavior §10): with the OwnerReferencesPermissionEnforcement admission plugin,
+    setting it requires ``update`` on ``pods/finalizers``, which the pod controller's RBAC does
+    not grant (and need not: nothing waits for the CR in a foreground deletion), so every create
+    would be Forbidden. ``spec`` is a deep copy of ``translation.spec``.
 
     Raises:
         TranslationError: the Pod has no name, namespace or uid.
@@ -437,9 +449,30 @@ def build_capacity_request(pod: Mapping[str, Any], translation: Translation) -> 
                     "name": name,
                     "uid": uid,
                     "controller": True,
-                    "blockOwnerDeletion": True,
+                    # no blockOwnerDeletion: it needs pods/finalizers update (see docstring)
                 }
             ],
         },
         "spec": copy.deepcopy(translation.spec),
     }
+
+
+def unsupported_requirements(spec: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
+    """The entries of ``spec["requirements"]`` whose operator the CRD does not accept.
+
+    Args:
+        spec: a translated CR spec (:attr:`Translation.spec`).
+
+    Returns:
+        The offending requirement dicts (``{"key", "operator"[, "values"]}``) in spec order;
+        ``()`` when every operator is in :data:`CRD_REQUIREMENT_OPERATORS` (reference §18.13:
+        Gt/Lt from node affinity). Operators are compared case-sensitively, as the apiserver does.
+    """
+    requirements = spec.get("requirements")
+    if not isinstance(requirements, list):
+        return ()
+    return tuple(
+        r
+        for r in requirements
+        if isinstance(r, dict) and r.get("operator") not in CRD_REQUIREMENT_OPERATORS
+    )

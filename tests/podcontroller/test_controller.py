@@ -122,7 +122,6 @@ async def test_pods_become_crs_with_owner_refs_and_pending(
                 "name": "web-1",
                 "uid": p1["metadata"]["uid"],
                 "controller": True,
-                "blockOwnerDeletion": True,
             }
         ]
         assert cr1["spec"] == {
@@ -525,3 +524,196 @@ async def test_pending_stamp_never_overwrites_a_newer_phase(
         await ctl.reconcile(("stamp", f"default/{name}"))
         got = await client.get(CAPACITY_REQUESTS, name, "default")
         assert got["status"]["phase"] == "Pending"
+
+
+# --------------------------------------------------------------------------------------------
+# demand the CRD cannot carry (reference §18.13 on the pod-controller side; seed issue 5:
+# "never silent lost demand")
+
+RECONCILES = "bigfleet_unschedulable_pod_controller_reconciles_total"
+
+
+def _reconciles(outcome: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(RECONCILES, {"outcome": outcome}) or 0.0
+
+
+def _node_affinity(*exprs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": list(exprs)}]
+            }
+        }
+    }
+
+
+GT_GEN = {"key": "example.com/gen", "operator": "Gt", "values": ["3"]}
+IN_GEN = {"key": "example.com/gen", "operator": "In", "values": ["4", "5"]}
+
+
+async def _events_for(client: KubeClient, name: str) -> list[dict[str, Any]]:
+    items = (await client.list(EVENTS, "default")).items
+    return [e for e in items if e["involvedObject"]["name"] == name]
+
+
+async def test_gt_requirement_is_one_event_no_cr_no_retry_then_fixed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = ApiServer()  # the shipped CRD: requirements operators In|NotIn|Exists|DoesNotExist
+    metric_before = _reconciles("unsupported_requirement")
+    async with running(server, resync_period=60.0) as (ctl, client):
+        gt = await client.create(PODS, pod("gt", affinity=_node_affinity(GT_GEN)))
+        ok = await client.create(PODS, pod("ok"))
+        await eventually(lambda: _pending_count(client, 1))
+        await eventually(lambda: ctl.outcomes["unsupported_requirement"] == 1)
+        # the only CR is the good Pod's; the Gt Pod's create was never even attempted
+        assert [c["metadata"]["labels"][LABEL] for c in await crs(client)] == [
+            ok["metadata"]["uid"]
+        ]
+        assert server.counters[("create", "capacityrequests")] == 1
+        assert _reconciles("unsupported_requirement") == metric_before + 1
+        (ev,) = await _events_for(client, "gt")
+        assert ev["type"] == "Warning"
+        assert ev["reason"] == "UnsupportedRequirement"
+        assert ev["involvedObject"]["uid"] == gt["metadata"]["uid"]
+        assert "example.com/gen" in ev["message"] and "Gt" in ev["message"]
+        assert "not sent to BigFleet" in ev["message"]
+        # no retry loop: nothing happens until the resync, which writes nothing and repeats
+        # no Event
+        await trio.sleep(59)
+        assert ctl.outcomes["unsupported_requirement"] == 1
+        assert ctl.outcomes["error"] == 0
+        await trio.sleep(2)  # one resync
+        assert ctl.outcomes["unsupported_requirement"] == 2
+        assert server.counters[("create", "capacityrequests")] == 1
+        assert server.counters[("patch", "capacityrequests")] == 0  # (stamps are .../status)
+        assert len(await _events_for(client, "gt")) == 1
+        # the Pod is fixed (Gt replaced with In): the Pod update re-triggers, the CR appears
+        await client.patch(PODS, "gt", {"spec": {"affinity": _node_affinity(IN_GEN)}}, "default")
+        await eventually(lambda: _pending_count(client, 2))
+        cr = await client.get(CAPACITY_REQUESTS, "cr-" + gt["metadata"]["uid"], "default")
+        assert cr["spec"]["requirements"] == [IN_GEN]
+        assert server.counters[("create", "capacityrequests")] == 2
+        assert len(await _events_for(client, "gt")) == 1
+        # broken again (Lt this time): reported again, once
+        await client.patch(
+            PODS,
+            "gt",
+            {"spec": {"affinity": _node_affinity(
+                {"key": "example.com/cores", "operator": "Lt", "values": ["64"]}
+            )}},
+            "default",
+        )
+        await eventually(lambda: _count(client, 1))
+        events = await _events_for(client, "gt")
+        assert [e["reason"] for e in events] == ["UnsupportedRequirement"] * 2
+        assert any("'example.com/cores' Lt" in e["message"] for e in events)
+
+
+async def test_existing_cr_is_deleted_when_the_pod_gains_a_gt_requirement(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = ApiServer()
+    async with running(server) as (ctl, client):
+        created = await client.create(PODS, pod("p", affinity=_node_affinity(IN_GEN)))
+        await eventually(lambda: _pending_count(client, 1))
+        await client.patch(
+            PODS, "p", {"spec": {"affinity": _node_affinity(IN_GEN, GT_GEN)}}, "default"
+        )
+        # a stale CR would carry the demand with constraints the Pod no longer has: removed
+        await eventually(lambda: _count(client, 0))
+        await eventually(lambda: ctl.outcomes["unsupported_requirement"] == 1)
+        assert ctl.outcomes["cr_updated"] == 0
+        assert server.counters[("patch", "capacityrequests")] == 0
+        (ev,) = await _events_for(client, "p")
+        assert ev["reason"] == "UnsupportedRequirement"
+        assert ev["involvedObject"]["uid"] == created["metadata"]["uid"]
+        await trio.sleep(30)
+        assert await _count(client, 0)
+        assert server.counters[("create", "capacityrequests")] == 1
+
+
+async def test_invalid_on_create_is_permanent_event_once_no_hot_retry(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = ApiServer()
+    metric_before = _reconciles("cr_rejected")
+    async with running(server, resync_period=60.0) as (ctl, client):
+        server.faults.fail_next(2, code=422, verb="create", resource="capacityrequests")
+        created = await client.create(PODS, pod("p"))
+        await eventually(lambda: ctl.outcomes["cr_rejected"] == 1)
+        await trio.sleep(30)  # no backoff retry
+        assert server.counters[("create", "capacityrequests")] == 1
+        assert ctl.outcomes["error"] == 0
+        assert _reconciles("cr_rejected") == metric_before + 1
+        (ev,) = await _events_for(client, "p")
+        assert ev["type"] == "Warning"
+        assert ev["reason"] == "CapacityRequestRejected"
+        assert ev["involvedObject"]["uid"] == created["metadata"]["uid"]
+        assert "not sent to BigFleet" in ev["message"]
+        # the periodic resync tries again; the same rejection of the same spec is not
+        # reported twice
+        await trio.sleep(31)
+        assert server.counters[("create", "capacityrequests")] == 2
+        assert ctl.outcomes["cr_rejected"] == 2
+        assert len(await _events_for(client, "p")) == 1
+        # a Pod change is a new spec version: tried at once, succeeds now
+        await client.patch(PODS, "p", {"spec": {"priority": 5}}, "default")
+        await eventually(lambda: _pending_count(client, 1))
+        assert server.counters[("create", "capacityrequests")] == 3
+        assert len(await _events_for(client, "p")) == 1
+
+
+async def _cap_priority(client: KubeClient, maximum: int) -> None:
+    """Install a stricter CapacityRequest CRD (spec.priority <= maximum): a real 422."""
+    import copy
+
+    from bigfleet_trio.kube import CRDS
+
+    crd = copy.deepcopy(await client.get(CRDS, "capacityrequests.bigfleet.lucy.sh"))
+    for version in crd["spec"]["versions"]:
+        props = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        props["priority"]["maximum"] = maximum
+    await client.update(CRDS, crd)
+
+
+async def test_invalid_on_update_is_permanent_and_reported_per_spec_version(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = ApiServer()
+    async with running(server) as (ctl, client):
+        await _cap_priority(client, 100)
+        created = await client.create(PODS, pod("p"))
+        await eventually(lambda: _pending_count(client, 1))
+        creates = server.counters[("create", "capacityrequests")]
+        patches = server.counters[("patch", "capacityrequests")]
+        await client.patch(PODS, "p", {"spec": {"priority": 500}}, "default")
+        await eventually(lambda: ctl.outcomes["cr_rejected"] == 1)
+        # the CR no longer carries the Pod's spec: removed, not left with the old demand, and
+        # not recreated at once (that create would be rejected just the same)
+        await eventually(lambda: _count(client, 0))
+        await trio.sleep(30)  # no backoff retry
+        assert server.counters[("patch", "capacityrequests")] == patches + 1
+        assert server.counters[("create", "capacityrequests")] == creates
+        assert ctl.outcomes["cr_rejected"] == 1
+        assert ctl.outcomes["error"] == 0
+        (ev,) = await _events_for(client, "p")
+        assert ev["reason"] == "CapacityRequestRejected"
+        assert ev["involvedObject"]["uid"] == created["metadata"]["uid"]
+        assert "spec.priority" in ev["message"]  # the apiserver's message
+        assert "not sent to BigFleet" in ev["message"]
+        # another spec version, rejected again (on create now): reported again
+        await client.patch(PODS, "p", {"spec": {"priority": 600}}, "default")
+        await eventually(lambda: ctl.outcomes["cr_rejected"] == 2)
+        assert [e["reason"] for e in await _events_for(client, "p")] == [
+            "CapacityRequestRejected"
+        ] * 2
+        assert server.counters[("create", "capacityrequests")] == creates + 1
+        assert await _count(client, 0)
+        # back within the CRD's limits: the CR is created
+        await client.patch(PODS, "p", {"spec": {"priority": 50}}, "default")
+        await eventually(lambda: _pending_count(client, 1))
+        assert (await crs(client))[0]["spec"]["priority"] == 50
+        assert ctl.outcomes["error"] == 0

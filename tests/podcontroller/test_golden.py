@@ -84,7 +84,6 @@ def test_golden_uid_from_manifest() -> None:
             "name": "policy-pod",
             "uid": "policy-pod-uid",
             "controller": True,
-            "blockOwnerDeletion": True,
         }
     ]
 

@@ -739,7 +739,6 @@ def test_build_capacity_request() -> None:
                     "name": "web-1",
                     "uid": "11111111-2222-4333-8444-555555555555",
                     "controller": True,
-                    "blockOwnerDeletion": True,
                 }
             ],
         },
@@ -756,3 +755,58 @@ def test_build_capacity_request_needs_identity(missing: str) -> None:
     del p["metadata"][missing]
     with pytest.raises(TranslationError, match=missing):
         build_capacity_request(p, translate_pod(p, None))
+
+
+# --------------------------------------------------------------------------------------------
+# what the shipped CRD accepts (reference §18.13; the controller checks before writing)
+
+
+def test_crd_requirement_operators_match_the_shipped_crd() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    import bigfleet_trio
+    from bigfleet_trio.podcontroller.translate import CRD_REQUIREMENT_OPERATORS
+
+    text = (Path(bigfleet_trio.__file__).parent / "manifests" / "crds.yaml").read_text()
+    crds = {d["spec"]["names"]["kind"]: d for d in yaml.safe_load_all(text) if d}
+    schema = crds["CapacityRequest"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    req = schema["properties"]["spec"]["properties"]["requirements"]["items"]
+    assert CRD_REQUIREMENT_OPERATORS == frozenset(req["properties"]["operator"]["enum"])
+    assert CRD_REQUIREMENT_OPERATORS == {"In", "NotIn", "Exists", "DoesNotExist"}
+
+
+@pytest.mark.parametrize(
+    ("requirements", "expected"),
+    [
+        pytest.param(None, (), id="no-requirements"),
+        pytest.param([EXISTS, A_IN, B_EXISTS], (), id="all-supported"),
+        pytest.param(
+            [{"key": "x", "operator": "NotIn", "values": ["1"]},
+             {"key": "y", "operator": "DoesNotExist"}],
+            (),
+            id="notin-doesnotexist",
+        ),
+        pytest.param([A_IN, C_GT, B_EXISTS, D_LT], (C_GT, D_LT), id="gt-lt-in-order"),
+        pytest.param([{"key": "z", "operator": "in"}], ({"key": "z", "operator": "in"},),
+                     id="case-matters"),
+    ],
+)
+def test_unsupported_requirements(
+    requirements: list[dict[str, Any]] | None, expected: tuple[dict[str, Any], ...]
+) -> None:
+    from bigfleet_trio.podcontroller.translate import unsupported_requirements
+
+    spec: dict[str, Any] = {"priority": 0, "resources": {}}
+    if requirements is not None:
+        spec["requirements"] = requirements
+    assert unsupported_requirements(spec) == expected
+
+
+def test_gt_pod_translation_is_unsupported_by_the_crd() -> None:
+    from bigfleet_trio.podcontroller.translate import unsupported_requirements
+
+    t = translate_pod(pod(node_affinity({"nodeSelectorTerms": [term(A_IN, C_GT)]})), None)
+    assert t.spec["requirements"] == [A_IN, C_GT]  # the translation keeps Gt (issue 6)
+    assert unsupported_requirements(t.spec) == (C_GT,)
