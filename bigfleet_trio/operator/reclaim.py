@@ -680,15 +680,24 @@ class ReclaimHandler:
             while len(self._seen) > self._seen_capacity:
                 self._seen.popitem(last=False)
         try:
-            started = await self._cordon_all(instr)
+            cordoned = await self._cordon_all(instr)
         except BaseException:
             if iid and self._seen.get(iid) is record:
                 del self._seen[iid]  # never completed: a re-issue must do the work again
             record.done.set()
             raise
-        record.nodes_started = started
+        record.nodes_started = len(cordoned)
         record.done.set()
-        self._ack(iid, started, reply)
+        # Seed 000 order: cordon every node, ack, then drain. The ack and the drain starts are
+        # all synchronous (no checkpoint between them), so a session cancelled after the ack
+        # cannot lose a drain, and no eviction starts before every node is cordoned.
+        self._ack(iid, len(cordoned), reply)
+        grace = effective_grace(instr.grace_period_seconds)
+        for node, un_name in cordoned:
+            if self._drains.is_draining(node):
+                log.info("reclaim: node already draining node=%s", node)
+                continue
+            self._drains.start(node, un_name=un_name, grace_seconds=grace, instruction_id=iid)
 
     def _ack(self, iid: str, nodes_started: int, reply: Reply) -> None:
         msg = pb.OperatorMessage(
@@ -698,12 +707,19 @@ class ReclaimHandler:
             log.info("reclaim: acked instruction_id=%s nodes_started=%d", iid, nodes_started)
         else:
             log.warning(
-                "reclaim: ack dropped (outbox full), shard will re-issue instruction_id=%s", iid
+                "reclaim: ack not queued (outbox full or session ended), shard will re-issue "
+                "instruction_id=%s",
+                iid,
             )
 
-    async def _cordon_all(self, instr: pb.ReclaimInstruction) -> int:
-        grace = effective_grace(instr.grace_period_seconds)
-        started = 0
+    async def _cordon_all(self, instr: pb.ReclaimInstruction) -> list[tuple[str, str | None]]:
+        """Cordon every resolvable node of ``instr`` (walking its UpcomingNode to Draining).
+
+        Returns:
+            ``[(node name, UpcomingNode name or None)]`` for the nodes actually cordoned, in
+            instruction order (duplicates removed): the ack's ``nodes_started`` and the drains.
+        """
+        cordoned: list[tuple[str, str | None]] = []
         for entry in dict.fromkeys(instr.nodes):  # de-duplicated, order kept
             if not entry:
                 continue
@@ -721,15 +737,10 @@ class ReclaimHandler:
                 continue
             if r.un_name is not None:
                 await self._mark_draining(r.un_name)
-            started += 1
+            if all(node != r.node for node, _ in cordoned):
+                cordoned.append((r.node, r.un_name))
             log.info("reclaim: cordoned node=%s entry=%s via=%s", r.node, entry, r.how)
-            if self._drains.is_draining(r.node):
-                log.info("reclaim: node already draining node=%s", r.node)
-                continue
-            self._drains.start(
-                r.node, un_name=r.un_name, grace_seconds=grace, instruction_id=instr.instruction_id
-            )
-        return started
+        return cordoned
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         async for attempt in kube_retrying():

@@ -1050,3 +1050,46 @@ async def test_eviction_waits_for_a_slow_disruption_webhook(autojump_clock: trio
     assert [(p, t - t0) for p, t in seen] == [
         ("/api/v1/namespaces/default/pods/web/eviction", pytest.approx(12.0))
     ]
+
+
+async def test_multi_node_cordons_all_then_acks_then_drains(autojump_clock: trio.abc.Clock) -> None:
+    """Seed 000 "Handling reclaim": cordon every named node, ack, and only then drain; no
+    eviction may start while a later node of the same instruction is still being cordoned."""
+    c = FakeCluster()
+    for n in ("n-1", "n-2", "n-3"):
+        c.add_node(n)
+        c.add_pod(_pod(f"app-{n}", node=n))
+    drains, handler, _ = make(c)
+    order: list[str] = []
+
+    class Recording(Replies):
+        def __call__(self, msg: pb.OperatorMessage) -> bool:
+            order.append("ack")
+            return super().__call__(msg)
+
+    original_patch, original_evict = c.patch, c.evict
+
+    async def slow_patch(res: Resource, name: str, patch: Any, *a: Any, **kw: Any) -> Any:
+        if res == NODES:
+            await trio.sleep(1.0)  # a slow cordon gives a premature drain time to evict
+            order.append(f"cordon {name}")
+        return await original_patch(res, name, patch, *a, **kw)
+
+    async def recording_evict(name: str, namespace: str, **kw: Any) -> None:
+        order.append(f"evict {name}")
+        await original_evict(name, namespace, **kw)
+
+    c.patch = slow_patch  # type: ignore[method-assign]
+    c.evict = recording_evict  # type: ignore[method-assign]
+    replies = Recording()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "n-1", "n-2", "n-3"), replies)
+        await drains.wait_idle()
+        nursery.cancel_scope.cancel()
+    assert order[:4] == ["cordon n-1", "cordon n-2", "cordon n-3", "ack"]
+    assert sorted(order[4:]) == ["evict app-n-1", "evict app-n-2", "evict app-n-3"]
+    assert replies.acks == [("r", 3)]
+    assert {n: r.outcome for n, r in drains.results.items()} == {
+        "n-1": "drained", "n-2": "drained", "n-3": "drained",
+    }
