@@ -634,6 +634,8 @@ class ReclaimHandler:
             lists every UpcomingNode from the apiserver instead (one list per such entry).
         node_lookup: providerID -> Nodes with it (an informer index); None lists every Node
             from the apiserver instead (one list per entry resolved by providerID).
+        cordon_concurrency: entries resolved and cordoned at once (16): an instruction naming
+            100 nodes is acked after ~7 cordon round trips, not 100.
     """
 
     def __init__(
@@ -645,7 +647,11 @@ class ReclaimHandler:
         seen_capacity: int = 4096,
         upcoming_lookup: UpcomingLookup | None = None,
         node_lookup: NodeLookup | None = None,
+        cordon_concurrency: int = 16,
     ) -> None:
+        if cordon_concurrency < 1:
+            raise ValueError("cordon_concurrency must be >= 1")
+        self._cordon_concurrency = cordon_concurrency
         self._client = client
         self._upcoming_lookup = upcoming_lookup
         self._node_lookup = node_lookup
@@ -715,32 +721,47 @@ class ReclaimHandler:
     async def _cordon_all(self, instr: pb.ReclaimInstruction) -> list[tuple[str, str | None]]:
         """Cordon every resolvable node of ``instr`` (walking its UpcomingNode to Draining).
 
+        Entries are resolved and cordoned concurrently, at most ``cordon_concurrency`` at once.
+
         Returns:
             ``[(node name, UpcomingNode name or None)]`` for the nodes actually cordoned, in
             instruction order (duplicates removed): the ack's ``nodes_started`` and the drains.
         """
+        entries = [e for e in dict.fromkeys(instr.nodes) if e]  # de-duplicated, order kept
+        results: list[tuple[str, str | None] | None] = [None] * len(entries)
+        limiter = trio.CapacityLimiter(self._cordon_concurrency)
+
+        async def one(i: int, entry: str) -> None:
+            async with limiter:
+                results[i] = await self._cordon_entry(entry)
+
+        async with trio.open_nursery() as nursery:
+            for i, entry in enumerate(entries):
+                nursery.start_soon(one, i, entry)
         cordoned: list[tuple[str, str | None]] = []
-        for entry in dict.fromkeys(instr.nodes):  # de-duplicated, order kept
-            if not entry:
-                continue
-            r = await self._resolve(entry)
-            if r.node is None:
-                log.info(
-                    "reclaim: no Node for entry, nothing to cordon entry=%s upcoming=%s",
-                    entry,
-                    r.un_name,
-                )
-                if r.un_name is not None:
-                    await self._mark_draining(r.un_name)
-                continue
-            if not await self._cordon(r.node):
-                continue
+        for item in results:
+            if item is not None and all(node != item[0] for node, _ in cordoned):
+                cordoned.append(item)
+        return cordoned
+
+    async def _cordon_entry(self, entry: str) -> tuple[str, str | None] | None:
+        """Resolve one entry, cordon its Node and mark its UpcomingNode Draining."""
+        r = await self._resolve(entry)
+        if r.node is None:
+            log.info(
+                "reclaim: no Node for entry, nothing to cordon entry=%s upcoming=%s",
+                entry,
+                r.un_name,
+            )
             if r.un_name is not None:
                 await self._mark_draining(r.un_name)
-            if all(node != r.node for node, _ in cordoned):
-                cordoned.append((r.node, r.un_name))
-            log.info("reclaim: cordoned node=%s entry=%s via=%s", r.node, entry, r.how)
-        return cordoned
+            return None
+        if not await self._cordon(r.node):
+            return None
+        if r.un_name is not None:
+            await self._mark_draining(r.un_name)
+        log.info("reclaim: cordoned node=%s entry=%s via=%s", r.node, entry, r.how)
+        return (r.node, r.un_name)
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         async for attempt in kube_retrying():
