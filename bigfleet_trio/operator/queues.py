@@ -122,61 +122,100 @@ class SendQueues:
         return bool(self.rollup) or len(self.outbox) > 0
 
 
+#: Default bound on machines with a frame waiting for a worker (see :class:`NodeStateCoalescer`).
+NODE_STATE_PENDING_CAP = 100_000
+
+
 class NodeStateCoalescer(Generic[K, T]):
-    """Latest-pending-per-key plus in-flight flags: at most one worker per machine.
+    """Latest-pending-frame-per-key, a FIFO ready queue of keys, and at most one owner per key.
 
-    Protocol (seed 000 "NodeStateUpdate coalescing", reference §4):
+    Protocol (seed 000 "NodeStateUpdate coalescing", reference §4; the ready queue and the cap
+    are ours, see :mod:`bigfleet_trio.operator.session` "Dispatch and backpressure"):
 
-    * the receiver calls :meth:`offer` for every frame; it stores the frame as the key's pending
-      one (overwriting an unprocessed older frame, counted in :attr:`coalesced`) and returns True
-      only when no worker exists for the key — the caller must then start exactly one worker;
-    * the worker loops ``while (item := take_next(key)) is not None: handle(item)``;
-      :meth:`take_next` returns None and clears the in-flight flag when nothing is pending, so a
-      frame offered after that starts a new worker.
+    * the receiver calls :meth:`offer` for every frame and never waits for a worker: the frame
+      becomes the key's pending one (overwriting an unprocessed older frame, counted in
+      :attr:`coalesced`). If the key had no pending frame and no owner, it is appended to the
+      ready queue and :meth:`offer` returns True (the caller wakes one worker);
+    * a worker calls :meth:`claim` to take the oldest ready key (it becomes the key's only
+      owner), then loops ``while (item := take_next(key)) is not None: handle(item)``;
+      :meth:`take_next` returns None and releases ownership when nothing is pending, so a frame
+      offered after that queues the key again. Per key, frames are handled in arrival order,
+      intermediate ones may be skipped, and the last one offered is always handled;
+    * frames for a key that waits in the ready queue or whose owner is busy just replace its
+      pending frame: memory is one frame per key, i.e. bounded by the number of machines, and
+      :attr:`full` tells the receiver to stop reading while :attr:`pending` >= ``max_pending``.
 
-    A worker that dies without draining must call :meth:`abandon` so the key can start again.
+    An owner that dies without draining must call :meth:`abandon` so the key can start again.
+
+    Args:
+        max_pending: the cap behind :attr:`full` (>= 1). Default :data:`NODE_STATE_PENDING_CAP`.
 
     Attributes:
         coalesced: frames overwritten before a worker took them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_pending: int = NODE_STATE_PENDING_CAP) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.max_pending = max_pending
         self._pending: dict[K, T] = {}
-        self._in_flight: set[K] = set()
+        self._owned: set[K] = set()
+        self._ready: deque[K] = deque()
         self.coalesced = 0
 
     def offer(self, key: K, item: T) -> bool:
-        """Record ``item`` as ``key``'s latest frame. Returns True if a worker must be started."""
+        """Record ``item`` as ``key``'s latest frame. Returns True when ``key`` became ready."""
         if key in self._pending:
             self.coalesced += 1
-        self._pending[key] = item
-        if key in self._in_flight:
+            self._pending[key] = item
             return False
-        self._in_flight.add(key)
+        self._pending[key] = item
+        if key in self._owned:
+            return False
+        self._ready.append(key)
         return True
 
+    def claim(self) -> K | None:
+        """Take ownership of the oldest ready key; None when no key is ready."""
+        while self._ready:
+            key = self._ready.popleft()
+            if key in self._pending and key not in self._owned:
+                self._owned.add(key)
+                return key
+        return None
+
     def take_next(self, key: K) -> T | None:
-        """Pop ``key``'s pending frame; None (and the in-flight flag cleared) when there is none."""
+        """Pop owned ``key``'s pending frame; None (and ownership released) when there is none."""
         item = self._pending.pop(key, None)
         if item is None:
-            self._in_flight.discard(key)
+            self._owned.discard(key)
         return item
 
     def abandon(self, key: K) -> None:
-        """Forget ``key`` entirely (its worker was cancelled or crashed)."""
+        """Forget ``key`` entirely (its owner was cancelled or crashed)."""
         self._pending.pop(key, None)
-        self._in_flight.discard(key)
+        self._owned.discard(key)
 
     def in_flight(self, key: K) -> bool:
-        """True while a worker owns ``key``."""
-        return key in self._in_flight
+        """True while ``key`` has an owner or waits in the ready queue."""
+        return key in self._owned or key in self._pending
 
     @property
     def workers(self) -> int:
-        """Number of keys with a live worker."""
-        return len(self._in_flight)
+        """Number of keys with an owner (a worker draining them)."""
+        return len(self._owned)
 
     @property
     def pending(self) -> int:
-        """Number of keys with a frame waiting for their worker."""
+        """Number of keys with a frame waiting (for their owner, or in the ready queue)."""
         return len(self._pending)
+
+    @property
+    def ready(self) -> int:
+        """Number of keys waiting for a worker."""
+        return len(self._ready)
+
+    @property
+    def full(self) -> bool:
+        """True while :attr:`pending` >= ``max_pending`` (the receiver should stop reading)."""
+        return len(self._pending) >= self.max_pending

@@ -9,7 +9,8 @@ Task layout (all in one nursery owned by :meth:`Session.run`)::
     send     -- drains SendQueues (roll-up slot + outbox) onto the stream, one frame at a time
     recv     -- reads ShardMessages and dispatches them (below)
     rollup   -- RollupSource.build() at once, then every rollup_interval; enqueue never blocks
-    handlers -- one task per dispatched frame / per machine (node-state worker)
+    handlers -- one task per dispatched Reclaim/AvailableCapacity/Bootstrap frame
+    node-state workers -- a fixed pool of ``dispatch_concurrency`` tasks (see below)
     ack      -- RollupSource.after_enqueue(), at most one at a time (see _schedule_after_enqueue)
 
 The first exception in send/recv/rollup cancels everything else (handlers included) and
@@ -35,15 +36,33 @@ Dispatch and backpressure (a deliberate, documented divergence from the Go recv 
 
 * ReclaimInstruction, AvailableCapacityUpdate and NodeStateUpdate handlers write the apiserver;
   they run under one semaphore of ``dispatch_concurrency`` (32) slots. A NodeStateUpdate worker
-  holds one slot for its whole drain loop (as in Go).
+  holds one slot for its whole drain loop of one machine (as in Go).
 * BootstrapRequest bypasses the semaphore entirely (the shard waits on it with a one-cycle
   deadline), and Acknowledgement is only logged, inline.
 * The Go recv pump blocks on the semaphore itself, so a 33rd slow frame stalls *every* later
   frame -- a BootstrapRequest behind it included, which is exactly what the bypass was meant to
-  prevent. We instead admit up to ``dispatch_concurrency + dispatch_backlog`` bounded tasks
-  (running or waiting for a slot, FIFO); only when that admission limit is reached does the recv
-  pump block, which then back-pressures the shard through HTTP/2 flow control as in Go. Memory
-  stays bounded (node-state workers are additionally bounded by the number of machines).
+  prevent. For ReclaimInstruction and AvailableCapacityUpdate we instead admit up to
+  ``dispatch_concurrency + dispatch_backlog`` bounded tasks (running or waiting for a slot,
+  FIFO); only when that admission limit is reached does the recv pump block, which then
+  back-pressures the shard through HTTP/2 flow control as in Go.
+* NodeStateUpdate frames never block the recv pump one by one (issue 8: a fleet-scale burst of
+  10K machines x 3 transitions must coalesce, and it only can if a machine's later frames are
+  *read* before its first one is handled). The recv pump calls
+  :meth:`NodeStateCoalescer.offer <bigfleet_trio.operator.queues.NodeStateCoalescer.offer>`,
+  which keeps the latest frame per machine_id and puts a machine with no worker on a FIFO ready
+  queue. A fixed pool of ``dispatch_concurrency`` worker tasks takes machines off that queue;
+  each takes a slot of the *shared* semaphore per machine (so node-state work, reclaims and
+  capacity updates together never exceed ``dispatch_concurrency`` apiserver writers, and
+  reclaims are not starved: the semaphore is FIFO), then handles that machine's latest frame and
+  loops while newer ones arrived. At most one worker per machine, per-machine order kept,
+  different machines concurrent. Why a pool of that size rather than one task per machine: a
+  worker without a slot cannot do anything, and 10K parked tasks cost scheduler time for no
+  gain. Memory is one frame per machine with a frame waiting (bounded by the number of
+  machines, as the seed allows) plus the ready queue (at most as long). As a backstop, when
+  ``node_state_pending_cap`` (100K) machines have a frame waiting, the recv pump stops reading
+  until a worker takes one (backpressure through HTTP/2 flow control, logged once per episode);
+  a frame for a machine that already has one waiting costs no memory, but the pump cannot know
+  the next frame's machine before reading it, so it pauses for every kind.
 
 Handlers learn that the session is going away by being cancelled (``trio.Cancelled`` at their
 next checkpoint). :func:`current_session` gives handler code the running :class:`Session`, whose
@@ -65,7 +84,12 @@ import betterproto
 import trio
 
 from bigfleet_trio.observability import metrics
-from bigfleet_trio.operator.queues import OUTBOX_CAPACITY, NodeStateCoalescer, SendQueues
+from bigfleet_trio.operator.queues import (
+    NODE_STATE_PENDING_CAP,
+    OUTBOX_CAPACITY,
+    NodeStateCoalescer,
+    SendQueues,
+)
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import OperatorStream, StreamClosed
 
@@ -140,7 +164,10 @@ class SessionConfig:
         cluster_id: sent in Hello and filled into roll-ups that lack it. Required.
         rollup_interval: seconds between roll-up ticks (first tick at connect). Default 10.
         dispatch_concurrency: semaphore size for apiserver-writing handlers. Default 32.
-        dispatch_backlog: bounded frames that may wait for a slot before the recv pump blocks.
+        dispatch_backlog: Reclaim/AvailableCapacity frames that may wait for a slot before the
+            recv pump blocks (node-state frames do not count; see node_state_pending_cap).
+        node_state_pending_cap: machines with a NodeStateUpdate waiting for a worker at which
+            the recv pump pauses until a worker takes one (>= 1). Default 100,000.
         outbox_capacity: bound of the response outbox (drop-newest). Default 256.
         protocol_version: Hello.protocol_version. Default "v1alpha1".
         send_timeout: seconds one ``stream.send`` may block before the session ends with
@@ -152,6 +179,7 @@ class SessionConfig:
     rollup_interval: float = 10.0
     dispatch_concurrency: int = 32
     dispatch_backlog: int = 1024
+    node_state_pending_cap: int = NODE_STATE_PENDING_CAP
     outbox_capacity: int = OUTBOX_CAPACITY
     protocol_version: str = PROTOCOL_VERSION
     send_timeout: float = DEFAULT_SEND_TIMEOUT
@@ -166,6 +194,10 @@ class SessionConfig:
             raise ValueError(f"dispatch_concurrency must be >= 1, got {self.dispatch_concurrency}")
         if self.dispatch_backlog < 0:
             raise ValueError(f"dispatch_backlog must be >= 0, got {self.dispatch_backlog}")
+        if self.node_state_pending_cap < 1:
+            raise ValueError(
+                f"node_state_pending_cap must be >= 1, got {self.node_state_pending_cap}"
+            )
         if self.outbox_capacity < 1:
             raise ValueError(f"outbox_capacity must be >= 1, got {self.outbox_capacity}")
         if not self.send_timeout > 0:
@@ -245,7 +277,9 @@ class Session:
         self.config = config
         self.stats = stats if stats is not None else SessionStats()
         self.queues = SendQueues(config.outbox_capacity)
-        self.node_states: NodeStateCoalescer[str, pb.NodeStateUpdate] = NodeStateCoalescer()
+        self.node_states: NodeStateCoalescer[str, pb.NodeStateUpdate] = NodeStateCoalescer(
+            config.node_state_pending_cap
+        )
         #: set as soon as the session starts tearing down (first task ended or cancelled).
         self.closing = trio.Event()
         self._stream = stream
@@ -254,6 +288,8 @@ class Session:
         self._wakeup = trio.Event()
         self._slots = trio.Semaphore(config.dispatch_concurrency)
         self._admission = trio.Semaphore(config.dispatch_concurrency + config.dispatch_backlog)
+        self._ready_keys = trio.Semaphore(0)  # one token per machine on the ready queue
+        self._room: trio.Event | None = None  # set when node-state pending drops below the cap
         self._ack_dirty = False
         self._ack_running = False
         self._drops_quiet_until = -math.inf  # drops before this time only add to the summary
@@ -361,6 +397,8 @@ class Session:
                         self._guard, self._rollup_loop, nursery, name="session-rollup"
                     )
                     nursery.start_soon(self._drop_summary_loop, name="session-drop-log")
+                    for i in range(self.config.dispatch_concurrency):
+                        nursery.start_soon(self._node_state_worker, name=f"session-node-state-{i}")
             except BaseExceptionGroup as group:
                 # The first failure cancels the rest, so the group normally holds one error (plus
                 # Cancelled when an outer cancel raced it): re-raise that error bare so callers
@@ -470,11 +508,12 @@ class Session:
                 _FRAMES_IN[kind].inc()
                 before = self.node_states.coalesced
                 if self.node_states.offer(value.machine_id, value):
-                    await self._admit()
-                    nursery.start_soon(self._node_state_worker, value.machine_id)
+                    self._ready_keys.release()
                 elif self.node_states.coalesced != before:
                     self.stats.node_states_coalesced += 1
                     metrics.COALESCED_FRAMES.labels("node_state_update").inc()
+                if self.node_states.full:
+                    await self._wait_for_room()
             elif kind == "reclaim_instruction":
                 _FRAMES_IN[kind].inc()
                 await self._admit()
@@ -526,23 +565,42 @@ class Session:
         finally:
             self._admission.release()
 
-    async def _node_state_worker(self, machine_id: str) -> None:
-        clean = False
-        try:
+    async def _wait_for_room(self) -> None:
+        """Pause the recv pump while node_state_pending_cap machines have a frame waiting."""
+        log.warning(
+            "node-state backlog at cap: recv paused machines_pending=%d cap=%d cluster=%s",
+            self.node_states.pending, self.node_states.max_pending, self.config.cluster_id,
+        )
+        started = trio.current_time()
+        while self.node_states.full:
+            self._room = trio.Event()
+            await self._room.wait()
+        log.info("node-state backlog below cap: recv resumed after %.3fs cluster=%s",
+                 trio.current_time() - started, self.config.cluster_id)
+
+    async def _node_state_worker(self) -> NoReturn:
+        """One pool worker: take a ready machine, hold a slot while draining its latest frames."""
+        while True:
+            await self._ready_keys.acquire()
             async with self._slots:
+                machine_id = self.node_states.claim()
+                if machine_id is None:  # pragma: no cover - one token per ready key
+                    continue
+                clean = False
                 metrics.DISPATCH_INFLIGHT.inc()
                 try:
                     while (u := self.node_states.take_next(machine_id)) is not None:
+                        if self._room is not None and not self.node_states.full:
+                            self._room.set()
+                            self._room = None
                         await self._call_handler(
                             "node_state_update", self._handlers.on_node_state_update, u
                         )
                     clean = True
                 finally:
                     metrics.DISPATCH_INFLIGHT.dec()
-        finally:
-            self._admission.release()
-            if not clean:
-                self.node_states.abandon(machine_id)
+                    if not clean:
+                        self.node_states.abandon(machine_id)
 
     async def _bootstrap(self, req: pb.BootstrapRequest) -> None:
         metrics.DISPATCH_INFLIGHT.inc()

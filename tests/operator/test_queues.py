@@ -7,6 +7,7 @@ import betterproto
 import pytest
 
 from bigfleet_trio.operator.queues import (
+    NODE_STATE_PENDING_CAP,
     OUTBOX_CAPACITY,
     NodeStateCoalescer,
     Outbox,
@@ -92,33 +93,88 @@ def test_send_queues_rollup_alone_and_after_outbox() -> None:
 
 def test_coalescer_one_worker_per_key_and_latest_wins() -> None:
     c: NodeStateCoalescer[str, int] = NodeStateCoalescer()
-    assert c.offer("m1", 1) is True  # start a worker
+    assert c.offer("m1", 1) is True  # m1 becomes ready: wake a worker
     assert c.in_flight("m1")
+    assert c.claim() == "m1"
+    assert c.claim() is None  # one owner per key
     assert c.take_next("m1") == 1  # worker takes frame 1 and "handles" it
     for v in range(2, 101):  # 99 frames arrive meanwhile
         assert c.offer("m1", v) is False
     assert c.coalesced == 98  # frames 2..99 overwritten by later ones
+    assert c.claim() is None  # the owner is still there: m1 is not queued again
     assert c.take_next("m1") == 100  # worker's second round sees only the latest
-    assert c.take_next("m1") is None  # drained: flag cleared
+    assert c.take_next("m1") is None  # drained: ownership released
     assert not c.in_flight("m1")
-    assert c.offer("m1", 101) is True  # next frame starts a new worker
+    assert c.offer("m1", 101) is True  # the next frame queues m1 again
+    assert c.claim() == "m1"
+
+
+def test_coalescer_frames_for_a_queued_key_coalesce_before_any_worker() -> None:
+    # The fleet-scale burst: every key's frames arrive while it waits in the ready queue.
+    c: NodeStateCoalescer[str, str] = NodeStateCoalescer()
+    for wave in ("idle", "configuring", "configured"):
+        for m in ("a", "b", "c"):
+            assert c.offer(m, f"{m}-{wave}") is (wave == "idle")
+    assert c.ready == 3 and c.pending == 3 and c.workers == 0
+    assert c.coalesced == 6  # 9 frames, 3 kept
+    got = []
+    while (key := c.claim()) is not None:  # FIFO by first arrival
+        while (item := c.take_next(key)) is not None:
+            got.append(item)
+    assert got == ["a-configured", "b-configured", "c-configured"]
+    assert c.workers == 0 and c.pending == 0 and c.ready == 0
 
 
 def test_coalescer_keys_are_independent() -> None:
     c: NodeStateCoalescer[str, str] = NodeStateCoalescer()
     assert c.offer("a", "a1") is True
     assert c.offer("b", "b1") is True
+    assert c.claim() == "a"
+    assert c.claim() == "b"
     assert c.offer("a", "a2") is False
-    assert c.workers == 2 and c.pending == 2
+    assert c.workers == 2 and c.pending == 2  # b1, and a2 (which replaced a1)
     assert c.take_next("b") == "b1"
     assert c.take_next("b") is None
     assert c.take_next("a") == "a2"
     assert c.workers == 1
 
 
+def test_coalescer_full_at_max_pending_keys() -> None:
+    c: NodeStateCoalescer[str, int] = NodeStateCoalescer(max_pending=2)
+    c.offer("a", 1)
+    assert not c.full
+    c.offer("a", 2)  # same key: no more memory
+    assert not c.full
+    c.offer("b", 1)
+    assert c.full and c.pending == 2
+    key = c.claim()
+    assert key == "a"
+    assert c.full  # claimed but its frame is not taken yet
+    assert c.take_next("a") == 2
+    assert not c.full
+
+
+def test_coalescer_default_cap_and_validation() -> None:
+    assert NodeStateCoalescer().max_pending == NODE_STATE_PENDING_CAP == 100_000
+    with pytest.raises(ValueError):
+        NodeStateCoalescer(max_pending=0)
+
+
 def test_coalescer_abandon_allows_restart() -> None:
     c: NodeStateCoalescer[str, str] = NodeStateCoalescer()
     c.offer("a", "x")
+    assert c.claim() == "a"
+    c.offer("a", "x2")
     c.abandon("a")
-    assert not c.in_flight("a") and c.pending == 0
+    assert not c.in_flight("a") and c.pending == 0 and c.workers == 0
     assert c.offer("a", "y") is True
+    assert c.claim() == "a"
+
+
+def test_coalescer_claim_skips_abandoned_queued_key() -> None:
+    c: NodeStateCoalescer[str, str] = NodeStateCoalescer()
+    c.offer("a", "x")
+    c.offer("b", "y")
+    c.abandon("a")  # never claimed: its ready entry is stale
+    assert c.claim() == "b"
+    assert c.claim() is None

@@ -321,6 +321,120 @@ async def test_machines_are_handled_concurrently(autojump_clock: Any) -> None:
         n.cancel_scope.cancel()
 
 
+async def test_fleet_burst_coalesces_and_last_state_wins(autojump_clock: Any) -> None:
+    # Issue 8 at test scale: 2,000 machines x 3 transitions in waves (all IDLE, then all
+    # CONFIGURING, then all CONFIGURED), each handler call a 10 ms write. The sender and the
+    # recv pump stay runnable until every frame is read, so no virtual time passes meanwhile:
+    # the 32 pool workers take the first 32 machines' IDLE frames at t=0 (32 calls) and every
+    # other frame only replaces its machine's pending one. After that each machine is handled
+    # once more with its CONFIGURED frame: 32 + 2,000 = 2,032 calls for 6,000 frames (0.339).
+    machines = 2000
+    states = (pb.MachineState.IDLE, pb.MachineState.CONFIGURING, pb.MachineState.CONFIGURED)
+    last: dict[str, pb.MachineState] = {}
+
+    class Recording(FakeHandlers):
+        async def on_node_state_update(self, u: pb.NodeStateUpdate) -> None:
+            last[u.machine_id] = u.state
+            await super().on_node_state_update(u)
+
+    h = Recording()
+    h.node_delay = 0.010
+    async with trio.open_nursery() as n:
+        session, shard, _, _ = await start_session(n, handlers=h)
+        for state in states:
+            for i in range(machines):
+                await shard.send(
+                    pb.ShardMessage(
+                        node_state_update=pb.NodeStateUpdate(machine_id=f"m{i:04d}", state=state)
+                    )
+                )
+        await trio.sleep(5)  # 2,000 machines / 32 slots x 10 ms = 0.63 s of draining
+        frames = machines * len(states)
+        assert len(h.node_calls) == 32 + machines
+        assert len(h.node_calls) / frames <= 0.4
+        assert last == {f"m{i:04d}": pb.MachineState.CONFIGURED for i in range(machines)}
+        assert session.stats.node_states_coalesced == frames - len(h.node_calls)
+        assert session.node_states.pending == 0 and session.node_states.workers == 0
+        n.cancel_scope.cancel()
+
+
+async def test_recv_pump_reads_node_states_while_all_slots_busy(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        session, shard, _, h = await start_session(n)
+        h.block_bounded = True  # every apiserver write hangs: the 32 slots stay taken
+        await shard.receive()  # hello
+        await shard.receive()  # roll-up
+        for i in range(5000):
+            await shard.send(
+                pb.ShardMessage(node_state_update=pb.NodeStateUpdate(machine_id=f"m{i}"))
+            )
+        await shard.send(pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id="b")))
+        with trio.fail_after(1):
+            kind, resp = payload(await shard.receive())
+        assert (kind, resp.request_id) == ("bootstrap_response", "b")
+        assert h.bounded_started == 32  # the first 32 machines hold the slots
+        assert session.node_states.workers == 32
+        assert session.node_states.pending == 5000 - 32  # the rest wait, one frame each
+        n.cancel_scope.cancel()
+
+
+async def test_node_state_pending_cap_pauses_recv_pump(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        # 1 slot, cap 10: m0 is taken by the worker (which hangs), m1..m10 wait -> 10 pending =
+        # the cap, so the pump stops before reading the bootstrap request behind them.
+        session, shard, _, h = await start_session(
+            n, dispatch_concurrency=1, node_state_pending_cap=10
+        )
+        h.block_bounded = True
+        await shard.receive()  # hello
+        await shard.receive()  # roll-up
+        for i in range(11):
+            await shard.send(
+                pb.ShardMessage(node_state_update=pb.NodeStateUpdate(machine_id=f"m{i}"))
+            )
+        await shard.send(pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id="b")))
+        with trio.move_on_after(5):
+            await shard.receive()
+            pytest.fail("recv pump should be paused at the node-state cap")
+        assert session.node_states.pending == 10
+        assert h.bounded_started == 1
+        h.block.set()  # m0 finishes, the worker takes m1's frame: 9 pending, the pump resumes
+        with trio.fail_after(1):
+            kind, resp = payload(await shard.receive())
+        assert (kind, resp.request_id) == ("bootstrap_response", "b")
+        await trio.sleep(1)
+        assert [m for _, m, _ in h.node_calls] == [f"m{i}" for i in range(11)]  # FIFO
+        n.cancel_scope.cancel()
+
+
+async def test_node_state_workers_share_slots_with_reclaim(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as n:
+        # 2 slots shared: a reclaim queued behind two busy machines runs before a third machine
+        # that became ready later (the semaphore is FIFO), and never more than 2 run at once.
+        _, shard, _, h = await start_session(n, dispatch_concurrency=2)
+        h.block_bounded = True
+        await shard.receive()  # hello
+        await shard.receive()  # roll-up
+        for m in ("a", "b"):
+            await shard.send(pb.ShardMessage(node_state_update=pb.NodeStateUpdate(machine_id=m)))
+        await trio.testing.wait_all_tasks_blocked()
+        await shard.send(
+            pb.ShardMessage(reclaim_instruction=pb.ReclaimInstruction(instruction_id="r"))
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        await shard.send(pb.ShardMessage(node_state_update=pb.NodeStateUpdate(machine_id="c")))
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.bounded_started == 2
+        h.block_bounded = False
+        h.block.set()
+        kind, ack = payload(await shard.receive())
+        assert (kind, ack.instruction_id) == ("reclaim_ack", "r")
+        await trio.sleep(1)
+        assert [m for _, m, _ in h.node_calls] == ["a", "b", "c"]
+        assert h.bounded_started == 4
+        n.cancel_scope.cancel()
+
+
 async def test_handler_errors_are_counted_and_session_goes_on(autojump_clock: Any) -> None:
     async with trio.open_nursery() as n:
         session, shard, _, h = await start_session(n)
@@ -434,6 +548,9 @@ def test_session_config_validation() -> None:
         SessionConfig(cluster_id="c", dispatch_concurrency=0)
     with pytest.raises(ValueError, match="outbox_capacity"):
         SessionConfig(cluster_id="c", outbox_capacity=0)
+    with pytest.raises(ValueError, match="node_state_pending_cap"):
+        SessionConfig(cluster_id="c", node_state_pending_cap=0)
+    assert SessionConfig(cluster_id="c").node_state_pending_cap == 100_000
 
 
 # ---- send-progress watchdog (FAULTS.md "accepts and never reads") -----------------------------
