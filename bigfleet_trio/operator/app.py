@@ -7,7 +7,8 @@ parts (diagnostics, shutdown, leader election); design.md "Data flow"::
     Operator.run
     ├── CapacityRequestRollup.run      (exclusion Events, periodic consistency check)
     ├── Informer CapacityRequests       (slim view) --> RollupAggregator (incremental)
-    ├── Informer UpcomingNodes          (indexed by status.nodeRef.name)
+    ├── Informer UpcomingNodes          (indexed by status.nodeRef.name; NodeStateUpdates plan
+    │                                     from it instead of a GET per frame)
     ├── Informer Nodes                  (slim view, indexed by spec.providerID)
     │        ... all three synced before ANY cluster write or roll-up ...
     ├── DrainManager.run               (operator-owned: a reconnect never cancels a drain)
@@ -182,7 +183,7 @@ class _Runtime:
                 upcoming_lookup=op.upcoming_for_node,
                 node_lookup=op.nodes_for_provider_id,
             ),
-            upcoming=UpcomingNodeHandler(client, self.memory),
+            upcoming=UpcomingNodeHandler(client, self.memory, get_cached=op.cached_upcoming),
             available=AvailableCapacityHandler(client),
             feed=op.feed,
         )
@@ -269,6 +270,18 @@ class Operator:
         if self._rt is None:
             return []
         return list(self._rt.un_informer.store.by_index(NODE_REF_INDEX, node))
+
+    def cached_upcoming(self, name: str) -> dict[str, Any] | None:
+        """The UpcomingNode ``name`` from the informer cache, or None (not cached / not running).
+
+        The NodeStateUpdate handler plans from this plus its own last-write overlay instead of a
+        live GET per frame (see :mod:`bigfleet_trio.operator.upcoming`); the handler only runs
+        once the informers are synced.
+        """
+        if self._rt is None:
+            return None
+        obj = self._rt.un_informer.store.get(name)  # cluster-scoped: the key is the name
+        return obj if isinstance(obj, dict) else None
 
     def nodes_for_provider_id(self, provider_id: str) -> list[dict[str, Any]]:
         """Nodes whose ``spec.providerID`` is ``provider_id`` (from the Node informer cache)."""

@@ -38,6 +38,30 @@ provisioningStartTime is set on the first status write. Spec (labels, resources,
 refreshed only when it changed. Both writes are JSON merge-patches carrying only changed fields,
 with no resourceVersion guard; nothing is written when nothing changed.
 
+Reading the stored object (our choice, for apiserver load): with a ``get_cached`` lookup (the
+operator's UpcomingNode informer store) the handler plans from the cache instead of a live GET,
+so a frame costs one request (the status PATCH) instead of two. The writes stay unguarded
+merge-patches of the changed fields, so a slightly stale view is harmless for the status fields
+it does write. What a stale view could get wrong, and how it is handled:
+
+* the cache lagging OUR previous write for the same machine (the session runs one worker per
+  machine, sequentially, so the next frame can arrive before the watch event): the handler keeps
+  a per-machine :class:`LastWrite` overlay (the object the apiserver returned from our last
+  create/patch, or a tombstone after our delete) and plans from whichever of cache and overlay
+  has the larger resourceVersion (:func:`choose_view`); otherwise a lagging cache would turn a
+  real change into a spurious no-op (e.g. Registered -> Idle must delete, not no-op against a
+  cached Launched) or lose sticky fields and the Drained inference. A cache that caught up or
+  saw a later write by someone else (the reclaim path) wins and the overlay entry is dropped.
+  resourceVersions are compared as integers (what every real apiserver hands out); a
+  non-integer one keeps our own write.
+* the object created concurrently (cache says absent): create -> AlreadyExists -> re-plan from a
+  live GET; deleted concurrently (cache still has it): patch -> NotFound -> live GET, re-plan.
+* the no-op short-circuit then compares against the freshest object we know of; the residual
+  risk is a write by another party that neither the cache nor our overlay has seen yet, the same
+  race a live GET has, only a few milliseconds wider.
+
+Without a lookup every attempt does the live GET (the original behaviour).
+
 Metrics (ref §6): ``bigfleet_operator_upcoming_node_writes_total{op,outcome}`` counts every write
 attempt, op in create|spec_update|status_update|delete, outcome success|conflict|error|noop:
 conflict is AlreadyExists/Conflict (or a patch finding the object deleted: all resolved by
@@ -95,6 +119,9 @@ __all__ = [
     "apply_memory",
     "UpcomingPlan",
     "UpcomingNodeHandler",
+    "CachedLookup",
+    "LastWrite",
+    "choose_view",
     "KubeLike",
     "Replan",
     "is_transient",
@@ -622,6 +649,80 @@ async def delete_upcoming(client: KubeLike, name: str, *, attempts: int = 8) -> 
     return True
 
 
+CachedLookup = Callable[[str], Mapping[str, Any] | None]
+"""``get_cached(name) -> object | None``: an UpcomingNode from the informer cache (not mutated)."""
+
+
+def _resource_version(obj: Mapping[str, Any] | None) -> int | None:
+    """``metadata.resourceVersion`` as an int, or None (absent or not an integer)."""
+    if not isinstance(obj, Mapping):
+        return None
+    meta = obj.get("metadata")
+    raw = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    try:
+        return int(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class LastWrite:
+    """What our last write left on the apiserver for one UpcomingNode (the handler's overlay).
+
+    Attributes:
+        obj: the object the apiserver returned from our create/patch (or a live GET), or None
+            after we deleted it (a tombstone).
+        rv: its resourceVersion as an int (for a tombstone: that of the deleted object), or None
+            when unknown / not an integer.
+    """
+
+    obj: Mapping[str, Any] | None
+    rv: int | None
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> LastWrite:
+        """The object we just wrote (or read live)."""
+        return cls(obj, _resource_version(obj))
+
+    @classmethod
+    def deleted(cls, resource_version: Any) -> LastWrite:
+        """A tombstone: we deleted the object whose last resourceVersion was this."""
+        return cls(None, _resource_version({"metadata": {"resourceVersion": resource_version}}))
+
+
+def choose_view(
+    cached: Mapping[str, Any] | None, written: LastWrite | None
+) -> tuple[Mapping[str, Any] | None, bool]:
+    """The object to plan from: the informer cache or our last write, whichever is fresher.
+
+    Pure (see the module docstring, "Reading the stored object").
+
+    Args:
+        cached: the object in the informer cache, or None (not there).
+        written: our overlay entry for the same name, or None.
+
+    Returns:
+        ``(view, keep)``: ``view`` is the object to plan from (None = does not exist);
+        ``keep`` is False when the overlay entry is superseded and can be dropped.
+
+    Rules: no overlay -> the cache. Cache absent -> our object (cache lags our create; if someone
+    deleted it the patch's NotFound re-plans), or None after our delete (tombstone dropped: the
+    cache saw it). Both present -> the larger integer resourceVersion, the cache on a tie (it
+    caught up; overlay dropped); a tombstone hides cached copies up to the deleted rv (stale
+    pre-delete state) and yields to a larger one (a new object). A non-integer rv keeps ours.
+    """
+    if written is None:
+        return cached, False
+    if cached is None:
+        return written.obj, written.obj is not None
+    cached_rv = _resource_version(cached)
+    if cached_rv is not None and written.rv is not None:
+        if written.obj is None:
+            return (cached, False) if cached_rv > written.rv else (None, True)
+        return (cached, False) if cached_rv >= written.rv else (written.obj, True)
+    return written.obj, True
+
+
 class UpcomingNodeHandler:
     """Applies NodeStateUpdates to UpcomingNode objects (the session's ``on_node_state_update``).
 
@@ -630,6 +731,11 @@ class UpcomingNodeHandler:
         memory: the :class:`DrainMemory` shared with the reclaim path.
         now: wall clock (aware datetime), injectable for tests.
         attempts: tries per update for transient errors (Conflict, 429, 5xx, transport).
+        get_cached: optional :data:`CachedLookup` (the UpcomingNode informer store's ``get``):
+            plan from it plus our :class:`LastWrite` overlay instead of a live GET, falling back
+            to the live GET after AlreadyExists/NotFound/Conflict. None: always a live GET.
+        overlay_capacity: most overlay entries kept (oldest forgotten first); entries are also
+            dropped as soon as the cache catches up.
     """
 
     def __init__(
@@ -639,19 +745,36 @@ class UpcomingNodeHandler:
         *,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         attempts: int = 8,
+        get_cached: CachedLookup | None = None,
+        overlay_capacity: int = 65536,
     ) -> None:
         self._client = client
         self.memory = memory
         self._now = now
         self._attempts = attempts
+        self._get_cached = get_cached
+        self._written: OrderedDict[str, LastWrite] = OrderedDict()
+        self._overlay_capacity = overlay_capacity
 
     async def on_node_state_update(self, u: pb.NodeStateUpdate) -> None:
         """Reflect one update; logs and gives up (never raises) on a permanent error."""
         started = trio.current_time()
+        live = self._get_cached is None
         try:
             async for attempt in kube_retrying(self._attempts):
                 with attempt:
-                    await self._apply_once(u)
+                    try:
+                        await self._apply_once(u, live=live)
+                    except (Replan, Conflict):
+                        if not live:
+                            log.info(
+                                "upcoming: cached view out of date, re-reading live "
+                                "machine_id=%s state=%s",
+                                u.machine_id,
+                                u.state,
+                            )
+                        live = True
+                        raise
         except (KubeError, Replan) as exc:
             log.error(
                 "upcoming: write failed, giving up machine_id=%s state=%s error=%s",
@@ -670,9 +793,39 @@ class UpcomingNodeHandler:
         except NotFound:
             return None
 
-    async def _apply_once(self, u: pb.NodeStateUpdate) -> None:
+    def _remember(self, name: str, entry: LastWrite | None) -> None:
+        """Set (or with None drop) the overlay entry; only kept when a cache is in use."""
+        if self._get_cached is None:
+            return
+        if entry is None:
+            self._written.pop(name, None)
+            return
+        self._written[name] = entry
+        self._written.move_to_end(name)
+        while len(self._written) > self._overlay_capacity:
+            self._written.popitem(last=False)
+
+    def _remember_obj(self, name: str, obj: Any) -> None:
+        """Overlay the object the apiserver returned from a write (ignored if not an object)."""
+        if isinstance(obj, Mapping):
+            self._remember(name, LastWrite.of(obj))
+
+    async def _existing(self, name: str, live: bool) -> Mapping[str, Any] | None:
+        """The object to plan from: live GET, or cache + overlay (:func:`choose_view`)."""
+        if self._get_cached is None:
+            return await self._get(name)
+        if live:
+            obj = await self._get(name)
+            self._remember(name, LastWrite.of(obj) if obj is not None else None)
+            return obj
+        view, keep = choose_view(self._get_cached(name), self._written.get(name))
+        if not keep:
+            self._written.pop(name, None)
+        return view
+
+    async def _apply_once(self, u: pb.NodeStateUpdate, *, live: bool = True) -> None:
         name = upcoming_node_name(u.machine_id) if u.machine_id else None
-        existing = await self._get(name) if name else None
+        existing = await self._existing(name, live) if name else None
         plan = plan_node_state_update(
             u, existing, self.memory.get(name) if name else None, self._now()
         )
@@ -687,6 +840,9 @@ class UpcomingNodeHandler:
             return
         if plan.op == "delete":
             gone = not await self._delete(plan.name)
+            meta = existing.get("metadata") if existing is not None else None
+            last_rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+            self._remember(plan.name, LastWrite.deleted(last_rv))
             log.info(
                 "upcoming: deleted name=%s phase=%s reason=%s already_gone=%s",
                 plan.name,
@@ -704,7 +860,7 @@ class UpcomingNodeHandler:
                 "spec": plan.spec,
             }
             try:
-                await self._client.create(UPCOMING_NODES, body)
+                created = await self._client.create(UPCOMING_NODES, body)
             except AlreadyExists as exc:
                 _count_write("create", "conflict")
                 raise Replan(f"UpcomingNode {plan.name} created concurrently") from exc
@@ -712,6 +868,7 @@ class UpcomingNodeHandler:
                 _count_write("create", _failed_write_outcome(exc))
                 raise
             _count_write("create", "success")
+            self._remember_obj(plan.name, created)
             log.info("upcoming: created name=%s phase=%s", plan.name, plan.phase)
         elif plan.spec_patch is not None:
             await self._patch(plan.name, plan.spec_patch, None)
@@ -737,7 +894,7 @@ class UpcomingNodeHandler:
     async def _patch(self, name: str, body: dict[str, Any], subresource: str | None) -> None:
         op: WriteOp = "status_update" if subresource == "status" else "spec_update"
         try:
-            await self._client.patch(UPCOMING_NODES, name, body, subresource=subresource)
+            written = await self._client.patch(UPCOMING_NODES, name, body, subresource=subresource)
         except NotFound as exc:
             _count_write(op, "conflict")
             raise Replan(f"UpcomingNode {name} deleted concurrently") from exc
@@ -745,6 +902,7 @@ class UpcomingNodeHandler:
             _count_write(op, _failed_write_outcome(exc))
             raise
         _count_write(op, "success")
+        self._remember_obj(name, written)
 
     async def _delete(self, name: str) -> bool:
         try:

@@ -677,3 +677,309 @@ async def test_apiserver_sequence_coalesced_drain_deletes(
     await h.on_node_state_update(nsu(MS.IDLE, labels={"zone": "a"}))  # replay after reconnect
     with pytest.raises(NotFound):
         await client.get(UPCOMING_NODES, "un-m-1")
+
+
+# --------------------------------------------------------------------------- cached lookup
+#
+# With ``get_cached`` (the UpcomingNode informer's store) the handler plans from the cache plus
+# its own per-machine "last write" overlay (whichever has the larger resourceVersion), so a
+# frame costs one status PATCH instead of GET + PATCH. Counted with the apiserver's counters.
+
+_UN_KEYS = [
+    (verb, res)
+    for verb in ("get", "create", "patch", "delete")
+    for res in ("upcomingnodes", "upcomingnodes/status")
+]
+
+
+def _un_requests(server: Any) -> dict[tuple[str, str], int]:
+    """Non-zero get/create/patch/delete counters on upcomingnodes (informer list/watch left out)."""
+    return {k: server.counters[k] for k in _UN_KEYS if server.counters[k]}
+
+
+def _apiserver(nursery: trio.Nursery) -> tuple[Any, Any]:
+    from bigfleet_trio.kube import KubeClient, KubeConfig
+    from bigfleet_trio.sim.apiserver import ApiServer
+    from bigfleet_trio.sim.apiserver.testing import InProcessTransport
+
+    server = ApiServer()
+    client = KubeClient(
+        KubeConfig(server="http://apiserver"), transport=InProcessTransport(server.app, nursery)
+    )
+    return server, client
+
+
+def _seed(server: Any, phase: str, **status: Any) -> dict[str, Any]:
+    """Store ``un-m-1`` with ``phase`` in-process (no counters); returns the stored object."""
+    res = server.find("upcomingnodes")
+    server.create(
+        res,
+        None,
+        {
+            "apiVersion": "bigfleet.lucy.sh/v1alpha1",
+            "kind": "UpcomingNode",
+            "metadata": {"name": "un-m-1"},
+            "spec": {"resources": {}},
+        },
+    )
+    server.patch(
+        res,
+        None,
+        "un-m-1",
+        {"status": {"phase": phase, "provisioningStartTime": "2026-01-01T00:00:00Z", **status}},
+        "application/merge-patch+json",
+        subresource="status",
+    )
+    return copy.deepcopy(server.get(res, None, "un-m-1"))
+
+
+def _stored(server: Any) -> dict[str, Any] | None:
+    try:
+        return server.get(server.find("upcomingnodes"), None, "un-m-1")
+    except Exception:
+        return None
+
+
+def _rv(o: dict[str, Any]) -> str:
+    return str(o["metadata"]["resourceVersion"])
+
+
+def test_choose_view_by_resource_version() -> None:
+    from bigfleet_trio.operator.upcoming import LastWrite, choose_view
+
+    def o(rv: str | None, phase: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": "un-m-1"}
+        if rv is not None:
+            meta["resourceVersion"] = rv
+        return {"metadata": meta, "status": {"phase": phase}}
+
+    ours = o("10", "Registered")
+    # no write of ours: the cache as is
+    assert choose_view(o("3", "Ready"), None) == (o("3", "Ready"), False)
+    assert choose_view(None, None) == (None, False)
+    # the cache lags our write (older rv, or not yet created there): our write wins, kept
+    assert choose_view(o("9", "Launched"), LastWrite.of(ours)) == (ours, True)
+    assert choose_view(None, LastWrite.of(ours)) == (ours, True)
+    # the cache caught up (same rv) or someone wrote after us (larger rv): cache, overlay dropped
+    assert choose_view(o("10", "Registered"), LastWrite.of(ours)) == (o("10", "Registered"), False)
+    assert choose_view(o("11", "Ready"), LastWrite.of(ours)) == (o("11", "Ready"), False)
+    # rv not an integer (never on a real apiserver): our write wins
+    assert choose_view(o("x", "Ready"), LastWrite.of(o(None, "Failed"))) == (
+        o(None, "Failed"),
+        True,
+    )
+    # we deleted it at rv 10: a cached copy up to rv 10 is the stale pre-delete object
+    gone = LastWrite.deleted("10")
+    assert choose_view(o("10", "Draining"), gone) == (None, True)
+    assert choose_view(o("7", "Draining"), gone) == (None, True)
+    # ... the cache saw the delete: tombstone dropped; a larger rv is a new object
+    assert choose_view(None, gone) == (None, False)
+    assert choose_view(o("12", "Provisioning"), gone) == (o("12", "Provisioning"), False)
+
+
+async def test_requests_per_frame_without_lookup_get_and_patch(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    # the baseline: a live GET and a status PATCH per frame (2 requests)
+    server, client = _apiserver(nursery)
+    _seed(server, "Launched")
+    h = UpcomingNodeHandler(client, DrainMemory(), now=lambda: NOW)
+    await h.on_node_state_update(nsu(MS.CONFIGURING))
+    await h.on_node_state_update(nsu(MS.CONFIGURED, node_name="n-1"))
+    assert _un_requests(server) == {
+        ("get", "upcomingnodes"): 2,
+        ("patch", "upcomingnodes/status"): 2,
+    }
+
+
+async def test_informer_lookup_configuring_configured_two_patches_no_gets(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    from bigfleet_trio.kube import Informer
+
+    server, client = _apiserver(nursery)
+    _seed(server, "Launched", providerID="p-1")
+    inf = Informer(client, UPCOMING_NODES)
+    await nursery.start(inf.run)
+    await inf.wait_synced()
+    assert inf.store.get("un-m-1") is not None
+    server.counters.reset()
+    h = UpcomingNodeHandler(client, DrainMemory(), now=lambda: NOW, get_cached=inf.store.get)
+    await h.on_node_state_update(nsu(MS.CONFIGURING))
+    await h.on_node_state_update(nsu(MS.CONFIGURED, node_name="n-1"))
+    # one request per frame
+    assert _un_requests(server) == {("patch", "upcomingnodes/status"): 2}
+    assert _stored(server)["status"] == {  # type: ignore[index]
+        "phase": "Ready",
+        "provisioningStartTime": "2026-01-01T00:00:00Z",
+        "providerID": "p-1",
+        "nodeRef": {"kind": "Node", "name": "n-1"},
+    }
+    # rebroadcast after the cache caught up: nothing at all
+    await trio.sleep(1)
+    assert inf.store.get("un-m-1")["status"]["phase"] == "Ready"  # type: ignore[index]
+    server.counters.reset()
+    await h.on_node_state_update(nsu(MS.CONFIGURED))
+    assert _un_requests(server) == {}
+
+
+async def test_lagging_cache_right_patches_and_no_spurious_noop(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    server, client = _apiserver(nursery)
+    launched = _seed(server, "Launched")
+    cache = {"un-m-1": launched}  # never catches up: always the pre-write object
+    h = UpcomingNodeHandler(client, DrainMemory(), now=lambda: NOW, get_cached=cache.get)
+    server.counters.reset()
+    await h.on_node_state_update(nsu(MS.CONFIGURING))
+    await h.on_node_state_update(nsu(MS.CONFIGURED, node_name="n-1"))
+    await h.on_node_state_update(nsu(MS.CONFIGURED, node_name="n-1"))  # rebroadcast: no-op
+    assert _un_requests(server) == {("patch", "upcomingnodes/status"): 2}
+    assert _stored(server)["status"]["phase"] == "Ready"  # type: ignore[index]
+    assert _stored(server)["status"]["nodeRef"] == {"kind": "Node", "name": "n-1"}  # type: ignore[index]
+
+
+async def test_lagging_cache_idle_after_registered_is_drained_not_noop(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    # the cache still says Launched; planning from it would make IDLE a no-op (and miss the
+    # Drained inference). Our overlay says Registered: IDLE means the machine left -> delete.
+    server, client = _apiserver(nursery)
+    cache = {"un-m-1": _seed(server, "Launched")}
+    h = UpcomingNodeHandler(client, DrainMemory(), now=lambda: NOW, get_cached=cache.get)
+    server.counters.reset()
+    await h.on_node_state_update(nsu(MS.CONFIGURING))
+    await h.on_node_state_update(nsu(MS.IDLE))
+    assert _un_requests(server) == {
+        ("patch", "upcomingnodes/status"): 1,
+        ("delete", "upcomingnodes"): 1,
+    }
+    assert _stored(server) is None
+    assert h.memory.get("un-m-1") == "drained"
+
+
+async def test_cache_newer_than_our_write_wins(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    # we wrote Registered; then another writer set Ready (larger rv) and the cache has it:
+    # a CONFIGURED frame is a no-op, as it would be with a live GET.
+    server, client = _apiserver(nursery)
+    cache = {"un-m-1": _seed(server, "Launched")}
+    h = UpcomingNodeHandler(client, DrainMemory(), now=lambda: NOW, get_cached=cache.get)
+    await h.on_node_state_update(nsu(MS.CONFIGURING))
+    server.patch(
+        server.find("upcomingnodes"),
+        None,
+        "un-m-1",
+        {"status": {"phase": "Ready"}},
+        "application/merge-patch+json",
+        subresource="status",
+    )
+    cache["un-m-1"] = copy.deepcopy(_stored(server))  # type: ignore[arg-type]
+    server.counters.reset()
+    await h.on_node_state_update(nsu(MS.CONFIGURED))
+    assert _un_requests(server) == {}
+
+
+async def test_cached_already_exists_on_create_recovers_with_live_get(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    server, client = _apiserver(nursery)
+    _seed(server, "Launched", providerID="p-1")
+    cache: dict[str, dict[str, Any]] = {}  # the cache has not seen the object yet
+    h = UpcomingNodeHandler(client, DrainMemory(), now=lambda: NOW, get_cached=cache.get)
+    server.counters.reset()
+    await h.on_node_state_update(nsu(MS.CONFIGURING))
+    assert _un_requests(server) == {
+        ("create", "upcomingnodes"): 1,
+        ("get", "upcomingnodes"): 1,
+        ("patch", "upcomingnodes/status"): 1,
+    }
+    # re-planned from the live object: sticky fields and the start time are kept
+    assert _stored(server)["status"] == {  # type: ignore[index]
+        "phase": "Registered",
+        "provisioningStartTime": "2026-01-01T00:00:00Z",
+        "providerID": "p-1",
+    }
+    # and the next frame plans from what we wrote: one patch
+    server.counters.reset()
+    await h.on_node_state_update(nsu(MS.CONFIGURED))
+    assert _un_requests(server) == {("patch", "upcomingnodes/status"): 1}
+    assert _stored(server)["status"]["phase"] == "Ready"  # type: ignore[index]
+
+
+async def test_cached_not_found_on_patch_recovers_with_live_get(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    server, client = _apiserver(nursery)
+    stale = _seed(server, "Registered")
+    server.delete(server.find("upcomingnodes"), None, "un-m-1")
+    cache = {"un-m-1": stale}  # the cache has not seen the delete
+    h = UpcomingNodeHandler(client, DrainMemory(), now=lambda: NOW, get_cached=cache.get)
+    server.counters.reset()
+    await h.on_node_state_update(nsu(MS.CONFIGURED))
+    assert _un_requests(server) == {
+        ("patch", "upcomingnodes/status"): 2,  # 404, then the write after the create
+        ("get", "upcomingnodes"): 1,
+        ("create", "upcomingnodes"): 1,
+    }
+    assert _stored(server)["status"] == {  # type: ignore[index]
+        "phase": "Ready",
+        "provisioningStartTime": NOW_S,
+    }
+
+
+async def test_cached_noop_rebroadcast_writes_nothing(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    server, client = _apiserver(nursery)
+    cache = {
+        "un-m-1": _seed(server, "Ready", providerID="p", nodeRef={"kind": "Node", "name": "n"})
+    }
+    h = UpcomingNodeHandler(client, DrainMemory(), now=lambda: NOW, get_cached=cache.get)
+    server.counters.reset()
+    before = _metric_snapshot()
+    for _ in range(3):
+        await h.on_node_state_update(nsu(MS.CONFIGURED, provider_id="p", node_name="n"))
+    assert _un_requests(server) == {}
+    assert _metric_delta(before) == {"status_update/noop": 3, "Ready": 3}
+
+
+async def test_cached_drained_delete_and_stale_cache_after_delete(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    server, client = _apiserver(nursery)
+    cache = {"un-m-1": _seed(server, "Draining")}
+    h = UpcomingNodeHandler(client, DrainMemory(), now=lambda: NOW, get_cached=cache.get)
+    server.counters.reset()
+    await h.on_node_state_update(nsu(MS.IDLE))  # Draining -> Idle: Drained, deleted
+    assert _un_requests(server) == {("delete", "upcomingnodes"): 1}
+    assert _stored(server) is None
+    assert h.memory.get("un-m-1") == "drained"
+    # the cache still shows the deleted object: a replayed Idle neither writes nor recreates
+    server.counters.reset()
+    await h.on_node_state_update(nsu(MS.IDLE))
+    assert _un_requests(server) == {}
+    # a new life while the cache is still stale: created directly (no 404 round trip)
+    await h.on_node_state_update(nsu(MS.CREATING))
+    assert _un_requests(server) == {
+        ("create", "upcomingnodes"): 1,
+        ("patch", "upcomingnodes/status"): 1,
+    }
+    assert _stored(server)["status"] == {  # type: ignore[index]
+        "phase": "Provisioning",
+        "provisioningStartTime": NOW_S,
+    }
+
+
+async def test_cached_deleting_deletes(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    server, client = _apiserver(nursery)
+    cache = {"un-m-1": _seed(server, "Ready")}
+    h = UpcomingNodeHandler(client, DrainMemory(), now=lambda: NOW, get_cached=cache.get)
+    server.counters.reset()
+    await h.on_node_state_update(nsu(MS.DELETING))
+    await h.on_node_state_update(nsu(MS.DELETING))  # stale cache: nothing more
+    assert _un_requests(server) == {("delete", "upcomingnodes"): 1}
+    assert _stored(server) is None
