@@ -577,7 +577,9 @@ def test_sim_apiserver_unwritable_kubeconfig_is_one_line(
     assert len(err) == 1 and err[0].startswith("sim apiserver: cannot write kubeconfig"), err
 
 
-def test_sim_apiserver_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+def test_sim_apiserver_port_in_use_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
     import socket
 
     with socket.socket() as busy:

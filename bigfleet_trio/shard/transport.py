@@ -1,8 +1,8 @@
 """Transport seam for the ``Shard.Session`` stream, and the in-memory implementation.
 
-Seed 000 "The single outbound stream". The session logic (``bigfleet_trio.operator.session``) and the
-simulated shard (``bigfleet_trio.sim.shard``) only see these protocol classes; the grpclib transport
-(``bigfleet_trio.shard.grpc``) and :func:`memory_stream_pair` implement them.
+Seed 000 "The single outbound stream". The session logic (``bigfleet_trio.operator.session``) and
+the simulated shard (``bigfleet_trio.sim.shard``) only see these protocol classes; the grpclib
+transport (``bigfleet_trio.shard.grpc``) and :func:`memory_stream_pair` implement them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from bigfleet_trio.proto import pb
 class StreamClosed(Exception):
     """The stream ended: the peer closed it, the connection broke, or it was closed locally.
 
-    ``reason`` is a short human-readable cause (e.g. ``"peer closed"``, ``"grpc: UNAVAILABLE ..."``).
+    ``reason`` is a short human-readable cause (e.g. ``"peer closed"``,
+    ``"grpc: UNAVAILABLE ..."``).
     """
 
     def __init__(self, reason: str = "stream closed") -> None:
@@ -66,7 +67,10 @@ class Connector(Protocol):
 
 
 class _MemoryEnd:
-    """One end of an in-memory stream pair: a send channel to the peer and a receive channel from it."""
+    """One end of an in-memory stream pair.
+
+    Holds a send channel to the peer and a receive channel from it.
+    """
 
     def __init__(
         self,

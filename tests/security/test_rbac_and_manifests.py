@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import trio
 import trio.testing
 import yaml

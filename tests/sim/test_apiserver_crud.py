@@ -75,7 +75,8 @@ async def test_bad_names_are_422(client: httpx.AsyncClient) -> None:
     assert body["reason"] == "Invalid"
     assert body["details"]["causes"][0]["field"] == "metadata.name"
     assert body["message"].startswith(
-        'CapacityRequest.bigfleet.lucy.sh "Bad_Name" is invalid: metadata.name: Invalid value: "Bad_Name"'
+        'CapacityRequest.bigfleet.lucy.sh "Bad_Name" is invalid: '
+        'metadata.name: Invalid value: "Bad_Name"'
     )
     r = await client.post("/api/v1/namespaces", json={"metadata": {"name": "a.b"}})
     assert r.status_code == 422
@@ -167,7 +168,8 @@ async def test_update_conflict_on_stale_rv(client: httpx.AsyncClient) -> None:
     assert r.status_code == 409
     assert r.json()["reason"] == "Conflict"
     assert r.json()["message"] == (
-        'Operation cannot be fulfilled on leases.coordination.k8s.io "l": the object has been modified; '
+        'Operation cannot be fulfilled on leases.coordination.k8s.io "l": '
+        "the object has been modified; "
         "please apply your changes to the latest version and try again"
     )
     r = await patch(

@@ -182,7 +182,8 @@ async def test_pdb_controller_tracks_pods_and_gates_evictions() -> None:
             await owned_pod(name)
         await running_pod(client, "other", labels={"app": "db"})
         st = (await client.get(f"{PDBS}/pdb1")).json()["status"]
-        # RS scale 3; maxUnavailable 50% of 3 rounds up to 2 -> desiredHealthy 1; 3 healthy -> 2 allowed.
+        # RS scale 3; maxUnavailable 50% of 3 rounds up to 2 -> desiredHealthy 1;
+        # 3 healthy -> 2 allowed.
         assert (
             st["expectedPods"],
             st["currentHealthy"],

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,8 @@ async def test_capacityrequest_lifecycle(kube: Kube) -> None:
     dup = await kube.run("create", "-f", "-", stdin=CR_YAML, ok=False)
     assert dup.returncode == 1
     assert (
-        'Error from server (AlreadyExists): error when creating "STDIN": capacityrequests.bigfleet.lucy.sh "req1" already exists'
+        'Error from server (AlreadyExists): error when creating "STDIN": '
+        'capacityrequests.bigfleet.lucy.sh "req1" already exists'
         in dup.stderr.decode()
     )
     missing = await kube.run("get", "capacityrequest", "nope", ok=False)
@@ -171,7 +173,10 @@ async def test_apply_create_then_update(kube: Kube, tmp_path: Path) -> None:
     assert "created" in await kube.out("apply", "-f", str(f))
     f.write_text(CR_YAML.replace("priority: 5", "priority: 6"))
     assert "configured" in await kube.out("apply", "-f", str(f))
-    pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  containers:\n  - name: c\n    image: busybox\n"
+    pod = (
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n"
+        "spec:\n  containers:\n  - name: c\n    image: busybox\n"
+    )
     pf = tmp_path / "pod.yaml"
     pf.write_text(pod)
     assert "created" in await kube.out("apply", "-f", str(pf))
@@ -186,11 +191,11 @@ async def test_get_watch_sees_later_change(kube: Kube) -> None:
     await kube.out("create", "-f", "-", stdin=CR_YAML)
     async with trio.open_nursery() as nursery:
         proc: trio.Process = await nursery.start(
-            lambda task_status: trio.run_process(
+            partial(
+                trio.run_process,
                 kube.argv("get", "cr", "-w"),
                 stdout=subprocess.PIPE,
                 check=False,
-                task_status=task_status,
             )
         )
         assert proc.stdout is not None
@@ -306,8 +311,9 @@ async def test_drain_waits_on_pdb_then_finishes(kube: Kube) -> None:
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(drain)
-            # Wait for one successful eviction and one PDB-blocked (429) attempt.
-            while api.counters[("create", "pods/eviction")] < 2:
+            # Wait for one successful eviction and one PDB-blocked (429) attempt. The counter is
+            # bumped by requests from the kubectl subprocess; the server has no event for it.
+            while api.counters[("create", "pods/eviction")] < 2:  # noqa: ASYNC110
                 await trio.sleep(0.05)
             pdb = api.get(api.find("pdb"), "default", "pdb1")
             assert pdb["status"]["disruptionsAllowed"] == 0
@@ -445,18 +451,21 @@ async def test_delete_waits_for_finalizers(kube: Kube) -> None:
     async def delete() -> None:
         result["proc"] = await kube.run("delete", "cr", "req1", ok=False)
 
+    marked = trio.Event()
+
+    def on_change(res_key: str, ev: Any) -> None:
+        if res_key == cr.key and ev.obj["metadata"].get("deletionTimestamp"):
+            marked.set()
+
+    api.store.listeners.append(on_change)
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(delete)
-            while (
-                not (api.store.get(cr, "default", "req1") or {})
-                .get("metadata", {})
-                .get("deletionTimestamp")
-            ):
-                await trio.sleep(0.05)  # noqa: ASYNC110
-            # kubectl now waits on a watch-list for the object to go away.
-            while api.counters[("watch", "capacityrequests")] == 0:
-                await trio.sleep(0.05)  # noqa: ASYNC110
+            await marked.wait()
+            # kubectl now waits on a watch-list for the object to go away. The counter is bumped
+            # by a request from the kubectl subprocess; the server has no event for it.
+            while api.counters[("watch", "capacityrequests")] == 0:  # noqa: ASYNC110
+                await trio.sleep(0.05)
             assert "proc" not in result
             api.patch(
                 cr,

@@ -188,7 +188,9 @@ async def test_watch_table_events(client: httpx.AsyncClient, autojump_clock: Any
 
 async def test_partial_object_metadata(client: httpx.AsyncClient, autojump_clock: Any) -> None:
     accept = {
-        "accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+        "accept": (
+            "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+        )
     }
     rv = (await client.get(CR_PATH)).json()["metadata"]["resourceVersion"]
     await client.post(CR_PATH, json=cr_body("a"))

@@ -5,12 +5,15 @@ Public API::
 
     server = ApiServer()                      # project CRDs from manifests/crds.yaml installed
     url = await nursery.start(serve, server)  # hypercorn's Trio worker; "http://127.0.0.1:PORT"
-    url = await nursery.start(lambda task_status: serve(server, engine="fast", task_status=task_status))
+    url = await nursery.start(
+        lambda task_status: serve(server, engine="fast", task_status=task_status)
+    )
     write_kubeconfig(url, "kc.yaml")          # context/cluster/user "bigfleet-sim", plain HTTP
     run_cli(port, kubeconfig_out)             # `bigfleet-trio sim apiserver` (SIGINT/SIGTERM stop)
 
     server.faults.fail_next(2, code=500, verb="patch", resource="capacityrequests")
-    server.faults.add_latency(0.05, verb="list"); server.faults.drop_watches(); server.faults.compact()
+    server.faults.add_latency(0.05, verb="list")
+    server.faults.drop_watches(); server.faults.compact()
     server.counters[("create", "capacityrequests")]; server.counters.total(verb="watch")
 
     # In-process helpers (no HTTP, no faults/counters): same semantics as the REST verbs.

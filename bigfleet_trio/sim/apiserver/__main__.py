@@ -1,4 +1,7 @@
-"""``python -m bigfleet_trio.sim.apiserver [PORT] [KUBECONFIG] [hypercorn|fast]``: run the server."""
+"""Run the server.
+
+Usage: ``python -m bigfleet_trio.sim.apiserver [PORT] [KUBECONFIG] [hypercorn|fast]``.
+"""
 
 import sys
 

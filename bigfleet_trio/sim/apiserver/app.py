@@ -93,7 +93,8 @@ class _Request:
                 raise ApiError(
                     415,
                     "UnsupportedMediaType",
-                    f"the body of the request was in an unknown format - accepted media types include: application/json, application/yaml ({exc})",
+                    "the body of the request was in an unknown format - accepted media types "
+                    f"include: application/json, application/yaml ({exc})",
                 ) from None
         if "cbor" in ct:
             raise E.unsupported_media_type(ct)
@@ -490,7 +491,8 @@ def _plan_watch(
                     E.field_cause(
                         "FieldValueForbidden",
                         "sendInitialEvents",
-                        "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan and allowWatchBookmarks=true",
+                        "Forbidden: sendInitialEvents requires setting resourceVersionMatch to "
+                        "NotOlderThan and allowWatchBookmarks=true",
                     )
                 ],
             )

@@ -51,7 +51,10 @@ def _healthy(pod: dict[str, Any]) -> bool:
 def _expected_from_controllers(
     pods: list[dict[str, Any]], scale_of: Callable[[str], int | None]
 ) -> int | None:
-    """Sum of the distinct controllers' ``spec.replicas``; None when a pod has no scalable controller."""
+    """Sum of the distinct controllers' ``spec.replicas``.
+
+    None when a pod has no scalable controller.
+    """
     seen: dict[str, int] = {}
     for p in pods:
         ref = next(

@@ -130,7 +130,10 @@ def unsupported_media_type(content_type: str, kind_desc: str | None = None) -> A
     if kind_desc:
         msg = f"{content_type} is not supported by {kind_desc}"
     else:
-        msg = f"the body of the request was in an unknown format - accepted media types include: {accepted}"
+        msg = (
+            "the body of the request was in an unknown format - accepted media types include: "
+            f"{accepted}"
+        )
     return ApiError(415, "UnsupportedMediaType", msg)
 
 

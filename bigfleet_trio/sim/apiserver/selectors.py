@@ -98,7 +98,8 @@ def parse_label_selector(text: str | None) -> list[Requirement]:
             values = tuple(v.strip() for v in inner.split(",")) if inner.strip() else ()
             if not values:
                 raise bad_request(
-                    "unable to parse requirement: for 'in', 'notin' operators, values set can't be empty"
+                    "unable to parse requirement: for 'in', 'notin' operators, "
+                    "values set can't be empty"
                 )
             for v in values:
                 _check_value(v)
@@ -118,7 +119,8 @@ def parse_label_selector(text: str | None) -> list[Requirement]:
                     int(value)
                 except ValueError:
                     raise bad_request(
-                        "unable to parse requirement: for 'Gt', 'Lt' operators, the value must be an integer"
+                        "unable to parse requirement: for 'Gt', 'Lt' operators, "
+                        "the value must be an integer"
                     ) from None
             else:
                 _check_value(value)

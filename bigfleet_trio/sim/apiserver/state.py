@@ -339,7 +339,8 @@ class ApiServer:
             meta = {}
         if not isinstance(meta, dict):
             raise E.bad_request(
-                "json: cannot unmarshal into Go struct field of type v1.ObjectMeta: metadata must be an object"
+                "json: cannot unmarshal into Go struct field of type v1.ObjectMeta: "
+                "metadata must be an object"
             )
         err = metadata_type_error(meta)
         if err:
@@ -352,7 +353,8 @@ class ApiServer:
         av = body.get("apiVersion")
         if av is not None and av != res.api_version:
             raise E.bad_request(
-                f"the API version in the data ({av}) does not match the expected API version ({res.api_version})"
+                f"the API version in the data ({av}) does not match the expected API version "
+                f"({res.api_version})"
             )
         if not res.custom:
             for field in ("spec", "status"):
@@ -365,7 +367,8 @@ class ApiServer:
         bns = meta.get("namespace")
         if res.namespaced and bns and namespace and bns != namespace:
             raise E.bad_request(
-                "the namespace of the provided object does not match the namespace sent on the request"
+                "the namespace of the provided object does not match the namespace sent on the "
+                "request"
             )
         return meta
 
@@ -482,7 +485,8 @@ class ApiServer:
             snap = self._snapshots.get(snap_id)
             if snap is None:
                 raise E.expired(
-                    "The provided continue parameter is too old to display a consistent list result. "
+                    "The provided continue parameter is too old to display a consistent list "
+                    "result. "
                     "You can start a new list without the continue parameter."
                 )
             rv, matched = snap
@@ -545,7 +549,8 @@ class ApiServer:
         meta = self._check_body_meta(res, namespace, body)
         if meta.get("name") not in (None, name):
             raise E.bad_request(
-                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL "
+                f"({name})"
             )
         old = self.get(res, namespace, name)
         return self._commit(
@@ -703,7 +708,8 @@ class ApiServer:
                             E.field_cause(
                                 "FieldValueForbidden",
                                 "metadata.finalizers",
-                                "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers "
+                                "Forbidden: no new finalizers can be added if the object is "
+                                "being deleted, found new finalizers "
                                 + str(sorted(added)),
                             )
                         ],
@@ -761,14 +767,17 @@ class ApiServer:
                 res.plural,
                 res.group,
                 name,
-                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta.get('uid')}",
+                f"Precondition failed: UID in precondition: {pre['uid']}, "
+                f"UID in object meta: {meta.get('uid')}",
             )
         if pre.get("resourceVersion") and str(pre["resourceVersion"]) != meta["resourceVersion"]:
             raise E.conflict(
                 res.plural,
                 res.group,
                 name,
-                f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, ResourceVersion in object meta: {meta['resourceVersion']}",
+                "Precondition failed: ResourceVersion in precondition: "
+                f"{pre['resourceVersion']}, "
+                f"ResourceVersion in object meta: {meta['resourceVersion']}",
             )
         if res is self.namespaces and name in PROTECTED_NAMESPACES:
             raise ApiError(
@@ -916,7 +925,8 @@ class ApiServer:
             raise E.ApiError(
                 500,
                 "InternalError",
-                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource "
+                "does not support.",
             )
         if not pdbs:
             self._delete_obj(self.pods, pod, "Background")
@@ -942,7 +952,9 @@ class ApiServer:
                 [
                     {
                         "reason": "DisruptionBudget",
-                        "message": f"The disruption budget {pname} is still being processed by the server.",
+                        "message": (
+                            f"The disruption budget {pname} is still being processed by the server."
+                        ),
                     }
                 ],
                 retry_after=10,
@@ -954,7 +966,10 @@ class ApiServer:
                 [
                     {
                         "reason": "DisruptionBudget",
-                        "message": f"The disruption budget {pname} needs {des_h} healthy pods and has {cur_h} currently",
+                        "message": (
+                            f"The disruption budget {pname} needs {des_h} healthy pods and has "
+                            f"{cur_h} currently"
+                        ),
                     }
                 ],
             )

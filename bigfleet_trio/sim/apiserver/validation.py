@@ -75,33 +75,54 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
 def metadata_type_error(meta: dict[str, Any]) -> str | None:
-    """A decode error message when ObjectMeta fields have the wrong JSON types (→ 400), else None."""
+    """A decode error message when ObjectMeta fields have the wrong JSON types (→ 400).
+
+    None when every field has the right type.
+    """
     for field in ("labels", "annotations"):
         m = meta.get(field)
         if m is None:
             continue
         if not isinstance(m, dict):
-            return f"json: cannot unmarshal {type(m).__name__} into Go struct field ObjectMeta.metadata.{field} of type map[string]string"
+            return (
+                f"json: cannot unmarshal {type(m).__name__} into Go struct field "
+                f"ObjectMeta.metadata.{field} of type map[string]string"
+            )
         for v in m.values():
             if not isinstance(v, str):
-                return f"json: cannot unmarshal {type(v).__name__} into Go struct field ObjectMeta.metadata.{field} of type string"
+                return (
+                    f"json: cannot unmarshal {type(v).__name__} into Go struct field "
+                    f"ObjectMeta.metadata.{field} of type string"
+                )
     for field in ("name", "generateName", "namespace", "resourceVersion", "uid"):
         v = meta.get(field)
         if v is not None and not isinstance(v, str):
-            return f"json: cannot unmarshal {type(v).__name__} into Go struct field ObjectMeta.metadata.{field} of type string"
+            return (
+                f"json: cannot unmarshal {type(v).__name__} into Go struct field "
+                f"ObjectMeta.metadata.{field} of type string"
+            )
     fins = meta.get("finalizers")
     if fins is not None and (
         not isinstance(fins, list) or not all(isinstance(f, str) for f in fins)
     ):
-        return "json: cannot unmarshal into Go struct field ObjectMeta.metadata.finalizers of type []string"
+        return (
+            "json: cannot unmarshal into Go struct field ObjectMeta.metadata.finalizers "
+            "of type []string"
+        )
     refs = meta.get("ownerReferences")
     if refs is not None:
         if not isinstance(refs, list) or not all(isinstance(r, dict) for r in refs):
-            return "json: cannot unmarshal into Go struct field ObjectMeta.metadata.ownerReferences of type []v1.OwnerReference"
+            return (
+                "json: cannot unmarshal into Go struct field ObjectMeta.metadata.ownerReferences "
+                "of type []v1.OwnerReference"
+            )
         for r in refs:
             for f in ("apiVersion", "kind", "name", "uid"):
                 if not isinstance(r.get(f, ""), str):
-                    return f"json: cannot unmarshal into Go struct field OwnerReference.metadata.ownerReferences.{f} of type string"
+                    return (
+                        "json: cannot unmarshal into Go struct field "
+                        f"OwnerReference.metadata.ownerReferences.{f} of type string"
+                    )
     return None
 
 
@@ -119,7 +140,9 @@ def validate_labels(meta: dict[str, Any]) -> list[dict[str, str]]:
                 field_cause(
                     "FieldValueInvalid",
                     "metadata.labels",
-                    f"Invalid value: \"{k}\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+                    f"Invalid value: \"{k}\": name part must consist of alphanumeric "
+                    "characters, '-', '_' or '.', and must start and end with an alphanumeric "
+                    "character",
                 )
             )
         if len(v) > 63 or not _LABEL_VALUE.match(v):
@@ -127,7 +150,9 @@ def validate_labels(meta: dict[str, Any]) -> list[dict[str, str]]:
                 field_cause(
                     "FieldValueInvalid",
                     "metadata.labels",
-                    f"Invalid value: \"{v}\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+                    f"Invalid value: \"{v}\": a valid label must be an empty string or "
+                    "consist of alphanumeric characters, '-', '_' or '.', and must start and "
+                    "end with an alphanumeric character",
                 )
             )
     for r in meta.get("ownerReferences") or ():
@@ -280,7 +305,8 @@ class SchemaValidator:
                     field_cause(
                         "FieldValueInvalid",
                         path,
-                        f"Invalid value: {val}: {path} in body should match '{err.validator_value}'",
+                        f"Invalid value: {val}: {path} in body should match "
+                        f"'{err.validator_value}'",
                     )
                 )
             elif err.validator == "anyOf":
@@ -288,7 +314,8 @@ class SchemaValidator:
                     field_cause(
                         "FieldValueTypeInvalid",
                         path,
-                        f"Invalid value: {val}: {path} in body must be of type integer or string: {val}",
+                        f"Invalid value: {val}: {path} in body must be of type integer or "
+                        f"string: {val}",
                     )
                 )
             else:
@@ -488,7 +515,8 @@ def _compile(schema: Any, top: bool = False) -> _Check:
                     field_cause(
                         "FieldValueTypeInvalid",
                         path,
-                        f"Invalid value: {val}: {path} in body must be of type integer or string: {val}",
+                        f"Invalid value: {val}: {path} in body must be of type integer or "
+                        f"string: {val}",
                     )
                 )
                 return
@@ -574,7 +602,8 @@ def _check_bounds(
                 field_cause(
                     "FieldValueInvalid",
                     path,
-                    f"Invalid value: {val}: {path} in body should be at least {b['minLength']} chars long",
+                    f"Invalid value: {val}: {path} in body should be at least "
+                    f"{b['minLength']} chars long",
                 )
             )
         if "maxLength" in b and len(v) > b["maxLength"]:
@@ -591,7 +620,8 @@ def _check_bounds(
                 field_cause(
                     "FieldValueInvalid",
                     path,
-                    f"Invalid value: {len(v)}: {path} in body should have at least {b['minItems']} items",
+                    f"Invalid value: {len(v)}: {path} in body should have at least "
+                    f"{b['minItems']} items",
                 )
             )
         if "maxItems" in b and len(v) > b["maxItems"]:
@@ -608,7 +638,8 @@ def _check_bounds(
                 field_cause(
                     "FieldValueInvalid",
                     path,
-                    f"Invalid value: {len(v)}: {path} in body should have at least {b['minProperties']} properties",
+                    f"Invalid value: {len(v)}: {path} in body should have at least "
+                    f"{b['minProperties']} properties",
                 )
             )
         if "maxProperties" in b and len(v) > b["maxProperties"]:
