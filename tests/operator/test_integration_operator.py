@@ -267,6 +267,9 @@ async def test_machines_walk_to_ready_then_reclaim_drains_and_deletes(
                 )
 
             await h.wait_async(two_ready)
+            # NodeStateUpdates planned from the informer cache: no GET of an UpcomingNode
+            assert h.server.counters[("get", "upcomingnodes")] == 0
+            assert h.server.counters[("patch", "upcomingnodes/status")] >= 2
             uns = await h.upcoming()
             nodes = {n["metadata"]["name"] for n in (await h.client.list(NODES)).items}
             refs = {u["status"]["nodeRef"]["name"] for u in uns.values()}
