@@ -5,9 +5,12 @@ One run, one embedded apiserver (a child process ``bigfleet-trio sim apiserver``
 own CPU; ``--inproc`` serves it inside this process instead):
 
 1. ``--pods`` Pods are created (their create rate is printed too);
-2. raw: the apiserver's raw create rate: after a warm-up, ``--pods`` CapacityRequests POSTed by
-   ``--workers`` concurrent tasks through a :class:`KubeClient` (no rate limit), then deleted,
-   so the store holds what the controller phase will see (the Pods, CRs growing from 0);
+2. raw: the apiserver's raw create rate for the very CapacityRequests the controller will
+   write: the controller's own bodies (:func:`translate_pod` + :func:`build_capacity_request`
+   over the created Pods, built before the clock starts: same names, labels, ownerReferences
+   and spec, byte for byte), POSTed by ``--workers`` concurrent tasks through a
+   :class:`KubeClient` (no rate limit) after a warm-up, then deleted, so the store holds what
+   the controller phase will see (the Pods, CRs growing from 0);
 3. the controller starts (``--workers`` workers, no client rate limit) and the clock runs from
    its start (initial LIST included) until its CR informer holds one CR per Pod ("all CRs
    present"), then until all are Pending.
@@ -33,6 +36,11 @@ import trio
 
 from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, KubeClient, load_kubeconfig
 from bigfleet_trio.podcontroller.controller import PodController
+from bigfleet_trio.podcontroller.translate import (
+    OWNED_BY_POD_LABEL,
+    build_capacity_request,
+    translate_pod,
+)
 
 UNLIMITED = {"qps": 1e9, "burst": 10**9}
 
@@ -86,15 +94,23 @@ def _cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def raw_phase(client: KubeClient, n: int, workers: int, server_pid: int | None,
-                    out: dict[str, float], label: str) -> None:
+def controller_bodies(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The CapacityRequests the controller will create for ``pods`` (its own translation)."""
+    return [build_capacity_request(p, translate_pod(p, None)) for p in pods]
+
+
+async def raw_phase(client: KubeClient, bodies: list[dict[str, Any]], workers: int,
+                    server_pid: int | None, out: dict[str, float], label: str) -> None:
+    """POST ``bodies`` (prebuilt) on ``workers`` tasks, record rate and CPU, delete them."""
+    n = len(bodies)
     c0, s0 = _cpu(None), _cpu(server_pid) if server_pid else 0.0
-    secs = await fan_out(n, workers, lambda i: client.create(CAPACITY_REQUESTS, cr(i)))
+    secs = await fan_out(n, workers, lambda i: client.create(CAPACITY_REQUESTS, bodies[i]))
     out[f"{label}_per_s"] = n / secs
     out[f"{label}_client_cpu_ms_per_cr"] = (_cpu(None) - c0) / n * 1000
     if server_pid:
         out[f"{label}_server_cpu_ms_per_cr"] = (_cpu(server_pid) - s0) / n * 1000
-    await client.delete_collection(CAPACITY_REQUESTS, "default", label_selector="bench=raw")
+    await client.delete_collection(CAPACITY_REQUESTS, "default",
+                                   label_selector=OWNED_BY_POD_LABEL)
 
 
 async def bench(kubeconfig: str, n: int, workers: int, pod_conc: int,
@@ -102,13 +118,19 @@ async def bench(kubeconfig: str, n: int, workers: int, pod_conc: int,
     cfg = load_kubeconfig(kubeconfig, env={})
     out: dict[str, float] = {}
     async with KubeClient(cfg, **UNLIMITED) as client:
-        secs = await fan_out(n, pod_conc, lambda i: client.create(PODS, pod(i)))
+        pods: list[dict[str, Any]] = [{} for _ in range(n)]
+
+        async def create_pod(i: int) -> None:
+            pods[i] = await client.create(PODS, pod(i))
+
+        secs = await fan_out(n, pod_conc, create_pod)
         out["pod_create_per_s"] = n / secs
+        bodies = controller_bodies(pods)
         # warm-up (connections, first-request costs), not measured
         await fan_out(min(n, 500), workers, lambda i: client.create(CAPACITY_REQUESTS, cr(i)))
         await client.delete_collection(CAPACITY_REQUESTS, "default", label_selector="bench=raw")
         # raw: same store as the controller will see (n Pods, CRs growing from 0 to n)
-        await raw_phase(client, n, workers, server_pid, out, "raw_cr_create")
+        await raw_phase(client, bodies, workers, server_pid, out, "raw_cr_create")
 
     async with KubeClient(cfg, **UNLIMITED) as client:
         ctl = PodController(client, workers=workers)
