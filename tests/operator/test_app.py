@@ -4,6 +4,7 @@ diagnostics HTTP, leader election, SIGTERM)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from functools import partial
@@ -14,6 +15,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from prometheus_client import REGISTRY
 
 from bigfleet_trio.config import OperatorConfig
 from bigfleet_trio.kube import CAPACITY_REQUESTS, LEASES, KubeClient, load_kubeconfig
@@ -139,6 +141,58 @@ async def test_exclusion_reported_once_per_version_and_cleared() -> None:
         assert [e["kind"] for e in kinds] == ["capacityrequest_excluded"] * 3
         assert kinds[0]["cr"] == "ns/g" and kinds[0]["reason"] == "UnsupportedRequirement"
         n.cancel_scope.cancel()
+
+
+def _excluded(reason: str) -> float:
+    return REGISTRY.get_sample_value(
+        "bigfleet_operator_capacityrequests_excluded_total", {"reason": reason}
+    ) or 0.0
+
+
+def _excluded_current() -> float | None:
+    return REGISTRY.get_sample_value("bigfleet_operator_capacityrequests_excluded_current")
+
+
+async def test_exclusion_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="bigfleet_trio.operator.wiring")
+    unsupported, invalid = _excluded("UnsupportedRequirement"), _excluded("InvalidCapacityRequest")
+    src, _, _, store = source()  # run() not started: the Event queue just fills, unread
+
+    def exclusion_lines() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "excluded from the roll-up" in r.getMessage()]
+
+    feed_add(src, store, cr("g", "1", op="Gt"))
+    [rec] = exclusion_lines()
+    assert rec.levelno == logging.WARNING and rec.name == "bigfleet_trio.operator.wiring"
+    msg = rec.getMessage()
+    assert "cr=ns/g" in msg and "resourceVersion=1" in msg
+    assert "reason=UnsupportedRequirement" in msg and "'Gt'" in msg
+    assert "field=spec.requirements[0].operator" in msg
+    assert _excluded("UnsupportedRequirement") == unsupported + 1
+    assert _excluded_current() == 1.0  # a gauge set from this source's own count
+
+    feed_add(src, store, cr("g", "1", op="Gt"))  # relist replay of the same version: silent
+    assert len(exclusion_lines()) == 1
+    assert _excluded("UnsupportedRequirement") == unsupported + 1
+
+    feed_add(src, store, cr("l", "2", op="Lt"))
+    feed_add(src, store, cr("g", "3", op="Lt"))  # new version of g, still excluded
+    lines = exclusion_lines()
+    assert len(lines) == 3
+    assert "cr=ns/l" in lines[1].getMessage() and "'Lt'" in lines[1].getMessage()
+    assert "cr=ns/g" in lines[2].getMessage() and "resourceVersion=3" in lines[2].getMessage()
+    assert _excluded("UnsupportedRequirement") == unsupported + 3
+    assert _excluded("InvalidCapacityRequest") == invalid  # other reasons untouched
+    assert _excluded_current() == 2.0  # g and l (g counted once across versions)
+
+    feed_add(src, store, cr("g", "4", op="In"))  # fixed: back in the roll-up
+    assert any(r.levelno == logging.INFO and "included again cr=ns/g" in r.getMessage()
+               for r in caplog.records)
+    assert _excluded_current() == 1.0
+    src.on_delete(store.objs.pop("ns/l"))
+    assert _excluded_current() == 0.0
+    assert _excluded("UnsupportedRequirement") == unsupported + 3  # a counter never goes down
+    assert len(exclusion_lines()) == 3
 
 
 async def test_consistency_check_detects_and_repairs(autojump_clock: trio.abc.Clock) -> None:
