@@ -978,6 +978,41 @@ async def test_apiserver_pdb_never_allows_fails_at_deadline(
     assert await _pod_names(client) == ["agent", "web"]
 
 
+async def test_apiserver_duplicate_instruction_one_drain_two_acks(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    server, client = _server_and_client(nursery)
+    await _seed(client)
+    await _pdb_allows(client, 1)  # the one eviction succeeds at once: no 429 retries to count
+    # hold the eviction in flight so the duplicate arrives while the drain is running
+    server.faults.add_latency(5.0, verb="create", resource="pods/eviction")
+    server.counters.reset()
+    memory = DrainMemory()
+    drains = DrainManager(client, memory, rng=random.Random(1))
+    handler = ReclaimHandler(client, drains, memory)
+    replies = Replies()
+    async with trio.open_nursery() as operator:
+        await operator.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r-1", "m-1", grace=60), replies)
+        await trio.sleep(1)
+        assert drains.active == frozenset({"n-1"})
+        assert server.counters[("create", "pods/eviction")] == 1  # sent, answer still delayed
+        # the shard re-sends the same instruction (lost ack, reconnect): re-acked, nothing redone
+        await handler.on_reclaim_instruction(instr("r-1", "m-1", grace=60), replies)
+        assert replies.acks == [("r-1", 1), ("r-1", 1)]
+        assert drains.active == frozenset({"n-1"})
+        await drains.wait_idle()
+        operator.cancel_scope.cancel()
+    assert server.counters[("patch", "nodes")] == 1  # one cordon
+    assert server.counters[("patch", "upcomingnodes/status")] == 2  # Draining, then Drained
+    assert server.counters[("create", "pods/eviction")] == 1  # web evicted once
+    assert drains.completed_total == 1 and drains.failed_total == 0
+    assert drains.results["n-1"].outcome == "drained"
+    assert await _pod_names(client) == ["agent"]
+    with pytest.raises(NotFound):
+        await client.get(UPCOMING_NODES, "un-m-1")
+
+
 # --------------------------------------------------------------------------- operator wiring
 
 
