@@ -189,12 +189,13 @@ def phase_for_state(state: int) -> str | None:
     return PHASE_BY_STATE.get(int(state))
 
 
-def upcoming_node_name(machine_id: str) -> str | None:
+def upcoming_node_name(machine_id: str, *, quiet: bool = False) -> str | None:
     """``un-<machine_id>``, sanitised if needed (see module docstring); None if unusable.
 
     Valid names (DNS-1123 subdomain, <= 253 chars) are used verbatim. Otherwise the ID is
     lower-cased, runs of invalid characters become ``-``, leading/trailing non-alphanumerics are
     stripped and ``-<first 8 hex of sha256(machine_id)>`` is appended (truncating to fit).
+    A sanitised or rejected ID is logged unless ``quiet`` (a caller that already logged it).
     """
     if not machine_id:
         return None
@@ -205,13 +206,16 @@ def upcoming_node_name(machine_id: str) -> str | None:
     body = _INVALID_CHARS.sub("-", machine_id.lower())
     body = re.sub(r"^[^a-z0-9]+|[^a-z0-9]+$", "", body)
     if not body:
+        if quiet:
+            return None
         log.warning(
             "upcoming: machine_id has no usable character, rejected machine_id=%r", machine_id
         )
         return None
     body = body[: _MAX_NAME - len(UN_PREFIX) - len(suffix) - 1].rstrip(".-")
     name = f"{UN_PREFIX}{body}-{suffix}"
-    log.info("upcoming: machine_id sanitised machine_id=%r name=%s", machine_id, name)
+    if not quiet:
+        log.info("upcoming: machine_id sanitised machine_id=%r name=%s", machine_id, name)
     return name
 
 
@@ -465,7 +469,7 @@ def plan_node_state_update(
     """
     if not u.machine_id:
         return UpcomingPlan("ignore", "", None, "empty machine_id")
-    name = upcoming_node_name(u.machine_id)
+    name = upcoming_node_name(u.machine_id, quiet=True)  # pure: the handler logs the naming
     if name is None:
         return UpcomingPlan("ignore", "", None, "invalid machine_id")
     phase = phase_for_state(u.state)

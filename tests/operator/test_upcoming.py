@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -535,6 +536,54 @@ async def test_unspecified_writes_nothing_and_deleting_deletes(
     assert kube.writes() == [("delete", "un-m-1", None)]
     await h.on_node_state_update(nsu(MS.DELETING))
     assert kube.writes() == []
+
+
+def _upcoming_lines(caplog: pytest.LogCaptureFixture, word: str) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == "bigfleet_trio.operator.upcoming" and word in r.getMessage()
+    ]
+
+
+async def test_invalid_machine_id_sanitised_and_logged_once_per_update(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.abc.Clock
+) -> None:
+    caplog.set_level(logging.INFO, logger="bigfleet_trio.operator.upcoming")
+    kube = FakeKube()
+    h = handler(kube)
+    # "Pool/M_7": upper case, "/" and "_" are not allowed in an object name
+    name = "un-pool-m-7-" + hashlib.sha256(b"Pool/M_7").hexdigest()[:8]
+    await h.on_node_state_update(nsu(MS.CREATING, machine_id="Pool/M_7"))
+    assert [w[:2] for w in kube.writes()] == [("create", name), ("patch/status", name)]
+    [rec] = _upcoming_lines(caplog, "sanitised")
+    assert rec.levelno == logging.INFO
+    assert rec.getMessage() == f"upcoming: machine_id sanitised machine_id='Pool/M_7' name={name}"
+    # the next update for that machine is a new decision: one more line, same object
+    await h.on_node_state_update(nsu(MS.IDLE, machine_id="Pool/M_7"))
+    assert [w[:2] for w in kube.writes()] == [("patch/status", name)]
+    assert len(_upcoming_lines(caplog, "sanitised")) == 2
+    # a valid machine id is used verbatim, silently
+    await h.on_node_state_update(nsu(MS.CREATING, machine_id="m-2"))
+    assert len(_upcoming_lines(caplog, "sanitised")) == 2
+
+
+async def test_unusable_machine_id_rejected_and_logged(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.abc.Clock
+) -> None:
+    caplog.set_level(logging.INFO, logger="bigfleet_trio.operator.upcoming")
+    kube = FakeKube()
+    await handler(kube).on_node_state_update(nsu(MS.CREATING, machine_id="_/_"))
+    assert kube.writes() == []
+    assert kube.objects == {}
+    [rec] = _upcoming_lines(caplog, "rejected")
+    assert rec.levelno == logging.WARNING
+    assert rec.getMessage() == (
+        "upcoming: machine_id has no usable character, rejected machine_id='_/_'"
+    )
+    [ignored] = _upcoming_lines(caplog, "ignored")
+    assert "machine_id='_/_'" in ignored.getMessage()
+    assert "reason=invalid machine_id" in ignored.getMessage()
 
 
 _WRITE_KEYS = [
