@@ -277,6 +277,16 @@ def parse_kubeconfig(
         cfg.token = str(user["token"])
     if user.get("tokenFile"):
         cfg.token_file = _path(base_dir, user["tokenFile"])
+        # As client-go's kubeconfig validation ("unable to read token-file"): a token file that
+        # cannot be read at start is a configuration error, not a stream of 401s later. Once
+        # loaded, the file is re-read on change and a transient read failure only warns.
+        try:
+            Path(cfg.token_file).read_bytes()
+        except OSError as exc:
+            raise KubeConfigError(
+                f"{source}: user {user_name!r}: cannot read tokenFile {cfg.token_file}: "
+                f"{exc.strerror or exc}"
+            ) from exc
     if user.get("username"):
         cfg.username = str(user["username"])
         cfg.password = str(user.get("password") or "")

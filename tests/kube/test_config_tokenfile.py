@@ -3,9 +3,10 @@
 What the code does (bigfleet_trio/kube/config.py): ``tokenFile`` is stored as ``token_file``
 (``~`` expanded, relative paths joined to the kubeconfig's directory, not the working directory);
 the file is read lazily by ``bearer_token()`` (stripped, re-read when it changes) and wins over a
-static ``token``. A missing or unreadable file is NOT an error at load time: ``bearer_token()``
-logs a WARNING naming the file and returns None (or the static ``token`` if one is set), so
-requests go out without credentials.
+static ``token``. A missing or unreadable file at load time is a KubeConfigError naming the user
+and the file (as client-go's kubeconfig validation: "unable to read token-file"). A file that
+disappears *after* load (a rotation in progress): ``bearer_token()`` logs a WARNING naming the
+file and returns None (or the static ``token`` if one is set).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import yaml
 
 from bigfleet_trio.kube import NODES, KubeClient
-from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
+from bigfleet_trio.kube.config import KubeConfig, KubeConfigError, load_kubeconfig
 
 
 def _kubeconfig(user: dict[str, Any]) -> dict[str, Any]:
@@ -104,13 +105,31 @@ def test_token_file_wins_over_static_token_and_is_re_read(tmp_path: Path) -> Non
     assert cfg.bearer_token() == "file-two-rotated"
 
 
-async def test_missing_token_file_warns_and_sends_no_credentials(
+def test_missing_token_file_at_load_is_a_clear_error(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope" / "token")
+    with pytest.raises(KubeConfigError) as err:
+        load_kubeconfig(_write(tmp_path, {"tokenFile": "nope/token"}), env={})
+    msg = str(err.value)
+    assert "user 'u1'" in msg and f"tokenFile {missing}" in msg
+    assert "No such file or directory" in msg
+
+
+def test_unreadable_token_file_at_load_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "tokdir").mkdir()  # a directory: read fails (IsADirectoryError), even as root
+    with pytest.raises(KubeConfigError, match="Is a directory"):
+        load_kubeconfig(_write(tmp_path, {"tokenFile": "tokdir"}), env={})
+
+
+async def test_token_file_gone_after_load_warns_and_sends_no_credentials(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="bigfleet_trio.kube.config")
-    cfg = load_kubeconfig(_write(tmp_path, {"tokenFile": "nope/token"}), env={})  # no raise
+    (tmp_path / "nope").mkdir()
+    (tmp_path / "nope" / "token").write_text("t0\n")
+    cfg = load_kubeconfig(_write(tmp_path, {"tokenFile": "nope/token"}), env={})
     missing = str(tmp_path / "nope" / "token")
     assert cfg.token_file == missing
+    os.remove(missing)
     assert cfg.bearer_token() is None
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
@@ -120,12 +139,14 @@ async def test_missing_token_file_warns_and_sends_no_credentials(
     assert await _auth_header_sent(cfg) is None
 
 
-def test_unreadable_token_file_warns_and_returns_none(
+def test_token_file_turned_unreadable_after_load_warns_and_returns_none(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="bigfleet_trio.kube.config")
-    (tmp_path / "tokdir").mkdir()  # a directory: read fails (IsADirectoryError), even as root
+    (tmp_path / "tokdir").write_text("t0")
     cfg = load_kubeconfig(_write(tmp_path, {"tokenFile": "tokdir"}), env={})
+    os.remove(tmp_path / "tokdir")
+    (tmp_path / "tokdir").mkdir()  # now a directory: read fails (IsADirectoryError), even as root
     assert cfg.bearer_token() is None
     [rec] = [r for r in caplog.records if "kube token file unreadable" in r.getMessage()]
     assert rec.levelno == logging.WARNING
@@ -133,8 +154,22 @@ def test_unreadable_token_file_warns_and_returns_none(
     assert "Is a directory" in rec.getMessage()
 
 
-def test_missing_token_file_falls_back_to_static_token(tmp_path: Path) -> None:
+def test_token_file_gone_after_load_falls_back_to_static_token(tmp_path: Path) -> None:
+    (tmp_path / "gone").write_text("first")
     cfg = load_kubeconfig(_write(tmp_path, {"token": "static", "tokenFile": "gone"}), env={})
+    os.remove(tmp_path / "gone")  # before the first read: nothing cached to keep
     assert cfg.bearer_token() == "static"
     (tmp_path / "gone").write_text("appeared")
     assert cfg.bearer_token() == "appeared"  # the file is looked at again on every call
+
+
+def test_token_file_read_once_then_gone_keeps_the_last_token(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bigfleet_trio.kube.config")
+    (tmp_path / "tok").write_text("first\n")
+    cfg = load_kubeconfig(_write(tmp_path, {"token": "static", "tokenFile": "tok"}), env={})
+    assert cfg.bearer_token() == "first"
+    os.remove(tmp_path / "tok")  # a rotation in progress: the last token stays in use
+    assert cfg.bearer_token() == "first"
+    assert "keeping last token" in caplog.records[-1].getMessage()
