@@ -44,7 +44,7 @@ PROG = "bigfleet-trio"
 log = logging.getLogger(__name__)
 
 # Exceptions whose message is a complete user-facing explanation (no traceback needed).
-_EXPECTED_ERRORS = {"ConfigError", "KubeConfigError", "OSError", "FileNotFoundError",
+_EXPECTED_ERRORS = {"ConfigError", "KubeConfigError", "SyncTimeout", "OSError", "FileNotFoundError",
                     "PermissionError", "ConnectionRefusedError", "HandshakeError"}
 
 
@@ -214,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
                     default=op_d.drain_shutdown_timeout, metavar="DUR",
                     help="on SIGTERM, how long running drains may continue "
                     f"(default {_d(op_d.drain_shutdown_timeout)})")
+    op.add_argument("--sync-timeout", type=_duration, default=op_d.sync_timeout, metavar="DUR",
+                    help="informer cache sync deadline at start, then exit 1 "
+                    f"(default {_d(op_d.sync_timeout)})")
+    op.add_argument("--send-timeout", type=_duration, default=op_d.send_timeout, metavar="DUR",
+                    help="end the shard session when a frame is not accepted within this "
+                    f"(default {_d(op_d.send_timeout)})")
     op.add_argument("--reconnect-initial-backoff", type=_duration,
                     default=op_d.reconnect_initial_backoff, metavar="DUR",
                     help=f"first redial delay (default {_d(op_d.reconnect_initial_backoff)})")
@@ -388,6 +394,8 @@ def operator_config(ns: argparse.Namespace) -> OperatorConfig:
         leader_election_namespace=ns.leader_election_namespace,
         leader_election_id=ns.leader_election_id,
         drain_shutdown_timeout=ns.drain_shutdown_timeout,
+        sync_timeout=ns.sync_timeout,
+        send_timeout=ns.send_timeout,
         reconnect_initial_backoff=ns.reconnect_initial_backoff,
         reconnect_max_backoff=ns.reconnect_max_backoff,
         log_format=fmt,

@@ -254,6 +254,14 @@ class OperatorConfig:
     drain_shutdown_timeout: float = 30.0
     """``--drain-shutdown-timeout``: on SIGINT/SIGTERM, seconds running drains may still take."""
 
+    sync_timeout: float = 30.0
+    """``--sync-timeout``: seconds to wait for the informer caches at start before exiting 1
+    (Go: 30 s, ``cache: initial sync timed out``); a missing RBAC grant or CRD fails visibly."""
+
+    send_timeout: float = 30.0
+    """``--send-timeout``: seconds one frame may wait for the shard stream to accept it before
+    the session ends and the operator redials (a shard that stopped reading)."""
+
     reconnect_initial_backoff: float = 0.5
     """``--reconnect-initial-backoff``: first delay before redialling the shard (Go 500 ms)."""
 
@@ -306,6 +314,10 @@ class OperatorConfig:
             raise ConfigError(
                 f"--drain-shutdown-timeout must be >= 0 (got {self.drain_shutdown_timeout:g}s)"
             )
+        if not self.sync_timeout > 0:
+            raise ConfigError(f"--sync-timeout must be > 0 (got {self.sync_timeout:g}s)")
+        if not self.send_timeout > 0:
+            raise ConfigError(f"--send-timeout must be > 0 (got {self.send_timeout:g}s)")
         if self.reconnect_initial_backoff <= 0:
             raise ConfigError("--reconnect-initial-backoff must be > 0")
         if self.reconnect_max_backoff < self.reconnect_initial_backoff:

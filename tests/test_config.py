@@ -108,6 +108,8 @@ def test_operator_defaults_match_reference() -> None:
     assert cfg.qps == 50
     assert cfg.burst == 100
     assert cfg.bootstrap_ttl == 600
+    assert cfg.sync_timeout == 30.0  # Go: cache.New waits 30 s for the initial sync
+    assert cfg.send_timeout == 30.0
     assert cfg.metrics_addr == ":8770"
     assert cfg.leader_elect is False
     assert cfg.leader_election_namespace == "bigfleet-system"
@@ -121,6 +123,15 @@ def test_operator_minimal_valid() -> None:
     cfg.validate()
     assert cfg.bootstrap_template is None
     assert cfg.tls_enabled is False
+
+
+@pytest.mark.parametrize("flag", ["sync_timeout", "send_timeout"])
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan")])
+def test_operator_timeouts_must_be_positive(flag: str, value: float) -> None:
+    cfg = _op()
+    setattr(cfg, flag, value)
+    with pytest.raises(ConfigError, match=f"^--{flag.replace('_', '-')} must be > 0"):
+        cfg.validate()
 
 
 def test_operator_requires_cluster_id() -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ from .errors import (
 from .resources import Resource
 from .watch import Backoff, ResourceVersionTracker, WatchEvent, is_expired, object_key, relist_diff
 
-__all__ = ["Store", "Informer", "Transform", "IndexFunc"]
+__all__ = ["Store", "Informer", "Transform", "IndexFunc", "SyncTimeout", "wait_all_synced"]
 
 _List = list  # Store.list shadows the builtin inside the class body
 
@@ -434,3 +434,32 @@ class Informer:
                 log.exception(
                     "kube informer handler failed informer=%s event=%s", self._name(), etype
                 )
+
+
+class SyncTimeout(Exception):
+    """Informer caches did not sync within the start-up deadline (``--sync-timeout``).
+
+    The message names the deadline in seconds and the plural of every informer still unsynced,
+    e.g. ``timed out after 30s waiting for informer caches to sync (capacityrequests)``.
+    """
+
+
+async def wait_all_synced(informers: Sequence[Informer], seconds: float) -> None:
+    """Wait until every informer in ``informers`` has synced, for at most ``seconds``.
+
+    The Go agent's equivalent is controller-runtime's ``cache.WaitForCacheSync`` under a
+    deadline (reference-behavior §1: 30 s for the operator, 10 min for the pod controller): an
+    agent that cannot list its resources (RBAC missing, CRD not installed) must fail visibly
+    and crash-loop, not sit unready forever.
+
+    Raises:
+        SyncTimeout: ``seconds`` passed with at least one informer unsynced.
+    """
+    with trio.move_on_after(seconds):
+        for inf in informers:
+            await inf.wait_synced()
+        return
+    missing = [inf.res.plural for inf in informers if not inf.synced]
+    raise SyncTimeout(
+        f"timed out after {seconds:g}s waiting for informer caches to sync ({', '.join(missing)})"
+    )

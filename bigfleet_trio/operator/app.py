@@ -52,6 +52,7 @@ from bigfleet_trio.kube import (
     LeaderElector,
     load_kubeconfig,
 )
+from bigfleet_trio.kube.informer import SyncTimeout, wait_all_synced
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.acknowledge import Acknowledger
 from bigfleet_trio.operator.agent import Agent, AgentConfig, SessionChange
@@ -196,6 +197,7 @@ class _Runtime:
                     cfg.cluster_id,
                     rollup_interval=cfg.rollup_interval or 10.0,
                     dispatch_concurrency=cfg.dispatch_concurrency,
+                    send_timeout=cfg.send_timeout,
                 ),
                 initial_backoff=cfg.reconnect_initial_backoff,
                 max_backoff=cfg.reconnect_max_backoff,
@@ -364,6 +366,8 @@ class Operator:
 
         Raises:
             RuntimeError: the operator is already running.
+            SyncTimeout: the informer caches did not sync within ``cfg.sync_timeout`` seconds
+                (nothing was written and the shard was never dialled).
         """
         if self._running:
             raise RuntimeError("Operator.run is already running")
@@ -376,9 +380,9 @@ class Operator:
                 await nursery.start(rt.source.run)
                 for inf in rt.informers:
                     await nursery.start(inf.run)
-                log.info("operator: waiting for informers to sync cluster=%s", cluster)
-                for inf in rt.informers:
-                    await inf.wait_synced()
+                log.info("operator: waiting for informers to sync cluster=%s timeout=%gs",
+                         cluster, self.cfg.sync_timeout)
+                await wait_all_synced(rt.informers, self.cfg.sync_timeout)
                 self._synced = True
                 log.info(
                     "operator: informers synced cluster=%s capacityrequests=%d "
@@ -555,8 +559,9 @@ def run_operator(cfg: OperatorConfig) -> int:
         0 after an orderly shutdown.
 
     Raises:
-        KubeConfigError / TLSConfigError / BootstrapTemplateError / ValueError / OSError:
-            start-up problems; the CLI prints ``operator: <message>`` and exits 1.
+        KubeConfigError / TLSConfigError / BootstrapTemplateError / ValueError / OSError /
+            SyncTimeout: start-up problems (unwrapped from Trio's exception groups); the CLI
+            prints ``operator: <message>`` and exits 1.
     """
     from bigfleet_trio.observability.logs import setup_logging
 
@@ -565,7 +570,25 @@ def run_operator(cfg: OperatorConfig) -> int:
     kcfg = load_kubeconfig(cfg.kubeconfig)
     connector = _grpc_connector(cfg)
     renderer = _renderer_for(cfg)
-    trio.run(
-        partial(serve_operator, cfg, kube_config=kcfg, connector=connector, renderer=renderer)
-    )
+    try:
+        trio.run(
+            partial(serve_operator, cfg, kube_config=kcfg, connector=connector, renderer=renderer)
+        )
+    except BaseExceptionGroup as group:
+        leaf = _startup_error(group)
+        if leaf is None:
+            raise
+        raise leaf from None
     return 0
+
+
+def _startup_error(exc: BaseException) -> BaseException | None:
+    """The first SyncTimeout/OSError inside (nested) exception groups, if any."""
+    if isinstance(exc, (SyncTimeout, OSError)):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _startup_error(inner)
+            if found is not None:
+                return found
+    return None

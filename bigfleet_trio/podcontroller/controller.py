@@ -74,6 +74,7 @@ from bigfleet_trio.kube.errors import (
     KubeTransportError,
     NotFound,
 )
+from bigfleet_trio.kube.informer import SyncTimeout, wait_all_synced
 
 from . import metrics
 from .defaults import PriorityClassDefaults
@@ -140,10 +141,6 @@ _POD_SPEC = (
     "topologySpreadConstraints",
 )
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
-
-
-class SyncTimeout(Exception):
-    """The informer caches did not sync within ``sync_timeout`` seconds."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -488,24 +485,20 @@ class PodController:
         Raises:
             SyncTimeout: the caches did not sync within ``sync_timeout``.
         """
-        missing: list[str] = []
+        timed_out: SyncTimeout | None = None
         async with trio.open_nursery() as nursery:
             await nursery.start(self.pods.run)
             await nursery.start(self.crs.run)
-            with trio.move_on_after(self.sync_timeout) as scope:
-                await self.pods.wait_synced()
-                await self.crs.wait_synced()
-            if scope.cancelled_caught:
-                missing = [inf.res.plural for inf in (self.pods, self.crs) if not inf.synced]
+            try:
+                await wait_all_synced((self.pods, self.crs), self.sync_timeout)
+            except SyncTimeout as exc:
+                timed_out = exc
                 nursery.cancel_scope.cancel()
             else:
                 await self._synced_run(elector, task_status)
                 nursery.cancel_scope.cancel()
-        if missing:
-            raise SyncTimeout(
-                f"timed out after {self.sync_timeout:g}s waiting for informer caches to sync "
-                f"({', '.join(missing)})"
-            )
+        if timed_out is not None:
+            raise timed_out
 
     async def _synced_run(
         self, elector: LeaderElector | None, task_status: trio.TaskStatus[None]

@@ -18,7 +18,7 @@ import trio.testing
 from prometheus_client import REGISTRY
 
 from bigfleet_trio.config import OperatorConfig
-from bigfleet_trio.kube import CAPACITY_REQUESTS, LEASES, KubeClient, load_kubeconfig
+from bigfleet_trio.kube import CAPACITY_REQUESTS, LEASES, KubeClient, KubeConfig, load_kubeconfig
 from bigfleet_trio.kube.errors import KubeConfigError
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.app import Operator, run_operator, serve_operator
@@ -408,3 +408,41 @@ async def test_process_over_sockets_with_leader_election_and_sigterm(tmp_path: P
                 assert not lease["spec"].get("holderIdentity")  # released on the way out
             assert ops and not ops[0].ready()[0]
             nursery.cancel_scope.cancel()
+
+
+def test_run_operator_unwraps_sync_timeout_for_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # serve_operator runs inside nurseries, so a SyncTimeout leaves trio.run wrapped in
+    # exception groups; the CLI must get the bare error to print `operator: <message>`.
+    from bigfleet_trio.kube.informer import SyncTimeout
+    from bigfleet_trio.operator import app
+
+    async def fake_serve(*_a: Any, **_k: Any) -> None:
+        async with trio.open_nursery() as outer:
+            async with trio.open_nursery():
+                raise SyncTimeout("timed out after 30s waiting for informer caches to sync (x)")
+            outer.cancel_scope.cancel()
+
+    kc = tmp_path / "kc"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    monkeypatch.setattr(app, "serve_operator", fake_serve)
+    cfg = OperatorConfig(cluster_id="c1", shard_addr="s:1", kubeconfig=str(kc))
+    with pytest.raises(SyncTimeout, match=r"^timed out after 30s .*\(x\)$"):
+        run_operator(cfg)
+
+
+async def test_send_timeout_reaches_the_session_config() -> None:
+    from bigfleet_trio.operator import app
+
+    cfg = OperatorConfig(cluster_id="c1", shard_addr="s:1", send_timeout=7.5)
+    client = KubeClient(
+        KubeConfig(server="http://k"), transport=httpx.MockTransport(lambda r: httpx.Response(404))
+    )
+    op = Operator(cfg, client=client, connector=MemoryConnector(), feed=EventFeed())
+    assert app._Runtime(op).agent.config.session.send_timeout == 7.5
+    await client.aclose()

@@ -36,6 +36,7 @@ from bigfleet_trio.kube import (
     KubeConfig,
 )
 from bigfleet_trio.kube.errors import NotFound
+from bigfleet_trio.kube.informer import SyncTimeout
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.app import Operator
 from bigfleet_trio.proto import pb
@@ -496,3 +497,29 @@ async def test_session_up_and_down_are_published_on_the_feed(
     assert 0.8 <= closed["retry_in"] <= 1.0 and closed["uptime"] >= 0
     assert stopping["error"] == "operator stopping" and stopping["retry_in"] is None
     assert all(e["cluster"] == "c1" for e in events)
+
+
+async def test_informers_that_never_sync_end_run_with_sync_timeout_and_no_dial(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # RBAC missing for capacityrequests: every LIST is 403. The Go operator exits after 30 s
+    # ("cache: initial sync timed out"); so do we (--sync-timeout), without dialling the shard.
+    async with harness(sync_timeout=30.0) as h:
+        h.server.faults.fail_next(10**6, code=403, verb="list", resource="capacityrequests")
+        t0 = trio.current_time()
+        try:
+            with trio.fail_after(120):
+                await h.operator.run()
+        except BaseExceptionGroup as group:
+            matched, rest = group.split(SyncTimeout)
+            assert rest is None
+            assert matched is not None
+            [exc] = matched.exceptions
+        else:  # pragma: no cover - the assertion below explains
+            raise AssertionError("Operator.run returned although the CR informer never synced")
+        assert trio.current_time() - t0 == 30.0
+        assert str(exc) == (
+            "timed out after 30s waiting for informer caches to sync (capacityrequests)"
+        )
+        assert h.shard_ends == []  # never dialled
+        assert h.operator.ready() == (False, ["operator not running"])

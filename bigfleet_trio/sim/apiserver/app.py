@@ -605,7 +605,9 @@ async def _stream_watch(server: ApiServer, plan: _WatchPlan, receive: Receive, s
                     )
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             nursery.cancel_scope.cancel()
-    except OSError:
+    except* OSError:
+        # the client went away mid-stream (raised by ``send`` in the nursery body, so it
+        # arrives wrapped in the nursery's exception group): the watch simply ends
         pass
     finally:
         watcher.close("ended")
