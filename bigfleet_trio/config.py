@@ -254,9 +254,11 @@ class OperatorConfig:
     drain_shutdown_timeout: float = 30.0
     """``--drain-shutdown-timeout``: on SIGINT/SIGTERM, seconds running drains may still take."""
 
-    sync_timeout: float = 30.0
-    """``--sync-timeout``: seconds to wait for the informer caches at start before exiting 1
-    (Go: 30 s, ``cache: initial sync timed out``); a missing RBAC grant or CRD fails visibly."""
+    sync_timeout: float = 600.0
+    """``--sync-timeout``: seconds to wait for the informer caches at start before exiting 1.
+    Go waits 30 s (``cache: initial sync timed out``); ours is 10 min, as the pod controller's:
+    an apiserver outage of a minute at start recovers in-process (issue 9), while a permanent
+    failure (missing RBAC grant or CRD) still ends in a visible exit and crash-loop."""
 
     send_timeout: float = 30.0
     """``--send-timeout``: seconds one frame may wait for the shard stream to accept it before

@@ -108,7 +108,7 @@ def test_operator_defaults_match_reference() -> None:
     assert cfg.qps == 50
     assert cfg.burst == 100
     assert cfg.bootstrap_ttl == 600
-    assert cfg.sync_timeout == 30.0  # Go: cache.New waits 30 s for the initial sync
+    assert cfg.sync_timeout == 600.0  # Go 30 s; ours outlives a 60 s apiserver outage (issue 9)
     assert cfg.send_timeout == 30.0
     assert cfg.metrics_addr == ":8770"
     assert cfg.leader_elect is False
