@@ -279,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="gRPC listen port; 0 picks a free one (default 0)")
     shard.add_argument("--kubeconfig", default=None, metavar="PATH",
                        help="cluster where the shard registers Nodes (optional)")
+    shard.add_argument("--catalog", default=None, metavar="FILE",
+                       help="YAML machine catalog (default: the built-in one; format: "
+                       "bigfleet_trio/sim/shard/catalog.example.yaml)")
+    shard.add_argument("--seed", type=_int, default=None,
+                       help="seed of machine ids and node names (default 0)")
     _add_log_flags(shard, suppress=True)
 
     # install-crds --------------------------------------------------------------------------
@@ -309,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="write the embedded apiserver's kubeconfig here")
     demo.add_argument("--seed", type=_int, default=demo_d.seed,
                       help=f"simulated shard seed (default {demo_d.seed})")
+    demo.add_argument("--catalog", default=None, metavar="FILE",
+                      help="YAML machine catalog for the simulated shard (default: the demo's "
+                      "built-in one)")
     _add_log_flags(demo, suppress=True)
 
     # events --------------------------------------------------------------------------------
@@ -512,7 +520,13 @@ def _run_command(ns: argparse.Namespace) -> int:
         name = "sim shard"
         _setup_logging(fmt, level)
         fn = _load(name, "bigfleet_trio.sim.shard", "run_cli")
-        return fn if isinstance(fn, int) else _invoke(name, fn, ns.port, ns.kubeconfig or None)
+        if isinstance(fn, int):
+            return fn
+        from functools import partial
+
+        # --catalog/--seed are passed only when given: without them the call is unchanged.
+        kw = {k: v for k, v in (("catalog_file", ns.catalog), ("seed", ns.seed)) if v is not None}
+        return _invoke(name, partial(fn, **kw), ns.port, ns.kubeconfig or None)
     if command == "install-crds":
         fmt, level = _log_opts(ns)
         _setup_logging(fmt, level)
@@ -524,7 +538,11 @@ def _run_command(ns: argparse.Namespace) -> int:
         opts.validate()
         _setup_logging(opts.log_format, opts.log_level)
         fn = _load(command, "bigfleet_trio.sim.demo", "run_demo")
-        return fn if isinstance(fn, int) else _invoke(command, fn, opts)
+        if isinstance(fn, int):
+            return fn
+        if ns.catalog is not None:
+            return _invoke(command, fn, opts, ns.catalog)
+        return _invoke(command, fn, opts)
     if command == "events":
         fmt, level = _log_opts(ns, "warning")
         _setup_logging(fmt, level)

@@ -596,3 +596,76 @@ def test_sim_apiserver_port_in_use_is_one_line(
         assert cli.main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sim apiserver: "), err
+
+
+# ------------------------------------------------------------------------------ --catalog, --seed
+
+
+def test_sim_shard_and_demo_catalog_flags_parse() -> None:
+    ns = cli.parse_args(["sim", "shard"])
+    assert (ns.catalog, ns.seed) == (None, None)
+    ns = cli.parse_args(["sim", "shard", "--catalog", "c.yaml", "--seed", "42"])
+    assert (ns.catalog, ns.seed) == ("c.yaml", 42)
+    ns = cli.parse_args(["sim", "shard", "-catalog=c.yaml", "-seed=-3"])
+    assert (ns.catalog, ns.seed) == ("c.yaml", -3)
+    ns = cli.parse_args(["demo"])
+    assert ns.catalog is None
+    assert cli.demo_options(ns) == DemoOptions()
+    ns = cli.parse_args(["demo", "--catalog", "d.yaml", "--seed", "3"])
+    assert ns.catalog == "d.yaml"
+    assert cli.demo_options(ns) == DemoOptions(seed=3)
+
+
+def test_sim_shard_and_demo_catalog_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[Any, ...]] = []
+    _fake_module(
+        monkeypatch,
+        "bigfleet_trio.sim.shard",
+        run_cli=lambda port, kc, **kw: calls.append(("shard", port, kc, kw)) or 0,
+    )
+    _fake_module(
+        monkeypatch,
+        "bigfleet_trio.sim.demo",
+        run_demo=lambda opts, *rest: calls.append(("demo", opts, rest)) or 0,
+    )
+    assert cli.main(["sim", "shard", "--catalog", "c.yaml", "--seed", "5"]) == 0
+    assert cli.main(["sim", "shard", "--seed", "0", "--kubeconfig", "kc"]) == 0
+    assert cli.main(["sim", "shard"]) == 0
+    assert cli.main(["demo", "--catalog", "d.yaml"]) == 0
+    assert cli.main(["demo"]) == 0
+    assert calls == [
+        ("shard", 0, None, {"catalog_file": "c.yaml", "seed": 5}),
+        ("shard", 0, "kc", {"seed": 0}),
+        ("shard", 0, None, {}),
+        ("demo", DemoOptions(), ("d.yaml",)),
+        ("demo", DemoOptions(), ()),
+    ]
+
+
+def test_sim_shard_bad_seed_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["sim", "shard", "--seed", "x"]) == 1
+    assert _err_lines(capsys) == ["sim shard: argument --seed: invalid integer 'x'"]
+
+
+@pytest.mark.parametrize("command", [["sim", "shard"], ["demo"]])
+def test_bad_catalog_file_is_one_line_exit_1(
+    command: list[str], tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = " ".join(command)
+    missing = str(tmp_path / "missing.yaml")
+    assert cli.main([*command, "--catalog", missing]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"{name}: {missing}: cannot read: No such file or directory"
+    ]
+    assert captured.out == ""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("shapes:\n  - instanceType: t\n    zones: [z]\n    allocatable: {memory: 1GB}\n"
+                   "    pricePerHour: 1\n")
+    assert cli.main([*command, "--catalog", str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"{name}: {bad}: shapes[0].allocatable.memory: invalid quantity '1GB': "
+        "unexpected character 'B'"
+    ]
+    assert captured.out == ""

@@ -55,10 +55,12 @@ from bigfleet_trio.kube.errors import AlreadyExists, NotFound
 from .binder import Binder, is_terminal
 from .shard import (
     Catalog,
+    CatalogError,
     EngineConfig,
     KubeNodeHooks,
     ShapeTaint,
     SimShard,
+    load_catalog,
     offer,
     serve_sim_shard,
 )
@@ -587,6 +589,7 @@ async def run_scenario(
     timing: DemoTiming | None = None,
     keep_running: Callable[[DemoSummary], Any] | None = None,
     inspect: Callable[[dict[str, Any]], Any] | None = None,
+    catalog: Catalog | None = None,
 ) -> DemoSummary:
     """Run the demo scenario headless-capable; must run inside a trio-asyncio loop or opens one.
 
@@ -600,6 +603,7 @@ async def run_scenario(
         inspect: test hook, called with ``{"server", "client", "shard", "operator",
             "pod_controller", "binder", "summary"}`` after the scenario, before shutdown; awaited
             if it returns an awaitable.
+        catalog: the shard's inventory (default :func:`demo_catalog`; ``demo --catalog``).
 
     Returns:
         The :class:`DemoSummary` (``ok`` False with ``failure`` on timeout).
@@ -634,7 +638,8 @@ async def run_scenario(
             pc_client = KubeClient(kcfg, qps=200, burst=400)
             stack_clients = [client, op_client, pc_client]
             try:
-                shard = SimShard(demo_catalog(), timing.engine_config(opts.seed),
+                shard = SimShard(demo_catalog() if catalog is None else catalog,
+                                 timing.engine_config(opts.seed),
                                  hooks=KubeNodeHooks(client))
                 port = await nursery.start(
                     partial(serve_sim_shard, shard, host="127.0.0.1", port=0))
@@ -827,16 +832,27 @@ def _print_summary(summary: DemoSummary, opts: DemoOptions, out: TextIO) -> None
         print(render_summary(summary), file=out, flush=True)
 
 
-def run_demo(opts: DemoOptions) -> int:
+def run_demo(opts: DemoOptions, catalog_file: str | None = None) -> int:
     """``bigfleet-trio demo``: run the scenario, print the summary, return the exit code.
 
     With ``--keep-running`` the summary is printed with the kubeconfig path and kubectl commands,
-    and everything keeps serving until SIGINT/SIGTERM.
+    and everything keeps serving until SIGINT/SIGTERM. ``catalog_file`` (``--catalog``) replaces
+    :func:`demo_catalog` with a YAML catalog (:func:`~bigfleet_trio.sim.shard.load_catalog`),
+    read before anything starts.
 
     Returns:
-        0 when the scenario converged, 1 otherwise (with what did not converge on stderr).
+        0 when the scenario converged, 1 otherwise (with what did not converge on stderr), or
+        1 with one line ``demo: <file>: <what>`` when the catalog file is unusable.
     """
     import signal
+
+    catalog: Catalog | None = None
+    if catalog_file is not None:
+        try:
+            catalog = load_catalog(catalog_file)
+        except CatalogError as exc:
+            print(f"demo: {exc}", file=sys.stderr, flush=True)
+            return 1
 
     out = sys.stdout
     printed = False
@@ -863,7 +879,8 @@ def run_demo(opts: DemoOptions) -> int:
 
     async def main() -> DemoSummary:
         return await run_scenario(
-            opts, out=out, keep_running=wait_for_signal if opts.keep_running else None)
+            opts, out=out, keep_running=wait_for_signal if opts.keep_running else None,
+            catalog=catalog)
 
     try:
         summary = trio.run(main)

@@ -1,6 +1,7 @@
 """Simulated BigFleet shard (issue 7): machine catalog, sans-IO engine, Trio session layer.
 
-- :mod:`.catalog`: :class:`MachineShape`, :class:`Catalog`, :func:`default_catalog`.
+- :mod:`.catalog`: :class:`MachineShape`, :class:`Catalog`, :func:`default_catalog`,
+  :func:`load_catalog` (YAML files; format in ``catalog.example.yaml``), :class:`CatalogError`.
 - :mod:`.engine`: :class:`ShardEngine` (pure, deterministic, seeded) and its effects.
 - :mod:`.session`: :class:`SimShard` (serves ``ShardStream`` sessions on the Trio clock),
   :class:`NodeHooks` / :class:`NoopNodeHooks`, :class:`SessionRejected`.
@@ -8,7 +9,17 @@
 - :mod:`.cli`: :func:`run_cli` for ``bigfleet-trio sim shard``.
 """
 
-from .catalog import Catalog, MachineShape, ShapeTaint, default_catalog, offer
+from .catalog import (
+    EXAMPLE_CATALOG,
+    Catalog,
+    CatalogError,
+    MachineShape,
+    ShapeTaint,
+    default_catalog,
+    load_catalog,
+    offer,
+    parse_catalog,
+)
 from .cli import run_cli, serve_sim_shard
 from .engine import (
     Effect,
@@ -35,6 +46,7 @@ from .session import NodeHooks, NoopNodeHooks, SessionRejected, SimShard
 
 __all__ = [
     "Catalog", "MachineShape", "ShapeTaint", "default_catalog", "offer",
+    "CatalogError", "EXAMPLE_CATALOG", "load_catalog", "parse_catalog",
     "Effect", "EngineConfig", "EngineEvent", "InvalidRollup", "Machine", "MachineConfigured",
     "MachineInfo", "MachineReleased", "NeedStatus", "ReclaimRecord", "SendFrame", "ShardEngine",
     "grace_for_priority", "labels_match", "need_key", "profile_fingerprint",

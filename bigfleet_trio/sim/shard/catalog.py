@@ -6,16 +6,26 @@ Issue 7 "Simulated shard"; peer facts from reference-behavior §6 (the shard lab
 
 A :class:`MachineShape` is one instance type offered in one zone, with a machine count (the
 inventory) of which ``warm`` start out already created (Idle, so they skip Speculative/Creating).
+
+Issue 7 asks for "a configurable catalog of shapes": :func:`load_catalog` reads one from a YAML
+file (format documented in the shipped :data:`EXAMPLE_CATALOG`, whose content equals
+:func:`default_catalog`), validated with ``jsonschema`` plus checks of quantities (via
+:mod:`bigfleet_trio.quantity`), label syntax and shape keys; every problem is one
+:class:`CatalogError` line naming the file and the field.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
-from ._quantity import parse_resources
+from ._quantity import parse_quantity, parse_resources
 
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 LABEL_ZONE = "topology.kubernetes.io/zone"
@@ -119,6 +129,16 @@ class Catalog:
     def __len__(self) -> int:
         return len(self.shapes)
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Catalog):
+            return NotImplemented
+        return self.shapes == other.shapes
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Catalog({list(self.shapes)!r})"
+
     def get(self, key: str) -> MachineShape | None:
         """The shape with this ``"<instance_type>/<zone>"`` key, or None."""
         for s in self.shapes:
@@ -179,3 +199,311 @@ def default_catalog(zones: Sequence[str] = DEFAULT_ZONES) -> Catalog:
                     {"cpu": "208", "memory": "1872Gi", "nvidia.com/gpu": "8", **pods}, 88.49,
                     count=2, extra_labels={"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"})
     return Catalog(shapes)
+
+
+# --------------------------------------------------------------------------------------------
+# Catalog files
+# --------------------------------------------------------------------------------------------
+
+#: The commented example catalog shipped with the package; its content equals
+#: :func:`default_catalog` (a test keeps the two in step).
+EXAMPLE_CATALOG = Path(__file__).resolve().with_name("catalog.example.yaml")
+
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+#: Labels a file may not set through ``labels`` (they come from instanceType/zones/region, or are
+#: per machine).
+RESERVED_LABELS = (LABEL_INSTANCE_TYPE, LABEL_ZONE, LABEL_REGION, LABEL_HOSTNAME)
+
+
+class CatalogError(ValueError):
+    """A catalog file cannot be used. ``str()`` is one line: ``<file>: <field>: <what>``."""
+
+
+_STR = {"type": "string", "minLength": 1}
+_ZONES = {"type": "array", "minItems": 1, "items": _STR}
+
+#: JSON Schema (2020-12) of a catalog file; semantic checks follow in :func:`parse_catalog`.
+CATALOG_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    # Keyword order matters: jsonschema reports in this order and only the first error is shown,
+    # so an unknown (misspelt) field is named before the required one it was meant to be.
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "zones": _ZONES,
+        "shapes": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/shape"}},
+    },
+    "required": ["shapes"],
+    "$defs": {
+        "shape": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "instanceType": _STR,
+                "zones": _ZONES,
+                "allocatable": {
+                    "type": "object",
+                    "minProperties": 1,
+                    "additionalProperties": {"type": ["string", "integer", "number"]},
+                },
+                "pricePerHour": {"type": "number", "minimum": 0},
+                "count": {"type": "integer", "minimum": 0},
+                "warm": {"type": "integer", "minimum": 0},
+                "region": _STR,
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "taints": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "key": _STR,
+                            "value": {"type": "string"},
+                            "effect": {"enum": list(TAINT_EFFECTS)},
+                        },
+                        "required": ["key"],
+                    },
+                },
+            },
+            "required": ["instanceType", "allocatable", "pricePerHour"],
+        },
+    },
+}
+
+# Kubernetes label syntax (apimachinery validation: qualified names and label values).
+_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_NAME_RE = re.compile(rf"^{_NAME}$")
+_PREFIX_RE = re.compile(rf"^{_DNS_SUBDOMAIN}$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _qualified_name_problem(key: str) -> str | None:
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _PREFIX_RE.match(prefix)):
+        return f"{key!r} is not a valid name (bad prefix {prefix!r})"
+    if not name or len(name) > 63 or not _NAME_RE.match(name):
+        return (f"{key!r} is not a valid name (at most 63 alphanumerics, '-', '_' or '.', "
+                "starting and ending alphanumeric, after an optional DNS prefix and '/')")
+    return None
+
+
+def _label_value_problem(value: str) -> str | None:
+    if value and (len(value) > 63 or not _NAME_RE.match(value)):
+        return (f"{value!r} is not a valid label value (at most 63 alphanumerics, '-', '_' or "
+                "'.', starting and ending alphanumeric)")
+    return None
+
+
+def _path(parts: Iterable[str | int]) -> str:
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif _IDENT_RE.match(p):
+            out += f".{p}" if out else p
+        else:
+            out += f'["{p}"]'
+    return out
+
+
+_JSON_TYPES = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+               int: "an integer", float: "a number", type(None): "null"}
+
+
+def _schema_message(error: Any) -> str:
+    """One line for a jsonschema ValidationError, without dumping big instances."""
+    if error.validator == "type":
+        want = error.validator_value
+        want = " or ".join(want) if isinstance(want, list) else want
+        got = _JSON_TYPES.get(type(error.instance), type(error.instance).__name__)
+        scalar = isinstance(error.instance, bool | int | float)
+        hint = " (quote it in YAML)" if want == "string" and scalar else ""
+        return f"must be of type {want}, got {got}{hint}"
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = error.schema.get("properties", {})
+        extra = sorted(str(k) for k in error.instance if k not in known)
+        return (f"unknown field{'s' if len(extra) > 1 else ''} {', '.join(extra)} "
+                f"(known: {', '.join(known)})")
+    if error.validator in ("minItems", "minProperties"):
+        return "must not be empty"
+    return " ".join(str(error.message).split())
+
+
+class _Problem(Exception):
+    def __init__(self, where: Sequence[str | int], what: str) -> None:
+        super().__init__(what)
+        self.where = tuple(where)
+        self.what = what
+
+
+def _quantity_text(value: str | int | float) -> str:
+    """YAML ``cpu: 4`` / ``cpu: 0.5`` arrive as numbers; a quantity is their text."""
+    return value if isinstance(value, str) else repr(value)
+
+
+def _non_string_key(node: Any, where: list[str | int]) -> _Problem | None:
+    """The first mapping key that is not a string (YAML ``1: x`` or ``yes: x``), if any."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if not isinstance(k, str):
+                return _Problem(where, f"key {k!r} must be a string (quote it in YAML)")
+            if (p := _non_string_key(v, [*where, k])) is not None:
+                return p
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            if (p := _non_string_key(v, [*where, i])) is not None:
+                return p
+    return None
+
+
+def _check_shape(i: int, spec: Mapping[str, Any], zones: Sequence[str]) -> list[MachineShape]:
+    from bigfleet_trio.quantity import Quantity
+
+    where: list[str | int] = ["shapes", i]
+    itype = spec["instanceType"]
+    if (p := _label_value_problem(itype)) is not None:
+        raise _Problem([*where, "instanceType"], p)
+    for j, z in enumerate(zones):
+        if (p := _label_value_problem(z)) is not None:
+            raise _Problem([*where, "zones", j] if "zones" in spec else ["zones", j], p)
+    region = spec.get("region")
+    if region is not None and (p := _label_value_problem(region)) is not None:
+        raise _Problem([*where, "region"], p)
+    allocatable: dict[str, str] = {}
+    for name, raw in spec["allocatable"].items():
+        at = [*where, "allocatable", name]
+        if (p := _qualified_name_problem(name)) is not None:
+            raise _Problem(at, f"resource {p}")
+        text = _quantity_text(raw)
+        try:
+            q = Quantity.parse(text)
+            parse_quantity(text)  # the engine's parser: rejects Go's lenient "+", "-", "."
+        except ValueError as exc:
+            raise _Problem(at, str(exc)) from None
+        if q.sign() < 0:
+            raise _Problem(at, f"quantity {text!r} must not be negative")
+        allocatable[name] = text
+    count = int(spec.get("count", 8))
+    warm = int(spec.get("warm", 0))
+    if warm > count:
+        raise _Problem([*where, "warm"], f"{warm} is more than count ({count})")
+    labels: dict[str, str] = dict(spec.get("labels", {}))
+    for key, value in labels.items():
+        at = [*where, "labels", key]
+        if key == LABEL_HOSTNAME:
+            raise _Problem(at, f"label {key} is set per machine by the shard")
+        if key in RESERVED_LABELS:
+            raise _Problem(at, f"label {key} comes from instanceType, zones or region")
+        if (p := _qualified_name_problem(key)) is not None:
+            raise _Problem(at, f"label key {p}")
+        if (p := _label_value_problem(value)) is not None:
+            raise _Problem(at, p)
+    taints: list[ShapeTaint] = []
+    for k, t in enumerate(spec.get("taints", [])):
+        if (p := _qualified_name_problem(t["key"])) is not None:
+            raise _Problem([*where, "taints", k, "key"], f"taint key {p}")
+        value = t.get("value", "")
+        if (p := _label_value_problem(value)) is not None:
+            raise _Problem([*where, "taints", k, "value"], p)
+        taints.append(ShapeTaint(t["key"], value, t.get("effect", "NoSchedule")))
+    extra: dict[str, Any] = {} if region is None else {"region": region}
+    try:
+        return [
+            MachineShape(
+                instance_type=itype,
+                zone=z,
+                allocatable=allocatable,
+                price_per_hour=float(spec["pricePerHour"]),
+                count=count,
+                warm=warm,
+                extra_labels=labels,
+                taints=tuple(taints),
+                **extra,
+            )
+            for z in zones
+        ]
+    except ValueError as exc:
+        raise _Problem(where, str(exc)) from None
+
+
+def parse_catalog(doc: Any, source: str = "<catalog>") -> Catalog:
+    """Build a :class:`Catalog` from a parsed catalog document (format: :data:`EXAMPLE_CATALOG`).
+
+    Each entry of ``shapes`` becomes one :class:`MachineShape` per zone, like :func:`offer`
+    (same order: entries in file order, zones in list order). Defaults: ``zones`` from the top
+    level, ``count`` 8, ``warm`` 0, ``region`` ``sim-region-1``, no labels, no taints, taint
+    ``effect`` ``NoSchedule``. Integer and float quantities (YAML ``cpu: 4``) are taken as text.
+
+    Args:
+        doc: the document (a mapping with ``shapes`` and optional ``zones``).
+        source: names the document in errors (the file path).
+
+    Raises:
+        CatalogError: the first problem found, as one line ``<source>: <field>: <what>``
+            (e.g. ``cat.yaml: shapes[1].allocatable.memory: invalid quantity '16GB': ...``).
+    """
+    import jsonschema
+
+    if doc is None:
+        raise CatalogError(f"{source}: empty file (expected a mapping with a 'shapes' list)")
+    validator = jsonschema.Draft202012Validator(CATALOG_SCHEMA)
+    shapes: list[MachineShape] = []
+    seen: dict[str, tuple[str | int, ...]] = {}
+    try:
+        if (bad_key := _non_string_key(doc, [])) is not None:
+            raise bad_key
+        error = next(iter(validator.iter_errors(doc)), None)
+        if error is not None:
+            raise _Problem(list(error.absolute_path), _schema_message(error))
+        default_zones: list[str] = doc.get("zones", [])
+        for i, spec in enumerate(doc["shapes"]):
+            zones = spec.get("zones", default_zones)
+            if not zones:
+                raise _Problem(["shapes", i], "'zones' is required (here or at the top level)")
+            for j, shape in enumerate(_check_shape(i, spec, zones)):
+                at = ("shapes", i, "zones", j) if "zones" in spec else ("shapes", i)
+                if shape.key in seen:
+                    raise _Problem(at, f"duplicate machine shape {shape.key} "
+                                   f"(also {_path(seen[shape.key])})")
+                seen[shape.key] = at
+                shapes.append(shape)
+    except _Problem as p:
+        where = _path(p.where)
+        raise CatalogError(f"{source}: {where + ': ' if where else ''}{' '.join(p.what.split())}") \
+            from None
+    return Catalog(shapes)
+
+
+def load_catalog(path: str | os.PathLike[str]) -> Catalog:
+    """Read a YAML catalog file (format: the commented :data:`EXAMPLE_CATALOG`).
+
+    Args:
+        path: the file.
+
+    Returns:
+        The :class:`Catalog` (see :func:`parse_catalog` for defaults and order).
+
+    Raises:
+        CatalogError: unreadable file, invalid YAML, or an invalid catalog; one line naming the
+            file (and the line/column for YAML syntax, the field otherwise).
+    """
+    import yaml
+
+    source = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        what = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CatalogError(f"{source}: cannot read: {what}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        raise CatalogError(f"{source}{at}: invalid YAML: {' '.join(str(problem).split())}") \
+            from None
+    return parse_catalog(doc, source)

@@ -1,9 +1,13 @@
-"""``bigfleet-trio sim shard --port PORT [--kubeconfig PATH]``: the simulated shard as a process.
+"""``bigfleet-trio sim shard --port PORT [--kubeconfig PATH] [--catalog FILE] [--seed N]``.
+
+The simulated shard as a process.
 
 Issue 7 "Simulated shard"; design.md CLI contract. Serves the real ``Shard.Session`` protocol over
 grpclib via :func:`bigfleet_trio.shard.server.serve_shard`, each session handled by
 :meth:`SimShard.serve_session`. With ``--kubeconfig`` (or a resolvable default kubeconfig when the
-flag is given) Configured machines register Nodes through the Kubernetes API.
+flag is given) Configured machines register Nodes through the Kubernetes API. ``--catalog`` reads
+the inventory from a YAML file (:func:`~.catalog.load_catalog`; default
+:func:`~.catalog.default_catalog`), ``--seed`` seeds the engine (:attr:`EngineConfig.seed`).
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ import logging
 import signal
 import sys
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import trio
 
-from .catalog import Catalog
+from .catalog import Catalog, CatalogError, default_catalog, load_catalog
 from .engine import EngineConfig
 from .nodes import KubeNodeHooks
 from .session import NodeHooks, SimShard
@@ -32,6 +37,8 @@ def run_cli(
     host: str = "0.0.0.0",
     catalog: Catalog | None = None,
     config: EngineConfig | None = None,
+    catalog_file: str | None = None,
+    seed: int | None = None,
 ) -> int:
     """Run the simulated shard until SIGINT/SIGTERM. Returns the process exit code.
 
@@ -40,10 +47,28 @@ def run_cli(
         kubeconfig: register Nodes through this cluster; None = no Node registration.
         host: listen address.
         catalog, config: engine setup (defaults: :func:`default_catalog`, :class:`EngineConfig`).
+        catalog_file: ``--catalog``: read the catalog from this YAML file (instead of
+            ``catalog``), before anything starts.
+        seed: ``--seed``: overrides ``config.seed`` (None keeps it; the default config's is 0).
 
     Returns:
-        0 after a signal, 1 on a startup error (one line ``sim shard: <what>`` on stderr).
+        0 after a signal, 1 on a startup error (one line ``sim shard: <what>`` on stderr, e.g.
+        ``sim shard: cat.yaml: shapes[0].pricePerHour: -1 is less than the minimum of 0``).
     """
+    if catalog_file is not None:
+        try:
+            catalog = load_catalog(catalog_file)
+        except CatalogError as exc:
+            print(f"sim shard: {exc}", file=sys.stderr)
+            return 1
+    if seed is not None:
+        config = replace(config or EngineConfig(), seed=seed)
+    if catalog is None:
+        catalog, source = default_catalog(), "default catalog"
+    else:
+        source = catalog_file or "catalog given in code"
+    log.info("sim shard inventory: %d machines in %d shapes (%s), seed %d",
+             sum(s.count for s in catalog), len(catalog), source, (config or EngineConfig()).seed)
     try:
         return trio.run(partial(_main, port, kubeconfig, host, catalog, config))
     except KeyboardInterrupt:
