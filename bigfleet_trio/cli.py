@@ -10,9 +10,9 @@ Sub-commands::
     bigfleet-trio operator --cluster-id ID --shard-addr HOST:PORT [...]
     bigfleet-trio pod-controller [--kubeconfig PATH] [--priority-class-defaults PATH] [...]
     bigfleet-trio sim apiserver --port PORT --kubeconfig-out PATH
-    bigfleet-trio sim shard --port PORT [--kubeconfig PATH]
+    bigfleet-trio sim shard --port PORT [--kubeconfig PATH] [--catalog FILE] [--seed N]
     bigfleet-trio install-crds [--kubeconfig PATH]
-    bigfleet-trio demo [--workloads DIR] [--keep-running] [...]
+    bigfleet-trio demo [--workloads DIR] [--catalog FILE] [--keep-running] [...]
     bigfleet-trio events --addr HOST:PORT [--kind KIND ...]
 
 Startup errors (bad flags, failed validation) print exactly one line ``<command>: <what is

@@ -189,18 +189,26 @@ class KubeClient:
             log.warning(
                 "tls-server-name %s ignored (not supported by httpx)", config.tls_server_name
             )
-        self._http = httpx.AsyncClient(
-            base_url=config.server,
-            transport=transport,
-            verify=verify,
-            http1=True,
-            http2=False,
-            auth=_Auth(config),
-            headers=headers,
-            timeout=httpx.Timeout(None),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
-            trust_env=False,
-        )
+        def http_client(keepalive: int) -> httpx.AsyncClient:
+            return httpx.AsyncClient(
+                base_url=config.server,
+                transport=transport,
+                verify=verify,
+                http1=True,
+                http2=False,
+                auth=_Auth(config),
+                headers=headers,
+                timeout=httpx.Timeout(None),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=keepalive),
+                trust_env=False,
+            )
+
+        self._http = http_client(20)
+        # Watches get a connection pool of their own: each holds its connection for minutes,
+        # and httpcore's pool does O(connections x requests) bookkeeping on every request, so
+        # long-lived streams in the request pool tax every write (measured: bench.py
+        # podcontroller). An injected transport (tests) is shared as is.
+        self._watch_http = self._http if transport is not None else http_client(4)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -214,6 +222,8 @@ class KubeClient:
         """Close pooled connections."""
         with trio.CancelScope(shield=True):
             await self._http.aclose()
+            if self._watch_http is not self._http:
+                await self._watch_http.aclose()
 
     # -- low level ---------------------------------------------------------------------------
 
@@ -472,11 +482,11 @@ class KubeClient:
 
     async def _open_stream(self, path: str, params: dict[str, Any]) -> httpx.Response:
         await self._limiter.acquire()
-        request = self._http.build_request("GET", path, params=params)
+        request = self._watch_http.build_request("GET", path, params=params)
         response: httpx.Response | None = None
         with trio.move_on_after(self.request_timeout):
             try:
-                response = await self._http.send(request, stream=True)
+                response = await self._watch_http.send(request, stream=True)
             except httpx.TransportError as exc:
                 raise KubeTransportError(f"WATCH {path}: {exc!r}") from exc
         if response is None:
