@@ -296,3 +296,19 @@ async def test_write_retries_only_when_safe(autojump_clock: trio.testing.MockClo
         fake.inject("DELETE", "/capacityrequests/a", status(503, "ServiceUnavailable", "x"))
         await c.delete(CAPACITY_REQUESTS, "a", "default", preconditions={"uid": "uid-a-101"})
         assert len(fake.requests) - n == 2
+
+
+async def test_watches_use_their_own_connection_pool_and_both_close() -> None:
+    # A watch holds its connection for minutes; in the request pool it would add to httpcore's
+    # O(connections x requests) bookkeeping on every write, so it gets a pool of its own.
+    client = KubeClient(KubeConfig(server="http://127.0.0.1:1"))
+    assert client._watch_http is not client._http
+    assert client._http._transport is not client._watch_http._transport
+    await client.aclose()
+    assert client._http.is_closed and client._watch_http.is_closed
+    # an injected transport (tests) is shared as is: one client
+    mocked = KubeClient(
+        KubeConfig(server="http://k"), transport=httpx.MockTransport(lambda r: httpx.Response(200))
+    )
+    assert mocked._watch_http is mocked._http
+    await mocked.aclose()
