@@ -56,11 +56,12 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def _one(
-    machines: int, mode: str, existing: bool, concurrency: int, arrival: str, srv: Any
+    machines: int, mode: str, existing: bool, concurrency: int, arrival: str, srv: Any,
+    lookup: str = "informer",
 ) -> dict[str, Any]:
     import trio
 
-    from bigfleet_trio.kube import UPCOMING_NODES, KubeClient, KubeConfig
+    from bigfleet_trio.kube import UPCOMING_NODES, Informer, KubeClient, KubeConfig
     from bigfleet_trio.operator.session import Session, SessionConfig
     from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler
     from bigfleet_trio.proto import pb
@@ -103,7 +104,19 @@ async def _one(
             kube = KubeClient(KubeConfig(server=srv.url), qps=1e9, burst=10**9)
             await kube.delete_collection(UPCOMING_NODES)  # a clean store for this round
         client = C.CountingClient(kube)
-        handler = UpcomingNodeHandler(client, DrainMemory())
+        if lookup == "informer":  # as the operator: plan from the UpcomingNode informer cache
+            informer = Informer(kube, UPCOMING_NODES)
+            await nursery.start(informer.run)
+            await informer.wait_synced()
+
+            def cached(name: str) -> dict[str, Any] | None:
+                obj = informer.store.get(name)
+                return obj if isinstance(obj, dict) else None
+
+            handler = UpcomingNodeHandler(client, DrainMemory(), get_cached=cached)
+        else:  # a live GET before every write
+            informer = None
+            handler = UpcomingNodeHandler(client, DrainMemory())
 
         if existing:  # UpcomingNodes at Provisioning, as after the shard's CREATING report
             limit = trio.Semaphore(concurrency)
@@ -115,6 +128,10 @@ async def _one(
             async with trio.open_nursery() as prep:
                 for mid in ids:
                     prep.start_soon(provision, mid)
+            if informer is not None:  # the operator's cache holds them before the burst
+                with trio.fail_after(600):
+                    while len(informer.store) < machines:  # noqa: ASYNC110 - bench set-up
+                        await trio.sleep(0.01)
         client.reset()
 
         async def measured(u: pb.NodeStateUpdate) -> None:
@@ -256,11 +273,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for mode in got:
                 if args.server == "inproc":
                     got[mode].append(trio.run(_one, machines, mode, existing, args.concurrency,
-                                              args.arrival, None))
+                                              args.arrival, None, args.lookup))
                     continue
                 with C.ApiServerProcess(engine=args.server) as srv:
                     got[mode].append(trio.run(_one, machines, mode, existing, args.concurrency,
-                                              args.arrival, srv))
+                                              args.arrival, srv, args.lookup))
         co, wide, base = got["coalesced"], got["coalesced-wide"], got["per-frame"]
 
         def col(rows: list[dict[str, Any]], key: str) -> list[float]:
@@ -311,13 +328,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "worker starts a new machine, so each machine's 3 transitions collapse into ~1 call",
         "a machine whose UpcomingNode does not exist yet needs >= 2 writes (create, then the "
         "status subresource patch)",
-        "this scenario builds the handler without the operator's informer lookup, so every call "
-        "also GETs the object (reads are not counted as writes); the operator itself reads the "
-        "UpcomingNode informer cache (one request per call)",
+        "--lookup informer (default): the handler plans from an UpcomingNode informer cache plus "
+        "its last-write overlay, as the operator does (one request per call); --lookup get: a "
+        "live GET before every write (reads are not counted as writes)"
+        if args.lookup == "informer" else
+        "--lookup get: every handler call GETs the object first (reads are not counted as "
+        "writes); the operator itself plans from its informer cache (--lookup informer)",
     ]
     return C.result("nodestate", {"machines": machines, "frames": machines * 3, "rounds": rounds,
                                   "concurrency": args.concurrency, "arrival": args.arrival,
-                                  "server": args.server},
+                                  "server": args.server, "lookup": args.lookup},
                     figs, notes, extra)
 
 
@@ -336,4 +356,7 @@ def register(sub: Any) -> None:
     p.add_argument("--server", choices=["fast", "hypercorn", "inproc"], default="fast",
                    help="apiserver in a child process over loopback HTTP (fast or hypercorn "
                    "engine), or in this process through InProcessTransport")
+    p.add_argument("--lookup", choices=["informer", "get"], default="informer",
+                   help="how the handler reads the current UpcomingNode: from an informer cache "
+                   "(the operator's way, default) or a live GET per call")
     p.set_defaults(func=run)
