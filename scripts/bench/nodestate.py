@@ -104,9 +104,18 @@ async def _one(
             kube = KubeClient(KubeConfig(server=srv.url), qps=1e9, burst=10**9)
             await kube.delete_collection(UPCOMING_NODES)  # a clean store for this round
         client = C.CountingClient(kube)
+        informer_scope, informer_done = trio.CancelScope(), trio.Event()
         if lookup == "informer":  # as the operator: plan from the UpcomingNode informer cache
             informer = Informer(kube, UPCOMING_NODES)
-            await nursery.start(informer.run)
+
+            async def run_informer(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+                try:
+                    with informer_scope:
+                        await informer.run(task_status=task_status)
+                finally:
+                    informer_done.set()
+
+            await nursery.start(run_informer)
             await informer.wait_synced()
 
             def cached(name: str) -> dict[str, Any] | None:
@@ -116,6 +125,7 @@ async def _one(
             handler = UpcomingNodeHandler(client, DrainMemory(), get_cached=cached)
         else:  # a live GET before every write
             informer = None
+            informer_done.set()
             handler = UpcomingNodeHandler(client, DrainMemory())
 
         if existing:  # UpcomingNodes at Provisioning, as after the shard's CREATING report
@@ -236,6 +246,8 @@ async def _one(
         items = (await kube.list(UPCOMING_NODES)).items
         phases = [(o.get("status") or {}).get("phase") for o in items]
         converged = len(items) == machines and all(p == "Ready" for p in phases)
+        informer_scope.cancel()  # stop the watch before its client closes
+        await informer_done.wait()
         await kube.aclose()
         nursery.cancel_scope.cancel()
     return {
