@@ -106,7 +106,7 @@ class WatchStream:
                     raise
                 except (httpx.TransportError, httpx.StreamError) as exc:
                     self._done = True
-                    raise KubeTransportError(f"watch stream broke: {exc!r}") from exc
+                    raise KubeTransportError(f"watch stream broke: {_describe(exc)}") from exc
             if scope.cancelled_caught or line is None:
                 self._done = True
                 raise WatchInactivityTimeout(
@@ -146,6 +146,28 @@ class _Auth(httpx.Auth):
                 self._config.username, self._config.password or ""
             )._auth_header
         yield request
+
+
+
+def _describe(exc: BaseException) -> str:
+    """``repr`` of a transport error plus its root cause.
+
+    httpx over Trio wraps the real reason in layers (``ConnectError('')`` <- ``ConnectError(
+    BrokenResourceError())`` <- ``BrokenResourceError()`` <- ``SSLCertVerificationError(...
+    CERTIFICATE_VERIFY_FAILED ...)``), so the log line names the innermost exception too, e.g.
+    ``ConnectError('') (root cause: SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED]
+    ...'))``. Follows ``__cause__``/``__context__`` for at most 16 links.
+    """
+    root, seen = exc, {id(exc)}
+    for _ in range(16):
+        nxt = root.__cause__ or root.__context__
+        if nxt is None or id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        root = nxt
+    if root is exc:
+        return repr(exc)
+    return f"{exc!r} (root cause: {root!r})"
 
 
 class KubeClient:
@@ -275,7 +297,7 @@ class KubeClient:
             try:
                 response = await self._http.send(request)
             except httpx.TransportError as exc:
-                raise KubeTransportError(f"{method} {path}: {exc!r}") from exc
+                raise KubeTransportError(f"{method} {path}: {_describe(exc)}") from exc
         if response is None:
             raise KubeTransportError(f"{method} {path}: no answer within {self.request_timeout:g}s")
         if response.status_code >= 400:
@@ -488,7 +510,7 @@ class KubeClient:
             try:
                 response = await self._watch_http.send(request, stream=True)
             except httpx.TransportError as exc:
-                raise KubeTransportError(f"WATCH {path}: {exc!r}") from exc
+                raise KubeTransportError(f"WATCH {path}: {_describe(exc)}") from exc
         if response is None:
             raise KubeTransportError(f"WATCH {path}: no answer within {self.request_timeout:g}s")
         if response.status_code >= 400:
