@@ -173,8 +173,11 @@ NEW_LIFECYCLE_PHASES: Final = frozenset({PHASE_PROVISIONING, PHASE_REGISTERED, P
 
 UN_PREFIX: Final = "un-"
 _MAX_NAME: Final = 253
-_VALID_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+# DNS-1123 subdomain (what the apiserver checks): dot-separated labels, each starting and ending
+# with an alphanumeric ("a..b", "a.-b" and "a-.b" are not names)
+_VALID_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _INVALID_CHARS = re.compile(r"[^a-z0-9.-]+")
+_DOT_RUN = re.compile(r"[-.]*\.[-.]*")
 
 
 def rfc3339(when: datetime) -> str:
@@ -193,17 +196,19 @@ def upcoming_node_name(machine_id: str, *, quiet: bool = False) -> str | None:
     """``un-<machine_id>``, sanitised if needed (see module docstring); None if unusable.
 
     Valid names (DNS-1123 subdomain, <= 253 chars) are used verbatim. Otherwise the ID is
-    lower-cased, runs of invalid characters become ``-``, leading/trailing non-alphanumerics are
-    stripped and ``-<first 8 hex of sha256(machine_id)>`` is appended (truncating to fit).
+    lower-cased, runs of invalid characters become ``-``, a run of ``-``/``.`` holding a dot
+    becomes one ``.`` (every label then starts and ends alphanumeric), leading/trailing
+    non-alphanumerics are stripped and ``-<first 8 hex of sha256(machine_id)>`` is appended
+    (truncating to fit).
     A sanitised or rejected ID is logged unless ``quiet`` (a caller that already logged it).
     """
     if not machine_id:
         return None
     plain = UN_PREFIX + machine_id
-    if len(plain) <= _MAX_NAME and _VALID_NAME.match(plain):
+    if len(plain) <= _MAX_NAME and _VALID_NAME.fullmatch(plain):
         return plain
     suffix = hashlib.sha256(machine_id.encode("utf-8")).hexdigest()[:8]
-    body = _INVALID_CHARS.sub("-", machine_id.lower())
+    body = _DOT_RUN.sub(".", _INVALID_CHARS.sub("-", machine_id.lower()))
     body = re.sub(r"^[^a-z0-9]+|[^a-z0-9]+$", "", body)
     if not body:
         if quiet:
@@ -265,29 +270,39 @@ class DrainMemory:
 # --------------------------------------------------------------------------- spec
 
 
-def _canonical_resources(raw: Mapping[str, str], where: str) -> dict[str, str]:
+def _canonical_resources(
+    raw: Mapping[str, str], where: str, *, quiet: bool = False
+) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in sorted(raw.items()):
         try:
             out[key] = str(Quantity.parse(value))
         except QuantityError as exc:
-            log.warning(
-                "upcoming: malformed quantity skipped %s resource=%s error=%s", where, key, exc
-            )
+            if not quiet:
+                log.warning(
+                    "upcoming: malformed quantity skipped %s resource=%s error=%s",
+                    where, key, exc,
+                )
     return out
 
 
-def spec_from_update(u: pb.NodeStateUpdate) -> dict[str, Any]:
+def spec_from_update(u: pb.NodeStateUpdate, *, quiet: bool = False) -> dict[str, Any]:
     """Desired ``spec`` for an update (ref §6 ``specFromUpdate``).
+
+    Args:
+        u: the update.
+        quiet: skip malformed quantities without the log line (a caller that logs them once).
 
     Returns:
         ``{"resources": {name: canonical quantity}}`` (always present, possibly empty), plus
         ``"labels": {...}`` when the update has labels and ``"taints": [{key, value, effect}]``
-        when it has taints. Malformed quantities are skipped with a log line.
+        when it has taints. Malformed quantities are skipped with a log line unless ``quiet``.
     """
     resources = u.resources.resources if u.resources is not None else {}
     spec: dict[str, Any] = {
-        "resources": _canonical_resources(resources, f"machine_id={u.machine_id}")
+        "resources": _canonical_resources(
+            resources, f"machine_id={u.machine_id}", quiet=quiet
+        )
     }
     if u.labels:
         spec["labels"] = dict(u.labels)
@@ -496,7 +511,7 @@ def plan_node_state_update(
         mem_op = "draining"
     else:
         mem_op = "keep"
-    spec = spec_from_update(u)
+    spec = spec_from_update(u, quiet=True)  # pure: the handler logs skipped quantities
     status = _desired_status(u, phase, existing_status, now)
     if existing is None:
         return UpcomingPlan(
@@ -764,11 +779,12 @@ class UpcomingNodeHandler:
         """Reflect one update; logs and gives up (never raises) on a permanent error."""
         started = trio.current_time()
         live = self._get_cached is None
+        logged: set[str] = set()  # what this update already logged (retries stay quiet)
         try:
             async for attempt in kube_retrying(self._attempts):
                 with attempt:
                     try:
-                        await self._apply_once(u, live=live)
+                        await self._apply_once(u, live=live, logged=logged)
                     except (Replan, Conflict):
                         if not live:
                             log.info(
@@ -827,8 +843,14 @@ class UpcomingNodeHandler:
             self._written.pop(name, None)
         return view
 
-    async def _apply_once(self, u: pb.NodeStateUpdate, *, live: bool = True) -> None:
-        name = upcoming_node_name(u.machine_id) if u.machine_id else None
+    async def _apply_once(
+        self, u: pb.NodeStateUpdate, *, live: bool = True, logged: set[str] | None = None
+    ) -> None:
+        logged = set() if logged is None else logged
+        name = (
+            upcoming_node_name(u.machine_id, quiet="name" in logged) if u.machine_id else None
+        )
+        logged.add("name")
         existing = await self._existing(name, live) if name else None
         plan = plan_node_state_update(
             u, existing, self.memory.get(name) if name else None, self._now()
@@ -856,6 +878,9 @@ class UpcomingNodeHandler:
             )
             apply_memory(self.memory, plan)
             return
+        if "spec" not in logged:  # create/update: malformed quantities, once per update
+            logged.add("spec")
+            spec_from_update(u)  # the planner's copy was quiet; this logs each skipped quantity
         if plan.op == "create":
             body = {
                 "apiVersion": UPCOMING_NODES.api_version,

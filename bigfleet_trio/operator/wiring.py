@@ -410,7 +410,7 @@ class OperatorHandlers:
         await self.upcoming.on_node_state_update(u)
         self._publish(
             "node_state", machine_id=u.machine_id, node=u.node_name,
-            state=pb.MachineState(u.state).name,
+            state=_state_name(u.state),
         )
 
     async def on_available_capacity(self, u: pb.AvailableCapacityUpdate) -> None:
@@ -419,6 +419,12 @@ class OperatorHandlers:
         self._publish(
             "available_capacity", supersedes_key=u.supersedes_key, count=u.available_count
         )
+
+
+def _state_name(state: int) -> str:
+    """``MachineState`` name, or the number for a state this build does not know (a newer
+    shard; betterproto decodes it as a nameless member and ``MachineState(n)`` would raise)."""
+    return pb.MachineState.try_value(int(state)).name or str(int(state))
 
 
 # ------------------------------------------------------------------ informer helpers

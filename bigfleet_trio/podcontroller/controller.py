@@ -24,8 +24,9 @@ Reconcile of ``("pod", "ns/name")`` (outcome counted in
 2. Terminal (Succeeded/Failed) → deletecollection of CRs in the namespace labelled
    ``owned-by-pod=<uid>`` when the cache shows any → ``pod_terminal``; never a create.
 3. Translate (:func:`~.translate.translate_pod`). TranslationError → Warning Event on the Pod +
-   log → ``invalid_pod`` (no CR, no retry). Warnings (unparseable penalty annotation, ...) →
-   Warning Event + log (once per distinct set of warnings per Pod) and carry on.
+   WARNING log line (both once per distinct error per Pod; a repeat, e.g. on resync, is a DEBUG
+   line) → ``invalid_pod`` (no CR, no retry). Warnings (unparseable penalty annotation, ...) →
+   Warning Event + WARNING log (once per distinct set of warnings per Pod) and carry on.
    Requirements whose operator the CRD does not accept (Gt/Lt from node affinity: the
    translation keeps them, :data:`~.translate.CRD_REQUIREMENT_OPERATORS` is what the CRD allows)
    → no write, ONE Warning Event ``UnsupportedRequirement`` on the Pod naming key and operator
@@ -634,14 +635,18 @@ class PodController:
             translation = translate_pod(pod, self.defaults)
             body = build_capacity_request(pod, translation)
         except TranslationError as exc:
-            log.warning("pod cannot be translated pod=%s uid=%s err=%s", key, uid, exc)
-            await self._report(pod, uid, REASON_FAILED, (str(exc),))
+            # WARNING once per distinct error (with the Event); a resync repeating it is DEBUG
+            if await self._report(pod, uid, REASON_FAILED, (str(exc),)):
+                log.warning("pod cannot be translated pod=%s uid=%s err=%s", key, uid, exc)
+            else:
+                log.debug("pod still cannot be translated pod=%s err=%s", key, exc)
             return "invalid_pod"
         self._clear(uid, REASON_FAILED)
         if translation.warnings:
+            new = await self._report(pod, uid, REASON_WARNING, translation.warnings)
             for w in translation.warnings:
-                log.warning("pod translation warning pod=%s uid=%s warning=%s", key, uid, w)
-            await self._report(pod, uid, REASON_WARNING, translation.warnings)
+                log.log(logging.WARNING if new else logging.DEBUG,
+                        "pod translation warning pod=%s uid=%s warning=%s", key, uid, w)
         else:
             self._clear(uid, REASON_WARNING)
         unsupported = unsupported_requirements(translation.spec)
