@@ -42,6 +42,7 @@ from typing import Any
 import trio
 
 from bigfleet_trio.config import OperatorConfig
+from bigfleet_trio.excgroups import find_in_group
 from bigfleet_trio.kube import (
     CAPACITY_REQUESTS,
     NODES,
@@ -575,20 +576,8 @@ def run_operator(cfg: OperatorConfig) -> int:
             partial(serve_operator, cfg, kube_config=kcfg, connector=connector, renderer=renderer)
         )
     except BaseExceptionGroup as group:
-        leaf = _startup_error(group)
+        leaf = find_in_group(group, (SyncTimeout, OSError))
         if leaf is None:
             raise
         raise leaf from None
     return 0
-
-
-def _startup_error(exc: BaseException) -> BaseException | None:
-    """The first SyncTimeout/OSError inside (nested) exception groups, if any."""
-    if isinstance(exc, (SyncTimeout, OSError)):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _startup_error(inner)
-            if found is not None:
-                return found
-    return None

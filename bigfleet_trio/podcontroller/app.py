@@ -27,6 +27,7 @@ from functools import partial
 import trio
 
 from bigfleet_trio.config import ConfigError, PodControllerConfig
+from bigfleet_trio.excgroups import find_in_group
 from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
 from bigfleet_trio.kube.errors import KubeConfigError
 from bigfleet_trio.observability.http import serve_observability
@@ -135,19 +136,8 @@ def run_pod_controller(cfg: PodControllerConfig) -> int:
     except (SyncTimeout, OSError) as exc:
         return _fail(str(exc))
     except BaseExceptionGroup as group:
-        leaf = _startup_error(group)
+        leaf = find_in_group(group, (SyncTimeout, OSError))
         if leaf is None:
             raise
         return _fail(str(leaf))
 
-
-def _startup_error(exc: BaseException) -> BaseException | None:
-    """The first SyncTimeout/OSError inside (nested) exception groups, if any."""
-    if isinstance(exc, (SyncTimeout, OSError)):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _startup_error(inner)
-            if found is not None:
-                return found
-    return None

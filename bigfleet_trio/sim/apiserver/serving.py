@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 import yaml
 
+from bigfleet_trio.excgroups import find_in_group
+
 if TYPE_CHECKING:
     from .state import ApiServer
 
@@ -133,21 +135,10 @@ def run_cli(port: int, kubeconfig_out: str, *, engine: str = "hypercorn") -> int
     try:
         trio.run(main)
     except (OSError, BaseExceptionGroup) as exc:
-        err = _first_os_error(exc)
+        err = find_in_group(exc, OSError)
         if err is None:
             raise
         print(f"sim apiserver: {err}", file=sys.stderr)
         return 1
     return 0
 
-
-def _first_os_error(exc: BaseException) -> OSError | None:
-    """The OSError behind ``exc``, looking through (nested) Trio exception groups."""
-    if isinstance(exc, OSError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _first_os_error(inner)
-            if found is not None:
-                return found
-    return None
