@@ -11,12 +11,9 @@ import pytest
 import trio
 
 from bigfleet_trio.proto import pb
+from bigfleet_trio.shard import grpc
 from bigfleet_trio.sim.shard import Catalog, EngineConfig, MachineShape, SimShard, run_cli
-
-server = pytest.importorskip("bigfleet_trio.shard.server")
-grpc = pytest.importorskip("bigfleet_trio.shard.grpc")
-
-from bigfleet_trio.sim.shard.cli import serve_sim_shard  # noqa: E402
+from bigfleet_trio.sim.shard.cli import serve_sim_shard
 
 
 def catalog() -> Catalog:

@@ -5,14 +5,12 @@ the apiserver-writing ones."""
 
 from __future__ import annotations
 
-import pytest
 import trio
 
+from bigfleet_trio.operator import session as session_mod
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import memory_stream_pair
 from bigfleet_trio.sim.shard import Catalog, EngineConfig, MachineInfo, MachineShape, SimShard
-
-session_mod = pytest.importorskip("bigfleet_trio.operator.session")
 
 S = pb.MachineState
 
