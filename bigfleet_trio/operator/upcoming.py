@@ -742,6 +742,19 @@ def choose_view(
     return written.obj, True
 
 
+
+def _once(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` wrapped to run on the first call only (later calls do nothing)."""
+    done = False
+
+    def call() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            fn()
+
+    return call
+
 class UpcomingNodeHandler:
     """Applies NodeStateUpdates to UpcomingNode objects (the session's ``on_node_state_update``).
 
@@ -779,12 +792,15 @@ class UpcomingNodeHandler:
         """Reflect one update; logs and gives up (never raises) on a permanent error."""
         started = trio.current_time()
         live = self._get_cached is None
-        logged: set[str] = set()  # what this update already logged (retries stay quiet)
+        # Once per update, so retries repeat neither the naming nor its log lines (the planner
+        # computes both again, quietly): the name here, malformed quantities on the first write.
+        name = upcoming_node_name(u.machine_id) if u.machine_id else None
+        warn_quantities = _once(lambda: spec_from_update(u))
         try:
             async for attempt in kube_retrying(self._attempts):
                 with attempt:
                     try:
-                        await self._apply_once(u, live=live, logged=logged)
+                        await self._apply_once(u, name, warn_quantities, live=live)
                     except (Replan, Conflict):
                         if not live:
                             log.info(
@@ -844,13 +860,20 @@ class UpcomingNodeHandler:
         return view
 
     async def _apply_once(
-        self, u: pb.NodeStateUpdate, *, live: bool = True, logged: set[str] | None = None
+        self,
+        u: pb.NodeStateUpdate,
+        name: str | None,
+        before_write: Callable[[], object],
+        *,
+        live: bool = True,
     ) -> None:
-        logged = set() if logged is None else logged
-        name = (
-            upcoming_node_name(u.machine_id, quiet="name" in logged) if u.machine_id else None
-        )
-        logged.add("name")
+        """One attempt: plan from the current view of ``name`` (``upcoming_node_name`` of the
+        update's machine_id, None if unusable) and write; ``before_write`` runs before a create
+        or update (not for ignore/delete).
+
+        Raises:
+            Replan, KubeError: the attempt failed; the caller retries (see kube_retrying).
+        """
         existing = await self._existing(name, live) if name else None
         plan = plan_node_state_update(
             u, existing, self.memory.get(name) if name else None, self._now()
@@ -878,9 +901,7 @@ class UpcomingNodeHandler:
             )
             apply_memory(self.memory, plan)
             return
-        if "spec" not in logged:  # create/update: malformed quantities, once per update
-            logged.add("spec")
-            spec_from_update(u)  # the planner's copy was quiet; this logs each skipped quantity
+        before_write()
         if plan.op == "create":
             body = {
                 "apiVersion": UPCOMING_NODES.api_version,
