@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,16 +12,7 @@ from bigfleet_trio import cli
 from bigfleet_trio.config import DemoOptions, OperatorConfig, PodControllerConfig
 from bigfleet_trio.install import apply_crds, load_crds
 
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for h in list(root.handlers):
-        if h not in handlers:
-            root.removeHandler(h)
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_root_logging")  # tests/conftest.py
 
 
 def _fake_module(monkeypatch: pytest.MonkeyPatch, name: str, **attrs: Any) -> None:

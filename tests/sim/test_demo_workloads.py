@@ -16,8 +16,6 @@ afterwards no Pod is left and that machine is reclaimed, drained and released.
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,16 +48,7 @@ spec:
 """
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    # cli.main installs a root handler; leave the root logger as we found it.
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for h in list(root.handlers):
-        if h not in handlers:
-            root.removeHandler(h)
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_root_logging")  # tests/conftest.py
 
 
 def test_demo_workloads_dir_quiet_json_summary(
