@@ -99,6 +99,7 @@ from bigfleet_trio.kube.errors import (
     ServerError,
     TooManyRequests,
 )
+from bigfleet_trio.kube.names import DNS1123_SUBDOMAIN_MAX, is_dns1123_subdomain
 from bigfleet_trio.kube.resources import UPCOMING_NODES, Resource
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.proto import pb
@@ -172,10 +173,6 @@ NEW_LIFECYCLE_PHASES: Final = frozenset({PHASE_PROVISIONING, PHASE_REGISTERED, P
 """Phases that start a new life for the machine: they clear the drain memory."""
 
 UN_PREFIX: Final = "un-"
-_MAX_NAME: Final = 253
-# DNS-1123 subdomain (what the apiserver checks): dot-separated labels, each starting and ending
-# with an alphanumeric ("a..b", "a.-b" and "a-.b" are not names)
-_VALID_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _INVALID_CHARS = re.compile(r"[^a-z0-9.-]+")
 _DOT_RUN = re.compile(r"[-.]*\.[-.]*")
 
@@ -205,7 +202,7 @@ def upcoming_node_name(machine_id: str, *, quiet: bool = False) -> str | None:
     if not machine_id:
         return None
     plain = UN_PREFIX + machine_id
-    if len(plain) <= _MAX_NAME and _VALID_NAME.fullmatch(plain):
+    if is_dns1123_subdomain(plain):  # what the apiserver checks ("a..b", "a.-b" are not names)
         return plain
     suffix = hashlib.sha256(machine_id.encode("utf-8")).hexdigest()[:8]
     body = _DOT_RUN.sub(".", _INVALID_CHARS.sub("-", machine_id.lower()))
@@ -217,7 +214,7 @@ def upcoming_node_name(machine_id: str, *, quiet: bool = False) -> str | None:
             "upcoming: machine_id has no usable character, rejected machine_id=%r", machine_id
         )
         return None
-    body = body[: _MAX_NAME - len(UN_PREFIX) - len(suffix) - 1].rstrip(".-")
+    body = body[: DNS1123_SUBDOMAIN_MAX - len(UN_PREFIX) - len(suffix) - 1].rstrip(".-")
     name = f"{UN_PREFIX}{body}-{suffix}"
     if not quiet:
         log.info("upcoming: machine_id sanitised machine_id=%r name=%s", machine_id, name)

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bigfleet_trio.kube.names import is_dns1123_subdomain
 from bigfleet_trio.quantity import Quantity, QuantityError, max_resources, sum_resources
 
 from .defaults import PriorityClassDefaults
@@ -85,9 +85,6 @@ _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _POD_LEVEL_RESOURCES = frozenset({"cpu", "memory"})
 _HUGEPAGES_PREFIX = "hugepages-"
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
 _CR_NAME_PREFIX = "cr-"
 
 
@@ -409,7 +406,7 @@ def cr_name_for_pod(uid: str) -> str:
     if not uid:
         raise TranslationError("pod has no metadata.uid")
     name = _CR_NAME_PREFIX + uid
-    if len(name) <= 253 and _DNS1123_SUBDOMAIN.match(name):
+    if is_dns1123_subdomain(name):
         return name
     return _CR_NAME_PREFIX + hashlib.sha256(uid.encode("utf-8")).hexdigest()
 

@@ -85,6 +85,21 @@ async def test_bad_names_are_422(client: httpx.AsyncClient) -> None:
     assert r.json()["details"]["causes"][0]["reason"] == "FieldValueRequired"
 
 
+async def test_trailing_newline_names_and_labels_are_refused(
+    client: httpx.AsyncClient,
+) -> None:
+    # Python's '$' matches before a final newline; the real apiserver refuses all of these.
+    r = await client.post(CR_PATH, json=cr_body("abc\n"))
+    assert r.status_code == 422, r.text
+    assert r.json()["details"]["causes"][0]["field"] == "metadata.name"
+    r = await client.post("/api/v1/namespaces", json={"metadata": {"name": "ns\n"}})
+    assert r.status_code == 422, r.text
+    body = cr_body("ok")
+    body["metadata"]["labels"] = {"app": "web\n"}
+    r = await client.post(CR_PATH, json=body)
+    assert r.status_code == 422, r.text
+
+
 async def test_malformed_bodies_are_400_and_store_untouched(
     client: httpx.AsyncClient, api: ApiServer
 ) -> None:

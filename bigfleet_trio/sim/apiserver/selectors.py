@@ -11,20 +11,18 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import ApiError, bad_request
+from bigfleet_trio.kube.names import is_dns1123_subdomain, is_label_value, is_qualified_name_part
 
-_NAME_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
-_PREFIX_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+from .errors import ApiError, bad_request
 
 Requirement = tuple[str, str, tuple[str, ...]]  # (key, op, values)
 
 
 def _check_key(key: str) -> None:
     prefix, _, name = key.rpartition("/")
-    if "/" in key and (not prefix or len(prefix) > 253 or not _PREFIX_RE.match(prefix)):
+    if "/" in key and not (prefix and is_dns1123_subdomain(prefix)):
         raise bad_request(f"unable to parse requirement: invalid label key {key!r}")
-    if not name or len(name) > 63 or not _NAME_RE.match(name):
+    if not is_qualified_name_part(name):
         raise bad_request(
             f'unable to parse requirement: invalid label key "{key}": name part must consist of '
             "alphanumeric characters, '-', '_' or '.', and must start and end with an "
@@ -33,7 +31,7 @@ def _check_key(key: str) -> None:
 
 
 def _check_value(value: str) -> None:
-    if len(value) > 63 or not _VALUE_RE.match(value):
+    if not is_label_value(value):
         raise bad_request(
             f'unable to parse requirement: invalid label value: "{value}": a valid label must be '
             "an empty string or consist of alphanumeric characters, '-', '_' or '.', and must "

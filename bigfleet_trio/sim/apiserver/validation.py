@@ -13,12 +13,14 @@ from typing import Any
 
 import jsonschema
 
-from .errors import field_cause
-
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+from bigfleet_trio.kube.names import (
+    is_dns1123_label,
+    is_dns1123_subdomain,
+    is_label_value,
+    is_qualified_name,
 )
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+from .errors import field_cause
 
 SUBDOMAIN_MSG = (
     "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' "
@@ -51,7 +53,7 @@ def validate_name(
             )
         ]
     if label:
-        if len(name) > 63 or not _DNS1123_LABEL.match(name):
+        if not is_dns1123_label(name):
             msg = LABEL_MSG if len(name) <= 63 else "must be no more than 63 characters"
             return [field_cause("FieldValueInvalid", field, f'Invalid value: "{name}": {msg}')]
         return []
@@ -63,15 +65,13 @@ def validate_name(
                 f'Invalid value: "{name}": must be no more than 253 characters',
             )
         ]
-    if not _DNS1123_SUBDOMAIN.match(name):
+    if not is_dns1123_subdomain(name):
         return [
             field_cause("FieldValueInvalid", field, f'Invalid value: "{name}": {SUBDOMAIN_MSG}')
         ]
     return []
 
 
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
 def metadata_type_error(meta: dict[str, Any]) -> str | None:
@@ -130,12 +130,7 @@ def validate_labels(meta: dict[str, Any]) -> list[dict[str, str]]:
     """Causes for label keys/values that are not valid Kubernetes label syntax."""
     causes = []
     for k, v in (meta.get("labels") or {}).items():
-        prefix, _, name = k.rpartition("/")
-        if (
-            ("/" in k and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)))
-            or len(name) > 63
-            or not _LABEL_NAME.match(name)
-        ):
+        if not is_qualified_name(k):
             causes.append(
                 field_cause(
                     "FieldValueInvalid",
@@ -145,7 +140,7 @@ def validate_labels(meta: dict[str, Any]) -> list[dict[str, str]]:
                     "character",
                 )
             )
-        if len(v) > 63 or not _LABEL_VALUE.match(v):
+        if not is_label_value(v):
             causes.append(
                 field_cause(
                     "FieldValueInvalid",

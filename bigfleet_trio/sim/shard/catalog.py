@@ -25,6 +25,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from bigfleet_trio.kube.names import is_dns1123_subdomain, is_label_value, is_qualified_name_part
+
 from ._quantity import parse_quantity, parse_resources
 
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
@@ -272,25 +274,21 @@ CATALOG_SCHEMA: dict[str, Any] = {
 }
 
 # Kubernetes label syntax (apimachinery validation: qualified names and label values).
-_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
-_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-_NAME_RE = re.compile(rf"^{_NAME}$")
-_PREFIX_RE = re.compile(rf"^{_DNS_SUBDOMAIN}$")
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _qualified_name_problem(key: str) -> str | None:
     prefix, slash, name = key.rpartition("/")
-    if slash and (not prefix or len(prefix) > 253 or not _PREFIX_RE.match(prefix)):
+    if slash and not (prefix and is_dns1123_subdomain(prefix)):
         return f"{key!r} is not a valid name (bad prefix {prefix!r})"
-    if not name or len(name) > 63 or not _NAME_RE.match(name):
+    if not is_qualified_name_part(name):
         return (f"{key!r} is not a valid name (at most 63 alphanumerics, '-', '_' or '.', "
                 "starting and ending alphanumeric, after an optional DNS prefix and '/')")
     return None
 
 
 def _label_value_problem(value: str) -> str | None:
-    if value and (len(value) > 63 or not _NAME_RE.match(value)):
+    if not is_label_value(value):
         return (f"{value!r} is not a valid label value (at most 63 alphanumerics, '-', '_' or "
                 "'.', starting and ending alphanumeric)")
     return None
