@@ -1,4 +1,4 @@
-"""Shared helpers for the ``scripts/bench.py`` sub-commands (issue 8).
+"""Shared helpers for the ``python -m scripts.bench`` sub-commands.
 
 Every sub-command's ``run(args)`` returns a *result* dict::
 
@@ -14,37 +14,21 @@ Every sub-command's ``run(args)`` returns a *result* dict::
     }
 
 :func:`print_result` renders it as a table. Timing targets are *reported* (``met``), never
-asserted: the CI smoke run (``bench.py all --quick``) must not fail on a slow machine.
+asserted: the CI smoke run (``python -m scripts.bench all --quick``) must not fail on a
+slow machine.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 SCRIPTS = Path(__file__).resolve().parent.parent
 ROOT = SCRIPTS.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-
-def load_script(stem: str) -> ModuleType:
-    """Import ``scripts/<stem>.py`` (the standalone benchmark scripts) as a module."""
-    name = f"_bench_script_{stem}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{stem}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def stats(samples: Sequence[float]) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """``bench.py apiserver``: the embedded test apiserver's own write rates (issue 3 benchmark; the
 ceiling every apiserver-bound scenario here runs under).
 
-Wraps ``scripts/bench_apiserver.py``: in-process store create/merge-patch rates (the baseline:
+Wraps ``_apiserver_probe``: in-process store create/merge-patch rates (the baseline:
 no HTTP at all) and, per HTTP engine (hypercorn, fast) in a child process, client-observed
 creates/merge-patches/status-patches per second with ``--conc`` httpx clients and the server's
 CPU per request.
@@ -10,12 +10,10 @@ CPU per request.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
+import importlib
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common as C  # noqa: E402
+from scripts.bench import _common as C
 
 LABEL = {"create": "creates", "merge_patch": "merge-patches", "status_patch": "status patches"}
 
@@ -23,7 +21,7 @@ LABEL = {"create": "creates", "merge_patch": "merge-patches", "status_patch": "s
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import trio
 
-    script = C.load_script("bench_apiserver")
+    script = importlib.import_module("scripts.bench._apiserver_probe")
     objects = 2_000 if args.quick else args.objects
     http = 300 if args.quick else args.http
     rounds = 1 if args.quick else args.rounds

@@ -16,23 +16,21 @@ the 100K cached CRs (what a design that lists and aggregates at connect would pa
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import random
-import sys
 import time
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common as C  # noqa: E402
+from scripts.bench import _common as C
 
 
 def _source(n: int) -> Any:
     from bigfleet_trio.operator.crview import slim
     from bigfleet_trio.operator.wiring import CapacityRequestRollup
 
-    gen = C.load_script("bench_rollup")
+    gen = importlib.import_module("scripts.bench._rollup_workload")
     rng = random.Random(n)
     src = CapacityRequestRollup("bench", events=None, acknowledger=None)
     store: dict[str, Any] = {}

@@ -1,7 +1,7 @@
 """``bench.py informer``: resident memory per cached CapacityRequest (issue 8 "informer" row;
 seed 000 "Building the roll-up": the cache holds one CR per Pod).
 
-Wraps ``scripts/bench_informer.py``: a paginated LIST of N realistic CRs (managedFields,
+Wraps ``scripts/bench/_informer_probe.py``: a paginated LIST of N realistic CRs (managedFields,
 ownerReferences, labels) served from an ``httpx.MockTransport`` is synced by the real
 :class:`~bigfleet_trio.kube.Informer`; every measurement runs in a fresh child process. Figures:
 bytes per cached CR with the operator's slim projection (tracemalloc and RSS growth) against the
@@ -11,16 +11,14 @@ full-object cache (the baseline, same run), and seconds to synced.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
+import importlib
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common as C  # noqa: E402
+from scripts.bench import _common as C
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    script = C.load_script("bench_informer")
+    script = importlib.import_module("scripts.bench._informer_probe")
     count = 5_000 if args.quick else args.count
     rounds = 1 if args.quick else args.rounds
     samples: dict[str, dict[str, list[float]]] = {}

@@ -36,13 +36,10 @@ import argparse
 import logging
 import math
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common as C  # noqa: E402
+from scripts.bench import _common as C
 
 WRITE_VERBS = ("create", "patch", "update", "delete")
 WAVES = (3, 4, 5)  # MachineState IDLE, CONFIGURING, CONFIGURED

@@ -1,7 +1,7 @@
 """``bench.py podcontroller``: Pods -> CapacityRequests through the real pod controller against
 the embedded apiserver in a child process (issue 8 "pod controller"; issue 6).
 
-Wraps ``scripts/bench_podcontroller.py`` (its ``bench()``): ``--pods`` Pods are created, then the
+Wraps ``_podcontroller_probe`` (its ``bench()``): ``--pods`` Pods are created, then the
 raw create rate of the same apiserver is measured for the very CapacityRequests the controller
 will write (its own translation of those Pods, prebuilt; ``--workers`` concurrent POSTs, the
 baseline), then the controller runs from its initial LIST until its CR informer holds one CR per
@@ -11,22 +11,21 @@ Pod. Each round uses a fresh apiserver process.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common as C  # noqa: E402
+from scripts.bench import _common as C
 
 
 def _round(n: int, workers: int, pod_conc: int) -> dict[str, float]:
     import trio
 
-    script = C.load_script("bench_podcontroller")
+    script = importlib.import_module("scripts.bench._podcontroller_probe")
     with tempfile.TemporaryDirectory() as tmp:
         kc = os.path.join(tmp, "kubeconfig")
         proc = subprocess.Popen(

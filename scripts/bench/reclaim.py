@@ -23,13 +23,10 @@ from __future__ import annotations
 import argparse
 import logging
 import random
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common as C  # noqa: E402
+from scripts.bench import _common as C
 
 RAW_NS = "kube-public"
 

@@ -1,7 +1,7 @@
 """``bench.py rollup``: roll-up cycle cost vs CR count (issue 8 "roll-up" rows; seed 000
 "Building the roll-up": a cycle costs O(needs), not O(CRs)).
 
-Workload: ``scripts/bench_rollup.py``'s generator (~500 profiles, ~10% co-located in ~50 jobs,
+Workload: ``_rollup_workload``'s generator (~500 profiles, ~10% co-located in ~50 jobs,
 penalties over 25 buckets, 1/3 with a topology spread, 1/7 with GPUs). For each size it loads the
 slim cache into a :class:`RollupAggregator`, then measures (repeated; median/min/max):
 
@@ -18,15 +18,13 @@ slim cache into a :class:`RollupAggregator`, then measures (repeated; median/min
 from __future__ import annotations
 
 import argparse
+import importlib
 import random
-import sys
 import time
 import tracemalloc
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common as C  # noqa: E402
+from scripts.bench import _common as C
 
 
 def _measure(n: int, repeat: int) -> dict[str, Any]:
@@ -38,7 +36,7 @@ def _measure(n: int, repeat: int) -> dict[str, Any]:
         encode_operator_rollup,
     )
 
-    gen = C.load_script("bench_rollup")
+    gen = importlib.import_module("scripts.bench._rollup_workload")
     rng = random.Random(n)
     raw = [gen.make_cr(i, rng) for i in range(n)]
     tracemalloc.start()

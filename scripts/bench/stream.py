@@ -1,45 +1,21 @@
-#!/usr/bin/env python
-"""Benchmarks (not tests). ``python scripts/bench.py <command> [--quick] [--json]``.
+"""``python -m scripts.bench stream``: NodeStateUpdate frames/s through the operator session.
 
-Commands (issue 8; each prints a table: median/min/max of repeated runs and the baseline
-measured in the same run; ``--quick`` small, ``--json`` machine-readable):
-  rollup         roll-up cycle at 1K/10K/100K CRs vs from-scratch aggregation (scripts/bench/)
-  informer       bytes per cached CR, slim projection vs full objects
-  stream         frames/s through the operator session (grpclib + trio-asyncio bridge + dispatch
-                 with no-op handlers) vs the raw grpclib receive rate (target ratio >= 0.8)
-  nodestate      NodeStateUpdate burst -> UpcomingNodes: writes/frame, latency, convergence
-  podcontroller  Pods -> CRs: CRs/s vs the apiserver's raw create rate
-  reclaim        N nodes x M Pods with PDBs: time to Drained, evictions/s vs raw evictions
-  connect        session open -> first roll-up sent with 100K CRs cached
-  apiserver      the embedded apiserver's own write rates per engine
-  all            every scenario, one process each (``all --quick``: the CI smoke run)
-
-Adding a command: drop a module into ``scripts/bench/`` (no ``__init__.py`` needed) that defines
-``register(subparsers) -> None``; it adds its own sub-parser with ``set_defaults(func=run)``,
-where ``run(args) -> dict`` returns the figures (printed, or dumped with ``--json``). Common
-options ``--quick`` and ``--json`` are on every sub-parser via ``parents=[common]``: call
-``subparsers.add_parser(name, parents=[COMMON], ...)`` using the ``COMMON`` passed as
-``subparsers.common``.
-
-The stream benchmark runs the shard in a subprocess (a plain asyncio grpclib server streaming
-pre-encoded NodeStateUpdate frames as fast as HTTP/2 allows) so the shard's CPU does not compete
-with the client being measured. Both clients decode every frame into betterproto messages.
+The shard runs in a subprocess (a plain asyncio grpclib server streaming pre-encoded
+NodeStateUpdate frames as fast as HTTP/2 allows) so its CPU does not compete with the client
+being measured. Baseline (same run): a bare grpclib client on the same connector; both clients
+decode every frame.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
-import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from scripts.bench import _common as C
 
 # ---------------------------------------------------------------------------------------------
 # stream: the shard side (runs in a subprocess)
@@ -219,7 +195,8 @@ def _measure(args: argparse.Namespace, frames: int, rounds: int, payload: str) -
     proc = subprocess.Popen(
         [
             sys.executable,
-            __file__,
+            "-m",
+            "scripts.bench",
             "_stream-server",
             "--frames",
             str(frames),
@@ -231,6 +208,7 @@ def _measure(args: argparse.Namespace, frames: int, rounds: int, payload: str) -
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        cwd=C.ROOT,
     )
     try:
         assert proc.stdout is not None
@@ -270,8 +248,6 @@ def _measure(args: argparse.Namespace, frames: int, rounds: int, payload: str) -
 
 
 def _run_stream(args: argparse.Namespace) -> dict[str, Any]:
-    import _common as C
-
     rounds = 1 if args.quick else args.rounds
     payloads = ["lean", "full"] if args.payload == "both" else [args.payload]
     figs: list[dict[str, Any]] = []
@@ -309,7 +285,8 @@ def _run_stream(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
-def _register_stream(sub: Any, common: argparse.ArgumentParser) -> None:
+def register(sub: Any) -> None:
+    common = sub.common
     p = sub.add_parser("stream", parents=[common], help="session vs raw grpclib receive rate")
     p.add_argument("--frames", type=int, default=0, help="frames per measurement")
     p.add_argument("--machines", type=int, default=1000, help="distinct machine ids cycled")
@@ -329,113 +306,3 @@ def _register_stream(sub: Any, common: argparse.ArgumentParser) -> None:
     hidden.set_defaults(
         func=lambda a: _serve_stream(a.frames, a.machines, a.payload), internal=True
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# dispatcher
-# ---------------------------------------------------------------------------------------------
-
-
-ALL_ORDER = [
-    "rollup", "informer", "stream", "nodestate", "podcontroller", "reclaim", "connect", "apiserver"
-]
-
-
-def _load_plugins(sub: Any, common: argparse.ArgumentParser) -> list[str]:
-    plugin_dir = HERE / "bench"
-    names: list[str] = []
-    if not plugin_dir.is_dir():
-        return names
-    sub.common = common
-    sys.path.insert(0, str(plugin_dir))
-    for path in sorted(plugin_dir.glob("*.py")):
-        if path.name.startswith("_"):
-            continue
-        spec = importlib.util.spec_from_file_location(f"bench_plugin_{path.stem}", path)
-        if spec is None or spec.loader is None:
-            continue
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(sub)
-            names.append(path.stem)
-    return names
-
-
-def _run_all(args: argparse.Namespace, scenarios: list[str]) -> dict[str, Any]:
-    """Run every scenario in its own process (fresh memory, no cross-talk), one at a time."""
-    import _common as C
-
-    chosen = [s for s in ALL_ORDER if s in scenarios] + sorted(set(scenarios) - set(ALL_ORDER))
-    if args.only:
-        chosen = [s for s in chosen if s in args.only.split(",")]
-    results: dict[str, Any] = {}
-    timings: list[dict[str, Any]] = []
-    failed: list[str] = []
-    for name in chosen:
-        cmd = [sys.executable, str(Path(__file__).resolve()), name, "--json"]
-        if args.quick:
-            cmd.append("--quick")
-        print(f"-- {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        secs = time.perf_counter() - t0
-        timings.append(C.figure(f"{name} wall time", "s", secs))
-        if proc.returncode != 0:
-            failed.append(name)
-            print(f"!! {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}",
-                  file=sys.stderr, flush=True)
-            continue
-        try:
-            res = json.loads(proc.stdout)
-        except json.JSONDecodeError:
-            failed.append(name)
-            print(f"!! {name}: output is not JSON:\n{proc.stdout[-2000:]}", file=sys.stderr)
-            continue
-        results[name] = res
-        if not args.json:
-            C.print_result(res)
-            print(flush=True)
-    summary = C.result("all", {"quick": args.quick, "scenarios": chosen}, timings,
-                       [f"FAILED: {', '.join(failed)}"] if failed else [])
-    summary["results"] = results
-    summary["failed"] = failed
-    return summary
-
-
-def main(argv: list[str] | None = None) -> int:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--quick", action="store_true", help="small, fast run")
-    common.add_argument("--json", action="store_true", help="print figures as JSON")
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
-        epilog="Sub-commands: " + ", ".join(ALL_ORDER) + ", all (every scenario, one process "
-        "each; `all --quick` is the CI smoke run: it reports, it never asserts on timing).",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    _register_stream(sub, common)
-    scenarios = ["stream", *_load_plugins(sub, common)]
-    p_all = sub.add_parser("all", parents=[common], help="run every scenario, one at a time")
-    p_all.add_argument("--only", default="", help="comma-separated subset")
-    p_all.set_defaults(func=lambda a: _run_all(a, scenarios))
-    args = parser.parse_args(argv)
-    result = args.func(args)
-    if getattr(args, "internal", False):
-        return 0
-    if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True, default=str))
-    elif isinstance(result, dict) and "figures" in result:
-        import _common as C
-
-        C.print_result(result)
-    else:
-        for key, value in result.items():
-            print(f"{key:32} {value}")
-    if args.command == "all" and result.get("failed"):
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

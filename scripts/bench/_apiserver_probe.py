@@ -9,7 +9,7 @@ httpx clients create ``--http`` CapacityRequests, then merge-patch each, then st
 Reported: client-observed writes/s and the server's own CPU per request (from /proc), which is
 the server's capacity limit independent of how fast the Python client is.
 
-Usage: .venv/bin/python scripts/bench_apiserver.py [--objects 100000] [--http 3000] [--conc 16]
+Usage: python -m scripts.bench._apiserver_probe [--objects 100000] [--http 3000] [--conc 16]
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ own CPU; ``--inproc`` serves it inside this process instead):
 Prints CRs/s, the raw create rate, their ratio (target >= 0.8) and CPU ms per CR of the
 client/controller process and of the apiserver process for both phases.
 
-Usage: .venv/bin/python scripts/bench_podcontroller.py [--pods 10000] [--workers 16] [--quick]
+Usage: python -m scripts.bench._podcontroller_probe [--pods 10000] [--workers 16] [--quick]
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ For 1K / 10K / 100K CapacityRequests (~500 profiles, ~10% co-located) it measure
 * from-scratch rebuild: :func:`build_from_scratch` over all CRs (the periodic consistency check);
 * encoded roll-up bytes, and the slim-cache memory per CR (tracemalloc).
 
-Usage: ``python scripts/bench_rollup.py`` (full) or ``--quick`` (1K and 10K only, fewer repeats).
+Usage: ``python -m scripts.bench._rollup_workload`` (full) or ``--quick`` (1K and 10K only,
+fewer repeats).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ Modes: ``full`` (no transform: the whole object is cached), ``slim`` (the operat
 projection, :func:`bigfleet_trio.operator.crview.slim`), ``tuple`` (an interned-tuple projection:
 a lower bound for what any dict-free projection could reach).
 
-Usage: ``python scripts/bench_informer.py [--count 100000] [--mode both|full|slim|tuple]
-[--page-size 500]`` (also ``scripts/bench.py informer``, which repeats and tabulates).
+Usage: ``python -m scripts.bench._informer_probe [--count 100000] [--mode both|full|slim|tuple]
+[--page-size 500]`` (also ``python -m scripts.bench informer``, which repeats and tabulates).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -208,7 +209,8 @@ def measure(mode: str, count: int, page_size: int = 500) -> dict[str, dict[str, 
         proc = subprocess.run(
             [
                 sys.executable,
-                __file__,
+                "-m",
+                "scripts.bench._informer_probe",
                 "--child",
                 child,
                 "--mode",
@@ -222,6 +224,7 @@ def measure(mode: str, count: int, page_size: int = 500) -> dict[str, dict[str, 
             text=True,
             check=True,
             env=os.environ.copy(),
+            cwd=Path(__file__).resolve().parents[2],
         )
         out[child] = json.loads(proc.stdout.strip().splitlines()[-1])
     return out

@@ -1,0 +1,1 @@
+"""Developer scripts (benchmarks, code generation). Run from the repository root."""
