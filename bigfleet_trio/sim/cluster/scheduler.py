@@ -1,0 +1,453 @@
+"""The simulated kube-scheduler and kubelet as a Kubernetes client (informers + HTTP), for a
+fleet-sized cluster: binds pending Pods to the Nodes the sim shard registers, marks bound Pods
+Running/Ready, finishes Job Pods after their run time, and deletes the Pods of a deleted Node.
+
+Filters are :mod:`bigfleet_trio.sim.binder`'s (Ready and schedulable Node, nodeSelector, required
+node affinity, NoSchedule/NoExecute taints tolerated, requests fit the room left). Placement is
+incremental instead of a full re-plan per pass: the room used on each Node is kept up to date from
+Pod events (and from the binder's own bindings at once, like kube-scheduler's assume cache), and
+a pass places pending Pods in priority then creation order. Pods with the same scheduling
+signature (requests, selector, affinity, tolerations) share one candidate list per pass, ordered
+by (unrequested extended resources, allocation descending, name), with a first-fit cursor that
+only moves forward (a Node full for a signature stays full within the pass): O(Pods + Nodes) per
+signature and pass, which bin-packs like the small binder's most-allocated score.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any
+
+import trio
+
+from bigfleet_trio.kube import NODES, PODS, Informer, KubeClient
+from bigfleet_trio.kube.errors import ApiError, KubeTransportError, NotFound
+from bigfleet_trio.sim.binder import (
+    STANDARD_RESOURCES,
+    ZERO,
+    NodeView,
+    _quantities,
+    is_bound,
+    is_pending,
+    is_terminal,
+    node_affinity_matches,
+    node_ready,
+    node_schedulable,
+    pod_requests,
+    tolerates,
+)
+
+from .controllers import rfc3339_now, slim
+from .workloads import controller_ref
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PodScheduler", "RUN_SECONDS_ANNOTATION"]
+
+#: Per-Job (template) annotation: seconds a Job Pod runs before it succeeds (overrides the default).
+RUN_SECONDS_ANNOTATION = "sim.bigfleet.lucy.sh/run-seconds"
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or ''}/{meta.get('name')}"
+
+
+def _signature(pod: Mapping[str, Any], req: Mapping[str, Decimal]) -> str:
+    spec = pod.get("spec") or {}
+    return json.dumps(
+        [sorted((k, str(v)) for k, v in req.items()), spec.get("nodeSelector"),
+         (spec.get("affinity") or {}).get("nodeAffinity"), spec.get("tolerations")],
+        sort_keys=True, default=str,
+    )
+
+
+def _priority(pod: Mapping[str, Any]) -> int:
+    p = (pod.get("spec") or {}).get("priority")
+    return p if isinstance(p, int) and not isinstance(p, bool) else 0
+
+
+class PodScheduler:
+    """Binds Pods and plays kubelet for them (see the module docstring).
+
+    Args:
+        client: a :class:`KubeClient` (owned by the caller).
+        pods: a Pod :class:`Informer` to share (None: one is made and run here).
+        interval: minimum seconds between placement passes.
+        job_run_seconds: how long a Job's Pod runs (after it is Running) before it succeeds;
+            a Pod (template) annotation ``sim.bigfleet.lucy.sh/run-seconds`` overrides it;
+            ``None`` = Job Pods never finish.
+        write_concurrency: bind/status writes in flight.
+        on_event: optional ``(kind, fields)`` callback (``bound``, ``succeeded``), for benchmarks.
+
+    Attributes:
+        bound, succeeded, gc_deleted, errors, passes: counters.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        pods: Informer | None = None,
+        interval: float = 0.2,
+        job_run_seconds: float | None = 30.0,
+        write_concurrency: int = 32,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.interval = interval
+        self.job_run_seconds = job_run_seconds
+        self.write_concurrency = write_concurrency
+        self.on_event = on_event
+        self.pods = pods or Informer(client, PODS, transform=slim)
+        self._own_pods = pods is None
+        self.nodes = Informer(client, NODES, transform=slim)
+        self._used: dict[str, dict[str, Decimal]] = {}
+        self._charged: dict[str, tuple[str, dict[str, Decimal]]] = {}
+        self._pending: dict[str, dict[str, Any]] = {}
+        self._assumed: dict[str, str] = {}
+        self._alloc: dict[str, tuple[str, dict[str, Decimal]]] = {}
+        self._to_start: dict[str, dict[str, Any]] = {}
+        self._binding: set[str] = set()
+        self._finishing: list[tuple[float, str, str]] = []
+        self._scheduled_finish: set[str] = set()
+        self._wake = trio.Event()
+        self._limiter = trio.CapacityLimiter(write_concurrency)
+        self.bound = 0
+        self.succeeded = 0
+        self.gc_deleted = 0
+        self.errors = 0
+        self.passes = 0
+        self.pods.add_handler(on_add=self._pod_event, on_update=lambda _o, n: self._pod_event(n),
+                              on_delete=self._pod_gone)
+        self.nodes.add_handler(on_add=lambda _n: self._kick(),
+                               on_update=lambda _o, _n: self._kick(),
+                               on_delete=self._node_gone)
+
+    # -- bookkeeping from events ---------------------------------------------------------------
+
+    def _kick(self) -> None:
+        self._wake.set()
+
+    def _charge(self, key: str, node: str | None, req: dict[str, Decimal] | None) -> None:
+        old = self._charged.pop(key, None)
+        if old is not None:
+            used = self._used.setdefault(old[0], {})
+            for k, v in old[1].items():
+                used[k] = used.get(k, ZERO) - v
+            self._kick()  # room freed
+        if node is not None and req is not None:
+            used = self._used.setdefault(node, {})
+            for k, v in req.items():
+                used[k] = used.get(k, ZERO) + v
+            self._charged[key] = (node, req)
+
+    def _pod_event(self, pod: dict[str, Any]) -> None:
+        key = _key(pod)
+        if is_bound(pod) and not is_terminal(pod):
+            self._assumed.pop(key, None)
+            self._pending.pop(key, None)
+            node = str(pod["spec"]["nodeName"])
+            old = self._charged.get(key)
+            if old is None or old[0] != node:
+                self._charge(key, node, pod_requests(pod))
+            phase = (pod.get("status") or {}).get("phase")
+            if (phase not in ("Running", "Succeeded", "Failed") and key not in self._binding
+                    and not pod["metadata"].get("deletionTimestamp")):
+                self._to_start[key] = pod
+                self._kick()
+            elif phase == "Running":
+                self._maybe_schedule_finish(pod)
+            return
+        self._charge(key, None, None)
+        if key in self._assumed:
+            return
+        if is_pending(pod):
+            self._pending[key] = pod
+            self._kick()
+        else:
+            self._pending.pop(key, None)
+
+    def _pod_gone(self, pod: dict[str, Any]) -> None:
+        key = _key(pod)
+        self._charge(key, None, None)
+        self._pending.pop(key, None)
+        self._assumed.pop(key, None)
+        self._to_start.pop(key, None)
+
+    def _node_gone(self, node: dict[str, Any]) -> None:
+        name = (node.get("metadata") or {}).get("name")
+        self._used.pop(str(name), None)
+        self._alloc.pop(str(name), None)
+        doomed = [k for k, (n, _) in self._charged.items() if n == name]
+        if doomed and self._nursery is not None:
+            self._nursery.start_soon(self._gc_pods, str(name), doomed)
+
+    # -- running -------------------------------------------------------------------------------
+
+    _nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled; ``started`` once Pods and Nodes are synced."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self._own_pods:
+                await nursery.start(self.pods.run)
+            await nursery.start(self.nodes.run)
+            await self.pods.wait_synced()
+            await self.nodes.wait_synced()
+            nursery.start_soon(self._loop)
+            nursery.start_soon(self._finisher)
+            log.info("scheduler synced nodes=%d pods=%d", len(self.nodes.store),
+                     len(self.pods.store))
+            task_status.started()
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            try:
+                await self.run_once()
+            except Exception:
+                self.errors += 1
+                log.exception("scheduler pass failed")
+            await trio.sleep(self.interval)
+
+    async def run_once(self) -> int:
+        """One pass: start bound Pods, place pending ones. Returns Pods bound."""
+        self.passes += 1
+        starts = list(self._to_start.values())
+        self._to_start.clear()
+        decisions = self.plan()
+        async with trio.open_nursery() as nursery:
+            for pod in starts:
+                nursery.start_soon(self._start, pod)
+            for pod, node in decisions:
+                nursery.start_soon(self._bind, pod, node)
+        return len(decisions)
+
+    # -- placement (pure over the caches) ------------------------------------------------------
+
+    def _node_alloc(self, node: Mapping[str, Any]) -> dict[str, Decimal]:
+        meta = node.get("metadata") or {}
+        rv = str(meta.get("resourceVersion") or "")
+        name = str(meta.get("name"))
+        hit = self._alloc.get(name)
+        if hit is not None and hit[0] == rv:
+            return hit[1]
+        alloc = _quantities((node.get("status") or {}).get("allocatable"))
+        self._alloc[name] = (rv, alloc)
+        return alloc
+
+    def plan(self) -> list[tuple[dict[str, Any], str]]:
+        """Decide placements for the pending Pods; records them as assumed (charged at once)."""
+        views: list[NodeView] = []
+        for node in self.nodes.store.list():
+            if not node_ready(node) or not node_schedulable(node):
+                continue
+            name = str(node["metadata"]["name"])
+            views.append(NodeView(name, node, self._node_alloc(node),
+                                  dict(self._used.get(name, {}))))
+        if not views or not self._pending:
+            return []
+        pending = sorted(self._pending.values(), key=lambda p: (
+            -_priority(p), str(p["metadata"].get("creationTimestamp") or ""), _key(p)))
+        cands: dict[str, tuple[list[NodeView], list[int]]] = {}
+        out: list[tuple[dict[str, Any], str]] = []
+        for pod in pending:
+            req = pod_requests(pod)
+            if req is None:
+                continue
+            sig = _signature(pod, req)
+            entry = cands.get(sig)
+            if entry is None:
+                tols = (pod.get("spec") or {}).get("tolerations") or []
+                feasible = [
+                    v for v in views
+                    if node_affinity_matches(pod, v.node)
+                    and tolerates(tols, (v.node.get("spec") or {}).get("taints") or [])
+                ]
+                feasible.sort(key=lambda v: (
+                    sum(1 for k, q in v.allocatable.items()
+                        if k not in STANDARD_RESOURCES and q > ZERO and req.get(k, ZERO) <= ZERO),
+                    -v.allocation_after({}), v.name))
+                entry = cands[sig] = (feasible, [0])
+            feasible, cursor = entry
+            while cursor[0] < len(feasible) and not feasible[cursor[0]].fits(req):
+                cursor[0] += 1
+            if cursor[0] >= len(feasible):
+                continue
+            view = feasible[cursor[0]]
+            view.add(req)
+            key = _key(pod)
+            self._pending.pop(key, None)
+            self._assumed[key] = view.name
+            self._charge(key, view.name, req)
+            out.append((pod, view.name))
+        return out
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, fields)
+
+    @staticmethod
+    def _running_status(pod: Mapping[str, Any]) -> dict[str, Any]:
+        stamp = rfc3339_now()
+        containers = (pod.get("spec") or {}).get("containers") or []
+        return {
+            "phase": "Running",
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp},
+                {"type": "Initialized", "status": "True", "lastTransitionTime": stamp},
+                {"type": "ContainersReady", "status": "True", "lastTransitionTime": stamp},
+                {"type": "Ready", "status": "True", "lastTransitionTime": stamp},
+            ],
+            "containerStatuses": [
+                {"name": c.get("name", ""), "image": c.get("image", ""), "ready": True,
+                 "started": True, "restartCount": 0, "state": {"running": {"startedAt": stamp}}}
+                for c in containers if isinstance(c, Mapping)
+            ],
+            "hostIP": "10.0.0.1",
+            "podIP": "10.1.0.1",
+            "startTime": stamp,
+        }
+
+    async def _bind(self, pod: dict[str, Any], node: str) -> None:
+        meta = pod["metadata"]
+        key = _key(pod)
+        self._binding.add(key)
+        try:
+            async with self._limiter:
+                await self.client.patch(PODS, meta["name"], {"spec": {"nodeName": node}},
+                                        meta.get("namespace"))
+                await self.client.patch(PODS, meta["name"], {"status": self._running_status(pod)},
+                                        meta.get("namespace"), subresource="status")
+        except NotFound:
+            self._assumed.pop(key, None)
+            self._charge(key, None, None)
+            return
+        except (ApiError, KubeTransportError) as exc:
+            self.errors += 1
+            log.info("bind failed pod=%s node=%s: %s", key, node, exc,
+                     extra={"pod": key, "node": node})
+            self._assumed.pop(key, None)
+            self._charge(key, None, None)
+            self._pending[key] = pod
+            self._kick()
+            return
+        finally:
+            self._binding.discard(key)
+        self.bound += 1
+        self._emit("bound", namespace=meta.get("namespace"), name=meta["name"], node=node)
+        log.debug("bound pod=%s node=%s", key, node, extra={"pod": key, "node": node})
+
+    async def _start(self, pod: dict[str, Any]) -> None:
+        """Kubelet: a Pod bound by someone else reports Running."""
+        meta = pod["metadata"]
+        try:
+            async with self._limiter:
+                await self.client.patch(PODS, meta["name"], {"status": self._running_status(pod)},
+                                        meta.get("namespace"), subresource="status")
+        except (ApiError, KubeTransportError) as exc:
+            log.info("pod start failed pod=%s: %s", _key(pod), exc)
+
+    def _run_seconds(self, pod: Mapping[str, Any]) -> float | None:
+        ref = controller_ref(pod)
+        if ref is None or ref.get("kind") != "Job":
+            return None
+        text = ((pod.get("metadata") or {}).get("annotations") or {}).get(RUN_SECONDS_ANNOTATION)
+        if text is not None:
+            try:
+                return max(0.0, float(text))
+            except ValueError:
+                log.warning("ignoring %s=%r on pod=%s", RUN_SECONDS_ANNOTATION, text, _key(pod))
+        return self.job_run_seconds
+
+    def _maybe_schedule_finish(self, pod: Mapping[str, Any]) -> None:
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if not uid or uid in self._scheduled_finish:
+            return
+        seconds = self._run_seconds(pod)
+        if seconds is None or not math.isfinite(seconds):
+            return
+        self._scheduled_finish.add(uid)
+        heapq.heappush(self._finishing, (trio.current_time() + seconds, _key(pod), uid))
+        self._kick_finisher()
+
+    _finisher_wake: trio.Event | None = None
+
+    def _kick_finisher(self) -> None:
+        if self._finisher_wake is not None:
+            self._finisher_wake.set()
+
+    async def _finisher(self) -> None:
+        """Kubelet: a Job's Pod that ran its time succeeds (phase Succeeded, not Ready)."""
+        while True:
+            self._finisher_wake = trio.Event()
+            due = self._finishing[0][0] if self._finishing else math.inf
+            with trio.move_on_at(due):
+                await self._finisher_wake.wait()
+            now = trio.current_time()
+            batch: list[tuple[str, str]] = []
+            while self._finishing and self._finishing[0][0] <= now:
+                _, key, uid = heapq.heappop(self._finishing)
+                self._scheduled_finish.discard(uid)
+                batch.append((key, uid))
+            if batch:
+                async with trio.open_nursery() as nursery:
+                    for key, uid in batch:
+                        nursery.start_soon(self._succeed, key, uid)
+
+    async def _succeed(self, key: str, uid: str) -> None:
+        pod = self.pods.store.get(key)
+        if pod is None or pod["metadata"].get("uid") != uid or is_terminal(pod):
+            return
+        ns, name = key.split("/", 1)
+        stamp = rfc3339_now()
+        status = {
+            "phase": "Succeeded",
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp},
+                {"type": "Ready", "status": "False", "reason": "PodCompleted",
+                 "lastTransitionTime": stamp},
+                {"type": "ContainersReady", "status": "False", "reason": "PodCompleted",
+                 "lastTransitionTime": stamp},
+            ],
+            "containerStatuses": [
+                {"name": c.get("name", ""), "image": c.get("image", ""), "ready": False,
+                 "started": False, "restartCount": 0,
+                 "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                                          "finishedAt": stamp}}}
+                for c in (pod.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)
+            ],
+        }
+        try:
+            async with self._limiter:
+                await self.client.patch(PODS, name, {"status": status}, ns, subresource="status")
+        except (ApiError, KubeTransportError) as exc:
+            log.info("pod finish failed pod=%s: %s", key, exc)
+            return
+        self.succeeded += 1
+        self._emit("succeeded", namespace=ns, name=name)
+
+    async def _gc_pods(self, node: str, keys: list[str]) -> None:
+        """podgc: the Node is gone; its Pods are deleted (controllers recreate them)."""
+        for key in keys:
+            ns, name = key.split("/", 1)
+            try:
+                async with self._limiter:
+                    await self.client.delete(PODS, name, ns, grace_period_seconds=0)
+                self.gc_deleted += 1
+                log.info("pod deleted, its node is gone pod=%s node=%s", key, node,
+                         extra={"pod": key, "node": node})
+            except NotFound:
+                pass
+            except (ApiError, KubeTransportError) as exc:
+                log.info("pod gc failed pod=%s: %s", key, exc)
