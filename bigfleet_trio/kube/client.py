@@ -1,17 +1,10 @@
-"""Typed-enough Kubernetes REST client on ``httpx.AsyncClient`` under Trio (issue 4).
+"""Typed-enough Kubernetes REST client on ``httpx.AsyncClient`` under Trio.
 
 Objects are plain ``dict``\\ s exactly as the apiserver returns them. Every request waits on the
-client-side token bucket (:mod:`.ratelimit`, QPS/burst 50/100), runs under a Trio deadline
-(``request_timeout``; httpx's own read timeout is disabled so that the same code path is
-testable with ``httpx.MockTransport`` and ``autojump_clock``), and maps error answers to
-:mod:`.errors`.
-
-Retries (tenacity, ``retry_if_exception_type`` on our own classes only, so ``trio.Cancelled``
-is never retried): reads (get/list pages/watch open) on 429, 5xx and transport errors; writes on
-429 (the request was rejected before processing) and, when the write carries a precondition
-(PUT with ``metadata.resourceVersion``, DELETE with ``preconditions``), also on 5xx/transport
-errors. 429 waits honour ``Retry-After`` (capped at ``max_retry_after``). ``evict`` never
-retries (a 429 there is a PodDisruptionBudget verdict the caller handles).
+client-side token bucket (:mod:`.ratelimit`), runs under a Trio deadline (``request_timeout``)
+and maps error answers to :mod:`.errors`. Transient failures are repeated here and only here
+(:class:`.retry.RetryPolicy`; which writes may be repeated: :func:`.retry.write_retry_on`).
+Contract: docs/kube-api.md.
 """
 
 from __future__ import annotations
@@ -27,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
-import tenacity
 import trio
 
 from .config import KubeConfig
@@ -35,13 +27,13 @@ from .errors import (
     ApiError,
     Expired,
     KubeTransportError,
-    ServerError,
-    TooManyRequests,
+    Unauthorized,
     WatchInactivityTimeout,
     error_from_status,
 )
 from .ratelimit import AsyncRateLimiter
 from .resources import EVENTS, Resource
+from .retry import TRANSIENT, RetryPolicy, write_retry_on
 from .watch import WatchDecodeError, WatchEvent, decode_watch_line
 
 __all__ = ["KubeClient", "ObjectList", "WatchStream", "PatchType"]
@@ -56,8 +48,10 @@ _PATCH_CONTENT_TYPES = {
     "apply": "application/apply-patch+yaml",
 }
 
-_READ_RETRY = (TooManyRequests, ServerError, KubeTransportError)
-_WRITE_RETRY = (TooManyRequests,)
+_READ_RETRY = TRANSIENT
+_SAFE_WRITE_RETRY = write_retry_on(idempotent=True)
+_WRITE_RETRY = write_retry_on(idempotent=False)
+_IDEMPOTENT_PATCHES = frozenset(("merge", "apply"))
 
 
 @dataclass
@@ -201,6 +195,10 @@ class KubeClient:
         self.request_timeout = request_timeout
         self.max_attempts = max(1, max_attempts)
         self.max_retry_after = max_retry_after
+        self.retry = RetryPolicy(self.max_attempts, max_retry_after)
+        self.unauthorized: Unauthorized | None = None
+        """The first 401 answer this client got (None: never), see :meth:`wait_unauthorized`."""
+        self._unauthorized_seen = trio.Event()
         self._limiter = AsyncRateLimiter(qps, burst)
         verify: Any = True
         if transport is None and config.is_https:
@@ -249,30 +247,26 @@ class KubeClient:
 
     # -- low level ---------------------------------------------------------------------------
 
-    def _retrying(self, retry_on: tuple[type[BaseException], ...]) -> tenacity.AsyncRetrying:
-        def wait(state: tenacity.RetryCallState) -> float:
-            exc = state.outcome.exception() if state.outcome else None
-            if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
-                return min(exc.retry_after, self.max_retry_after)
-            base = min(10.0, 0.2 * 2.0 ** (state.attempt_number - 1))
-            return base * (0.5 + random.random() / 2)
+    def _error(self, status: int, body: bytes, headers: Mapping[str, str]) -> ApiError:
+        err = error_from_status(status, body, headers)
+        if isinstance(err, Unauthorized) and self.unauthorized is None:
+            self.unauthorized = err
+            self._unauthorized_seen.set()
+        return err
 
-        def before_sleep(state: tenacity.RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            log.info(
-                "kube retry attempt=%d wait=%.2fs err=%s",
-                state.attempt_number,
-                state.next_action.sleep if state.next_action else 0.0,
-                exc,
-            )
+    async def wait_unauthorized(self) -> Unauthorized:
+        """Block until the apiserver answers any request of this client with 401 Unauthorized.
 
-        return tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception_type(retry_on),
-            stop=tenacity.stop_after_attempt(self.max_attempts),
-            wait=wait,
-            before_sleep=before_sleep,
-            reraise=True,
-        )
+        A 401 does not heal by waiting (the token or certificate is wrong), so start-up code
+        races this against its cache sync and fails at once with "401 Unauthorized" instead of
+        retrying until its sync deadline.
+
+        Returns:
+            The first :class:`~.errors.Unauthorized` error seen.
+        """
+        await self._unauthorized_seen.wait()
+        assert self.unauthorized is not None
+        return self.unauthorized
 
     async def _request_once(
         self,
@@ -301,7 +295,7 @@ class KubeClient:
         if response is None:
             raise KubeTransportError(f"{method} {path}: no answer within {self.request_timeout:g}s")
         if response.status_code >= 400:
-            raise error_from_status(response.status_code, response.content, response.headers)
+            raise self._error(response.status_code, response.content, response.headers)
         if not response.content:
             return None
         try:
@@ -341,12 +335,13 @@ class KubeClient:
             return await self._request_once(
                 method, path, params=params, body=body, content_type=content_type
             )
-        async for attempt in self._retrying(retry_on):
-            with attempt:
-                return await self._request_once(
-                    method, path, params=params, body=body, content_type=content_type
-                )
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await self.retry.call(
+            lambda: self._request_once(
+                method, path, params=params, body=body, content_type=content_type
+            ),
+            retry_on,
+            f"{method} {path}",
+        )
 
     async def _request_obj(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
         """:meth:`request` for calls whose answer must be a JSON object."""
@@ -488,14 +483,12 @@ class KubeClient:
             }
         )
         assert params is not None
-        response: httpx.Response | None = None
         if not retry or self.max_attempts == 1:
             response = await self._open_stream(path, params)
         else:
-            async for attempt in self._retrying(_READ_RETRY):
-                with attempt:
-                    response = await self._open_stream(path, params)
-        assert response is not None
+            response = await self.retry.call(
+                lambda: self._open_stream(path, params), _READ_RETRY, f"WATCH {path}"
+            )
         try:
             yield WatchStream(response, inactivity_timeout)
         finally:
@@ -522,7 +515,7 @@ class KubeClient:
                 pass
             finally:
                 await response.aclose()
-            raise error_from_status(response.status_code, body, response.headers)
+            raise self._error(response.status_code, body, response.headers)
         return response
 
     # -- writes ------------------------------------------------------------------------------
@@ -562,7 +555,7 @@ class KubeClient:
         name = meta.get("name")
         if not name:
             raise ValueError("update: body has no metadata.name")
-        retry = _READ_RETRY if meta.get("resourceVersion") else _WRITE_RETRY
+        retry = _SAFE_WRITE_RETRY if meta.get("resourceVersion") else _WRITE_RETRY
         return await self._request_obj(
             "PUT",
             res.object_path(name, ns, subresource),
@@ -593,7 +586,7 @@ class KubeClient:
             params=params,
             body=patch,
             content_type=ctype,
-            retry_on=_WRITE_RETRY,
+            retry_on=_SAFE_WRITE_RETRY if patch_type in _IDEMPOTENT_PATCHES else _WRITE_RETRY,
         )
 
     async def delete(
@@ -622,7 +615,7 @@ class KubeClient:
             opts["preconditions"] = dict(preconditions)
         if grace_period_seconds is not None:
             opts["gracePeriodSeconds"] = grace_period_seconds
-        retry = _READ_RETRY if preconditions else _WRITE_RETRY
+        retry = _SAFE_WRITE_RETRY if preconditions else _WRITE_RETRY
         out = await self.request(
             "DELETE", res.object_path(name, namespace), body=opts, retry_on=retry
         )

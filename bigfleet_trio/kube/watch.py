@@ -1,4 +1,4 @@
-"""Sans-IO pieces of the watch protocol (issue 4; ecosystem.md §1.7 recipe; client-go reflector).
+"""Sans-IO pieces of the watch protocol (the client-go reflector's, without I/O).
 
 * :func:`decode_watch_line` turns one line of a ``?watch=1`` response into a :class:`WatchEvent`.
 * :class:`ResourceVersionTracker` keeps the resourceVersion to resume from (advanced by every
@@ -6,8 +6,9 @@
 * :func:`is_expired` recognises the "too old resource version" ERROR event (code 410).
 * :func:`relist_diff` compares the cache with a fresh LIST and synthesises the events that were
   missed while disconnected (DELETED for vanished keys, MODIFIED for changed ones, ADDED for new).
-* :class:`Backoff` is client-go's reflector backoff (0.8 s → ×2 → 30 s cap, jitter 1.0, reset
-  after 2 min without failures) as a pure object driven by the caller's clock.
+* :class:`Backoff` (defined in :mod:`.retry`, re-exported here for older imports) is client-go's
+  reflector backoff by default (0.8 s → ×2 → 30 s cap, jitter 1.0, reset after 2 min without
+  failures).
 
 Nothing here does I/O or reads a clock.
 """
@@ -15,10 +16,11 @@ Nothing here does I/O or reads a clock.
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from .retry import Backoff
 
 __all__ = [
     "EventType",
@@ -175,46 +177,6 @@ def relist_diff(
         elif not eq(old, new):
             out.append(("MODIFIED", key, old, new))
     return out
-
-
-class Backoff:
-    """Exponential backoff with jitter (client-go reflector defaults).
-
-    delay_n = min(cap, initial * factor**n) * (1 + jitter * U[0,1)), with n reset to 0 when
-    ``reset_after`` seconds passed since the previous failure (a healthy period).
-    """
-
-    def __init__(
-        self,
-        initial: float = 0.8,
-        factor: float = 2.0,
-        cap: float = 30.0,
-        jitter: float = 1.0,
-        reset_after: float = 120.0,
-        rng: Callable[[], float] | None = None,
-    ):
-        self.initial = initial
-        self.factor = factor
-        self.cap = cap
-        self.jitter = jitter
-        self.reset_after = reset_after
-        self._rng = rng or random.random
-        self._n = 0
-        self._last: float | None = None
-
-    def next_delay(self, now: float) -> float:
-        """Delay before the next attempt after a failure observed at ``now`` (seconds)."""
-        if self._last is not None and now - self._last >= self.reset_after:
-            self._n = 0
-        self._last = now
-        base = min(self.cap, self.initial * self.factor**self._n)
-        self._n += 1
-        return min(self.cap, base * (1.0 + self.jitter * self._rng()))
-
-    def reset(self) -> None:
-        """Forget past failures."""
-        self._n = 0
-        self._last = None
 
 
 def iter_keys(objs: Iterable[Mapping[str, Any]]) -> list[str]:

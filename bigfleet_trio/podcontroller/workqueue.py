@@ -1,8 +1,7 @@
 """De-duplicating work queue with per-key exponential backoff (client-go ``workqueue`` on Trio).
 
-Issue 6 "Controller": "worker pool (16 by default) over a de-duplicating work queue with per-key
-backoff"; seed 000 "The unschedulable-pod controller" (controller-runtime's rate-limited queue,
-``MaxConcurrentReconciles = 16``, reference-behavior.md §10).
+The pod controller's workers take keys from it (16 by default, like controller-runtime's
+``MaxConcurrentReconciles``).
 
 Semantics (``k8s.io/client-go/util/workqueue``):
 
@@ -32,6 +31,8 @@ from collections.abc import Hashable
 from typing import Generic, Protocol, TypeVar
 
 import trio
+
+from bigfleet_trio.kube.retry import Backoff
 
 __all__ = ["QueueCore", "QueueMetrics", "ShutDown", "WorkQueue", "backoff_delay"]
 
@@ -68,9 +69,8 @@ class QueueMetrics(Protocol):
 
 
 def backoff_delay(failures: int, base_delay: float, max_delay: float) -> float:
-    """``base_delay * 2**failures`` capped at ``max_delay``.
-
-    client-go ``ItemExponentialFailureRateLimiter``.
+    """``base_delay * 2**failures`` capped at ``max_delay`` (client-go
+    ``ItemExponentialFailureRateLimiter``): :meth:`Backoff.nominal`, no jitter.
 
     Args:
         failures: failures counted before this one (0 for the first retry).
@@ -79,11 +79,7 @@ def backoff_delay(failures: int, base_delay: float, max_delay: float) -> float:
     Returns:
         Seconds to wait; overflow-safe for any ``failures``.
     """
-    if failures < 0:
-        failures = 0
-    if failures >= 64:
-        return max_delay
-    return min(max_delay, base_delay * (2.0**failures))
+    return Backoff(initial=base_delay, cap=max_delay, jitter=0.0).nominal(failures)
 
 
 class QueueCore(Generic[K]):
@@ -105,6 +101,7 @@ class QueueCore(Generic[K]):
             raise ValueError(f"bad backoff: base_delay={base_delay} max_delay={max_delay}")
         self.base_delay = base_delay
         self.max_delay = max_delay
+        self._backoff = Backoff(initial=base_delay, cap=max_delay, jitter=0.0)
         self.metrics = metrics
         self._queue: deque[K] = deque()
         self._low: deque[K] = deque()
@@ -153,7 +150,7 @@ class QueueCore(Generic[K]):
     def add_rate_limited(self, key: K, now: float) -> float:
         """Park ``key`` for its backoff delay and count a failure. Returns the delay (seconds)."""
         failures = self._failures.get(key, 0)
-        delay = backoff_delay(failures, self.base_delay, self.max_delay)
+        delay = self._backoff.nominal(failures)
         self._failures[key] = failures + 1
         if self.metrics is not None:
             self.metrics.retried()

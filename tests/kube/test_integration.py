@@ -24,7 +24,7 @@ from bigfleet_trio.kube import (
     load_kubeconfig,
 )
 from bigfleet_trio.kube.errors import AlreadyExists, Conflict, Invalid, NotFound
-from bigfleet_trio.kube.watch import Backoff
+from bigfleet_trio.kube.retry import Backoff
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 

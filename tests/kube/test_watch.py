@@ -3,7 +3,6 @@
 import pytest
 
 from bigfleet_trio.kube.watch import (
-    Backoff,
     ResourceVersionTracker,
     WatchDecodeError,
     WatchEvent,
@@ -82,21 +81,3 @@ def test_relist_diff() -> None:
     assert relist_diff({}, {}) == []
     assert relist_diff(cached, cached) == []
 
-
-def test_backoff_sequence_and_reset() -> None:
-    b = Backoff(rng=lambda: 0.0)
-    assert [b.next_delay(t) for t in (0, 1, 2, 3, 4, 5, 6, 7)] == [
-        0.8,
-        1.6,
-        3.2,
-        6.4,
-        12.8,
-        25.6,
-        30.0,
-        30.0,
-    ]
-    assert b.next_delay(7 + 120) == 0.8  # healthy for 2 min → reset
-    j = Backoff(rng=lambda: 0.5)
-    assert j.next_delay(0) == pytest.approx(1.2)
-    assert Backoff(rng=lambda: 0.999).next_delay(0) == pytest.approx(0.8 * 1.999)
-    assert Backoff(initial=20, rng=lambda: 0.9).next_delay(0) == 30.0  # jitter never passes the cap

@@ -1,0 +1,268 @@
+"""The one retry policy of the Kubernetes layer: :class:`Backoff` and :class:`RetryPolicy`.
+
+:class:`Backoff` is the delay arithmetic every retry loop uses (the client, informers, the pod
+controller's work queue; the shard reconnect loop can use it too). :class:`RetryPolicy` is the
+one place that retries *transient* apiserver failures (429, 5xx, transport errors) of a request;
+:func:`write_retry_on` says which of them a given write may repeat. Callers above the client
+never retry those again: a handler only re-plans on a conflict (409), see
+:func:`conflict_retrying`. Contract: docs/kube-api.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+import tenacity
+import trio
+
+from .errors import (
+    AlreadyExists,
+    Conflict,
+    KubeTransportError,
+    ServerError,
+    TooManyRequests,
+)
+
+__all__ = [
+    "Backoff",
+    "RetryPolicy",
+    "TRANSIENT",
+    "NOT_PROCESSED",
+    "conflict_retrying",
+    "write_retry_on",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+JitterMode = Literal["up", "down"]
+
+TRANSIENT: tuple[type[Exception], ...] = (TooManyRequests, ServerError, KubeTransportError)
+"""Failures worth repeating: throttled (429), apiserver-side (5xx), no answer (transport)."""
+NOT_PROCESSED: tuple[type[Exception], ...] = (TooManyRequests,)
+"""Failures that prove the apiserver did not act on the request (429: rejected before it ran)."""
+
+
+class Backoff:
+    """Exponential backoff with jitter, as a pure object driven by the caller's clock.
+
+    The nominal delay of failure ``n`` (0-based) is ``min(cap, initial * factor**n)``; the
+    delay returned is the nominal one jittered:
+
+    * ``jitter_mode="up"`` (client-go's ``wait.Jitter``, the reflector's backoff):
+      ``nominal * (1 + jitter * U[0,1))``, then capped at ``cap``; ``jitter`` may be >= 1.
+    * ``jitter_mode="down"``: ``nominal * (1 - jitter * U[0,1))`` with ``0 <= jitter < 1``;
+      jitter only shortens a wait, so the cap is never exceeded and a crowd of clients
+      spreads out below it. (This is the shard reconnect loop's rule: nominal 0.5, 1, 2, ...
+      30 s, up to 20 % shorter.)
+
+    ``n`` goes back to 0 on :meth:`reset`, and, with ``reset_after``, when :meth:`next_delay`
+    is called ``reset_after`` seconds or more after the previous failure (a healthy period).
+    A caller whose rule is "reset after a session that stayed up long enough" calls
+    :meth:`reset` itself and passes no ``now``.
+
+    Args:
+        initial: nominal delay of the first failure, seconds (> 0).
+        factor: growth per failure (>= 1).
+        cap: largest nominal delay, seconds (>= initial).
+        jitter: jitter fraction (see the modes above).
+        jitter_mode: "up" or "down".
+        reset_after: seconds without a failure after which the count restarts (None: never).
+        rng: ``() -> float`` in [0, 1) (e.g. ``random.Random(1).random`` in tests).
+
+    Raises:
+        ValueError: a parameter out of range.
+    """
+
+    __slots__ = ("initial", "factor", "cap", "jitter", "jitter_mode", "reset_after", "_rng",
+                 "_n", "_last")
+
+    def __init__(
+        self,
+        initial: float = 0.8,
+        factor: float = 2.0,
+        cap: float = 30.0,
+        jitter: float = 1.0,
+        jitter_mode: JitterMode = "up",
+        reset_after: float | None = 120.0,
+        rng: Callable[[], float] | None = None,
+    ) -> None:
+        if not 0 < initial <= cap:
+            raise ValueError(f"need 0 < initial <= cap, got {initial}, {cap}")
+        if factor < 1:
+            raise ValueError(f"factor must be >= 1, got {factor}")
+        if jitter < 0 or (jitter_mode == "down" and jitter >= 1):
+            raise ValueError(f"jitter {jitter} out of range for jitter_mode={jitter_mode!r}")
+        if jitter_mode not in ("up", "down"):
+            raise ValueError(f"jitter_mode must be 'up' or 'down', got {jitter_mode!r}")
+        self.initial = initial
+        self.factor = factor
+        self.cap = cap
+        self.jitter = jitter
+        self.jitter_mode: JitterMode = jitter_mode
+        self.reset_after = reset_after
+        self._rng = rng or random.random
+        self._n = 0
+        self._last: float | None = None
+
+    def nominal(self, failures: int) -> float:
+        """Un-jittered delay after ``failures`` earlier failures (seconds; overflow-safe)."""
+        if failures <= 0:
+            return self.initial
+        if self.factor == 1 or failures >= 1100:
+            return self.cap if self.factor > 1 else self.initial
+        try:
+            return min(self.cap, self.initial * self.factor**failures)
+        except OverflowError:
+            return self.cap
+
+    def delay(self, failures: int) -> float:
+        """Jittered delay after ``failures`` earlier failures (pure apart from the rng)."""
+        base = self.nominal(failures)
+        if not self.jitter:
+            return base
+        if self.jitter_mode == "down":
+            return base * (1.0 - self.jitter * self._rng())
+        return min(self.cap, base * (1.0 + self.jitter * self._rng()))
+
+    def next_delay(self, now: float | None = None) -> float:
+        """Count one failure (observed at ``now``, seconds on any clock) and return its delay."""
+        if (
+            now is not None
+            and self.reset_after is not None
+            and self._last is not None
+            and now - self._last >= self.reset_after
+        ):
+            self._n = 0
+        if now is not None:
+            self._last = now
+        out = self.delay(self._n)
+        self._n += 1
+        return out
+
+    @property
+    def failures(self) -> int:
+        """Failures counted since the last reset."""
+        return self._n
+
+    def reset(self) -> None:
+        """Forget past failures."""
+        self._n = 0
+        self._last = None
+
+
+def write_retry_on(
+    *, idempotent: bool
+) -> tuple[type[Exception], ...]:
+    """Which transient failures a write may be repeated after.
+
+    A 429 means the apiserver refused the request before running it, so any write is repeated.
+    After a 5xx or a transport error the write may or may not have happened; only a write whose
+    repetition gives the same result is repeated: one guarded by a precondition (PUT carrying
+    ``metadata.resourceVersion``, DELETE with ``preconditions``) or a merge/apply PATCH (applying
+    it twice is applying it once). A POST, an unconditional PUT or DELETE and a deletecollection
+    (which may have removed part of the set) are not: the caller decides, and its re-plan sees
+    AlreadyExists / NotFound if the first attempt landed.
+
+    Args:
+        idempotent: the write is guarded or idempotent, as above.
+    """
+    return TRANSIENT if idempotent else NOT_PROCESSED
+
+
+def _default_backoff() -> Backoff:
+    return Backoff(initial=0.2, factor=2.0, cap=10.0, jitter=0.5, jitter_mode="down",
+                   reset_after=None)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How the client repeats a request that failed transiently.
+
+    Attempt ``k`` (1-based) that fails with one of the caller's ``retry_on`` classes waits
+    ``backoff.delay(k - 1)`` (default: 0.2 s doubling to 10 s, up to 50 % shorter) or, for a
+    429 with ``Retry-After``, the server's figure capped at ``max_retry_after``, then tries
+    again, ``max_attempts`` attempts in all; the last error is re-raised.
+
+    Why not tenacity here: this runs around every request, and the success path must cost one
+    ``try`` (tenacity builds a retry state and its callbacks per call). Only our exception
+    classes are caught, so ``trio.Cancelled`` is never retried.
+
+    Attributes:
+        max_attempts: attempts per call (1 = no retry).
+        max_retry_after: cap on a server-requested wait, seconds.
+        backoff: the delay arithmetic (only :meth:`Backoff.delay` is used: stateless).
+    """
+
+    max_attempts: int = 5
+    max_retry_after: float = 60.0
+    backoff: Backoff = field(default_factory=_default_backoff)
+
+    def wait(self, attempt: int, exc: BaseException) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based) with ``exc``."""
+        if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
+            return min(exc.retry_after, self.max_retry_after)
+        return self.backoff.delay(attempt - 1)
+
+    async def call(
+        self,
+        fn: Callable[[], Awaitable[T]],
+        retry_on: tuple[type[BaseException], ...],
+        what: str = "",
+    ) -> T:
+        """``await fn()``, repeating it after a ``retry_on`` failure (see the class docstring).
+
+        Raises:
+            Whatever ``fn`` raises last (or at once, for a class not in ``retry_on``).
+        """
+        attempt = 1
+        while True:
+            try:
+                return await fn()
+            except retry_on as exc:
+                if attempt >= self.max_attempts:
+                    raise
+                delay = self.wait(attempt, exc)
+                log.info("kube retry what=%s attempt=%d wait=%.2fs err=%s", what, attempt,
+                         delay, exc, extra={"attempt": attempt, "request": what})
+                await trio.sleep(delay)
+                attempt += 1
+
+
+def conflict_retrying(
+    attempts: int = 8,
+    *,
+    backoff: Backoff | None = None,
+    also: tuple[type[Exception], ...] = (),
+) -> tenacity.AsyncRetrying:
+    """Tenacity policy for a handler's read-plan-write loop: re-plan on a conflict only.
+
+    The client already repeated transient failures (:class:`RetryPolicy`); what is left for a
+    handler is "the object changed under us": 409 Conflict / AlreadyExists, plus the caller's
+    own re-plan signals in ``also``. Waits follow ``backoff`` (default 0.1 s doubling to 5 s,
+    up to 50 % shorter); after ``attempts`` tries the last error is re-raised.
+
+    Usage::
+
+        async for attempt in conflict_retrying():
+            with attempt:
+                await plan_and_write()
+    """
+    b = backoff or Backoff(initial=0.1, cap=5.0, jitter=0.5, jitter_mode="down",
+                           reset_after=None)
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        return b.delay(state.attempt_number - 1)
+
+    return tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception_type((Conflict, AlreadyExists, *also)),
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=wait,
+        sleep=trio.sleep,
+        reraise=True,
+    )
