@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import trio
 
+from bigfleet_trio.config import ReconnectSettings
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.operator.session import (
     Handlers,
@@ -106,8 +107,8 @@ class AgentConfig:
     """
 
     session: SessionConfig
-    initial_backoff: float = 0.5
-    max_backoff: float = 30.0
+    initial_backoff: float = ReconnectSettings.initial_backoff  # one default: the settings'
+    max_backoff: float = ReconnectSettings.max_backoff
     backoff_jitter: float = 0.2
     healthy_after: float = 60.0
 

@@ -95,6 +95,7 @@ from typing import Any, NoReturn, Protocol
 import betterproto
 import trio
 
+from bigfleet_trio.config import SessionSettings
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.operator.queues import (
     NODE_STATE_PENDING_CAP,
@@ -113,7 +114,7 @@ Reply = Callable[[pb.OperatorMessage], bool]
 """Enqueue one frame into the session's outbox without blocking; False when it was dropped."""
 
 
-DEFAULT_SEND_TIMEOUT = 30.0
+DEFAULT_SEND_TIMEOUT: float = SessionSettings.send_timeout
 """Seconds one frame may wait for the transport to accept it (see the module docstring)."""
 DEFAULT_DROP_LOG_INTERVAL = 10.0
 """Seconds between outbox-drop summary log lines."""
@@ -191,8 +192,9 @@ class SessionConfig:
     """
 
     cluster_id: str
-    rollup_interval: float = 10.0
-    dispatch_concurrency: int = 32
+    # The knobs the command line sets take their one default from the operator's settings.
+    rollup_interval: float = SessionSettings.rollup_interval
+    dispatch_concurrency: int = SessionSettings.dispatch_concurrency
     dispatch_backlog: int = 1024
     node_state_pending_cap: int = NODE_STATE_PENDING_CAP
     node_state_read_ahead: int = 256
