@@ -11,6 +11,7 @@ Sub-commands::
     bigfleet-trio pod-controller [--kubeconfig PATH] [--priority-class-defaults PATH] [...]
     bigfleet-trio sim apiserver --port PORT --kubeconfig-out PATH
     bigfleet-trio sim shard --port PORT [--kubeconfig PATH] [--catalog FILE] [--seed N]
+    bigfleet-trio sim cluster (--port PORT --kubeconfig-out PATH | --kubeconfig PATH)
     bigfleet-trio install-crds [--kubeconfig PATH]
     bigfleet-trio demo [--workloads DIR] [--catalog FILE] [--keep-running] [...]
     bigfleet-trio events --addr HOST:PORT [--kind KIND ...]
@@ -29,13 +30,16 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .config import (
-    LOG_FORMATS,
+    DURATION,
     ConfigError,
-    DemoOptions,
+    KnobSpec,
     OperatorConfig,
     PodControllerConfig,
+    Settings,
+    knob_specs,
 )
 from .durations import format_duration, parse_duration
+from .sim.demo_options import DemoOptions
 
 __all__ = ["main", "build_parser", "parse_args", "UsageError", "PROG"]
 
@@ -119,27 +123,78 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"invalid boolean {text!r} (use true or false)")
 
 
-def _add_bool(p: argparse.ArgumentParser, flag: str, help_text: str) -> None:
-    """Go-style boolean: ``--flag`` or ``--flag=true|false``."""
-    p.add_argument(
-        flag, nargs="?", const=True, default=False, type=_bool, metavar="BOOL", help=help_text
-    )
-
-
 def _add_log_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
-    default = argparse.SUPPRESS if suppress else None
-    p.add_argument(
-        "--log-format", choices=LOG_FORMATS, default=default,
-        help="log line format: text or json (default text)",
-    )
-    p.add_argument(
-        "--log-level", default=default, metavar="LEVEL",
-        help="debug, info, warning or error (default info; demo: warning)",
-    )
+    """The log flags on the root parser (``suppress=False``: default None, so a command's own
+    default applies) and on commands without settings (sim, install-crds, events)."""
+    for spec in knob_specs(OperatorConfig()):
+        if spec.knob.global_flag:
+            _add_knob(p, spec, suppress=suppress, root=not suppress)
 
 
-def _d(seconds: float) -> str:
-    return format_duration(seconds)
+def _help(spec: KnobSpec) -> str:
+    text = spec.knob.help
+    value = spec.default
+    if value is None or value == "" or isinstance(value, bool):
+        return text
+    shown = format_duration(value) if spec.knob.unit == DURATION else f"{value:g}" if isinstance(
+        value, float) else str(value)
+    return f"{text} (default {shown})"
+
+
+def _add_knob(p: Any, spec: KnobSpec, *, suppress: bool = False, root: bool = False) -> None:
+    """Add the flag of one settings knob (type, metavar, default and help from the field).
+
+    ``suppress`` (the global log flags on a sub-command): no default in the namespace, so a
+    value given before the sub-command is kept.
+    """
+    meta = spec.knob
+    default: Any = argparse.SUPPRESS if suppress else None if root else spec.default
+    if isinstance(spec.default, bool):
+        p.add_argument(spec.flag, dest=spec.dest, nargs="?", const=True, default=default,
+                       type=_bool, metavar="BOOL", help=_help(spec))
+        return
+    kwargs: dict[str, Any] = {"dest": spec.dest, "default": default,
+                              "help": _help(spec)}
+    if meta.choices is not None:
+        kwargs["choices"] = meta.choices
+    elif meta.unit == DURATION:
+        kwargs["type"] = _duration
+        kwargs["metavar"] = meta.metavar or "DUR"
+    elif isinstance(spec.default, float):
+        kwargs["type"] = _float
+    elif isinstance(spec.default, int):
+        kwargs["type"] = _int
+    if meta.metavar and "metavar" not in kwargs:
+        kwargs["metavar"] = meta.metavar
+    p.add_argument(spec.flag, **kwargs)
+
+
+def _add_settings_flags(p: argparse.ArgumentParser, defaults: Settings) -> None:
+    """Every knob of ``defaults`` as a flag; nested and embedded groups get a help section."""
+    groups: dict[str, Any] = {}
+    for spec in knob_specs(defaults):
+        if spec.knob.global_flag:
+            _add_knob(p, spec, suppress=True)
+            continue
+        target: Any = p
+        if spec.group:
+            if spec.group not in groups:
+                groups[spec.group] = p.add_argument_group(f"{spec.group} settings")
+            target = groups[spec.group]
+        _add_knob(target, spec)
+
+
+def _settings_from(cls: type[Settings], ns: argparse.Namespace) -> Any:
+    """Build settings of ``cls`` from parsed flags (an empty path flag means "not set")."""
+    values: dict[str, Any] = {}
+    for spec in knob_specs(cls()):
+        value = getattr(ns, spec.dest, None)
+        if value is None:
+            continue  # a global log flag not given: the class default applies
+        if spec.default is None and value == "":
+            value = None
+        values[spec.dest] = value
+    return cls(**values)
 
 
 # ---------------------------------------------------------------------------------- parser
@@ -171,92 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
         "operator", command="operator", help="run the per-cluster operator",
         description="Roll CapacityRequests up to a BigFleet shard and act on its instructions.",
     )
-    op.add_argument("--cluster-id", default=op_d.cluster_id, metavar="ID",
-                    help="this cluster's id as the shard knows it (required)")
-    op.add_argument("--shard-addr", default=op_d.shard_addr, metavar="HOST:PORT",
-                    help="the shard's gRPC endpoint (required)")
-    op.add_argument("--kubeconfig", default=None, metavar="PATH",
-                    help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
-    op.add_argument("--rollup-interval", type=_duration, default=op_d.rollup_interval,
-                    metavar="DUR",
-                    help=f"time between roll-ups; 0 = default (default {_d(op_d.rollup_interval)})")
-    op.add_argument("--ack-concurrency", type=_int, default=op_d.ack_concurrency, metavar="N",
-                    help=f"parallel CR acknowledgements (default {op_d.ack_concurrency})")
-    op.add_argument("--dispatch-concurrency", type=_int, default=op_d.dispatch_concurrency,
-                    metavar="N",
-                    help=f"parallel shard instructions (default {op_d.dispatch_concurrency})")
-    op.add_argument("--qps", type=_float, default=op_d.qps,
-                    help=f"Kubernetes API QPS (default {op_d.qps:g})")
-    op.add_argument("--burst", type=_int, default=op_d.burst,
-                    help=f"Kubernetes API burst (default {op_d.burst})")
-    op.add_argument("--bootstrap-template-file", default=None, metavar="PATH",
-                    help="Jinja2 bootstrap template (default: stub cloud-config)")
-    op.add_argument("--bootstrap-ttl", type=_duration, default=op_d.bootstrap_ttl, metavar="DUR",
-                    help=f"validity of rendered bootstrap data (default {_d(op_d.bootstrap_ttl)})")
-    op.add_argument("--tls-cert", default=None, metavar="PATH",
-                    help="client certificate for mTLS to the shard (with --tls-key, --tls-ca)")
-    op.add_argument("--tls-key", default=None, metavar="PATH", help="client private key")
-    op.add_argument("--tls-ca", default=None, metavar="PATH", help="CA bundle for the shard")
-    op.add_argument("--tls-server-name", default=None, metavar="NAME",
-                    help="expected shard certificate name (default: the --shard-addr host)")
-    op.add_argument("--metrics-addr", default=op_d.metrics_addr, metavar="ADDR",
-                    help=f"/metrics, /healthz, /readyz, /events listener; 0 disables "
-                    f"(default {op_d.metrics_addr})")
-    op.add_argument("--health-probe-addr", default=None, metavar="HOST:PORT",
-                    help="separate listener for /healthz and /readyz (default: metrics listener)")
-    _add_bool(op, "--leader-elect", "hold a Lease; only the leader talks to the shard")
-    op.add_argument("--leader-election-namespace", default=op_d.leader_election_namespace,
-                    metavar="NS",
-                    help=f"Lease namespace (default {op_d.leader_election_namespace})")
-    op.add_argument("--leader-election-id", default=op_d.leader_election_id, metavar="NAME",
-                    help=f"Lease name (default {op_d.leader_election_id})")
-    op.add_argument("--drain-shutdown-timeout", type=_duration,
-                    default=op_d.drain_shutdown_timeout, metavar="DUR",
-                    help="on SIGTERM, how long running drains may continue "
-                    f"(default {_d(op_d.drain_shutdown_timeout)})")
-    op.add_argument("--sync-timeout", type=_duration, default=op_d.sync_timeout, metavar="DUR",
-                    help="informer cache sync deadline at start, then exit 1 "
-                    f"(default {_d(op_d.sync_timeout)})")
-    op.add_argument("--send-timeout", type=_duration, default=op_d.send_timeout, metavar="DUR",
-                    help="end the shard session when a frame is not accepted within this "
-                    f"(default {_d(op_d.send_timeout)})")
-    op.add_argument("--reconnect-initial-backoff", type=_duration,
-                    default=op_d.reconnect_initial_backoff, metavar="DUR",
-                    help=f"first redial delay (default {_d(op_d.reconnect_initial_backoff)})")
-    op.add_argument("--reconnect-max-backoff", type=_duration,
-                    default=op_d.reconnect_max_backoff, metavar="DUR",
-                    help=f"redial delay cap (default {_d(op_d.reconnect_max_backoff)})")
-    _add_log_flags(op, suppress=True)
+    _add_settings_flags(op, op_d)
 
     # pod-controller ------------------------------------------------------------------------
     pc = sub.add_parser(
         "pod-controller", command="pod-controller", help="run the unschedulable-pod controller",
         description="Keep one CapacityRequest per Pod, translated as kube-scheduler sees it.",
     )
-    pc.add_argument("--kubeconfig", default=None, metavar="PATH",
-                    help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
-    pc.add_argument("--priority-class-defaults", default=None, metavar="PATH",
-                    help="YAML: PriorityClass name -> {interruptionPenalty, reclamationPenalty}")
-    pc.add_argument("--qps", type=_float, default=pc_d.qps,
-                    help=f"Kubernetes API QPS (default {pc_d.qps:g})")
-    pc.add_argument("--burst", type=_int, default=pc_d.burst,
-                    help=f"Kubernetes API burst (default {pc_d.burst})")
-    pc.add_argument("--metrics-addr", default=pc_d.metrics_addr, metavar="ADDR",
-                    help=f"/metrics, /healthz, /readyz listener; 0 disables "
-                    f"(default {pc_d.metrics_addr})")
-    pc.add_argument("--health-probe-addr", default=None, metavar="HOST:PORT",
-                    help="separate listener for /healthz and /readyz (default: metrics listener)")
-    pc.add_argument("--workers", type=_int, default=pc_d.workers, metavar="N",
-                    help=f"concurrent reconciles (default {pc_d.workers})")
-    pc.add_argument("--sync-timeout", type=_duration, default=pc_d.sync_timeout, metavar="DUR",
-                    help=f"informer cache sync timeout (default {_d(pc_d.sync_timeout)})")
-    _add_bool(pc, "--leader-elect", "hold a Lease; only the leader writes CapacityRequests")
-    pc.add_argument("--leader-election-namespace", default=pc_d.leader_election_namespace,
-                    metavar="NS",
-                    help=f"Lease namespace (default {pc_d.leader_election_namespace})")
-    pc.add_argument("--leader-election-id", default=pc_d.leader_election_id, metavar="NAME",
-                    help=f"Lease name (default {pc_d.leader_election_id})")
-    _add_log_flags(pc, suppress=True)
+    _add_settings_flags(pc, pc_d)
 
     # sim -----------------------------------------------------------------------------------
     sim = sub.add_parser("sim", command="sim", help="simulation components",
@@ -284,7 +261,27 @@ def build_parser() -> argparse.ArgumentParser:
                        "bigfleet_trio/sim/shard/catalog.example.yaml)")
     shard.add_argument("--seed", type=_int, default=None,
                        help="seed of machine ids and node names (default 0)")
+    shard.add_argument("--stats-addr", default=None, metavar="HOST:PORT",
+                       help="serve shard-side timestamps as JSON at http://HOST:PORT/stats "
+                       "(benchmarks)")
     _add_log_flags(shard, suppress=True)
+    clu = sim_sub.add_parser(
+        "cluster", command="sim cluster",
+        help="apiserver + workload controllers + scheduler (a small real cluster)",
+        description="Serve the test apiserver with the Deployment/ReplicaSet/StatefulSet/Job "
+        "controllers and a scheduler+kubelet stand-in beside it (--port/--kubeconfig-out), or "
+        "run only the controllers and scheduler against a running apiserver (--kubeconfig).",
+    )
+    clu.add_argument("--port", type=_port, default=0,
+                     help="apiserver listen port; 0 picks a free one (default 0)")
+    clu.add_argument("--kubeconfig-out", default=None, metavar="PATH",
+                     help="serve an apiserver and write its kubeconfig here")
+    clu.add_argument("--kubeconfig", default=None, metavar="PATH",
+                     help="use the apiserver of this kubeconfig instead of serving one")
+    clu.add_argument("--job-run-seconds", type=_float, default=30.0, metavar="SECONDS",
+                     help="how long a Job's Pod runs before it succeeds (default 30; per Pod: "
+                     "annotation sim.bigfleet.lucy.sh/run-seconds)")
+    _add_log_flags(clu, suppress=True)
 
     # install-crds --------------------------------------------------------------------------
     inst = sub.add_parser(
@@ -301,23 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Embedded apiserver, simulated shard, pod controller and operator on real "
         "workloads; exits 0 with a summary.",
     )
-    demo.add_argument("--workloads", dest="workloads_dir", default=None, metavar="DIR",
-                      help="apply these manifests instead of the bundled workloads")
-    demo.add_argument("--keep-running", action="store_true",
-                      help="keep serving after the scenario and print a kubeconfig")
-    demo.add_argument("--timeout", type=_duration, default=demo_d.timeout, metavar="DUR",
-                      help=f"fail if the scenario takes longer (default {_d(demo_d.timeout)})")
-    demo.add_argument("--quiet", action="store_true", help="no live progress, only the summary")
-    demo.add_argument("--json", dest="json_summary", action="store_true",
-                      help="print the summary as JSON")
-    demo.add_argument("--kubeconfig-out", default=None, metavar="PATH",
-                      help="write the embedded apiserver's kubeconfig here")
-    demo.add_argument("--seed", type=_int, default=demo_d.seed,
-                      help=f"simulated shard seed (default {demo_d.seed})")
+    _add_settings_flags(demo, demo_d)
     demo.add_argument("--catalog", default=None, metavar="FILE",
                       help="YAML machine catalog for the simulated shard (default: the demo's "
                       "built-in one)")
-    _add_log_flags(demo, suppress=True)
 
     # events --------------------------------------------------------------------------------
     ev = sub.add_parser(
@@ -367,7 +351,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise UsageError(PROG, "a command is required (operator, pod-controller, sim, "
                          "install-crds, demo, events); see --help")
     if ns.command == "sim" and getattr(ns, "sim_command", None) is None:
-        raise UsageError("sim", "a component is required (apiserver or shard)")
+        raise UsageError("sim", "a component is required (apiserver, shard or cluster)")
     return ns
 
 
@@ -380,71 +364,20 @@ def _log_opts(ns: argparse.Namespace, default_level: str = "info") -> tuple[str,
 
 def operator_config(ns: argparse.Namespace) -> OperatorConfig:
     """Build an :class:`OperatorConfig` from parsed ``operator`` flags (not validated)."""
-    fmt, level = _log_opts(ns)
-    return OperatorConfig(
-        cluster_id=ns.cluster_id,
-        shard_addr=ns.shard_addr,
-        kubeconfig=ns.kubeconfig or None,
-        rollup_interval=ns.rollup_interval,
-        ack_concurrency=ns.ack_concurrency,
-        dispatch_concurrency=ns.dispatch_concurrency,
-        qps=ns.qps,
-        burst=ns.burst,
-        bootstrap_template_file=ns.bootstrap_template_file or None,
-        bootstrap_ttl=ns.bootstrap_ttl,
-        tls_cert=ns.tls_cert or None,
-        tls_key=ns.tls_key or None,
-        tls_ca=ns.tls_ca or None,
-        tls_server_name=ns.tls_server_name or None,
-        metrics_addr=ns.metrics_addr,
-        health_probe_addr=ns.health_probe_addr or None,
-        leader_elect=ns.leader_elect,
-        leader_election_namespace=ns.leader_election_namespace,
-        leader_election_id=ns.leader_election_id,
-        drain_shutdown_timeout=ns.drain_shutdown_timeout,
-        sync_timeout=ns.sync_timeout,
-        send_timeout=ns.send_timeout,
-        reconnect_initial_backoff=ns.reconnect_initial_backoff,
-        reconnect_max_backoff=ns.reconnect_max_backoff,
-        log_format=fmt,
-        log_level=level,
-    )
+    cfg: OperatorConfig = _settings_from(OperatorConfig, ns)
+    return cfg
 
 
 def pod_controller_config(ns: argparse.Namespace) -> PodControllerConfig:
     """Build a :class:`PodControllerConfig` from parsed ``pod-controller`` flags."""
-    fmt, level = _log_opts(ns)
-    return PodControllerConfig(
-        kubeconfig=ns.kubeconfig or None,
-        priority_class_defaults=ns.priority_class_defaults or None,
-        qps=ns.qps,
-        burst=ns.burst,
-        metrics_addr=ns.metrics_addr,
-        health_probe_addr=ns.health_probe_addr or None,
-        workers=ns.workers,
-        sync_timeout=ns.sync_timeout,
-        leader_elect=ns.leader_elect,
-        leader_election_namespace=ns.leader_election_namespace,
-        leader_election_id=ns.leader_election_id,
-        log_format=fmt,
-        log_level=level,
-    )
+    cfg: PodControllerConfig = _settings_from(PodControllerConfig, ns)
+    return cfg
 
 
 def demo_options(ns: argparse.Namespace) -> DemoOptions:
     """Build :class:`DemoOptions` from parsed ``demo`` flags."""
-    fmt, level = _log_opts(ns, DemoOptions.log_level)
-    return DemoOptions(
-        workloads_dir=ns.workloads_dir,
-        keep_running=ns.keep_running,
-        timeout=ns.timeout,
-        quiet=ns.quiet,
-        json_summary=ns.json_summary,
-        kubeconfig_out=ns.kubeconfig_out,
-        seed=ns.seed,
-        log_format=fmt,
-        log_level=level,
-    )
+    opts: DemoOptions = _settings_from(DemoOptions, ns)
+    return opts
 
 
 # ---------------------------------------------------------------------------------- running
@@ -517,6 +450,17 @@ def _run_command(ns: argparse.Namespace) -> int:
             _setup_logging(fmt, level)
             fn = _load(name, "bigfleet_trio.sim.apiserver", "run_cli")
             return fn if isinstance(fn, int) else _invoke(name, fn, ns.port, ns.kubeconfig_out)
+        if ns.sim_command == "cluster":
+            name = "sim cluster"
+            _setup_logging(fmt, level)
+            run = _load(name, "bigfleet_trio.sim.cluster", "run_cli")
+            if isinstance(run, int):
+                return run
+            from functools import partial
+
+            return _invoke(name, partial(run, kubeconfig=ns.kubeconfig, port=ns.port,
+                                         kubeconfig_out=ns.kubeconfig_out,
+                                         job_run_seconds=ns.job_run_seconds))
         name = "sim shard"
         _setup_logging(fmt, level)
         fn = _load(name, "bigfleet_trio.sim.shard", "run_cli")
@@ -525,7 +469,8 @@ def _run_command(ns: argparse.Namespace) -> int:
         from functools import partial
 
         # --catalog/--seed are passed only when given: without them the call is unchanged.
-        kw = {k: v for k, v in (("catalog_file", ns.catalog), ("seed", ns.seed)) if v is not None}
+        kw = {k: v for k, v in (("catalog_file", ns.catalog), ("seed", ns.seed),
+                                ("stats_addr", ns.stats_addr)) if v is not None}
         return _invoke(name, partial(fn, **kw), ns.port, ns.kubeconfig or None)
     if command == "install-crds":
         fmt, level = _log_opts(ns)

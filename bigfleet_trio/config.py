@@ -1,41 +1,267 @@
-"""Process configuration for the two binaries and the demo, with Go-compatible validation.
+"""Settings of the two binaries, composed from small dataclasses whose fields carry their flags.
 
-Implements the CLI contract of design.md "Fixed points" and the flag tables of
-reference-behavior.md §1 (operator), §9 (bootstrap template), §11 (pod controller). Validation
-messages follow the Go binaries (``--cluster-id is required``, ``read bootstrap-template-file: …``,
-``priority-class-defaults: parse: …``) so that operators' habits and runbooks carry over.
-
-The dataclasses are plain data: ``cli.py`` fills them from flags, ``validate()`` checks them
-(reading the files they name) and raises :class:`ConfigError` with one clear line.
+Each knob is one dataclass field made with :func:`knob`: its default, help text, unit and check
+live there, and ``cli.py`` generates the command-line flag from it (name, ``--help`` line,
+``(default …)``), so adding a knob is one edit. :class:`ProcessSettings` (kubeconfig, client
+rate, diagnostics listeners, leader election, sync timeout, logging) is embedded in both
+:class:`OperatorConfig` and :class:`PodControllerConfig`; the operator nests its shard-session
+(:class:`SessionSettings`) and redial (:class:`ReconnectSettings`) knobs the way kopf nests its
+settings. Validation raises :class:`ConfigError` with one line naming the flag; messages follow
+the Go binaries where those have one (``--cluster-id is required``), so runbooks carry over.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable, Iterator
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any
 
 __all__ = [
     "ConfigError",
+    "Knob",
+    "KnobSpec",
     "OperatorConfig",
     "PodControllerConfig",
-    "DemoOptions",
+    "ProcessSettings",
+    "ReconnectSettings",
+    "SessionSettings",
+    "Settings",
+    "knob",
+    "knob_specs",
+    "nested",
     "split_host_port",
     "LOG_FORMATS",
     "LOG_LEVELS",
     "DEFAULT_NAMESPACE",
+    "DURATION",
 ]
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_NAMESPACE = "bigfleet-system"
-
-LogFormat = Literal["text", "json"]
+DURATION = "duration"
+"""Unit of a knob in seconds that the command line takes as a Go duration (``10s``, ``1m30s``)."""
 
 
 class ConfigError(ValueError):
     """A startup configuration problem; ``str(err)`` is the one line shown to the user."""
+
+
+# ------------------------------------------------------------------------------ knob machinery
+
+Check = Callable[[Any], "str | None"]
+"""A per-knob check: returns what is wrong (``"must be > 0"``) or None; may raise ConfigError
+itself when it needs its own wording (addresses, files)."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """Field metadata of one knob (see :func:`knob`)."""
+
+    help: str
+    flag: str | None = None
+    metavar: str | None = None
+    unit: str | None = None
+    check: Check | None = None
+    choices: tuple[str, ...] | None = None
+    required: bool = False
+    global_flag: bool = False
+
+
+_KNOB = "bigfleet.knob"
+_NESTED = "bigfleet.nested"
+
+
+def knob(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    metavar: str | None = None,
+    unit: str | None = None,
+    check: Check | None = None,
+    choices: tuple[str, ...] | None = None,
+    required: bool = False,
+    global_flag: bool = False,
+) -> Any:
+    """A settings field that is also a command-line flag.
+
+    Args:
+        default: the one default (also shown in ``--help``).
+        help: the help line, without the default (added automatically).
+        flag: the flag name; default ``--`` + nesting prefix + the field name with ``-``.
+        metavar: the value's name in ``--help``.
+        unit: :data:`DURATION` for seconds given as Go durations; None otherwise.
+        check: the knob's one validation (see :data:`Check`).
+        choices: allowed values (checked by the parser and by ``validate()``).
+        required: an empty value is ``<flag> is required``.
+        global_flag: also accepted before the sub-command (the log flags).
+    """
+    meta = Knob(help, flag, metavar, unit, check, choices, required, global_flag)
+    return field(default=default, metadata={_KNOB: meta})
+
+
+def nested(cls: type[Settings], *, prefix: str = "", title: str = "") -> Any:
+    """A field holding a nested settings group; its flags are ``--<prefix><name>``."""
+    return field(default_factory=cls, metadata={_NESTED: (prefix, title)})
+
+
+def rebased(owner: type[Settings], name: str, default: Any) -> Any:
+    """Redeclare an embedded knob with another default (same flag, help and check)."""
+    meta = owner.__dataclass_fields__[name].metadata
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """One knob of a settings tree, as the CLI and the validator see it.
+
+    Attributes:
+        path: attribute names from the root (``("session", "send_timeout")``).
+        dest: the flat keyword / argparse destination (``send_timeout``).
+        flag: ``--send-timeout``.
+        knob: the field's :class:`Knob`.
+        default: the default in this settings tree.
+        group: title of the nested group ("" for the root's own knobs).
+    """
+
+    path: tuple[str, ...]
+    dest: str
+    flag: str
+    knob: Knob
+    default: Any
+    group: str
+
+
+def knob_specs(settings: Settings) -> list[KnobSpec]:
+    """All knobs of ``settings`` (nested groups after the root's own knobs, in field order).
+
+    Knobs a class inherits from :class:`ProcessSettings` form the group ``"process"``.
+    """
+    own: list[KnobSpec] = []
+    groups: list[KnobSpec] = []
+    for f, value, prefix, title, path in _walk(settings, "", "", ()):
+        meta: Knob = f.metadata[_KNOB]
+        flag = meta.flag or "--" + prefix + f.name.replace("_", "-")
+        dest = flag.lstrip("-").replace("-", "_")
+        spec = KnobSpec(path, dest, flag, meta, value, title)
+        (groups if title else own).append(spec)
+    return own + groups
+
+
+def _walk(
+    obj: Settings, prefix: str, title: str, path: tuple[str, ...]
+) -> Iterator[tuple[Field[Any], Any, str, str, tuple[str, ...]]]:
+    process = set(ProcessSettings.__dataclass_fields__)
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if _NESTED in f.metadata:
+            sub_prefix, sub_title = f.metadata[_NESTED]
+            yield from _walk(value, prefix + sub_prefix, sub_title, (*path, f.name))
+        elif _KNOB in f.metadata:
+            group = title or ("process" if f.name in process and not path else "")
+            yield f, value, prefix, group, (*path, f.name)
+
+
+def _show(value: Any, unit: str | None) -> str:
+    if unit == DURATION and isinstance(value, (int, float)):
+        return f"{value:g}s"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str):
+        return repr(value)
+    return str(value)
+
+
+@dataclass(init=False)
+class Settings:
+    """Base of every settings group: a keyword constructor that also takes nested knobs flat.
+
+    ``OperatorConfig(cluster_id="c", send_timeout=7.5)`` sets ``cfg.session.send_timeout``: a
+    keyword is a field of this class, or the flat name (flag without dashes) of a nested knob.
+
+    Raises:
+        TypeError: an unknown keyword.
+    """
+
+    def __init__(self, **values: Any) -> None:
+        for f in fields(self):
+            if f.default is not MISSING:
+                setattr(self, f.name, f.default)
+            elif f.default_factory is not MISSING:
+                setattr(self, f.name, f.default_factory())
+        own = {f.name for f in fields(self)}
+        flat = {s.dest: s.path for s in knob_specs(self)}
+        for key, value in values.items():
+            if key in own:
+                setattr(self, key, value)
+            elif key in flat:
+                *parents, leaf = flat[key]
+                target: Any = self
+                for name in parents:
+                    target = getattr(target, name)
+                setattr(target, leaf, value)
+            else:
+                raise TypeError(f"{type(self).__name__}: unknown setting {key!r}")
+
+    def check_knobs(self) -> None:
+        """Run every knob's own check (required, choices, ``check``) in :func:`knob_specs` order.
+
+        Raises:
+            ConfigError: ``<flag> is required`` / ``<flag> <problem> (got <value>)``.
+        """
+        for spec in knob_specs(self):
+            value = self.get(spec.path)
+            meta = spec.knob
+            if meta.required and not (value.strip() if isinstance(value, str) else value):
+                raise ConfigError(f"{spec.flag} is required")
+            problem: str | None = None
+            if meta.choices is not None and value not in meta.choices:
+                problem = f"must be one of {', '.join(meta.choices)}"
+            elif meta.check is not None and value is not None:
+                try:
+                    problem = meta.check(value)
+                except ConfigError as exc:
+                    raise ConfigError(str(exc).replace("{flag}", spec.flag)) from None
+            if problem:
+                raise ConfigError(f"{spec.flag} {problem} (got {_show(value, meta.unit)})")
+
+    def get(self, path: tuple[str, ...]) -> Any:
+        """The value at ``path`` (see :attr:`KnobSpec.path`)."""
+        target: Any = self
+        for name in path:
+            target = getattr(target, name)
+        return target
+
+
+def default_of(cls: type[Settings], name: str) -> Any:
+    """The declared default of knob ``name`` of ``cls``."""
+    return cls.__dataclass_fields__[name].default
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def positive(value: float) -> str | None:
+    """Check: ``> 0`` (NaN fails)."""
+    return None if value > 0 else "must be > 0"
+
+
+def non_negative(value: float) -> str | None:
+    """Check: ``>= 0`` (NaN fails)."""
+    return None if value >= 0 else "must be >= 0"
+
+
+def at_least_one(value: int) -> str | None:
+    """Check: ``>= 1``."""
+    return None if value >= 1 else "must be >= 1"
+
+
+def _log_level(value: str) -> str | None:
+    if value.lower() in LOG_LEVELS + ("warn",):
+        return None
+    return f"must be one of {', '.join(LOG_LEVELS)}"
 
 
 def split_host_port(addr: str, *, flag: str = "address") -> tuple[str, int]:
@@ -85,14 +311,46 @@ def split_host_port(addr: str, *, flag: str = "address") -> tuple[str, int]:
     return host, port
 
 
-def _check_listen_addr(value: str, flag: str, *, allow_disable: bool) -> None:
-    if allow_disable and value == "0":
-        return
-    split_host_port(value, flag=flag)
+def listen_addr(value: str) -> str | None:
+    """Check: a listen ``HOST:PORT``, or ``"0"`` (listener disabled)."""
+    if value != "0":
+        split_host_port(value, flag="{flag}")
+    return None
 
 
-def _check_readable(path: str, what: str) -> str:
-    """Read a text file or raise ``ConfigError("read <what>: <reason>")`` (Go wording)."""
+def probe_addr(value: str) -> str | None:
+    """Check: a listen ``HOST:PORT`` (no disabling; unset means "the metrics listener")."""
+    if value:
+        split_host_port(value, flag="{flag}")
+    return None
+
+
+def dial_addr(value: str) -> str | None:
+    """Check: ``HOST:PORT`` with a host and a non-zero port."""
+    host, port = split_host_port(value, flag="{flag}")
+    if not host:
+        raise ConfigError(f"{{flag}}: invalid address {value!r}: missing host")
+    if port == 0:
+        raise ConfigError(f"{{flag}}: invalid address {value!r}: port 0")
+    return None
+
+
+def cluster_id_syntax(value: str) -> str | None:
+    """Check: a DNS-1123 label (the id goes into the mTLS client certificate's URI SAN
+    ``bigfleet://cluster/<id>`` and into Kubernetes label values, where spaces, capitals or
+    slashes would make a different or invalid name)."""
+    import re
+
+    if len(value) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value):
+        return None
+    return (
+        "must be a DNS-1123 label: lower-case letters, digits and '-', starting and ending "
+        "with a letter or digit, at most 63 characters"
+    )
+
+
+def _read(path: str, what: str) -> str:
+    """Read a text file or raise ``ConfigError("read <what>: <path>: <reason>")`` (Go wording)."""
     try:
         with open(path, encoding="utf-8") as fh:
             return fh.read()
@@ -101,34 +359,260 @@ def _check_readable(path: str, what: str) -> str:
         raise ConfigError(f"read {what}: {path}: {reason}") from exc
 
 
-def _check_log(fmt: str, level: str) -> None:
-    if fmt not in LOG_FORMATS:
-        raise ConfigError(f"--log-format must be one of text, json (got {fmt!r})")
-    if level.lower() not in LOG_LEVELS + ("warn",):
-        raise ConfigError(f"--log-level must be one of debug, info, warning, error (got {level!r})")
+def _readable(what: str) -> Check:
+    def check(path: str) -> str | None:
+        if path:
+            _read(path, what)
+        return None
+
+    return check
 
 
-def _check_rate(qps: float, burst: int) -> None:
-    if not qps > 0:
-        raise ConfigError(f"--qps must be > 0 (got {qps:g})")
-    if burst < 1:
-        raise ConfigError(f"--burst must be >= 1 (got {burst})")
+# ------------------------------------------------------------------------------ settings groups
 
 
-def _check_leader(ns: str, name: str) -> None:
-    if not ns:
-        raise ConfigError("--leader-election-namespace must not be empty")
-    if not name:
-        raise ConfigError("--leader-election-id must not be empty")
+@dataclass(init=False, eq=True)
+class ProcessSettings(Settings):
+    """Knobs every binary has: Kubernetes client, diagnostics, leader election, logging.
+
+    Embedded (inherited) by :class:`OperatorConfig` and :class:`PodControllerConfig`, which
+    may give a knob another default with :func:`rebased`.
+    """
+
+    kubeconfig: str | None = knob(
+        None, "kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)", metavar="PATH"
+    )
+    qps: float = knob(50.0, "Kubernetes API requests per second (client-side limiter)",
+                      check=positive)
+    burst: int = knob(100, "Kubernetes API request burst above --qps", check=at_least_one)
+    metrics_addr: str = knob(
+        ":8770", "/metrics, /healthz, /readyz, /events listener; 0 disables", metavar="ADDR",
+        check=listen_addr,
+    )
+    health_probe_addr: str | None = knob(
+        None, "separate listener for /healthz and /readyz (default: the metrics listener)",
+        metavar="HOST:PORT", check=probe_addr,
+    )
+    leader_elect: bool = knob(False, "hold a Lease; only the leader acts on the cluster")
+    leader_election_namespace: str = knob(DEFAULT_NAMESPACE, "Lease namespace", metavar="NS")
+    leader_election_id: str = knob("bigfleet-operator", "Lease name", metavar="NAME")
+    sync_timeout: float = knob(
+        600.0,
+        # Go waits 30 s for the operator's caches; 10 min (the pod controller's Go value) lets an
+        # apiserver outage of a minute at start recover in-process, while a missing RBAC grant
+        # or CRD still ends in a visible exit and a crash-loop.
+        "informer cache sync deadline at start, then exit 1", unit=DURATION, check=positive,
+    )
+    log_format: str = knob("text", "log line format", choices=LOG_FORMATS, global_flag=True)
+    log_level: str = knob("info", "debug, info, warning or error", metavar="LEVEL",
+                          check=_log_level, global_flag=True)
+
+    def validate_process(self) -> None:
+        """Cross-knob rules of the process group (leader election names)."""
+        if self.leader_elect:
+            if not self.leader_election_namespace:
+                raise ConfigError("--leader-election-namespace must not be empty")
+            if not self.leader_election_id:
+                raise ConfigError("--leader-election-id must not be empty")
 
 
-def validate_bootstrap_template(text: str) -> None:
-    """Check that a bootstrap template parses as a sandboxed Jinja2 template.
+@dataclass(init=False, eq=True)
+class SessionSettings(Settings):
+    """The shard session's knobs; :meth:`OperatorConfig.session_config` builds the session's
+    own ``SessionConfig`` from them, whose constructor is their one validation (the session
+    takes its defaults from here)."""
 
-    Reference §9: a parse error is fatal at startup (``parse bootstrap-template-file: …``).
+    rollup_interval: float = knob(10.0, "time between roll-ups; 0 = default", unit=DURATION)
+    dispatch_concurrency: int = knob(32, "parallel shard instructions", metavar="N")
+    send_timeout: float = knob(
+        30.0, "end the shard session when a frame is not accepted within this", unit=DURATION
+    )
+
+
+@dataclass(init=False, eq=True)
+class ReconnectSettings(Settings):
+    """Redial backoff after a session ends (the agent takes its defaults from here)."""
+
+    initial_backoff: float = knob(0.5, "first redial delay", unit=DURATION, check=positive)
+    max_backoff: float = knob(30.0, "redial delay cap", unit=DURATION)
+
+
+@dataclass(init=False, eq=True)
+class OperatorConfig(ProcessSettings):
+    """Settings of ``bigfleet-trio operator``.
+
+    ``validate()`` loads ``bootstrap_template`` from ``bootstrap_template_file`` and
+    normalises Go's zero defaults (``--rollup-interval 0`` and ``--ack-concurrency 0`` mean
+    the default).
+    """
+
+    cluster_id: str = knob(
+        "", "this cluster's id as the shard knows it (required)", metavar="ID", required=True,
+        check=cluster_id_syntax,
+    )
+    shard_addr: str = knob("", "the shard's gRPC endpoint (required)", metavar="HOST:PORT",
+                           required=True, check=dial_addr)
+    ack_concurrency: int = knob(16, "parallel CR acknowledgements; 0 = default", metavar="N",
+                                check=non_negative)
+    bootstrap_template_file: str | None = knob(
+        None, "Jinja2 bootstrap template (default: stub cloud-config)", metavar="PATH"
+    )
+    bootstrap_ttl: float = knob(600.0, "validity of rendered bootstrap data", unit=DURATION,
+                                check=non_negative)
+    tls_cert: str | None = knob(
+        None, "client certificate for mTLS to the shard (with --tls-key, --tls-ca)",
+        metavar="PATH",
+    )
+    tls_key: str | None = knob(None, "client private key", metavar="PATH")
+    tls_ca: str | None = knob(None, "CA bundle for the shard", metavar="PATH")
+    tls_server_name: str | None = knob(
+        None, "expected shard certificate name (default: the --shard-addr host)", metavar="NAME"
+    )
+    drain_shutdown_timeout: float = knob(
+        30.0, "on SIGTERM, how long running drains may continue", unit=DURATION,
+        check=non_negative,
+    )
+    session: SessionSettings = nested(SessionSettings, title="shard session")
+    reconnect: ReconnectSettings = nested(ReconnectSettings, prefix="reconnect-",
+                                          title="reconnect")
+    bootstrap_template: str | None = field(default=None, repr=False)
+    """Contents of ``bootstrap_template_file`` after ``validate()`` (None = stub)."""
+
+    def validate(self) -> None:
+        """Check every knob, the cross-knob rules and the referenced files.
+
+        Raises:
+            ConfigError: the first problem found, as one line.
+        """
+        self.check_knobs()
+        self.validate_process()
+        if self.session.rollup_interval == 0:
+            self.session.rollup_interval = default_of(SessionSettings, "rollup_interval")
+        if self.ack_concurrency == 0:
+            self.ack_concurrency = default_of(OperatorConfig, "ack_concurrency")
+        self.session_config()
+        if self.reconnect.max_backoff < self.reconnect.initial_backoff:
+            raise ConfigError("--reconnect-max-backoff must be >= --reconnect-initial-backoff")
+        tls = {"--tls-cert": self.tls_cert, "--tls-key": self.tls_key, "--tls-ca": self.tls_ca}
+        set_flags = [k for k, v in tls.items() if v]
+        if set_flags and len(set_flags) != 3:
+            missing = ", ".join(k for k, v in tls.items() if not v)
+            raise ConfigError(
+                f"--tls-cert, --tls-key and --tls-ca must be set together (missing {missing})"
+            )
+        if self.tls_server_name and not set_flags:
+            raise ConfigError("--tls-server-name needs --tls-cert, --tls-key and --tls-ca")
+        for flag, path in tls.items():
+            if path:
+                _read(path, flag.lstrip("-"))
+        if self.bootstrap_template_file:
+            text = _read(self.bootstrap_template_file, "bootstrap-template-file")
+            validate_bootstrap_template(text, self.bootstrap_template_file, self.cluster_id)
+            self.bootstrap_template = text
+        else:
+            self.bootstrap_template = None
+
+    def session_config(self) -> Any:
+        """The session's ``SessionConfig`` from :attr:`session` (a zero roll-up interval means
+        the default).
+
+        Raises:
+            ConfigError: the session refuses a value (``--send-timeout must be > 0, got 0``).
+        """
+        from bigfleet_trio.operator.session import SessionConfig
+
+        values = {f.name: getattr(self.session, f.name) for f in fields(self.session)}
+        if not values["rollup_interval"]:
+            values["rollup_interval"] = default_of(SessionSettings, "rollup_interval")
+        try:
+            return SessionConfig(self.cluster_id, **values)
+        except ValueError as exc:
+            raise _flag_error(self, "session", exc) from None
+
+    def agent_config(self) -> Any:
+        """The agent's ``AgentConfig``: :meth:`session_config` plus :attr:`reconnect`."""
+        from bigfleet_trio.operator.agent import AgentConfig
+
+        return AgentConfig(
+            self.session_config(),
+            initial_backoff=self.reconnect.initial_backoff,
+            max_backoff=self.reconnect.max_backoff,
+        )
+
+    @property
+    def tls_enabled(self) -> bool:
+        """True when mTLS to the shard is configured (all three TLS paths set)."""
+        return bool(self.tls_cert and self.tls_key and self.tls_ca)
+
+
+def _flag_error(settings: Settings, group: str, exc: ValueError) -> ConfigError:
+    """``"<field> must be …"`` from a component's own validation as ``--<flag> must be …``."""
+    msg = str(exc)
+    for spec in knob_specs(settings):
+        if spec.path[:1] == (group,) and msg.startswith(spec.path[-1] + " "):
+            return ConfigError(spec.flag + msg[len(spec.path[-1]):])
+    return ConfigError(msg)
+
+
+@dataclass(init=False, eq=True)
+class PodControllerConfig(ProcessSettings):
+    """Settings of ``bigfleet-trio pod-controller``.
+
+    The PriorityClass defaults file is checked for readability here; its content is parsed by
+    the pod controller itself at start (``podcontroller.defaults``), one parser for one file.
+    """
+
+    metrics_addr: str = rebased(ProcessSettings, "metrics_addr", ":8080")
+    leader_election_id: str = rebased(
+        ProcessSettings, "leader_election_id", "bigfleet-unschedulable-pod-controller"
+    )
+    priority_class_defaults: str | None = knob(
+        None, "YAML: PriorityClass name -> {interruptionPenalty, reclamationPenalty}",
+        metavar="PATH",
+    )
+    workers: int = knob(16, "concurrent reconciles (distinct Pods)", metavar="N",
+                        check=at_least_one)
+
+    def validate(self) -> None:
+        """Check every knob, the leader-election names and that the defaults file is readable.
+
+        Raises:
+            ConfigError: the first problem found, as one line.
+        """
+        self.check_knobs()
+        self.validate_process()
+        if self.priority_class_defaults:
+            try:
+                with open(self.priority_class_defaults, encoding="utf-8") as fh:
+                    fh.read()
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise ConfigError(
+                    f"priority-class-defaults: read {self.priority_class_defaults}: {reason}"
+                ) from exc
+
+
+# ------------------------------------------------------------------------------ file checks
+
+
+REPRESENTATIVE_REQUIREMENTS = (
+    ("topology.kubernetes.io/zone", "In", ("zone-a",)),
+    ("node.kubernetes.io/instance-type", "In", ("m5.large",)),
+    ("bigfleet.io/spot", "DoesNotExist", ()),
+)
+"""Requirements of the start-up test render of the bootstrap template (a typical request)."""
+
+
+def validate_bootstrap_template(text: str, name: str = "", cluster_id: str = "example") -> None:
+    """Parse the bootstrap template and render it once against a representative request.
+
+    An undefined variable is an error (the renderer uses ``StrictUndefined``), so a template
+    that would fail every BootstrapRequest stops start-up instead of surfacing at provisioning
+    time, when each failure only becomes a shortfall on the shard.
 
     Raises:
-        ConfigError: on a template syntax error.
+        ConfigError: ``parse bootstrap-template-file: line N: …`` on a syntax error, or
+            ``render bootstrap-template-file <name>: …`` when the test render fails.
     """
     from jinja2 import TemplateSyntaxError
     from jinja2.sandbox import SandboxedEnvironment
@@ -139,18 +623,25 @@ def validate_bootstrap_template(text: str) -> None:
         raise ConfigError(
             f"parse bootstrap-template-file: line {exc.lineno}: {exc.message}"
         ) from exc
+    from bigfleet_trio.operator.bootstrap import FileRenderer, Requirement
+
+    renderer = FileRenderer(text, name=name or "<bootstrap template>")
+    reqs = [Requirement(k, op, v) for k, op, v in REPRESENTATIVE_REQUIREMENTS]
+    try:
+        renderer.render(cluster_id or "example", "startup-check", reqs)
+    except Exception as exc:
+        line = " ".join(str(exc).split()).replace(
+            "render bootstrap template", "render bootstrap-template-file", 1
+        )
+        raise ConfigError(f"{line} (test render at start-up)") from exc
 
 
 def validate_priority_class_defaults(text: str) -> dict[str, dict[str, str | None]]:
-    """Parse the PriorityClass defaults YAML (reference §11) and check its shape.
+    """Shape check of the PriorityClass defaults YAML, kept for callers of the old API.
 
-    The top level maps PriorityClass name to ``{interruptionPenalty: "<quantity>",
-    reclamationPenalty: "<quantity>"}``; both fields are strings (an unquoted number is an error,
-    as in Go), empty/missing gives ``None``, unknown keys are ignored. Quantity syntax is checked
-    by the pod controller when it loads the file.
-
-    Returns:
-        ``{name: {"interruptionPenalty": str | None, "reclamationPenalty": str | None}}``.
+    The pod controller parses the file with ``podcontroller.defaults`` (quantities included);
+    prefer that. Returns ``{name: {"interruptionPenalty": str | None, "reclamationPenalty":
+    str | None}}``.
 
     Raises:
         ConfigError: ``priority-class-defaults: parse: …``.
@@ -177,7 +668,7 @@ def validate_priority_class_defaults(text: str) -> dict[str, dict[str, str | Non
             raise ConfigError(
                 f"priority-class-defaults: parse: PriorityClass {str(name)!r}: expected a map"
             )
-        fields: dict[str, str | None] = {}
+        values: dict[str, str | None] = {}
         for key in ("interruptionPenalty", "reclamationPenalty"):
             value = entry.get(key)
             if value is not None and not isinstance(value, str):
@@ -185,325 +676,16 @@ def validate_priority_class_defaults(text: str) -> dict[str, dict[str, str | Non
                     f"priority-class-defaults: parse: PriorityClass {str(name)!r} {key}: "
                     f"must be a quoted string, got {value!r}"
                 )
-            fields[key] = value or None
-        out[str(name)] = fields
+            values[key] = value or None
+        out[str(name)] = values
     return out
 
 
-@dataclass
-class OperatorConfig:
-    """Configuration of ``bigfleet-trio operator`` (reference §1 flags; seed 000 operator)."""
-
-    cluster_id: str = ""
-    """``--cluster-id``: this cluster's id as the shard knows it. Required."""
-
-    shard_addr: str = ""
-    """``--shard-addr``: ``HOST:PORT`` of the shard's gRPC endpoint. Required."""
-
-    kubeconfig: str | None = None
-    """``--kubeconfig``: explicit path; ``None`` uses $KUBECONFIG, ~/.kube/config, in-cluster."""
-
-    rollup_interval: float = 10.0
-    """``--rollup-interval``: seconds between roll-ups; 0 means the default 10 s (Go)."""
-
-    ack_concurrency: int = 16
-    """``--ack-concurrency``: parallel Pending→Acknowledged status patches; 0 means 16."""
-
-    dispatch_concurrency: int = 32
-    """``--dispatch-concurrency``: bound on concurrently handled shard instructions."""
-
-    qps: float = 50.0
-    """``--qps``: sustained Kubernetes API requests per second (client-side limiter)."""
-
-    burst: int = 100
-    """``--burst``: Kubernetes API request burst above ``qps``."""
-
-    bootstrap_template_file: str | None = None
-    """``--bootstrap-template-file``: Jinja2 (sandboxed) template; ``None`` selects the stub."""
-
-    bootstrap_ttl: float = 600.0
-    """``--bootstrap-ttl``: seconds the rendered bootstrap blob is valid (Go left 0; §18 #12)."""
-
-    tls_cert: str | None = None
-    """``--tls-cert``: client certificate (PEM) for mTLS to the shard; all three or none."""
-
-    tls_key: str | None = None
-    """``--tls-key``: client private key (PEM) for mTLS to the shard."""
-
-    tls_ca: str | None = None
-    """``--tls-ca``: CA bundle (PEM) that signs the shard's server certificate."""
-
-    tls_server_name: str | None = None
-    """``--tls-server-name``: SNI / verification name override; ``None`` uses the shard host."""
-
-    metrics_addr: str = ":8770"
-    """``--metrics-addr``: listen address for /metrics (and probes unless split); "0" disables."""
-
-    health_probe_addr: str | None = None
-    """``--health-probe-addr``: separate listener for /healthz and /readyz; ``None`` = metrics."""
-
-    leader_elect: bool = False
-    """``--leader-elect``: hold a Lease; only the leader runs the shard session."""
-
-    leader_election_namespace: str = DEFAULT_NAMESPACE
-    """``--leader-election-namespace``: namespace of the Lease."""
-
-    leader_election_id: str = "bigfleet-operator"
-    """``--leader-election-id``: name of the Lease."""
-
-    drain_shutdown_timeout: float = 30.0
-    """``--drain-shutdown-timeout``: on SIGINT/SIGTERM, seconds running drains may still take."""
-
-    sync_timeout: float = 600.0
-    """``--sync-timeout``: seconds to wait for the informer caches at start before exiting 1.
-    Go waits 30 s (``cache: initial sync timed out``); ours is 10 min, as the pod controller's:
-    an apiserver outage of a minute at start recovers in-process (issue 9), while a permanent
-    failure (missing RBAC grant or CRD) still ends in a visible exit and crash-loop."""
-
-    send_timeout: float = 30.0
-    """``--send-timeout``: seconds one frame may wait for the shard stream to accept it before
-    the session ends and the operator redials (a shard that stopped reading)."""
-
-    reconnect_initial_backoff: float = 0.5
-    """``--reconnect-initial-backoff``: first delay before redialling the shard (Go 500 ms)."""
-
-    reconnect_max_backoff: float = 30.0
-    """``--reconnect-max-backoff``: cap on the redial delay (Go 30 s)."""
-
-    log_format: str = "text"
-    """``--log-format``: ``text`` or ``json``."""
-
-    log_level: str = "info"
-    """``--log-level``: ``debug``, ``info``, ``warning`` or ``error``."""
-
-    bootstrap_template: str | None = field(default=None, repr=False)
-    """Contents of ``bootstrap_template_file`` after ``validate()`` (``None`` = stub)."""
-
-    def validate(self) -> None:
-        """Check required flags, TLS completeness, addresses and referenced files.
-
-        Normalises Go-style zero defaults (``rollup_interval`` 0 → 10 s, ``ack_concurrency``
-        0 → 16) and loads ``bootstrap_template`` from ``bootstrap_template_file``.
-
-        Raises:
-            ConfigError: the first problem found, as one line (Go wording where Go has one).
-        """
-        if not self.cluster_id.strip():
-            raise ConfigError("--cluster-id is required")
-        if not self.shard_addr.strip():
-            raise ConfigError("--shard-addr is required")
-        host, port = split_host_port(self.shard_addr, flag="--shard-addr")
-        if not host:
-            raise ConfigError(f"--shard-addr: invalid address {self.shard_addr!r}: missing host")
-        if port == 0:
-            raise ConfigError(f"--shard-addr: invalid address {self.shard_addr!r}: port 0")
-        if self.rollup_interval < 0:
-            raise ConfigError(f"--rollup-interval must be >= 0 (got {self.rollup_interval:g}s)")
-        if self.rollup_interval == 0:
-            self.rollup_interval = 10.0
-        if self.ack_concurrency < 0:
-            raise ConfigError(f"--ack-concurrency must be >= 0 (got {self.ack_concurrency})")
-        if self.ack_concurrency == 0:
-            self.ack_concurrency = 16
-        if self.dispatch_concurrency < 1:
-            raise ConfigError(
-                f"--dispatch-concurrency must be >= 1 (got {self.dispatch_concurrency})"
-            )
-        _check_rate(self.qps, self.burst)
-        if self.bootstrap_ttl < 0:
-            raise ConfigError(f"--bootstrap-ttl must be >= 0 (got {self.bootstrap_ttl:g}s)")
-        if self.drain_shutdown_timeout < 0:
-            raise ConfigError(
-                f"--drain-shutdown-timeout must be >= 0 (got {self.drain_shutdown_timeout:g}s)"
-            )
-        if not self.sync_timeout > 0:
-            raise ConfigError(f"--sync-timeout must be > 0 (got {self.sync_timeout:g}s)")
-        if not self.send_timeout > 0:
-            raise ConfigError(f"--send-timeout must be > 0 (got {self.send_timeout:g}s)")
-        if self.reconnect_initial_backoff <= 0:
-            raise ConfigError("--reconnect-initial-backoff must be > 0")
-        if self.reconnect_max_backoff < self.reconnect_initial_backoff:
-            raise ConfigError("--reconnect-max-backoff must be >= --reconnect-initial-backoff")
-        tls = {"--tls-cert": self.tls_cert, "--tls-key": self.tls_key, "--tls-ca": self.tls_ca}
-        set_flags = [k for k, v in tls.items() if v]
-        if set_flags and len(set_flags) != 3:
-            missing = ", ".join(k for k, v in tls.items() if not v)
-            raise ConfigError(
-                f"--tls-cert, --tls-key and --tls-ca must be set together (missing {missing})"
-            )
-        if self.tls_server_name and not set_flags:
-            raise ConfigError("--tls-server-name needs --tls-cert, --tls-key and --tls-ca")
-        for flag, path in tls.items():
-            if path:
-                _check_readable(path, flag.lstrip("-"))
-        _check_listen_addr(self.metrics_addr, "--metrics-addr", allow_disable=True)
-        if self.health_probe_addr:
-            _check_listen_addr(self.health_probe_addr, "--health-probe-addr", allow_disable=False)
-        if self.leader_elect:
-            _check_leader(self.leader_election_namespace, self.leader_election_id)
-        _check_log(self.log_format, self.log_level)
-        if self.bootstrap_template_file:
-            text = _check_readable(self.bootstrap_template_file, "bootstrap-template-file")
-            validate_bootstrap_template(text)
-            self.bootstrap_template = text
-        else:
-            self.bootstrap_template = None
-
-    @property
-    def tls_enabled(self) -> bool:
-        """True when mTLS to the shard is configured (all three TLS paths set)."""
-        return bool(self.tls_cert and self.tls_key and self.tls_ca)
-
-
-@dataclass
-class PodControllerConfig:
-    """Configuration of ``bigfleet-trio pod-controller`` (reference §10-§11; seed 000 UPC)."""
-
-    kubeconfig: str | None = None
-    """``--kubeconfig``: explicit path; ``None`` uses $KUBECONFIG, ~/.kube/config, in-cluster."""
-
-    priority_class_defaults: str | None = None
-    """``--priority-class-defaults``: per-PriorityClass penalty defaults YAML (``None``: none)."""
-
-    qps: float = 50.0
-    """``--qps``: sustained Kubernetes API requests per second (client-side limiter)."""
-
-    burst: int = 100
-    """``--burst``: Kubernetes API request burst above ``qps``."""
-
-    metrics_addr: str = ":8080"
-    """``--metrics-addr``: listen address for /metrics (and probes unless split); "0" disables."""
-
-    health_probe_addr: str | None = None
-    """``--health-probe-addr``: separate listener for /healthz and /readyz; ``None`` = metrics."""
-
-    workers: int = 16
-    """``--workers``: concurrent reconciles (distinct Pods)."""
-
-    sync_timeout: float = 600.0
-    """``--sync-timeout``: seconds to wait for informer caches at start (Go: 10 min)."""
-
-    leader_elect: bool = False
-    """``--leader-elect``: hold a Lease; only the leader writes CapacityRequests."""
-
-    leader_election_namespace: str = DEFAULT_NAMESPACE
-    """``--leader-election-namespace``: namespace of the Lease."""
-
-    leader_election_id: str = "bigfleet-unschedulable-pod-controller"
-    """``--leader-election-id``: name of the Lease."""
-
-    log_format: str = "text"
-    """``--log-format``: ``text`` or ``json``."""
-
-    log_level: str = "info"
-    """``--log-level``: ``debug``, ``info``, ``warning`` or ``error``."""
-
-    priority_class_defaults_data: dict[str, dict[str, str | None]] = field(
-        default_factory=dict, repr=False
-    )
-    """Parsed defaults after ``validate()``: name → {interruptionPenalty, reclamationPenalty}."""
-
-    priority_class_defaults_parsed: Any = field(default=None, repr=False)
-    """``podcontroller.defaults.PriorityClassDefaults`` after ``validate()`` (``None`` = none)."""
-
-    def validate(self) -> None:
-        """Check rates, addresses and the PriorityClass defaults file.
-
-        Raises:
-            ConfigError: the first problem found, as one line (Go wording where Go has one).
-        """
-        _check_rate(self.qps, self.burst)
-        if self.workers < 1:
-            raise ConfigError(f"--workers must be >= 1 (got {self.workers})")
-        if not self.sync_timeout > 0:
-            raise ConfigError(f"--sync-timeout must be > 0 (got {self.sync_timeout:g}s)")
-        _check_listen_addr(self.metrics_addr, "--metrics-addr", allow_disable=True)
-        if self.health_probe_addr:
-            _check_listen_addr(self.health_probe_addr, "--health-probe-addr", allow_disable=False)
-        if self.leader_elect:
-            _check_leader(self.leader_election_namespace, self.leader_election_id)
-        _check_log(self.log_format, self.log_level)
-        if self.priority_class_defaults:
-            try:
-                with open(self.priority_class_defaults, encoding="utf-8") as fh:
-                    text = fh.read()
-            except (OSError, UnicodeDecodeError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                raise ConfigError(
-                    f"priority-class-defaults: read {self.priority_class_defaults}: {reason}"
-                ) from exc
-            self.priority_class_defaults_data = validate_priority_class_defaults(text)
-            self.priority_class_defaults_parsed = _parse_quantities(text)
-        else:
-            self.priority_class_defaults_data = {}
-            self.priority_class_defaults_parsed = None
-
-
-def _parse_quantities(text: str) -> Any:
-    """Full check with the pod controller's loader (quantities) when it is importable."""
-    try:
-        from bigfleet_trio.podcontroller.defaults import (
-            PriorityClassDefaultsError,
-            parse_priority_class_defaults,
-        )
-    except ImportError:  # pragma: no cover - the loader ships with the pod controller
-        return None
-    try:
-        return parse_priority_class_defaults(text)
-    except PriorityClassDefaultsError as exc:
-        raise ConfigError(" ".join(str(exc).split())) from exc
-
-
-@dataclass
-class DemoOptions:
-    """Options of ``bigfleet-trio demo`` (issue 7: the one-command laptop demo)."""
-
-    workloads_dir: str | None = None
-    """``--workloads DIR``: manifests to apply instead of the bundled real workloads."""
-
-    keep_running: bool = False
-    """``--keep-running``: after the scenario, keep serving and print a kubeconfig."""
-
-    timeout: float = 90.0
-    """``--timeout``: seconds the whole scenario may take before it fails (exit 1)."""
-
-    quiet: bool = False
-    """``--quiet``: no live progress; only the final summary."""
-
-    json_summary: bool = False
-    """``--json``: print the final summary as one JSON object instead of a table."""
-
-    kubeconfig_out: str | None = None
-    """``--kubeconfig-out``: where to write the embedded apiserver's kubeconfig."""
-
-    seed: int = 1
-    """``--seed``: seed of the simulated shard (deterministic inventory and timings)."""
-
-    log_format: str = "text"
-    """``--log-format``: ``text`` or ``json``."""
-
-    log_level: str = "warning"
-    """``--log-level``: the demo shows progress on stdout, so logs default to warnings."""
-
-    def validate(self) -> None:
-        """Check the options.
-
-        Raises:
-            ConfigError: a missing workloads directory or a non-positive timeout.
-        """
-        if self.workloads_dir is not None and not os.path.isdir(self.workloads_dir):
-            raise ConfigError(f"--workloads: {self.workloads_dir}: not a directory")
-        if not self.timeout > 0:
-            raise ConfigError(f"--timeout must be > 0 (got {self.timeout:g}s)")
-        _check_log(self.log_format, self.log_level)
-
-
-def as_dict(cfg: Any) -> dict[str, Any]:
-    """A loggable view of a config: file contents dropped, paths kept (no secrets inside)."""
-    from dataclasses import fields
-
-    out: dict[str, Any] = {}
-    for f in fields(cfg):
-        if f.repr:
-            out[f.name] = getattr(cfg, f.name)
-    return out
+def __getattr__(name: str) -> Any:
+    # The demo's options moved next to the demo (bigfleet_trio.sim.demo_options); this keeps
+    # old imports working without config.py importing the simulation eagerly.
+    if name == "DemoOptions":
+        from bigfleet_trio.sim.demo_options import DemoOptions
+
+        return DemoOptions
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from bigfleet_trio import cli
-from bigfleet_trio.config import DemoOptions, OperatorConfig, PodControllerConfig
+from bigfleet_trio.config import OperatorConfig, PodControllerConfig
 from bigfleet_trio.install import apply_crds, load_crds
+from bigfleet_trio.sim.demo_options import DemoOptions
 
 pytestmark = pytest.mark.usefixtures("restore_root_logging")  # tests/conftest.py
 
@@ -386,7 +387,7 @@ def test_operator_dispatch_gets_validated_config(
     )
     assert rc == 7
     (cfg,) = seen
-    assert cfg.rollup_interval == 10.0  # Go: 0 means the default
+    assert cfg.session.rollup_interval == 10.0  # Go: 0 means the default
     assert cfg.bootstrap_template == "#cloud-config {{ cluster_id }}\n"
 
 

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from bigfleet_trio.config import (
     ConfigError,
-    DemoOptions,
     OperatorConfig,
     PodControllerConfig,
     split_host_port,
     validate_priority_class_defaults,
 )
 from bigfleet_trio.durations import format_duration, parse_duration
+from bigfleet_trio.sim.demo_options import DemoOptions
 
 # ------------------------------------------------------------------------------ durations
 
@@ -102,14 +104,15 @@ def _op(**kw: object) -> OperatorConfig:
 
 def test_operator_defaults_match_reference() -> None:
     cfg = OperatorConfig()
-    assert cfg.rollup_interval == 10.0
+    assert cfg.session.rollup_interval == 10.0
     assert cfg.ack_concurrency == 16
-    assert cfg.dispatch_concurrency == 32
+    assert cfg.session.dispatch_concurrency == 32
     assert cfg.qps == 50
     assert cfg.burst == 100
     assert cfg.bootstrap_ttl == 600
     assert cfg.sync_timeout == 600.0  # Go 30 s; ours outlives a 60 s apiserver outage (issue 9)
-    assert cfg.send_timeout == 30.0
+    assert cfg.session.send_timeout == 30.0
+    assert (cfg.reconnect.initial_backoff, cfg.reconnect.max_backoff) == (0.5, 30.0)
     assert cfg.metrics_addr == ":8770"
     assert cfg.leader_elect is False
     assert cfg.leader_election_namespace == "bigfleet-system"
@@ -128,8 +131,7 @@ def test_operator_minimal_valid() -> None:
 @pytest.mark.parametrize("flag", ["sync_timeout", "send_timeout"])
 @pytest.mark.parametrize("value", [0.0, -1.0, float("nan")])
 def test_operator_timeouts_must_be_positive(flag: str, value: float) -> None:
-    cfg = _op()
-    setattr(cfg, flag, value)
+    cfg = _op(**{flag: value})
     with pytest.raises(ConfigError, match=f"^--{flag.replace('_', '-')} must be > 0"):
         cfg.validate()
 
@@ -153,7 +155,7 @@ def test_operator_rejects_bad_shard_addr(addr: str) -> None:
 def test_operator_zero_defaults_normalised_like_go() -> None:
     cfg = _op(rollup_interval=0.0, ack_concurrency=0)
     cfg.validate()
-    assert cfg.rollup_interval == 10.0
+    assert cfg.session.rollup_interval == 10.0
     assert cfg.ack_concurrency == 16
 
 
@@ -261,23 +263,26 @@ def test_pod_controller_defaults_match_reference() -> None:
     assert cfg.priority_class_defaults is None
     assert cfg.leader_election_id == "bigfleet-unschedulable-pod-controller"
     cfg.validate()
-    assert cfg.priority_class_defaults_data == {}
 
 
 def test_pod_controller_priority_defaults_example(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from bigfleet_trio.podcontroller.defaults import PenaltyDefaults, load_priority_class_defaults
+    from bigfleet_trio.quantity import Quantity
+
+    Q = Quantity.parse
+
     p = tmp_path / "pc.yaml"
     p.write_text(
         'ml-research: {interruptionPenalty: "8192", reclamationPenalty: "65536"}\n'
         'batch-best-effort: {interruptionPenalty: "16", reclamationPenalty: "0"}\n'
-        'partial: {interruptionPenalty: "1", unknownKey: 3}\n'
+        'partial: {interruptionPenalty: "1"}\n'
     )
     cfg = PodControllerConfig(priority_class_defaults=str(p))
-    cfg.validate()
-    assert cfg.priority_class_defaults_data == {
-        "ml-research": {"interruptionPenalty": "8192", "reclamationPenalty": "65536"},
-        "batch-best-effort": {"interruptionPenalty": "16", "reclamationPenalty": "0"},
-        "partial": {"interruptionPenalty": "1", "reclamationPenalty": None},
-    }
+    cfg.validate()  # readable; the content is the pod controller's to parse (one parser)
+    defaults = load_priority_class_defaults(cfg.priority_class_defaults)
+    assert defaults.get("ml-research") == PenaltyDefaults(Q("8192"), Q("65536"))
+    assert defaults.get("batch-best-effort") == PenaltyDefaults(Q("16"), Q("0"))
+    assert defaults.get("partial") == PenaltyDefaults(Q("1"), None)
 
 
 def test_pod_controller_priority_defaults_unquoted_number_fails() -> None:
@@ -330,8 +335,13 @@ def test_demo_options(tmp_path) -> None:  # type: ignore[no-untyped-def]
         DemoOptions(timeout=0).validate()
 
 
-def test_pod_controller_bad_quantity_fails_startup(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_pod_controller_bad_quantity_fails_startup(  # type: ignore[no-untyped-def]
+    tmp_path, capsys
+) -> None:
+    from bigfleet_trio.cli import main
+
     p = tmp_path / "pc.yaml"
     p.write_text('ml: {interruptionPenalty: "lots"}\n')
-    with pytest.raises(ConfigError, match=r"^priority-class-defaults: .*ml.*interruptionPenalty"):
-        PodControllerConfig(priority_class_defaults=str(p)).validate()
+    assert main(["pod-controller", "--priority-class-defaults", str(p)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert re.match(r"^pod-controller: priority-class-defaults: .*ml.*interruptionPenalty", line)

@@ -56,7 +56,7 @@ from bigfleet_trio.kube import (
 from bigfleet_trio.kube.informer import SyncTimeout, wait_all_synced
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.acknowledge import Acknowledger
-from bigfleet_trio.operator.agent import Agent, AgentConfig, SessionChange
+from bigfleet_trio.operator.agent import Agent, SessionChange
 from bigfleet_trio.operator.available import AvailableCapacityHandler
 from bigfleet_trio.operator.bootstrap import (
     BootstrapHandler,
@@ -66,7 +66,6 @@ from bigfleet_trio.operator.bootstrap import (
 )
 from bigfleet_trio.operator.crview import slim
 from bigfleet_trio.operator.reclaim import DrainManager, ReclaimHandler
-from bigfleet_trio.operator.session import SessionConfig
 from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler
 from bigfleet_trio.operator.wiring import (
     DEFAULT_CONSISTENCY_INTERVAL,
@@ -193,16 +192,7 @@ class _Runtime:
             op.connector,
             self.source,
             self.handlers,
-            AgentConfig(
-                SessionConfig(
-                    cfg.cluster_id,
-                    rollup_interval=cfg.rollup_interval or 10.0,
-                    dispatch_concurrency=cfg.dispatch_concurrency,
-                    send_timeout=cfg.send_timeout,
-                ),
-                initial_backoff=cfg.reconnect_initial_backoff,
-                max_backoff=cfg.reconnect_max_backoff,
-            ),
+            cfg.agent_config(),
             on_session_change=op._on_session_change,
         )
 

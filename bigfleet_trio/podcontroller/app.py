@@ -114,9 +114,7 @@ def run_pod_controller(cfg: PodControllerConfig) -> int:
         from bigfleet_trio.observability.logs import setup_logging
 
         setup_logging(cfg.log_format, cfg.log_level)
-        defaults = cfg.priority_class_defaults_parsed
-        if not isinstance(defaults, PriorityClassDefaults):
-            defaults = load_priority_class_defaults(cfg.priority_class_defaults)
+        defaults = load_priority_class_defaults(cfg.priority_class_defaults)
         kube_config = load_kubeconfig(cfg.kubeconfig)
     except (ConfigError, PriorityClassDefaultsError, KubeConfigError, ValueError) as exc:
         return _fail(str(exc))

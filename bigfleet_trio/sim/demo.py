@@ -38,7 +38,7 @@ from typing import Any, TextIO
 
 import trio
 
-from bigfleet_trio.config import DemoOptions, OperatorConfig
+from bigfleet_trio.config import OperatorConfig
 from bigfleet_trio.kube import (
     CAPACITY_REQUESTS,
     NAMESPACES,
@@ -51,6 +51,7 @@ from bigfleet_trio.kube import (
     load_kubeconfig,
 )
 from bigfleet_trio.kube.errors import AlreadyExists, NotFound
+from bigfleet_trio.sim.demo_options import DemoOptions
 
 from .binder import Binder, is_terminal
 from .shard import (
