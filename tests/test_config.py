@@ -345,3 +345,86 @@ def test_pod_controller_bad_quantity_fails_startup(  # type: ignore[no-untyped-d
     assert main(["pod-controller", "--priority-class-defaults", str(p)]) == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert re.match(r"^pod-controller: priority-class-defaults: .*ml.*interruptionPenalty", line)
+
+
+# ------------------------------------------------------------------------------ composed settings
+
+
+def test_every_knob_has_one_flag_and_flat_keyword() -> None:
+    from bigfleet_trio.config import knob_specs
+
+    specs = knob_specs(OperatorConfig())
+    flags = [s.flag for s in specs]
+    assert len(flags) == len(set(flags))
+    by_flag = {s.flag: s for s in specs}
+    assert by_flag["--send-timeout"].path == ("session", "send_timeout")
+    assert by_flag["--reconnect-max-backoff"].path == ("reconnect", "max_backoff")
+    assert by_flag["--qps"].group == "process"
+    cfg = OperatorConfig(send_timeout=7.5, reconnect_max_backoff=9.0, qps=3.0)
+    assert (cfg.session.send_timeout, cfg.reconnect.max_backoff, cfg.qps) == (7.5, 9.0, 3.0)
+    with pytest.raises(TypeError, match="unknown setting 'send_timeot'"):
+        OperatorConfig(send_timeot=1.0)
+
+
+def test_a_new_knob_is_one_field() -> None:
+    """A knob added to a settings class gets its flag, default, help and check with no other
+    edit (what adding an operator flag costs)."""
+    from dataclasses import dataclass
+
+    from bigfleet_trio import cli
+    from bigfleet_trio.config import DURATION, Settings, knob, positive
+
+    @dataclass(init=False, eq=True)
+    class Extra(Settings):
+        grace_period: float = knob(5.0, "how long to wait", unit=DURATION, check=positive)
+
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    cli._add_settings_flags(parser, Extra())
+    assert "how long to wait (default 5s)" in " ".join(parser.format_help().split())
+    ns = parser.parse_args(["--grace-period", "1m30s"])
+    assert cli._settings_from(Extra, ns) == Extra(grace_period=90.0)
+    with pytest.raises(ConfigError, match=r"^--grace-period must be > 0 \(got 0s\)$"):
+        Extra(grace_period=0.0).check_knobs()
+
+
+def test_session_knobs_validated_by_the_session_config() -> None:
+    from bigfleet_trio.operator.session import SessionConfig
+
+    assert SessionConfig("c").send_timeout == OperatorConfig().session.send_timeout
+    with pytest.raises(ConfigError, match=r"^--dispatch-concurrency must be >= 1, got 0$"):
+        _op(dispatch_concurrency=0).validate()
+    cfg = _op(send_timeout=7.5, reconnect_initial_backoff=0.25)
+    cfg.validate()
+    agent = cfg.agent_config()
+    assert (agent.session.send_timeout, agent.initial_backoff) == (7.5, 0.25)
+
+
+@pytest.mark.parametrize("cluster_id", ["My Cluster", "east_1", "East-1", "-a", "a/b", "x" * 64])
+def test_cluster_id_must_be_a_dns_label(cluster_id: str) -> None:
+    with pytest.raises(ConfigError, match=r"^--cluster-id must be a DNS-1123 label.*\(got '"):
+        _op(cluster_id=cluster_id).validate()
+
+
+@pytest.mark.parametrize("cluster_id", ["c1", "east-1", "a", "x" * 63])
+def test_cluster_id_accepted(cluster_id: str) -> None:
+    _op(cluster_id=cluster_id).validate()
+
+
+def test_template_rendered_once_at_start_with_undefined_names_as_errors(  # type: ignore[no-untyped-def]
+    tmp_path,
+) -> None:
+    p = tmp_path / "t.j2"
+    p.write_text("#cloud-config\n# {{ cluster_id }} {{ clusterID }}\n")
+    with pytest.raises(ConfigError) as info:
+        _op(bootstrap_template_file=str(p)).validate()
+    line = str(info.value)
+    assert line.startswith(f"render bootstrap-template-file {p}: UndefinedError: ")
+    assert "'clusterID' is undefined" in line and "\n" not in line
+    p.write_text(
+        "#cloud-config\n# {{ cluster_id }} {{ request_id }}\n"
+        "{% for r in requirements %}# {{ r.key }} {{ r.operator }} {{ r.values|join(',') }}\n"
+        "{% endfor %}"
+    )
+    _op(bootstrap_template_file=str(p)).validate()
