@@ -463,8 +463,17 @@ class WorkloadControllers:
         uid = str(sts["metadata"].get("uid"))
         meta = sts["metadata"]
         name, ns = str(meta["name"]), str(meta.get("namespace") or "default")
-        pods = self._owned_pods(uid)
         spec = sts.get("spec") or {}
+        if not spec.get("updateStrategy") or not spec.get("podManagementPolicy"):
+            # The defaults the real apiserver writes (kubectl rollout status needs updateStrategy);
+            # the embedded apiserver does no defaulting. The update event requeues this set.
+            await self.client.patch(STATEFULSETS, name, {"spec": {
+                "updateStrategy": spec.get("updateStrategy")
+                or {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+                "podManagementPolicy": spec.get("podManagementPolicy") or "OrderedReady",
+            }}, ns)
+            return
+        pods = self._owned_pods(uid)
         template = spec.get("template") or {}
         revision = f"{name}-{template_hash(template)}"
         pending = self._pending_creates(uid)

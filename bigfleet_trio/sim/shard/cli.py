@@ -26,6 +26,7 @@ from .catalog import Catalog, CatalogError, default_catalog, load_catalog
 from .engine import EngineConfig
 from .nodes import KubeNodeHooks
 from .session import NodeHooks, SimShard
+from .stats import ShardStats, serve_stats
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ def run_cli(
     config: EngineConfig | None = None,
     catalog_file: str | None = None,
     seed: int | None = None,
+    stats_addr: str | None = None,
 ) -> int:
     """Run the simulated shard until SIGINT/SIGTERM. Returns the process exit code.
 
@@ -50,6 +52,8 @@ def run_cli(
         catalog_file: ``--catalog``: read the catalog from this YAML file (instead of
             ``catalog``), before anything starts.
         seed: ``--seed``: overrides ``config.seed`` (None keeps it; the default config's is 0).
+        stats_addr: ``--stats-addr HOST:PORT``: serve shard-side timestamps as JSON at
+            ``/stats`` (:mod:`.stats`; port 0 picks one, logged).
 
     Returns:
         0 after a signal, 1 on a startup error (one line ``sim shard: <what>`` on stderr, e.g.
@@ -69,8 +73,15 @@ def run_cli(
         source = catalog_file or "catalog given in code"
     log.info("sim shard inventory: %d machines in %d shapes (%s), seed %d",
              sum(s.count for s in catalog), len(catalog), source, (config or EngineConfig()).seed)
+    stats_at: tuple[str, int] | None = None
+    if stats_addr is not None:
+        shost, _, sport = stats_addr.rpartition(":")
+        if not shost or not sport.isdigit() or int(sport) > 65535:
+            print(f"sim shard: --stats-addr {stats_addr!r} is not HOST:PORT", file=sys.stderr)
+            return 1
+        stats_at = (shost, int(sport))
     try:
-        return trio.run(partial(_main, port, kubeconfig, host, catalog, config))
+        return trio.run(partial(_main, port, kubeconfig, host, catalog, config, stats_at))
     except KeyboardInterrupt:
         return 0
     except BaseException as exc:  # noqa: BLE001 - turned into one line and exit code 1
@@ -121,7 +132,7 @@ async def serve_sim_shard(
 
 
 async def _main(port: int, kubeconfig: str | None, host: str, catalog: Catalog | None,
-                config: EngineConfig | None) -> int:
+                config: EngineConfig | None, stats_at: tuple[str, int] | None = None) -> int:
     try:
         import bigfleet_trio.shard.server  # noqa: F401
     except ImportError as exc:
@@ -140,10 +151,17 @@ async def _main(port: int, kubeconfig: str | None, host: str, catalog: Catalog |
                 raise _StartupError(str(exc)) from None
             client = await stack.enter_async_context(KubeClient(cfg))
             hooks = KubeNodeHooks(client)
-        shard = SimShard(catalog, config, hooks=hooks)
+        stats = ShardStats() if stats_at is not None else None
+        shard = SimShard(catalog, config, hooks=hooks, stats=stats)
         async with trio.open_nursery() as nursery:
             bound = await nursery.start(partial(serve_sim_shard, shard, host=host, port=port))
             log.info("sim shard listening on %s:%s", host, bound)
+            if stats is not None and stats_at is not None:
+                sport = await nursery.start(partial(
+                    serve_stats, lambda: stats.to_dict({"snapshot": shard.snapshot()}),
+                    host=stats_at[0], port=stats_at[1]))
+                print(f"sim shard: grpc port {bound}, stats http://{stats_at[0]}:{sport}/stats",
+                      flush=True)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
                     log.info("signal %s: shutting down", signal.Signals(signum).name)

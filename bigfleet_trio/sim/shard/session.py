@@ -41,6 +41,7 @@ from .engine import (
     SendFrame,
     ShardEngine,
 )
+from .stats import ShardStats
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class SimShard:
             one cycle).
         hook_timeout: a node hook taking longer than this is cancelled and counted as failed
             (frames queue behind hooks, so a stuck apiserver must not stall the shard).
+        stats: shard-side timestamps to record (:class:`~.stats.ShardStats`; benchmarks).
     """
 
     def __init__(
@@ -120,6 +122,7 @@ class SimShard:
         hooks: NodeHooks | None = None,
         hello_timeout: float | None = None,
         hook_timeout: float = 30.0,
+        stats: ShardStats | None = None,
     ) -> None:
         self.engine = ShardEngine(catalog or default_catalog(), config)
         self.hooks: NodeHooks = hooks or NoopNodeHooks()
@@ -127,6 +130,7 @@ class SimShard:
             hello_timeout if hello_timeout is not None else self.engine.config.bootstrap_timeout
         )
         self.hook_timeout = hook_timeout
+        self.stats = stats
         self.sessions_started = 0
         self.rejections: list[str] = []
         self.hook_errors = 0
@@ -238,6 +242,9 @@ class SimShard:
                         await cur.stream.send(eff.frame)
                     except StreamClosed as exc:
                         log.info("send failed, session ending: %s", exc.reason)
+                    else:
+                        if self.stats is not None:
+                            self.stats.sent(eff.frame)
             elif isinstance(eff, MachineConfigured):
                 await self._hook("on_machine_configured", eff.machine)
             elif isinstance(eff, MachineReleased):
@@ -326,6 +333,8 @@ class SimShard:
             with session.cancel_scope:
                 while True:
                     msg = await stream.receive()
+                    if self.stats is not None:
+                        self.stats.received(msg)
                     self._handle(msg, session)
         except StreamClosed as exc:
             log.info("session closed cluster=%s: %s", session.cluster_id, exc.reason)
