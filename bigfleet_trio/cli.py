@@ -351,7 +351,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise UsageError(PROG, "a command is required (operator, pod-controller, sim, "
                          "install-crds, demo, events); see --help")
     if ns.command == "sim" and getattr(ns, "sim_command", None) is None:
-        raise UsageError("sim", "a component is required (apiserver, shard or cluster)")
+        raise UsageError("sim", "a component is required (apiserver or shard)")
     return ns
 
 
