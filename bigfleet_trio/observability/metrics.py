@@ -1,15 +1,65 @@
-"""Prometheus metrics (prometheus_client, default registry).
+"""Prometheus metrics of the operator, and each binary's view of the process's metrics.
 
-Names follow reference-behavior.md §15 (the Go ``pkg/metrics/metrics.go``) so dashboards carry
-over; the extra operator metrics (frames, coalescing, handler errors, session state) are ours.
-Metrics are module-level singletons registered in :data:`prometheus_client.REGISTRY`; serve them
-with ``prometheus_client.make_asgi_app()``. Other engineers: add new metrics in their own section
-below, never rename one that exists.
+Names follow the Go binaries' ``pkg/metrics`` so dashboards carry over; the extra operator
+metrics (frames, coalescing, handler errors, session state) are ours. Metrics are module-level
+singletons in :data:`prometheus_client.REGISTRY`; each binary serves a :class:`BinaryRegistry`
+over it, so the pod controller never exports an operator family (an alert on
+``bigfleet_operator_session_up`` would fire on it forever) and vice versa. Add new metrics in
+your own section below, with your binary's name prefix; never rename one that exists.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+
+BINARY_PREFIXES: Mapping[str, tuple[str, ...]] = {
+    "operator": ("bigfleet_operator_",),
+    "pod-controller": ("bigfleet_unschedulable_pod_controller_", "workqueue_"),
+}
+"""Metric family name prefixes owned by each binary; other families (``process_``,
+``python_``, the Kubernetes client's) are shared and exported by every binary."""
+
+
+def owner_of(family: str) -> str | None:
+    """The binary that owns metric family ``family`` (None: shared by all)."""
+    for binary, prefixes in BINARY_PREFIXES.items():
+        if family.startswith(prefixes):
+            return binary
+    return None
+
+
+class BinaryRegistry(CollectorRegistry):
+    """The registry one binary serves on ``/metrics``: its own families plus shared ones.
+
+    Args:
+        binary: a key of :data:`BINARY_PREFIXES`, or None for every family (the demo, which
+            runs both binaries in one process).
+        source: the registry the metrics are registered in.
+    """
+
+    def __init__(self, binary: str | None, source: CollectorRegistry = REGISTRY) -> None:
+        super().__init__(auto_describe=False)
+        if binary is not None and binary not in BINARY_PREFIXES:
+            raise ValueError(f"unknown binary {binary!r}")
+        self.binary = binary
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._source.collect():
+            owner = owner_of(family.name)
+            if self.binary is None or owner is None or owner == self.binary:
+                yield family
+
+    def restricted_registry(self, names: Iterable[str]) -> _Restricted:  # type: ignore[override]
+        """``/metrics?name[]=…``: only those samples, still only this binary's families."""
+        return _Restricted(self, self._source.restricted_registry(names))
+
+    def families(self) -> list[str]:
+        """Names of the families this binary exports, sorted."""
+        return sorted(f.name for f in self.collect())
 
 
 def exponential_buckets(start: float, factor: float, count: int) -> list[float]:
@@ -17,6 +67,18 @@ def exponential_buckets(start: float, factor: float, count: int) -> list[float]:
     if start <= 0 or factor <= 1 or count < 1:
         raise ValueError(f"bad buckets: start={start} factor={factor} count={count}")
     return [start * factor**k for k in range(count)]
+
+
+class _Restricted:
+    def __init__(self, owner: BinaryRegistry, inner: object) -> None:
+        self._owner = owner
+        self._inner = inner
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._inner.collect():  # type: ignore[attr-defined]
+            owner = owner_of(family.name)
+            if self._owner.binary is None or owner is None or owner == self._owner.binary:
+                yield family
 
 
 # --- operator: reference §15 names -----------------------------------------------------------
@@ -107,4 +169,12 @@ EVICTIONS = Counter(
     "bigfleet_operator_evictions",
     "Pod eviction calls by result (evicted|gone|blocked|refused).",
     ["result"],
+)
+
+# --- operator: bootstrap (ours; operator/app.py) ----------------------------------------------
+
+BOOTSTRAP_RENDER_FAILURES = Counter(
+    "bigfleet_operator_bootstrap_render_failures",
+    "BootstrapRequests whose template render failed (answered with an error; the shard turns "
+    "it into a shortfall).",
 )

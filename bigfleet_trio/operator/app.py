@@ -34,7 +34,7 @@ import os
 import signal
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -54,6 +54,7 @@ from bigfleet_trio.kube import (
     load_kubeconfig,
 )
 from bigfleet_trio.kube.informer import SyncTimeout, wait_all_synced
+from bigfleet_trio.observability import metrics
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.acknowledge import Acknowledger
 from bigfleet_trio.operator.agent import Agent, SessionChange
@@ -62,6 +63,7 @@ from bigfleet_trio.operator.bootstrap import (
     BootstrapHandler,
     FileRenderer,
     Renderer,
+    Requirement,
     make_renderer,
 )
 from bigfleet_trio.operator.crview import slim
@@ -148,6 +150,34 @@ def _renderer_for(cfg: OperatorConfig) -> Renderer:
     return make_renderer(cfg.bootstrap_template_file)
 
 
+class _WatchedRenderer:
+    """A renderer that counts its failures and remembers whether the last render failed.
+
+    The start-up test render catches templates that can never render, but a template may
+    still fail on some requests (a filter on an unexpected value); each failure only becomes a
+    shortfall on the shard, so it is counted here and ``/readyz`` reports it until a render
+    succeeds again.
+    """
+
+    def __init__(self, inner: Renderer) -> None:
+        self.inner = inner
+        self.failures = 0
+        self.last_error = ""
+
+    def render(
+        self, cluster_id: str, request_id: str, requirements: Sequence[Requirement]
+    ) -> bytes:
+        try:
+            data = self.inner.render(cluster_id, request_id, requirements)
+        except Exception as exc:
+            self.failures += 1
+            self.last_error = " ".join(str(exc).split()) or type(exc).__name__
+            metrics.BOOTSTRAP_RENDER_FAILURES.inc()
+            raise
+        self.last_error = ""
+        return data
+
+
 class _Runtime:
     """Everything one :meth:`Operator.run` owns (rebuilt per run, e.g. per leadership term)."""
 
@@ -175,7 +205,7 @@ class _Runtime:
         self.informers = (self.cr_informer, self.un_informer, self.node_informer)
         self.handlers = OperatorHandlers(
             bootstrap=BootstrapHandler(
-                op.renderer, cfg.cluster_id, ttl_seconds=int(cfg.bootstrap_ttl)
+                op.watched_renderer, cfg.cluster_id, ttl_seconds=int(cfg.bootstrap_ttl)
             ),
             reclaim=ReclaimHandler(
                 client,
@@ -232,6 +262,7 @@ class Operator:
         self.connector = connector
         self.feed = feed
         self.renderer = renderer if renderer is not None else _renderer_for(cfg)
+        self.watched_renderer = _WatchedRenderer(self.renderer)
         self.consistency_interval = consistency_interval
         self._rt: _Runtime | None = None
         self._running = False
@@ -297,6 +328,11 @@ class Operator:
         if not rt.agent.session_up:
             why = f": {rt.agent.last_error}" if rt.agent.last_error else ""
             reasons.append(f"shard session not established{why}")
+        if self.watched_renderer.last_error:
+            reasons.append(
+                f"bootstrap template render failing ({self.watched_renderer.failures} "
+                f"failures): {self.watched_renderer.last_error}"
+            )
         if reasons:
             return False, reasons
         return True, ["informers synced", "shard session up"]
@@ -473,6 +509,9 @@ async def serve_operator(
         OSError: a diagnostics address cannot be bound.
     """
     from bigfleet_trio.observability.http import serve_observability
+    from bigfleet_trio.observability.metrics import BinaryRegistry
+
+    registry = BinaryRegistry("operator")
     from bigfleet_trio.shard.grpc import open_loop
 
     kcfg = kube_config if kube_config is not None else load_kubeconfig(cfg.kubeconfig)
@@ -509,14 +548,15 @@ async def serve_operator(
                 bound = [
                     await nursery.start(
                         partial(serve_observability, cfg.metrics_addr, readiness=readiness,
-                                feed=events)
+                                feed=events, registry=registry)
                     )
                 ]
                 probe = cfg.health_probe_addr
                 if probe is not None and _separate_listener(probe, cfg.metrics_addr):
                     bound.append(
                         await nursery.start(
-                            partial(serve_observability, probe, readiness=readiness, feed=events)
+                            partial(serve_observability, probe, readiness=readiness, feed=events,
+                                    registry=registry)
                         )
                     )
                 with trio.CancelScope() as work:

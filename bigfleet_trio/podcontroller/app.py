@@ -31,6 +31,7 @@ from bigfleet_trio.excgroups import find_in_group
 from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
 from bigfleet_trio.kube.errors import KubeConfigError
 from bigfleet_trio.observability.http import serve_observability
+from bigfleet_trio.observability.metrics import BinaryRegistry
 
 from .controller import CONTROLLER_NAME, PodController, SyncTimeout
 from .defaults import (
@@ -80,13 +81,23 @@ async def serve_pod_controller(
             elector = LeaderElector(client, name=cfg.leader_election_id,
                                     namespace=cfg.leader_election_namespace,
                                     identity=leader_identity())
+
+        def readiness() -> tuple[bool, str | list[str]]:
+            # The controller says "leader" once its workers run; without leader election
+            # there is no lease, so say what is true: caches synced, workers running.
+            ok, detail = ctl.readiness()
+            if ok and elector is None:
+                return True, "synced, workers running"
+            return ok, detail
+
         async with trio.open_nursery() as nursery:
             addrs = [cfg.metrics_addr]
             if cfg.health_probe_addr and cfg.health_probe_addr != cfg.metrics_addr:
                 addrs.append(cfg.health_probe_addr)
             for addr in addrs:
                 bound = await nursery.start(partial(serve_observability, addr,
-                                                    readiness=ctl.readiness))
+                                                    readiness=readiness,
+                                                    registry=BinaryRegistry(COMMAND)))
                 if bound:
                     log.info("pod controller diagnostics listening addr=%s", bound)
             log.info("pod controller starting server=%s workers=%d qps=%g burst=%d "

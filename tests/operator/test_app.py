@@ -446,3 +446,32 @@ async def test_send_timeout_reaches_the_session_config() -> None:
     op = Operator(cfg, client=client, connector=MemoryConnector(), feed=EventFeed())
     assert app._Runtime(op).agent.config.session.send_timeout == 7.5
     await client.aclose()
+
+
+async def test_runtime_render_failures_are_counted_and_surface_in_readiness() -> None:
+    from bigfleet_trio.operator import app
+    from bigfleet_trio.operator.bootstrap import FileRenderer
+
+    # renders the start-up check, fails on a request whose requirement has no values
+    tpl = "{% for r in requirements %}{{ r.values[0] }}{% endfor %}"
+    cfg = OperatorConfig(cluster_id="c1", shard_addr="s:1")
+    client = KubeClient(
+        KubeConfig(server="http://k"), transport=httpx.MockTransport(lambda r: httpx.Response(404))
+    )
+    op = Operator(cfg, client=client, connector=MemoryConnector(), feed=EventFeed(),
+                  renderer=FileRenderer(tpl, name="t.j2"))
+    op._rt = app._Runtime(op)
+    op._running = True
+    before = REGISTRY.get_sample_value("bigfleet_operator_bootstrap_render_failures_total") or 0
+    reply = op._rt.handlers.bootstrap.respond(pb.BootstrapRequest(
+        request_id="r1", requirements=[pb.NodeSelectorRequirement(key="k")]))
+    assert reply.error and not reply.user_data
+    assert REGISTRY.get_sample_value("bigfleet_operator_bootstrap_render_failures_total") == (
+        before + 1)
+    ok, reasons = op.ready()
+    assert not ok
+    assert reasons[-1].startswith("bootstrap template render failing (1 failures): render ")
+    ok_reply = op._rt.handlers.bootstrap.respond(pb.BootstrapRequest(request_id="r3"))
+    assert ok_reply.error == "" and op.watched_renderer.last_error == ""
+    assert not any("bootstrap" in r for r in op.ready()[1])
+    await client.aclose()

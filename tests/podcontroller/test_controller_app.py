@@ -82,6 +82,8 @@ async def test_process_end_to_end_and_sigterm(nursery: trio.Nursery, tmp_path: P
                     try:
                         r = await http.get(f"http://127.0.0.1:{port}/readyz")
                         if r.status_code == 200:
+                            # no --leader-elect: nothing says "leader"
+                            assert r.json()["detail"] == ["synced, workers running"]
                             break
                     except httpx.TransportError:
                         pass
@@ -95,6 +97,7 @@ async def test_process_end_to_end_and_sigterm(nursery: trio.Nursery, tmp_path: P
                 metrics = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
                 assert ('bigfleet_unschedulable_pod_controller_reconciles_total'
                         '{outcome="cr_created"} 1.0') in metrics
+                assert "bigfleet_operator_" not in metrics  # only this binary's families
             proc.send_signal(signal.SIGTERM)
             assert await proc.wait() == 0
     finally:
