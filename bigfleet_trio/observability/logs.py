@@ -7,7 +7,9 @@ machine, instruction or CR fields. Callers use the standard library::
     log.info("reclaim acknowledged", extra={"cluster": cid, "node": name, "grace_s": 30})
 
 ``json`` prints one object per line: ``{"ts", "level", "logger", "msg", **extra}`` (plus ``exc``
-with the traceback when there is one). ``text`` prints ``ts LEVEL logger msg k=v ...``.
+with the traceback when there is one); identifying ``key=value`` pairs written into the message
+itself (``cluster=``, ``machine_id=``, ``node=``, ``cr=``, ``instruction_id=`` …) also become
+keys when no ``extra`` gave them. ``text`` prints ``ts LEVEL logger msg k=v ...``.
 
 A redaction filter on the handler scrubs bearer tokens, ``Authorization`` headers, PEM blocks,
 JWTs and values of secret-named fields (token, password, key data, user_data…) so credentials
@@ -25,6 +27,7 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 __all__ = [
+    "IDENTITY_KEYS",
     "setup_logging",
     "JsonFormatter",
     "TextFormatter",
@@ -168,9 +171,30 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+IDENTITY_KEYS = frozenset({
+    "cluster", "cluster_id", "machine_id", "node", "cr", "instruction_id", "request_id",
+    "upcoming_node", "pod", "namespace", "name", "uid", "kind", "phase", "state", "lease",
+    "identity", "supersedes_key", "instance_type", "zone", "outcome", "reason",
+})
+"""Keys :class:`JsonFormatter` lifts out of ``key=value`` text in a message (see the module
+docstring); ``extra=`` is the way to pass them, this only keeps older call sites searchable."""
+
+_MSG_PAIR_RE = re.compile(r"(?<![\w.-])([a-z][a-z0-9_]*)=([^\s,;()\[\]{}\"']+)")
+
+
+def _pairs_in(msg: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for m in _MSG_PAIR_RE.finditer(msg):
+        key, value = m.group(1), m.group(2)
+        if key in IDENTITY_KEYS and key not in out:
+            out[key] = value
+    return out
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``ts`` (RFC 3339 UTC, ms), ``level``, ``logger``, ``msg``,
-    then the record's ``extra`` fields, then ``exc`` (traceback text) if any."""
+    then the record's ``extra`` fields, then identifying ``key=value`` pairs of the message
+    (:data:`IDENTITY_KEYS`) that ``extra`` did not give, then ``exc`` (traceback) if any."""
 
     def format(self, record: logging.LogRecord) -> str:
         obj: dict[str, Any] = {
@@ -182,6 +206,8 @@ class JsonFormatter(logging.Formatter):
         for k, v in _extras(record).items():
             if k not in obj:
                 obj[k] = _jsonable(v)
+        for k, v in _pairs_in(obj["msg"]).items():
+            obj.setdefault(k, v)
         if record.exc_info:
             obj["exc"] = redact(self.formatException(record.exc_info))
         elif record.exc_text:

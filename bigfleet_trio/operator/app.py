@@ -407,15 +407,15 @@ class Operator:
                 await nursery.start(rt.source.run)
                 for inf in rt.informers:
                     await nursery.start(inf.run)
-                log.info("operator: waiting for informers to sync cluster=%s timeout=%gs",
-                         cluster, self.cfg.sync_timeout)
+                log.info("operator: waiting for informers to sync",
+                         extra={"cluster": cluster, "timeout_s": self.cfg.sync_timeout})
                 await wait_all_synced(rt.informers, self.cfg.sync_timeout)
                 self._synced = True
                 log.info(
-                    "operator: informers synced cluster=%s capacityrequests=%d "
-                    "upcomingnodes=%d nodes=%d",
-                    cluster, len(rt.cr_informer.store), len(rt.un_informer.store),
-                    len(rt.node_informer.store),
+                    "operator: informers synced",
+                    extra={"cluster": cluster, "capacityrequests": len(rt.cr_informer.store),
+                           "upcomingnodes": len(rt.un_informer.store),
+                           "nodes": len(rt.node_informer.store)},
                 )
                 await nursery.start(rt.drains.run)
                 await nursery.start(rt.acknowledger.run)
@@ -425,7 +425,7 @@ class Operator:
         finally:
             self._running = False
             self._synced = False
-            log.info("operator: stopped cluster=%s", cluster)
+            log.info("operator: stopped", extra={"cluster": cluster})
             self._publish("operator_stopped", cluster=cluster)
 
 
@@ -469,11 +469,12 @@ async def _watch_signals(
             first = False
             log.info(
                 "operator: %s received; closing the shard stream, letting drains finish "
-                "(up to %gs)", name, grace,
+                "(up to %gs)", name, grace, extra={"signal": name, "grace_s": grace},
             )
             work.cancel()
         else:
-            log.warning("operator: %s received again; stopping now", name)
+            log.warning("operator: %s received again; stopping now", name,
+                        extra={"signal": name})
             everything.cancel()
 
 
@@ -568,16 +569,18 @@ async def serve_operator(
                     task_status.started(bound)
                     if elector is not None:
                         log.info(
-                            "operator: campaigning for leadership lease=%s/%s identity=%s",
-                            cfg.leader_election_namespace, cfg.leader_election_id,
-                            elector.identity,
+                            "operator: campaigning for leadership",
+                            extra={"cluster": cfg.cluster_id,
+                                   "lease": f"{cfg.leader_election_namespace}/"
+                                            f"{cfg.leader_election_id}",
+                                   "identity": elector.identity},
                         )
                         await elector.run(op.run)
                     else:
                         await op.run()
                 nursery.cancel_scope.cancel()
     events.close()
-    log.info("operator: exited cluster=%s", cfg.cluster_id)
+    log.info("operator: exited", extra={"cluster": cfg.cluster_id})
 
 
 def run_operator(cfg: OperatorConfig) -> int:

@@ -99,10 +99,11 @@ async def serve_pod_controller(
                                                     readiness=readiness,
                                                     registry=BinaryRegistry(COMMAND)))
                 if bound:
-                    log.info("pod controller diagnostics listening addr=%s", bound)
-            log.info("pod controller starting server=%s workers=%d qps=%g burst=%d "
-                     "leader_elect=%s defaults_classes=%d", kube_config.server, cfg.workers,
-                     cfg.qps, cfg.burst, cfg.leader_elect, len(defaults) if defaults else 0)
+                    log.info("pod controller diagnostics listening", extra={"addr": bound})
+            log.info("pod controller starting",
+                     extra={"server": kube_config.server, "workers": cfg.workers, "qps": cfg.qps,
+                            "burst": cfg.burst, "leader_elect": cfg.leader_elect,
+                            "defaults_classes": len(defaults) if defaults else 0})
             await nursery.start(partial(ctl.run, elector=elector))
             task_status.started(ctl)
 
@@ -135,7 +136,8 @@ def run_pod_controller(cfg: PodControllerConfig) -> int:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(serve_pod_controller, cfg, kube_config, defaults)
                 async for signum in signals:
-                    log.info("pod controller stopping signal=%s", signal.Signals(signum).name)
+                    log.info("pod controller stopping",
+                             extra={"signal": signal.Signals(signum).name})
                     break
                 nursery.cancel_scope.cancel()
         return 0

@@ -542,7 +542,8 @@ class Workloads:
                 self.replaced += len(created)
                 changes += len(created)
                 for p in created:
-                    log.info("replaced a missing Pod of %s: %s", w, p["metadata"]["name"])
+                    log.info("replaced a missing Pod of %s: %s", w, p["metadata"]["name"],
+                             extra={"workload": str(w), "pod": p["metadata"]["name"]})
         return changes
 
 

@@ -183,3 +183,26 @@ def test_broken_format_args_do_not_kill_logging(stream: io.StringIO) -> None:
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "%d items", ("nan",), None)
     handler.handle(record)
     assert stream.getvalue().rstrip().endswith(" INFO x %d items")
+
+
+def test_json_lifts_identity_pairs_from_the_message(stream: io.StringIO) -> None:
+    setup_logging("json", "info", stream=stream)
+    log = logging.getLogger("bigfleet_trio.operator.upcoming")
+    log.info("upcoming: wrote machine_id=m-1 node=n-1 phase=Ready bytes=12 (retry=2)",
+             extra={"node": "from-extra"})
+    log.info("no pairs here: a=b, x==y")
+    first, second = (json.loads(line) for line in _lines(stream))
+    assert first["machine_id"] == "m-1"
+    assert first["node"] == "from-extra"  # extra= wins over the text
+    assert first["phase"] == "Ready"
+    assert "bytes" not in first and "retry" not in first  # only identifying keys
+    assert set(second) == {"ts", "level", "logger", "msg"}
+
+
+def test_operator_log_lines_carry_their_keys(stream: io.StringIO) -> None:
+    """The operator process's own decision lines pass ``extra=`` (JSON keys, text k=v)."""
+    setup_logging("text", "info", stream=stream)
+    logging.getLogger("bigfleet_trio.operator.app").info(
+        "operator: stopped", extra={"cluster": "c1"})
+    (line,) = _lines(stream)
+    assert line.endswith("INFO bigfleet_trio.operator.app operator: stopped cluster=c1")
