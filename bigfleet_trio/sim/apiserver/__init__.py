@@ -1,9 +1,8 @@
-"""Embedded Kubernetes API server for tests, the simulation and benchmarks (issue 3;
-``shared/notes/kube-testserver.md``).
+"""Embedded Kubernetes API server for tests, the simulation and benchmarks.
 
 Public API::
 
-    server = ApiServer()                      # project CRDs from manifests/crds.yaml installed
+    server = ApiServer()                      # project CRDs installed
     url = await nursery.start(serve, server)  # hypercorn's Trio worker; "http://127.0.0.1:PORT"
     url = await nursery.start(
         lambda task_status: serve(server, engine="fast", task_status=task_status)
@@ -29,23 +28,23 @@ Public API::
 Options: ``ApiServer(crd_paths=None, history=50_000, bookmark_interval=5.0, gc_dangling=True,
 pdb_controller=False)``.
 
-Modules: ``store`` (objects, global RV, per-resource event history, watchers), ``state`` (verbs,
-status split, finalizers, GC, eviction, CRD registration), ``app`` (ASGI routing, Status errors,
-watch streaming, Tables), ``fasthttp`` (minimal HTTP/1.1 engine), ``serving``, ``selectors``,
-``patching``, ``validation``, ``discovery`` (legacy + aggregated discovery, OpenAPI v3, Tables),
-``controllers`` (optional PDB status), ``protobuf`` (kubectl's protobuf create bodies),
-``faults``, ``testing``.
+Modules: ``store`` (objects, global RV, event history, watchers); ``state`` (registry and verbs)
+with ``objects`` (pure write helpers), ``gc``, ``eviction``, ``crds``; ``server`` (ApiServer =
+state + ASGI app); ``app`` (ASGI glue) with ``routes`` (route tables), ``httpio``,
+``watchstream``; ``fasthttp`` and ``serving``; ``selectors``, ``patching``, ``validation``,
+``discovery`` (discovery, OpenAPI v3, Tables), ``controllers`` (optional PDB status),
+``protobuf`` (kubectl's protobuf create bodies), ``faults``, ``testing``.
 
-Known limits: no TLS/auth; Strict field validation only detects unknown fields on custom
+Known limits: no TLS; Strict field validation only detects unknown fields on custom
 resources (built-ins have no schema here); protobuf request bodies only for Namespace, ConfigMap
 and PriorityClass (other imperative ``kubectl create <kind>`` commands get 415; use ``-f``);
-watch history is retained by count, not time; no scale subresource, no server-side-apply field
-ownership (apply-patch is create-or-merge).
+watch history is retained by count, not time; no server-side-apply field ownership
+(apply-patch is create-or-merge).
 """
 
 from .errors import ApiError
 from .faults import Counters, Faults
+from .server import ApiServer
 from .serving import run_cli, serve, write_kubeconfig
-from .state import ApiServer
 
 __all__ = ["ApiServer", "ApiError", "Counters", "Faults", "serve", "write_kubeconfig", "run_cli"]

@@ -1,5 +1,5 @@
-"""Optional in-server controllers (kube-testserver notes §2 "Eviction": "no disruption
-controller: tests set PDB status via /status (or a tiny controller)").
+"""Optional in-server controllers. Without them the server has no disruption controller and
+tests set PodDisruptionBudget status through ``/status`` themselves.
 
 :class:`PdbController` keeps every PodDisruptionBudget's status in step with the pods it
 selects, synchronously after each pod or PDB-spec change, as kube-controller-manager's
@@ -19,7 +19,7 @@ from .selectors import label_selector_from_object, match_labels
 from .store import Event
 
 if TYPE_CHECKING:
-    from .state import ApiServer
+    from .state import ApiState
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def pdb_status(
 class PdbController:
     """Recomputes PDB statuses after pod events and PDB spec changes (synchronously)."""
 
-    def __init__(self, server: ApiServer) -> None:
+    def __init__(self, server: ApiState) -> None:
         self.server = server
         self._busy = False
 

@@ -1,5 +1,5 @@
 """Discovery (legacy and aggregated v2), the minimal OpenAPI v3 kubectl's validation needs, and
-server-side Table rendering (kube-testserver notes §1).
+server-side Table rendering, in the shapes kubectl requests them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .resources import ALL_VERBS, ResourceType
 
 if TYPE_CHECKING:
-    from .state import ApiServer
+    from .state import ApiState
 
 AGG_CT = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 TABLE_CT = "application/json;as=Table;v=v1;g=meta.k8s.io"
@@ -30,7 +30,7 @@ def wants_table(accept: str) -> bool:
     return "as=Table" in accept.replace(" ", "")
 
 
-def _groups(server: ApiServer) -> dict[str, dict[str, list[ResourceType]]]:
+def _groups(server: ApiState) -> dict[str, dict[str, list[ResourceType]]]:
     out: dict[str, dict[str, list[ResourceType]]] = defaultdict(lambda: defaultdict(list))
     for res in server.resources.values():
         out[res.group][res.version].append(res)
@@ -41,7 +41,7 @@ def _verbs(res: ResourceType) -> list[str]:
     return list(ALL_VERBS)
 
 
-def legacy_api(server: ApiServer) -> dict[str, Any]:
+def legacy_api(server: ApiState) -> dict[str, Any]:
     """``GET /api``."""
     return {
         "kind": "APIVersions",
@@ -50,7 +50,7 @@ def legacy_api(server: ApiServer) -> dict[str, Any]:
     }
 
 
-def legacy_apis(server: ApiServer) -> dict[str, Any]:
+def legacy_apis(server: ApiState) -> dict[str, Any]:
     """``GET /apis`` (APIGroupList)."""
     groups = []
     for g, versions in sorted(_groups(server).items()):
@@ -61,7 +61,7 @@ def legacy_apis(server: ApiServer) -> dict[str, Any]:
     return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
 
 
-def legacy_group(server: ApiServer, group: str) -> dict[str, Any] | None:
+def legacy_group(server: ApiState, group: str) -> dict[str, Any] | None:
     """``GET /apis/<group>`` (APIGroup)."""
     versions = _groups(server).get(group)
     if not versions:
@@ -76,7 +76,7 @@ def legacy_group(server: ApiServer, group: str) -> dict[str, Any] | None:
     }
 
 
-def resource_list(server: ApiServer, group: str, version: str) -> dict[str, Any] | None:
+def resource_list(server: ApiState, group: str, version: str) -> dict[str, Any] | None:
     """``GET /api/v1`` or ``/apis/<g>/<v>`` (APIResourceList) incl. subresources."""
     resources = _groups(server).get(group, {}).get(version)
     if not resources:
@@ -121,7 +121,7 @@ def resource_list(server: ApiServer, group: str, version: str) -> dict[str, Any]
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out}
 
 
-def aggregated(server: ApiServer, core: bool) -> dict[str, Any]:
+def aggregated(server: ApiState, core: bool) -> dict[str, Any]:
     """Aggregated discovery v2 for ``/api`` (core=True) or ``/apis``."""
     items = []
     for g, versions in sorted(_groups(server).items()):
@@ -184,7 +184,7 @@ def _gv_path(group: str, version: str) -> str:
     return f"api/{version}" if not group else f"apis/{group}/{version}"
 
 
-def openapi_root(server: ApiServer) -> dict[str, Any]:
+def openapi_root(server: ApiState) -> dict[str, Any]:
     """``GET /openapi/v3``: one entry per group-version, hashes change with the registry."""
     paths = {}
     for g, versions in _groups(server).items():
@@ -195,7 +195,7 @@ def openapi_root(server: ApiServer) -> dict[str, Any]:
     return {"paths": paths}
 
 
-def openapi_gv(server: ApiServer, group: str, version: str) -> dict[str, Any] | None:
+def openapi_gv(server: ApiState, group: str, version: str) -> dict[str, Any] | None:
     """``GET /openapi/v3/<gv>``: PATCH operations declaring the fieldValidation parameter."""
     resources = _groups(server).get(group, {}).get(version)
     if not resources:

@@ -1,4 +1,4 @@
-"""Kubernetes ``Status`` errors as the real apiserver shapes them (kube-testserver notes §2).
+"""Kubernetes ``Status`` errors as the real apiserver shapes them.
 
 Every failure the embedded server returns is an :class:`ApiError` turned into a ``Status``
 body whose HTTP status equals ``code``.

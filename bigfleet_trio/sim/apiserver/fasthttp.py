@@ -1,4 +1,4 @@
-"""A minimal HTTP/1.1 server for the ASGI app on plain Trio sockets (issue 3 "Benchmark").
+"""A minimal HTTP/1.1 server for the ASGI app on plain Trio sockets.
 
 Hypercorn costs ~2.5 ms of CPU per request; scale benchmarks need the server to cost less than
 the agent, so ``serve(..., engine="fast")`` uses this instead. It supports exactly what

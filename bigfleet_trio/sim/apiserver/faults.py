@@ -1,4 +1,4 @@
-"""Test hooks: fault injection and request counters (issue 3 "Test hooks").
+"""Test hooks: fault injection and request counters.
 
 Faults apply to HTTP requests only (in-process helpers bypass them).
 """

@@ -1,5 +1,5 @@
 """Resource types served by the embedded apiserver: the built-in kinds the agent and kubectl use
-and custom resources registered from CRDs (issue 3 "Resources"; kube-testserver notes §1-2).
+and custom resources registered from CRDs.
 """
 
 from __future__ import annotations

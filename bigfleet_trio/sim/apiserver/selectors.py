@@ -1,4 +1,4 @@
-"""Label and field selectors with the apiserver's syntax and errors (kube-testserver notes §2).
+"""Label and field selectors with the apiserver's syntax and errors.
 
 Label selector grammar (comma = AND): ``k=v``, ``k==v``, ``k!=v`` (matches an absent key),
 ``k in (a,b)``, ``k notin (a,b)``, ``k``, ``!k``, ``k>N``, ``k<N``. Field selectors support

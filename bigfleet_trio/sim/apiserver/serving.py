@@ -1,5 +1,5 @@
 """Serving the ASGI app with hypercorn's Trio worker, the kubeconfig writer and the
-``bigfleet-trio sim apiserver`` entry point (issue 3 "Build"; design.md CLI contract).
+``bigfleet-trio sim apiserver`` entry point.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import yaml
 from bigfleet_trio.excgroups import find_in_group
 
 if TYPE_CHECKING:
-    from .state import ApiServer
+    from .server import ApiServer
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def run_cli(port: int, kubeconfig_out: str, *, engine: str = "hypercorn") -> int
     Serves until SIGINT/SIGTERM; prints one line with the URL and kubeconfig path. Returns 0
     (1 with a one-line message on stderr when the port cannot be bound).
     """
-    from .state import ApiServer
+    from .server import ApiServer
 
     async def main() -> None:
         server = ApiServer()

@@ -1,7 +1,9 @@
-"""The embedded apiserver's verbs on top of the store: create/get/list/update/patch/delete,
-deletecollection, status subresource split, finalizers, ownerReference GC, CRD registration and
-pods/eviction with PodDisruptionBudget evaluation (issue 3; kube-testserver notes §2).
+"""The embedded apiserver's state and verbs: the resource registry and create / get / list /
+update / patch / delete / deletecollection / watch over the :class:`~.store.Store`, with the
+status-subresource split, generation, finalizers and resourceVersion preconditions.
 
+Garbage collection (:mod:`.gc`), eviction (:mod:`.eviction`) and CRD acceptance (:mod:`.crds`)
+are separate modules this one applies; the HTTP side is :mod:`.app`, joined in :mod:`.server`.
 Everything here is synchronous (no awaits), so every verb is atomic under Trio.
 """
 
@@ -9,9 +11,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import datetime as _dt
-import functools
-import importlib.resources
 import itertools
 import logging
 import secrets
@@ -20,116 +19,43 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-import yaml
-
 from . import errors as E
+from .crds import accept_crd, default_crd_text, parse_yaml_docs
 from .errors import ApiError
+from .eviction import check_eviction_body, matching_pdbs, plan_eviction
 from .faults import Counters, Faults
-from .patching import JsonPatchFailed, json_patch, merge_patch, strategic_merge_patch
-from .resources import ResourceType, builtin_resources, resource_from_crd
-from .selectors import (
-    label_selector_from_object,
-    match_labels,
-    parse_field_selector,
-    parse_label_selector,
+from .gc import GarbageCollector
+from .objects import (
+    INITIAL_NAMESPACES,
+    PROTECTED_NAMESPACES,
+    ListResult,
+    check_body_meta,
+    content,
+    merge_write,
+    now_rfc3339,
+    pod_qos,
+    same,
+    validate_schema,
 )
+from .patching import apply_patch
+from .resources import ResourceType, builtin_resources
+from .selectors import match_labels, parse_field_selector, parse_label_selector
 from .store import Store, Watcher
 from .validation import metadata_type_error, validate_labels, validate_name
 
 log = logging.getLogger(__name__)
 
-_List = list  # the ApiServer.list method shadows the builtin inside the class body
+_List = list  # the ApiState.list method shadows the builtin inside the class body
 
-PROTECTED_NAMESPACES = ("default", "kube-system", "kube-public")
-INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
-
-
-def now_rfc3339() -> str:
-    """Current UTC time, second precision, ``Z`` suffix."""
-    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+__all__ = ["ApiState", "ListResult", "now_rfc3339"]
 
 
-def _content(obj: dict[str, Any]) -> dict[str, Any]:
-    """The generation-relevant content: everything but metadata and status."""
-    return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
-
-
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Equal ignoring metadata.resourceVersion/managedFields."""
-    if a.keys() != b.keys():
-        return False
-    for k, v in a.items():
-        if k == "metadata":
-            ma, mb = v, b["metadata"]
-            skip = ("resourceVersion", "managedFields")
-            if {x: y for x, y in ma.items() if x not in skip} != {
-                x: y for x, y in mb.items() if x not in skip
-            }:
-                return False
-        elif v != b[k]:
-            return False
-    return True
-
-
-def _int(v: Any, default: int = 0) -> int:
-    """int(v) for status fields that no schema guards; ``default`` when not a number."""
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return default
-
-
-def _pod_qos(pod: dict[str, Any]) -> str:
-    try:
-        return _pod_qos_unchecked(pod)
-    except (AttributeError, TypeError):
-        return "BestEffort"
-
-
-def _pod_qos_unchecked(pod: dict[str, Any]) -> str:
-    containers = (pod.get("spec") or {}).get("containers") or []
-    any_set = False
-    guaranteed = bool(containers)
-    for c in containers:
-        r = c.get("resources") or {}
-        req, lim = r.get("requests") or {}, r.get("limits") or {}
-        if req or lim:
-            any_set = True
-        for k in ("cpu", "memory"):
-            if k not in lim or (k in req and req[k] != lim[k]):
-                guaranteed = False
-    if not any_set:
-        return "BestEffort"
-    return "Guaranteed" if guaranteed else "Burstable"
-
-
-@functools.lru_cache(maxsize=16)
-def _parse_yaml_docs(text: str) -> list[Any]:
-    """Parse multi-document YAML once (C loader when available); callers deep-copy."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return list(yaml.load_all(text, Loader=loader))
-
-
-class ListResult:
-    """One list page: items, the list resourceVersion, continue token and remaining count."""
-
-    __slots__ = ("items", "rv", "cont", "remaining")
-
-    def __init__(
-        self, items: list[dict[str, Any]], rv: str, cont: str, remaining: int | None
-    ) -> None:
-        self.items = items
-        self.rv = rv
-        self.cont = cont
-        self.remaining = remaining
-
-
-class ApiServer:
-    """State of one embedded Kubernetes API server.
+class ApiState:
+    """State of one embedded Kubernetes API server (no HTTP; see :class:`.server.ApiServer`).
 
     Args:
         crd_paths: YAML files of CRDs to install at start; None installs the project's
-            ``bigfleet_trio/manifests/crds.yaml``; ``[]`` installs none.
+            packaged CRD manifest; ``[]`` installs none.
         history: watch events retained per resource (older resourceVersions → 410).
         bookmark_interval: seconds between BOOKMARKs on watches that allow them.
         gc_dangling: delete objects created with ownerReferences whose owners are all gone
@@ -141,7 +67,6 @@ class ApiServer:
         store: the :class:`~.store.Store` (read-only use by in-process helpers).
         faults: :class:`~.faults.Faults` injection hooks.
         counters: :class:`~.faults.Counters` of requests by (verb, resource).
-        app: the ASGI application.
     """
 
     def __init__(
@@ -153,13 +78,12 @@ class ApiServer:
         gc_dangling: bool = True,
         pdb_controller: bool = False,
     ) -> None:
-        from .app import make_app
-
         self.store = Store(history=history)
         self.bookmark_interval = bookmark_interval
         self.gc_dangling = gc_dangling
         self.faults = Faults(self.store)
         self.counters = Counters()
+        self.gc = GarbageCollector(self.store, self._delete_obj)
         self.resources: dict[tuple[str, str, str], ResourceType] = {}
         self.crd_resources: dict[str, ResourceType] = {}  # CRD name -> resource
         self.discovery_epoch = 0
@@ -178,17 +102,11 @@ class ApiServer:
         for ns in INITIAL_NAMESPACES:
             self.create(self.namespaces, None, {"metadata": {"name": ns}})
         if crd_paths is None:
-            text = (
-                importlib.resources.files("bigfleet_trio")
-                .joinpath("manifests/crds.yaml")
-                .read_text()
-            )
-            self.install_crd_text(text)
+            self.install_crd_text(default_crd_text())
         else:
             for path in crd_paths:
                 with open(path, encoding="utf-8") as fh:
                     self.install_crd_text(fh.read())
-        self.app = make_app(self)
 
     # ---- registry ----------------------------------------------------------------------------
 
@@ -196,6 +114,13 @@ class ApiServer:
         self.resources[(res.group, res.version, res.plural)] = res
         self.store.add_resource(res)
         self.discovery_epoch += 1
+
+    def _unregister_crd(self, crd_name: str) -> None:
+        r = self.crd_resources.pop(crd_name, None)
+        if r is not None:
+            self.resources.pop((r.group, r.version, r.plural), None)
+            self.store.remove_resource(r.key)
+            self.discovery_epoch += 1
 
     def resource(self, group: str, version: str, plural: str) -> ResourceType:
         """Look a resource up by group/version/plural.
@@ -222,82 +147,17 @@ class ApiServer:
     def install_crd_text(self, text: str) -> _List[dict[str, Any]]:
         """Create (or replace) every CRD in a multi-document YAML string."""
         out = []
-        for doc in copy.deepcopy(_parse_yaml_docs(text)):
+        for doc in copy.deepcopy(parse_yaml_docs(text)):
             if not doc:
                 continue
             name = doc.get("metadata", {}).get("name", "")
-            if self.store.get(self.crds, None, name) is not None:
-                old = self.store.get(self.crds, None, name)
-                assert old is not None
+            old = self.store.get(self.crds, None, name)
+            if old is not None:
                 doc["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
                 out.append(self.update(self.crds, None, name, doc))
             else:
                 out.append(self.create(self.crds, None, doc))
         return out
-
-    def _crd_accept(self, crd: dict[str, Any]) -> tuple[dict[str, Any], ResourceType]:
-        name = crd["metadata"].get("name", "")
-        try:
-            res = resource_from_crd(crd)
-        except ValueError as exc:
-            raise E.invalid(
-                "CustomResourceDefinition",
-                "apiextensions.k8s.io",
-                name,
-                [E.field_cause("FieldValueRequired", "spec", f"Required value: {exc}")],
-            ) from None
-        except Exception as exc:  # bad schema
-            raise E.invalid(
-                "CustomResourceDefinition",
-                "apiextensions.k8s.io",
-                name,
-                [
-                    E.field_cause(
-                        "FieldValueInvalid",
-                        "spec.versions[0].schema.openAPIV3Schema",
-                        f"Invalid value: {exc}",
-                    )
-                ],
-            ) from None
-        if name != f"{res.plural}.{res.group}":
-            raise E.invalid(
-                "CustomResourceDefinition",
-                "apiextensions.k8s.io",
-                name,
-                [
-                    E.field_cause(
-                        "FieldValueInvalid",
-                        "metadata.name",
-                        f'Invalid value: "{name}": must be spec.names.plural+"."+spec.group',
-                    )
-                ],
-            )
-        t = now_rfc3339()
-        names = dict(crd["spec"]["names"])
-        names.setdefault("singular", res.singular)
-        names.setdefault("listKind", res.list_kind)
-        crd = dict(crd)
-        crd["status"] = {
-            "acceptedNames": names,
-            "conditions": [
-                {
-                    "type": "NamesAccepted",
-                    "status": "True",
-                    "reason": "NoConflicts",
-                    "message": "no conflicts found",
-                    "lastTransitionTime": t,
-                },
-                {
-                    "type": "Established",
-                    "status": "True",
-                    "reason": "InitialNamesAccepted",
-                    "message": "the initial names have been accepted",
-                    "lastTransitionTime": t,
-                },
-            ],
-            "storedVersions": [res.version],
-        }
-        return crd, res
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -311,66 +171,6 @@ class ApiServer:
     def _require_namespace(self, namespace: str) -> None:
         if self.store.get(self.namespaces, None, namespace) is None:
             raise E.not_found("namespaces", "", namespace)
-
-    def _validate_schema(
-        self, res: ResourceType, obj: dict[str, Any], field_validation: str
-    ) -> tuple[dict[str, Any], _List[str]]:
-        """Prune/default and validate a custom resource; returns (object, warnings)."""
-        if res.validator is None:
-            return obj, []
-        pruned, unknown = res.validator.prune(obj)
-        name = obj["metadata"].get("name") or obj["metadata"].get("generateName", "")
-        if unknown and field_validation == "Strict":
-            msgs = ", ".join(f'unknown field "{u}"' for u in unknown)
-            raise E.bad_request(f"strict decoding error: {msgs}")
-        causes = res.validator.validate(pruned)
-        if causes:
-            raise E.invalid(res.kind, res.group, name, causes)
-        warnings = [f'unknown field "{u}"' for u in unknown] if field_validation != "Ignore" else []
-        return pruned, warnings
-
-    def _check_body_meta(
-        self, res: ResourceType, namespace: str | None, body: Any
-    ) -> dict[str, Any]:
-        if not isinstance(body, dict):
-            raise E.bad_request("the object provided is unrecognized (must be a JSON object)")
-        meta = body.get("metadata")
-        if meta is None:
-            meta = {}
-        if not isinstance(meta, dict):
-            raise E.bad_request(
-                "json: cannot unmarshal into Go struct field of type v1.ObjectMeta: "
-                "metadata must be an object"
-            )
-        err = metadata_type_error(meta)
-        if err:
-            raise E.bad_request(err)
-        kind = body.get("kind")
-        if kind is not None and kind != res.kind:
-            raise E.bad_request(
-                f"the kind of the provided object ({kind}) does not match the resource ({res.kind})"
-            )
-        av = body.get("apiVersion")
-        if av is not None and av != res.api_version:
-            raise E.bad_request(
-                f"the API version in the data ({av}) does not match the expected API version "
-                f"({res.api_version})"
-            )
-        if not res.custom:
-            for field in ("spec", "status"):
-                v = body.get(field)
-                if v is not None and not isinstance(v, dict):
-                    raise E.bad_request(
-                        f"json: cannot unmarshal {type(v).__name__} into Go struct field "
-                        f"{res.kind}.{field} of type object"
-                    )
-        bns = meta.get("namespace")
-        if res.namespaced and bns and namespace and bns != namespace:
-            raise E.bad_request(
-                "the namespace of the provided object does not match the namespace sent on the "
-                "request"
-            )
-        return meta
 
     # ---- create ------------------------------------------------------------------------------
 
@@ -390,7 +190,7 @@ class ApiServer:
             ApiError: 404 missing namespace, 409 AlreadyExists, 422 Invalid, 400 BadRequest.
         """
         namespace = self._check_scope(res, namespace)
-        meta: dict[str, Any] = dict(self._check_body_meta(res, namespace, body))
+        meta: dict[str, Any] = dict(check_body_meta(res, namespace, body))
         obj: dict[str, Any] = {"apiVersion": res.api_version, "kind": res.kind}
         obj.update((k, v) for k, v in body.items() if k not in ("apiVersion", "kind"))
         if not meta.get("name") and meta.get("generateName"):
@@ -416,19 +216,19 @@ class ApiServer:
             meta.pop(k, None)
         obj["metadata"] = meta
         if res.plural == "pods":
-            obj["status"] = {"phase": "Pending", "qosClass": _pod_qos(obj)}
+            obj["status"] = {"phase": "Pending", "qosClass": pod_qos(obj)}
         elif res.plural == "namespaces":
             meta["labels"] = dict(meta.get("labels") or {}, **{"kubernetes.io/metadata.name": name})
             obj["status"] = {"phase": "Active"}
             obj["spec"] = {"finalizers": ["kubernetes"]}
         elif res.status and res.plural != "nodes":
             obj.pop("status", None)
-        obj, warns = self._validate_schema(res, obj, field_validation)
+        obj, warns = validate_schema(res, obj, field_validation)
         if warnings is not None:
             warnings.extend(warns)
         new_res: ResourceType | None = None
         if res is self.crds:
-            obj, new_res = self._crd_accept(obj)
+            obj, new_res = accept_crd(obj)
         if self.store.get(res, namespace, name) is not None:
             raise E.already_exists(res.plural, res.group, name)
         if dry_run:
@@ -439,7 +239,7 @@ class ApiServer:
         stored = self.store.put(res, obj, None)
         log.debug("created %s %s/%s rv=%s", res.key, namespace, name, meta["resourceVersion"])
         if self.gc_dangling and meta.get("ownerReferences"):
-            self._gc_if_orphaned(res.key, (namespace or "", name))
+            self.gc.collect_if_orphaned(res.key, (namespace or "", name))
         return stored
 
     # ---- get / list --------------------------------------------------------------------------
@@ -546,7 +346,7 @@ class ApiServer:
             ApiError: 404, 409 Conflict (stale metadata.resourceVersion), 422, 400.
         """
         namespace = self._check_scope(res, namespace)
-        meta = self._check_body_meta(res, namespace, body)
+        meta = check_body_meta(res, namespace, body)
         if meta.get("name") not in (None, name):
             raise E.bad_request(
                 f"the name of the object ({meta.get('name')}) does not match the name on the URL "
@@ -603,36 +403,7 @@ class ApiServer:
         if ct == "application/strategic-merge-patch+json" and res.custom:
             raise E.unsupported_media_type(ct)
         old = self.get(res, namespace, name)
-        if ct == "application/merge-patch+json":
-            if not isinstance(patch, dict):
-                raise E.bad_request(
-                    "json: cannot unmarshal into object: merge patch must be a JSON object"
-                )
-            new = merge_patch(old, patch)
-        elif ct == "application/json-patch+json":
-            try:
-                new = json_patch(old, patch)
-            except JsonPatchFailed as exc:
-                raise E.invalid(
-                    res.kind, res.group, name, [E.field_cause("FieldValueInvalid", "", str(exc))]
-                ) from None
-        elif ct == "application/strategic-merge-patch+json":
-            if not isinstance(patch, dict):
-                raise E.bad_request("strategic merge patch must be a JSON object")
-            new = strategic_merge_patch(old, patch)
-        elif ct == "application/apply-patch+yaml":
-            if not isinstance(patch, dict):
-                raise E.bad_request("apply patch must be an object")
-            new = merge_patch(old, patch) if res.custom else strategic_merge_patch(old, patch)
-        else:
-            raise E.unsupported_media_type(ct)
-        if not isinstance(new, dict) or not isinstance(new.get("metadata"), dict):
-            raise E.invalid(
-                res.kind,
-                res.group,
-                name,
-                [E.field_cause("FieldValueRequired", "metadata", "Required value")],
-            )
+        new = apply_patch(res, old, patch, ct)
         return self._commit(
             res,
             old,
@@ -667,65 +438,19 @@ class ApiServer:
         want_rv = nmeta_in.get("resourceVersion")
         if want_rv not in (None, "") and str(want_rv) != ometa["resourceVersion"]:
             raise E.conflict(res.plural, res.group, name)
-        if subresource == "status":
-            obj = dict(old)
-            if "status" in new:
-                obj["status"] = new["status"]
-            else:
-                obj.pop("status", None)
-            meta = dict(ometa)
-        else:
-            obj = {"apiVersion": res.api_version, "kind": res.kind}
-            obj.update((k, v) for k, v in new.items() if k not in ("apiVersion", "kind"))
-            if res.status:
-                if "status" in old:
-                    obj["status"] = old["status"]
-                else:
-                    obj.pop("status", None)
-            meta = dict(nmeta_in)
-            for k in (
-                "name",
-                "namespace",
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "generation",
-                "generateName",
-            ):
-                if k in ometa:
-                    meta[k] = ometa[k]
-                else:
-                    meta.pop(k, None)
-            if ometa.get("deletionTimestamp"):
-                added = set(meta.get("finalizers") or ()) - set(ometa.get("finalizers") or ())
-                if added:
-                    raise E.invalid(
-                        res.kind,
-                        res.group,
-                        name,
-                        [
-                            E.field_cause(
-                                "FieldValueForbidden",
-                                "metadata.finalizers",
-                                "Forbidden: no new finalizers can be added if the object is "
-                                "being deleted, found new finalizers "
-                                + str(sorted(added)),
-                            )
-                        ],
-                    )
+        obj, meta = merge_write(res, old, new, nmeta_in, subresource)
         meta["resourceVersion"] = ometa["resourceVersion"]
         obj["metadata"] = meta
         if res is self.crds and subresource is None:
-            obj, new_res = self._crd_accept(obj)
+            obj, new_res = accept_crd(obj)
         else:
             new_res = None
-        obj, warns = self._validate_schema(res, obj, field_validation)
+        obj, warns = validate_schema(res, obj, field_validation)
         if warnings is not None:
             warnings.extend(warns)
-        if _same(obj, old):
+        if same(obj, old):
             return old
-        if subresource != "status" and _content(obj) != _content(old):
+        if subresource != "status" and content(obj) != content(old):
             meta["generation"] = int(ometa.get("generation", 1)) + 1
         if dry_run:
             return obj
@@ -737,6 +462,7 @@ class ApiServer:
             self._after_delete(res, final, "Background")
             return final
         return self.store.put(res, obj, old)
+
 
     # ---- delete ------------------------------------------------------------------------------
 
@@ -809,62 +535,15 @@ class ApiServer:
         log.debug("deleted %s %s/%s", res.key, meta.get("namespace", ""), meta["name"])
         self._after_delete(res, final, policy)
         return final
-
     def _after_delete(self, res: ResourceType, final: dict[str, Any], policy: str) -> None:
         meta = final["metadata"]
         if res is self.crds:
-            r = self.crd_resources.pop(meta["name"], None)
-            if r is not None:
-                self.resources.pop((r.group, r.version, r.plural), None)
-                self.store.remove_resource(r.key)
-                self.discovery_epoch += 1
+            self._unregister_crd(meta["name"])
         elif res is self.namespaces:
-            ns = meta["name"]
-            for r in _List(self.resources.values()):
-                if r.namespaced:
-                    for o in _List(self.store.items(r, ns)):
-                        if self.store.get(r, ns, o["metadata"]["name"]) is o:
-                            self._delete_obj(r, o, "Background")
+            self.gc.empty_namespace(meta["name"], self.resources.values())
         uid = meta.get("uid")
         if uid:
-            self._gc_dependents(uid, policy)
-
-    def _gc_dependents(self, owner_uid: str, policy: str) -> None:
-        deps = self.store.dependents.pop(owner_uid, None)
-        if not deps:
-            return
-        for rkey, key in sorted(deps):
-            b = self.store.buckets.get(rkey)
-            if b is None:
-                continue
-            obj = b.objects.get(key)
-            if obj is None:
-                continue
-            if policy == "Orphan":
-                new = dict(obj)
-                new["metadata"] = dict(obj["metadata"])
-                refs = [
-                    r
-                    for r in obj["metadata"].get("ownerReferences") or ()
-                    if r.get("uid") != owner_uid
-                ]
-                if refs:
-                    new["metadata"]["ownerReferences"] = refs
-                else:
-                    new["metadata"].pop("ownerReferences", None)
-                self.store.put(b.res, new, obj)
-                continue
-            self._gc_if_orphaned(rkey, key)
-
-    def _gc_if_orphaned(self, rkey: str, key: tuple[str, str]) -> None:
-        b = self.store.buckets.get(rkey)
-        obj = b.objects.get(key) if b else None
-        if b is None or obj is None:
-            return
-        refs = obj["metadata"].get("ownerReferences") or ()
-        if refs and all(self.store.by_uid(r.get("uid", "")) is None for r in refs):
-            log.info("gc: deleting %s %s/%s (owners gone)", rkey, key[0], key[1])
-            self._delete_obj(b.res, obj, "Background")
+            self.gc.owner_deleted(uid, policy)
 
     def delete_collection(
         self,
@@ -894,92 +573,18 @@ class ApiServer:
     # ---- eviction ----------------------------------------------------------------------------
 
     def evict(self, namespace: str, name: str, body: Any) -> None:
-        """pods/eviction with PodDisruptionBudget evaluation (src ``eviction.go``).
+        """pods/eviction with PodDisruptionBudget evaluation (:func:`.eviction.plan_eviction`).
 
         Raises:
             ApiError: 404 pod missing; 429 PDB blocks (DisruptionBudget cause); 500 more than
                 one PDB; 400 body/name mismatch.
         """
-        if body is not None:
-            if not isinstance(body, dict):
-                raise E.bad_request("eviction body must be an object")
-            bmeta = body.get("metadata") or {}
-            if not isinstance(bmeta, dict):
-                raise E.bad_request("eviction metadata must be an object")
-            bname = bmeta.get("name")
-            if bname and bname != name:
-                raise E.bad_request("name in URL does not match name in Eviction object")
+        check_eviction_body(name, body)
         pod = self.get(self.pods, namespace, name)
-        status = pod.get("status") or {}
-        phase = status.get("phase")
-        if pod["metadata"].get("deletionTimestamp") or phase in ("Succeeded", "Failed", "Pending"):
-            self._delete_obj(self.pods, pod, "Background")
-            return
-        labels = pod["metadata"].get("labels") or {}
-        pdbs = []
-        for pdb in self.store.items(self.pdbs, namespace):
-            reqs = label_selector_from_object((pdb.get("spec") or {}).get("selector"))
-            if reqs is not None and match_labels(reqs, labels):
-                pdbs.append(pdb)
-        if len(pdbs) > 1:
-            raise E.ApiError(
-                500,
-                "InternalError",
-                "This pod has more than one PodDisruptionBudget, which the eviction subresource "
-                "does not support.",
-            )
-        if not pdbs:
-            self._delete_obj(self.pods, pod, "Background")
-            return
-        pdb = pdbs[0]
-        pst = pdb.get("status") or {}
-        disrupted = pst.get("disruptedPods")
-        disrupted = disrupted if isinstance(disrupted, dict) else {}
-        pname = pdb["metadata"]["name"]
-        conds = status.get("conditions")
-        ready = isinstance(conds, list) and any(
-            isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
-            for c in conds
-        )
-        cur_h = _int(pst.get("currentHealthy", 0))
-        des_h = _int(pst.get("desiredHealthy", 0))
-        if not ready and cur_h >= des_h > 0:
-            self._delete_obj(self.pods, pod, "Background")
-            return
-        if _int(pst.get("observedGeneration", 0)) < _int(pdb["metadata"].get("generation", 1), 1):
-            raise E.too_many_requests(
-                "Cannot evict pod as it would violate the pod's disruption budget.",
-                [
-                    {
-                        "reason": "DisruptionBudget",
-                        "message": (
-                            f"The disruption budget {pname} is still being processed by the server."
-                        ),
-                    }
-                ],
-                retry_after=10,
-            )
-        allowed = _int(pst.get("disruptionsAllowed", 0))
-        if allowed <= 0:
-            raise E.too_many_requests(
-                "Cannot evict pod as it would violate the pod's disruption budget.",
-                [
-                    {
-                        "reason": "DisruptionBudget",
-                        "message": (
-                            f"The disruption budget {pname} needs {des_h} healthy pods and has "
-                            f"{cur_h} currently"
-                        ),
-                    }
-                ],
-            )
-        new_pdb = dict(pdb)
-        new_pst = dict(pst)
-        new_pst["disruptionsAllowed"] = allowed - 1
-        new_pst["disruptedPods"] = dict(disrupted, **{name: now_rfc3339()})
-        new_pdb["status"] = new_pst
-        new_pdb["metadata"] = dict(pdb["metadata"])
-        self.store.put(self.pdbs, new_pdb, pdb)
+        pdbs = matching_pdbs(pod, _List(self.store.items(self.pdbs, namespace)))
+        new_pdb = plan_eviction(pod, pdbs, now_rfc3339())
+        if new_pdb is not None:
+            self.store.put(self.pdbs, new_pdb, pdbs[0])
         self._delete_obj(self.pods, pod, "Background")
 
     # ---- watch -------------------------------------------------------------------------------

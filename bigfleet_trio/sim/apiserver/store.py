@@ -1,6 +1,5 @@
 """In-memory object store: one global resourceVersion counter, per-resource buckets, a bounded
-event history for watch replay and per-watcher Trio memory channels (kube-testserver notes §2
-"resourceVersion, list and watch").
+event history for watch replay and per-watcher Trio memory channels.
 
 Stored objects are never mutated in place: every write stores a new dict (unchanged subtrees
 may be shared), so readers, history entries and snapshots can hold references safely.

@@ -1,6 +1,6 @@
 """Object validation: names (DNS-1123), CRD ``openAPIV3Schema`` (jsonschema Draft 4 after
 rewriting the Kubernetes extensions), pruning of unknown fields and defaulting
-(kube-testserver notes §2 "CRDs"; the apiserver's structural-schema rules).
+(the apiserver's structural-schema rules).
 
 Pure functions; nothing here mutates its inputs.
 """
