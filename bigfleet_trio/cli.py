@@ -304,9 +304,13 @@ def build_parser() -> argparse.ArgumentParser:
                       "built-in one)")
 
     # events --------------------------------------------------------------------------------
+    from .observability.events import KINDS
+
     ev = sub.add_parser(
         "events", command="events", help="follow a running agent's /events feed",
         description="Print the agent's decision events as JSON lines.",
+        epilog="event kinds:\n" + "\n".join(f"  {k:<26} {v}" for k, v in KINDS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ev.add_argument("--addr", default="127.0.0.1:8770", metavar="HOST:PORT",
                     help="the agent's --metrics-addr (default 127.0.0.1:8770)")
@@ -493,6 +497,12 @@ def _run_command(ns: argparse.Namespace) -> int:
         _setup_logging(fmt, level)
         if ns.max_events < 0:
             raise UsageError(command, "--max-events must be >= 0")
+        from .observability.events import unknown_kinds
+
+        unknown = unknown_kinds(ns.kind)
+        if unknown:
+            raise UsageError(command, f"unknown --kind {', '.join(map(repr, unknown))} "
+                             "(see events --help for the kinds)")
         return _invoke(command, _run_events, ns.addr, list(ns.kind), ns.max_events)
     raise UsageError(PROG, f"unknown command {command!r}")  # pragma: no cover
 

@@ -318,6 +318,10 @@ def test_sim_and_misc_parsing() -> None:
         ),
         (["events", "--max-events", "-1"], "events: --max-events must be >= 0"),
         (
+            ["events", "--kind", "rollup", "--kind", "acks"],
+            "events: unknown --kind 'acks' (see events --help for the kinds)",
+        ),
+        (
             [],
             "bigfleet-trio: a command is required (operator, pod-controller, sim, install-crds, "
             "demo, events); see --help",
@@ -344,6 +348,10 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for flag in ("--cluster-id", "--shard-addr", "--rollup-interval", "--tls-ca", "--metrics-addr"):
         assert flag in out
+    assert cli.main(["events", "--help"]) == 0
+    out = capsys.readouterr().out
+    for kind in ("cr_acknowledged", "upcoming_node_written", "drain_started", "drain_finished"):
+        assert f"\n  {kind} " in out
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == "bigfleet-trio 0.1.0"
 

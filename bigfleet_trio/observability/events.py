@@ -1,9 +1,8 @@
 """In-process event feed: what the agent decides, as small JSON-able dicts, for live followers.
 
-Issue 7 "Diagnostics": a WebSocket event feed (``/events``, JSON lines of what the agent does) and
-``bigfleet-trio events --addr`` that follows it. The operator and the demo call
-:meth:`EventFeed.publish` at each decision (``rollup_sent``, ``cr_acknowledged``,
-``upcoming_node``, ``reclaim``, ``drain_started``, ``drain_finished``, …); the HTTP layer
+The operator serves it as a WebSocket (``/events``, one JSON object per decision) and
+``bigfleet-trio events --addr`` follows it. Publishers call :meth:`EventFeed.publish` with one
+of the kinds in :data:`KINDS` (the catalogue ``events --help`` prints); the HTTP layer
 (:mod:`bigfleet_trio.observability.http`) streams a subscription to each WebSocket client.
 
 Semantics:
@@ -32,11 +31,62 @@ from typing import IO, Any
 
 import trio
 
-__all__ = ["EventFeed", "EventSubscription", "FeedStatistics", "follow_events", "DROPPED"]
+__all__ = [
+    "EventFeed",
+    "EventSubscription",
+    "FeedStatistics",
+    "follow_events",
+    "DROPPED",
+    "KINDS",
+    "unknown_kinds",
+]
 
 log = logging.getLogger(__name__)
 
 DROPPED = "dropped"
+
+# Event kinds. Publishers use these names; a kind is listed here before anything publishes it.
+OPERATOR_STARTED = "operator_started"
+OPERATOR_STOPPED = "operator_stopped"
+SESSION_UP = "session_up"
+SESSION_DOWN = "session_down"
+ROLLUP = "rollup"
+CAPACITYREQUEST_EXCLUDED = "capacityrequest_excluded"
+CR_ACKNOWLEDGED = "cr_acknowledged"
+BOOTSTRAP = "bootstrap"
+NODE_STATE = "node_state"
+UPCOMING_NODE_WRITTEN = "upcoming_node_written"
+RECLAIM = "reclaim"
+RECLAIM_ACK = "reclaim_ack"
+DRAIN_STARTED = "drain_started"
+DRAIN_FINISHED = "drain_finished"
+AVAILABLE_CAPACITY = "available_capacity"
+
+KINDS: Mapping[str, str] = {
+    OPERATOR_STARTED: "informers synced, the operator starts working (cluster)",
+    OPERATOR_STOPPED: "the operator stopped (cluster)",
+    SESSION_UP: "shard session established (cluster)",
+    SESSION_DOWN: "shard session ended (cluster, error, retry_in, uptime)",
+    ROLLUP: "roll-up built (cluster, needs, crs, excluded, pending)",
+    CAPACITYREQUEST_EXCLUDED: "a CapacityRequest left out of the roll-up (cr, reason, field)",
+    CR_ACKNOWLEDGED: "a CapacityRequest went Pending -> Acknowledged (cr)",
+    BOOTSTRAP: "bootstrap blob rendered or refused (request_id, bytes, error)",
+    NODE_STATE: "a machine's state reflected into its UpcomingNode (machine_id, node, state)",
+    UPCOMING_NODE_WRITTEN: "an UpcomingNode created, updated or deleted (machine_id, "
+    "upcoming_node, op, phase)",
+    RECLAIM: "reclaim instruction received (instruction_id, nodes, grace_seconds)",
+    RECLAIM_ACK: "reclaim acknowledged to the shard (instruction_id, nodes_started)",
+    DRAIN_STARTED: "a node drain started (node, instruction_id, grace_seconds)",
+    DRAIN_FINISHED: "a node drain ended (node, instruction_id, outcome, error)",
+    AVAILABLE_CAPACITY: "AvailableCapacity upserted (supersedes_key, count)",
+    DROPPED: "marker: this follower missed count events (it fell behind)",
+}
+"""Every event kind with what it means and its fields (``events --help`` prints this)."""
+
+
+def unknown_kinds(kinds: Iterable[str]) -> list[str]:
+    """The given kinds that are not in :data:`KINDS`, in order."""
+    return [k for k in kinds if k not in KINDS]
 _RESERVED = ("seq", "ts", "kind")
 
 

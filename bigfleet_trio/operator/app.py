@@ -54,6 +54,7 @@ from bigfleet_trio.kube import (
     load_kubeconfig,
 )
 from bigfleet_trio.kube.informer import SyncTimeout, wait_all_synced
+from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.acknowledge import Acknowledger
@@ -376,10 +377,10 @@ class Operator:
     def _on_session_change(self, change: SessionChange) -> None:
         """Agent hook: ``session_up`` / ``session_down`` feed events (the agent logs each one)."""
         if change.up:
-            self._publish("session_up", cluster=change.cluster_id)
+            self._publish(kinds.SESSION_UP, cluster=change.cluster_id)
         else:
             self._publish(
-                "session_down", cluster=change.cluster_id, error=change.error,
+                kinds.SESSION_DOWN, cluster=change.cluster_id, error=change.error,
                 retry_in=change.retry_in, uptime=change.uptime,
             )
 
@@ -419,14 +420,14 @@ class Operator:
                 )
                 await nursery.start(rt.drains.run)
                 await nursery.start(rt.acknowledger.run)
-                self._publish("operator_started", cluster=cluster)
+                self._publish(kinds.OPERATOR_STARTED, cluster=cluster)
                 task_status.started()
                 await rt.agent.run()
         finally:
             self._running = False
             self._synced = False
             log.info("operator: stopped", extra={"cluster": cluster})
-            self._publish("operator_stopped", cluster=cluster)
+            self._publish(kinds.OPERATOR_STOPPED, cluster=cluster)
 
 
 # ---------------------------------------------------------------------- the process

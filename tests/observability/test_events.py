@@ -187,3 +187,35 @@ def test_events_url(addr: str, url: str) -> None:
 
 def test_events_url_kinds() -> None:
     assert events_url("h:1", ["a", "b"]) == "ws://h:1/events?kind=a,b"
+
+
+def test_every_published_kind_is_in_the_catalogue() -> None:
+    """A kind published anywhere in the package is listed in KINDS (what ``events --help``
+    prints and ``events --kind`` accepts)."""
+    import pathlib
+    import re
+
+    from bigfleet_trio.observability import events
+
+    root = pathlib.Path(events.__file__).resolve().parents[1]
+    literal = re.compile(r"""publish\(\s*["']([a-z_]+)["']""")
+    constant = re.compile(r"publish\(\s*(?:\w+\.)?([A-Z][A-Z_]+)\b")
+    seen: set[str] = set()
+    for path in root.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        seen.update(literal.findall(text))
+        for name in constant.findall(text):
+            value = getattr(events, name, None)
+            assert isinstance(value, str), f"{path.name}: publish({name}) is not an events kind"
+            seen.add(value)
+    assert seen, "no publisher found: the scan is broken"
+    assert sorted(seen - set(events.KINDS)) == []
+
+
+def test_unknown_kinds() -> None:
+    from bigfleet_trio.observability.events import KINDS, unknown_kinds
+
+    assert unknown_kinds(["rollup", "nope", "drain_finished", "Rollup"]) == ["nope", "Rollup"]
+    assert {"cr_acknowledged", "upcoming_node_written", "drain_started", "drain_finished"} <= set(
+        KINDS
+    )
