@@ -1,64 +1,18 @@
-"""The pod controller's reconcile loop: one CapacityRequest per non-terminal Pod.
+"""The pod controller: one CapacityRequest per non-terminal Pod, kept in line with the Pod.
 
-Seed 000 "The unschedulable-pod controller: one CapacityRequest per Pod", seed 003 (ADR-0039),
-reference-behavior.md §10 (Reconcile steps), with the §18 item 14 fixes: the CR name is derived
-from the Pod UID (two racing reconciles cannot create duplicates; AlreadyExists is success), a
-changed translation updates the CR, a CR deleted by hand is recreated at once (CR delete events
-enqueue the owning Pod) and on every resync, and orphan CRs whose Pod is gone are removed.
-
-Wiring:
-
-* Two informers: Pods (slim projection, :func:`slim_pod`) and CapacityRequests carrying the
-  ``bigfleet.lucy.sh/owned-by-pod`` label (:func:`slim_cr`, indexed by owner UID and by owner
-  Pod key). Nothing is written before both have synced.
-* A de-duplicating :class:`~.workqueue.WorkQueue` of keys ``("pod", "ns/name")``,
-  ``("orphan", "ns/crname")`` and (low priority) ``("stamp", "ns/crname")``; ``workers``
-  tasks take keys; errors re-queue the key with per-key exponential backoff.
-* Every ``resync_period`` all Pods are re-enqueued and CRs without a live Pod are re-checked.
-
-Reconcile of ``("pod", "ns/name")`` (outcome counted in
-``bigfleet_unschedulable_pod_controller_reconciles_total``):
-
-1. Pod not in the cache → ``pod_gone`` (ownerRef GC removes its CR; CRs still pointing at that
-   name are re-checked as orphans after ``orphan_grace``).
-2. Terminal (Succeeded/Failed) → deletecollection of CRs in the namespace labelled
-   ``owned-by-pod=<uid>`` when the cache shows any → ``pod_terminal``; never a create.
-3. Translate (:func:`~.translate.translate_pod`). TranslationError → Warning Event on the Pod +
-   WARNING log line (both once per distinct error per Pod; a repeat, e.g. on resync, is a DEBUG
-   line) → ``invalid_pod`` (no CR, no retry). Warnings (unparseable penalty annotation, ...) →
-   Warning Event + WARNING log (once per distinct set of warnings per Pod) and carry on.
-   Requirements whose operator the CRD does not accept (Gt/Lt from node affinity: the
-   translation keeps them, :data:`~.translate.CRD_REQUIREMENT_OPERATORS` is what the CRD allows)
-   → no write, ONE Warning Event ``UnsupportedRequirement`` on the Pod naming key and operator
-   (once per distinct message while it persists), one warning log line, →
-   ``unsupported_requirement``; no retry (a Pod change or the resync re-checks). A CR the Pod
-   already has is deleted: it would carry the demand with constraints the Pod no longer has,
-   and the Event is what makes the demand visible (reference §18.13: never silent lost demand).
-4. No CR → create with the deterministic name; AlreadyExists → read it and treat it as existing
-   → ``cr_created`` / ``cr_exists``. The status merge-patch ``{"status":{"phase":"Pending"}}``
-   follows as a low-priority queue item ``("stamp", "ns/crname")``: it runs once no Pod work is
-   waiting (under a burst, demand becomes visible first; the operator treats an empty phase as
-   Pending anyway), carries the create's resourceVersion so it never overwrites a phase the
-   operator wrote meanwhile, and any failure is logged, non-fatal.
-5. A CR exists: extra CRs for the same UID (e.g. made by the Go controller's generateName) are
-   deleted; if the kept CR's spec differs from the translation, a JSON merge patch (an RFC 7386
-   diff: removed keys set to null, lists replaced wholesale) updates it → ``cr_updated``;
-   otherwise ``cr_exists``.
-6. The apiserver rejects the create or patch with 422 Invalid → a permanent outcome, not an
-   error: Warning Event ``CapacityRequestRejected`` on the Pod with the apiserver's message
-   (once per translated spec version), one log line, any CR the Pod has is deleted (its spec is
-   not the Pod's any more, as in step 3), → ``cr_rejected``; no backoff retry (a Pod change or
-   the periodic resync tries again).
-
-Reconcile of ``("orphan", "ns/crname")``: the CR's owner (label UID) is not a live Pod in the cache
-and a live GET of the owner Pod confirms it is gone (or has another UID) → delete the CR with a UID
-precondition → ``orphan_deleted``.
+Two informers (Pods as :func:`slim_pod` projections, CapacityRequests labelled
+``bigfleet.lucy.sh/owned-by-pod`` as :func:`slim_cr`, indexed by owner UID and owner Pod) feed a
+de-duplicating :class:`~.workqueue.WorkQueue` of typed keys (:mod:`.keys`): a Pod to reconcile,
+a CR to check as an orphan, a CR to stamp Pending. ``workers`` tasks take keys; a Pod's
+reconcile looks the Pod and its CRs up in the caches, asks :func:`~.plan.plan_pod` what to do and
+applies the plan (writes, Warning Events, one log line per decision). A failed write re-queues
+the key with per-key backoff; every ``resync_period`` all Pods are re-enqueued and CRs without
+a live Pod re-checked. Nothing is written before both caches synced.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import math
 from collections.abc import Mapping
@@ -79,16 +33,24 @@ from bigfleet_trio.kube.informer import SyncTimeout, wait_all_synced
 
 from . import metrics
 from .defaults import PriorityClassDefaults
+from .keys import OrphanKey, PodKey, QueueKey, StampKey
+from .plan import (
+    REASON_FAILED,
+    REASON_REJECTED,
+    REASON_UNSUPPORTED,
+    REASON_WARNING,
+    REASONS,
+    EventReport,
+    PodPlan,
+    merge_patch_diff,
+    plan_pod,
+    plan_rejected,
+)
 from .translate import (
-    CRD_REQUIREMENT_OPERATORS,
     INTERRUPTION_PENALTY_ANNOTATION,
     OWNED_BY_POD_LABEL,
     RECLAMATION_PENALTY_ANNOTATION,
-    TranslationError,
-    build_capacity_request,
     is_terminal,
-    translate_pod,
-    unsupported_requirements,
 )
 from .workqueue import WorkQueue
 
@@ -103,6 +65,7 @@ __all__ = [
     "REASON_UNSUPPORTED",
     "REASON_WARNING",
     "SyncTimeout",
+    "Unauthenticated",
     "merge_patch_diff",
     "slim_cr",
     "slim_pod",
@@ -118,18 +81,14 @@ OWNER_POD_INDEX = "owner-pod"
 POD_UID_INDEX = "uid"
 """Pod index: ``metadata.uid``."""
 
-REASON_FAILED = "CapacityRequestFailed"
-"""Event reason: the Pod cannot be translated (no CR)."""
-REASON_WARNING = "CapacityRequestWarning"
-"""Event reason: translated with a warning (e.g. unparseable penalty annotation ignored)."""
-REASON_UNSUPPORTED = "UnsupportedRequirement"
-"""Event reason: a requirement operator the CRD does not accept (Gt/Lt); no CR."""
-REASON_REJECTED = "CapacityRequestRejected"
-"""Event reason: the apiserver rejected the CR create/patch with 422 Invalid; no CR."""
-_REASONS = (REASON_FAILED, REASON_WARNING, REASON_UNSUPPORTED, REASON_REJECTED)
-_NOT_SENT = "this Pod's demand is not sent to BigFleet"
 
-PodKey = tuple[str, str]
+
+class Unauthenticated(SyncTimeout):
+    """The apiserver answered 401 Unauthorized while the caches were syncing.
+
+    A subclass of :class:`SyncTimeout` (callers that report a failed sync report this too), but
+    raised as soon as the 401 is seen: credentials do not heal by waiting out the deadline.
+    """
 
 _ANNOTATIONS_KEPT = (INTERRUPTION_PENALTY_ANNOTATION, RECLAMATION_PENALTY_ANNOTATION)
 _POD_META = ("name", "namespace", "uid", "ownerReferences", "deletionTimestamp")
@@ -288,33 +247,6 @@ def _index_pod_uid(pod: Mapping[str, Any]) -> list[str]:
     return [uid] if isinstance(uid, str) and uid else []
 
 
-def merge_patch_diff(old: Any, new: Any) -> Any:
-    """The RFC 7386 JSON merge patch turning ``old`` into ``new``.
-
-    Objects are diffed key by key (keys missing from ``new`` become ``null``, equal keys are left
-    out); anything else (lists, scalars) is replaced wholesale, which is how merge patch treats
-    lists in CRDs. ``new`` must not contain ``null`` values (they would mean "delete").
-
-    Returns:
-        A dict patch when both are objects (``{}`` when equal), else ``new``.
-    """
-    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
-        return new
-    patch: dict[str, Any] = {}
-    for k in old:
-        if k not in new:
-            patch[k] = None
-    for k, v in new.items():
-        if k not in old:
-            patch[k] = v
-        elif old[k] != v:
-            if isinstance(old[k], Mapping) and isinstance(v, Mapping):
-                patch[k] = merge_patch_diff(old[k], v)
-            else:
-                patch[k] = v
-    return patch
-
-
 # --------------------------------------------------------------------------------------------
 # the controller
 
@@ -358,7 +290,7 @@ class PodController:
         resync_period: float = 300.0,
         orphan_grace: float = 30.0,
         sync_timeout: float = 600.0,
-        queue: WorkQueue[tuple[str, str]] | None = None,
+        queue: WorkQueue[QueueKey] | None = None,
         namespace: str | None = None,
         component: str = CONTROLLER_NAME,
     ) -> None:
@@ -371,7 +303,7 @@ class PodController:
         self.orphan_grace = orphan_grace
         self.sync_timeout = sync_timeout
         self.component = component
-        self.queue: WorkQueue[tuple[str, str]] = queue or WorkQueue(
+        self.queue: WorkQueue[QueueKey] = queue or WorkQueue(
             metrics=metrics.PrometheusQueueMetrics(component)
         )
         self.pods = Informer(
@@ -397,7 +329,7 @@ class PodController:
         # (pod uid, Event reason) -> (messages, version) last reported: each condition is
         # reported once while it persists and again after it cleared and came back
         self._reported: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {}
-        self._stamp_rv: dict[str, str | None] = {}  # CR key -> resourceVersion after create
+        self._stamp_rv: dict[StampKey, str | None] = {}  # resourceVersion after our create
 
     # -- readiness ----------------------------------------------------------------------------
 
@@ -415,7 +347,7 @@ class PodController:
     # -- informer handlers (sync, never block) -------------------------------------------------
 
     def _enqueue_pod(self, key: str) -> None:
-        self.queue.add(("pod", key))
+        self.queue.add(PodKey.parse(key))
 
     def _on_pod_add(self, pod: dict[str, Any]) -> None:
         self._enqueue_pod(_key(pod))
@@ -427,7 +359,7 @@ class PodController:
     def _on_pod_delete(self, pod: dict[str, Any]) -> None:
         uid = pod.get("metadata", {}).get("uid")
         if isinstance(uid, str):
-            self._clear(uid, *_REASONS)
+            self._clear(uid, *REASONS)
         self._enqueue_pod(_key(pod))
 
     def _check_cr(self, cr: dict[str, Any]) -> None:
@@ -440,7 +372,7 @@ class PodController:
         uid = _owner_uid(cr)
         if pod is None or pod.get("metadata", {}).get("uid") != uid:
             if not self.pods.store.by_index(POD_UID_INDEX, uid):
-                self.queue.add_after(("orphan", _key(cr)), self.orphan_grace)
+                self.queue.add_after(OrphanKey.parse(_key(cr)), self.orphan_grace)
             return
         if is_terminal(pod):
             self._enqueue_pod(f"{ns}/{owner}")
@@ -490,16 +422,39 @@ class PodController:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.pods.run)
             await nursery.start(self.crs.run)
-            try:
-                await wait_all_synced((self.pods, self.crs), self.sync_timeout)
-            except SyncTimeout as exc:
-                timed_out = exc
-                nursery.cancel_scope.cancel()
-            else:
+            timed_out = await self._wait_synced()
+            if timed_out is None:
                 await self._synced_run(elector, task_status)
-                nursery.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
         if timed_out is not None:
             raise timed_out
+
+    async def _wait_synced(self) -> SyncTimeout | None:
+        """Both caches synced (None), or why not: the deadline passed, or a 401 came first."""
+        failed: SyncTimeout | None = None
+        async with trio.open_nursery() as race:
+
+            async def synced() -> None:
+                nonlocal failed
+                try:
+                    await wait_all_synced((self.pods, self.crs), self.sync_timeout)
+                except SyncTimeout as exc:
+                    failed = exc
+                race.cancel_scope.cancel()
+
+            async def refused() -> None:
+                nonlocal failed
+                exc = await self.client.wait_unauthorized()
+                failed = Unauthenticated(
+                    f"401 Unauthorized: the apiserver refused this process's credentials "
+                    f"({exc.message or 'no message'}); check the kubeconfig's token or client "
+                    f"certificate"
+                )
+                race.cancel_scope.cancel()
+
+            race.start_soon(synced)
+            race.start_soon(refused)
+        return failed
 
     async def _synced_run(
         self, elector: LeaderElector | None, task_status: trio.TaskStatus[None]
@@ -538,7 +493,7 @@ class PodController:
         orphans = 0
         for key, cr in self.crs.store.items():
             if not self.pods.store.by_index(POD_UID_INDEX, _owner_uid(cr)):
-                self.queue.add(("orphan", key))
+                self.queue.add(OrphanKey.parse(key))
                 orphans += 1
         log.debug("pod controller resync pods=%d orphan_checks=%d", len(self.pods.store), orphans)
 
@@ -559,8 +514,8 @@ class PodController:
                 delay = self.queue.add_rate_limited(item)
                 log.warning(
                     "pod controller reconcile failed key=%s/%s retry_in=%.3fs err=%s",
-                    item[0],
-                    item[1],
+                    item.kind,
+                    item,
                     delay,
                     exc,
                 )
@@ -569,8 +524,8 @@ class PodController:
                 delay = self.queue.add_rate_limited(item)
                 log.exception(
                     "pod controller reconcile crashed key=%s/%s retry_in=%.3fs",
-                    item[0],
-                    item[1],
+                    item.kind,
+                    item,
                     delay,
                 )
             else:
@@ -586,154 +541,125 @@ class PodController:
 
     # -- reconcile ----------------------------------------------------------------------------
 
-    async def reconcile(self, item: tuple[str, str]) -> str | None:
-        """Reconcile one queue item; returns the outcome label (None: nothing to count).
+    async def reconcile(self, item: QueueKey) -> str | None:
+        """Reconcile one queue key; returns the outcome label (None: nothing to count).
 
         Raises:
             ApiError, KubeTransportError: a write failed (the worker re-queues with backoff).
         """
-        kind, key = item
-        if kind == "pod":
-            return await self.reconcile_pod(key)
-        if kind == "orphan":
-            return await self.reconcile_orphan(key)
-        if kind == "stamp":
-            await self.reconcile_stamp(key)
+        if isinstance(item, PodKey):
+            return await self.reconcile_pod(item)
+        if isinstance(item, OrphanKey):
+            return await self.reconcile_orphan(item)
+        if isinstance(item, StampKey):
+            await self.reconcile_stamp(item)
             return None
-        log.error("pod controller unknown queue item kind=%s key=%s", kind, key)
+        log.error("pod controller unknown queue item item=%r", item)
         return None
 
-    async def reconcile_pod(self, key: str) -> str:
-        """Reconcile the Pod ``"ns/name"`` (see the module docstring)."""
-        pod = self.pods.store.get(key)
+    async def reconcile_pod(self, key: PodKey | str) -> str:
+        """Reconcile the Pod ``key`` (``"ns/name"`` accepted): plan, then apply the plan."""
+        key = PodKey.parse(key) if isinstance(key, str) else key
+        skey = str(key)
+        pod = self.pods.store.get(skey)
         if pod is None:
-            for cr in self.crs.store.by_index(OWNER_POD_INDEX, key):
-                self.queue.add_after(("orphan", _key(cr)), self.orphan_grace)
-            log.debug("pod gone pod=%s", key)
+            # ownerReference GC removes its CR; CRs still naming the Pod are checked later
+            for cr in self.crs.store.by_index(OWNER_POD_INDEX, skey):
+                self.queue.add_after(OrphanKey.parse(_key(cr)), self.orphan_grace)
+            log.debug("pod gone pod=%s", skey)
             return "pod_gone"
-        meta = pod["metadata"]
-        ns = meta.get("namespace", "")
-        uid = meta.get("uid")
-        if not isinstance(uid, str) or not uid:
+        uid = pod["metadata"].get("uid")
+        owned = (
+            self.crs.store.by_index(OWNER_UID_INDEX, uid) if isinstance(uid, str) and uid else []
+        )
+        plan = plan_pod(pod, owned, self.defaults)
+        return await self._apply(key, pod, owned, plan)
+
+    async def _apply(
+        self, key: PodKey, pod: dict[str, Any], owned: list[dict[str, Any]], plan: PodPlan
+    ) -> str:
+        """Carry ``plan`` out for the Pod ``key``; returns the outcome to count."""
+        uid = plan.uid
+        if not uid:
             log.warning("pod without uid skipped pod=%s", key)
-            return "invalid_pod"
-        owned = self.crs.store.by_index(OWNER_UID_INDEX, uid)
-        if is_terminal(pod):
-            if owned:
+            return plan.outcome
+        if plan.outcome == "pod_terminal":
+            if plan.delete_selector is not None:
                 await self.client.delete_collection(
-                    CAPACITY_REQUESTS, ns, label_selector=f"{OWNED_BY_POD_LABEL}={uid}"
+                    CAPACITY_REQUESTS, key.namespace, label_selector=plan.delete_selector
                 )
-                log.info(
-                    "crs deleted for terminal pod pod=%s uid=%s phase=%s crs=%d",
-                    key,
-                    uid,
-                    pod.get("status", {}).get("phase"),
-                    len(owned),
-                )
-            return "pod_terminal"
-        try:
-            translation = translate_pod(pod, self.defaults)
-            body = build_capacity_request(pod, translation)
-        except TranslationError as exc:
+                log.info("crs deleted for terminal pod pod=%s uid=%s phase=%s crs=%d",
+                         key, uid, plan.phase, len(owned))
+            return plan.outcome
+        if plan.outcome == "invalid_pod":
+            assert plan.report is not None
             # WARNING once per distinct error (with the Event); a resync repeating it is DEBUG
-            if await self._report(pod, uid, REASON_FAILED, (str(exc),)):
-                log.warning("pod cannot be translated pod=%s uid=%s err=%s", key, uid, exc)
+            if await self._report(pod, uid, plan.report):
+                log.warning("pod cannot be translated pod=%s uid=%s err=%s", key, uid, plan.detail)
             else:
-                log.debug("pod still cannot be translated pod=%s err=%s", key, exc)
-            return "invalid_pod"
-        self._clear(uid, REASON_FAILED)
-        if translation.warnings:
-            new = await self._report(pod, uid, REASON_WARNING, translation.warnings)
-            for w in translation.warnings:
+                log.debug("pod still cannot be translated pod=%s err=%s", key, plan.detail)
+            return plan.outcome
+        self._clear(uid, *plan.clear)
+        if plan.warnings is not None:
+            new = await self._report(pod, uid, plan.warnings)
+            for w in plan.warnings.messages:
                 log.log(logging.WARNING if new else logging.DEBUG,
                         "pod translation warning pod=%s uid=%s warning=%s", key, uid, w)
-        else:
-            self._clear(uid, REASON_WARNING)
-        unsupported = unsupported_requirements(translation.spec)
-        if unsupported:
-            return await self._unsupported(key, pod, uid, unsupported, owned)
-        self._clear(uid, REASON_UNSUPPORTED)
+        if plan.action == "report":
+            await self._no_cr(key, pod, plan)
+            return plan.outcome
         try:
-            outcome = await self._write(key, uid, body, owned)
+            outcome = await self._write(key, plan)
         except Invalid as exc:
-            return await self._rejected(key, pod, uid, body, exc, owned)
+            # permanent for this spec version: reported, no backoff retry (a Pod change or the
+            # resync tries again)
+            rejected = plan_rejected(plan, owned, exc.message)
+            await self._no_cr(key, pod, rejected, err=exc)
+            return rejected.outcome
         self._clear(uid, REASON_REJECTED)
         return outcome
 
-    async def _write(
-        self, key: str, uid: str, body: dict[str, Any], owned: list[dict[str, Any]]
-    ) -> str:
-        """Steps 4-5: create the CR, or bring the existing one in line with ``body``."""
-        spec = body["spec"]
-        want = body["metadata"]["name"]
-        if not owned:
-            return await self._create(key, uid, body)
-        keep = next((cr for cr in owned if cr["metadata"].get("name") == want), owned[0])
-        for extra in owned:
-            if extra is not keep:
-                await self._delete_cr(extra, why="duplicate")
-        if keep.get("spec") != spec:
-            return await self._update_spec(key, keep, spec, body)
-        log.debug("cr exists pod=%s cr=%s", key, keep["metadata"].get("name"))
-        return "cr_exists"
+    async def _no_cr(
+        self, key: PodKey, pod: dict[str, Any], plan: PodPlan, *, err: Exception | None = None
+    ) -> None:
+        """The Pod gets no CR: Events + one log line, then delete the CRs it has.
 
-    async def _unsupported(
-        self,
-        key: str,
-        pod: dict[str, Any],
-        uid: str,
-        unsupported: tuple[dict[str, Any], ...],
-        owned: list[dict[str, Any]],
-    ) -> str:
-        """Step 3b: requirements the CRD cannot carry: Event + log, no CR (stale one deleted)."""
-        what = ", ".join(f"{r.get('key')!r} {r.get('operator')}" for r in unsupported)
-        message = (
-            f"node affinity requirement {what} cannot be expressed in a CapacityRequest (the "
-            f"CRD accepts operators {', '.join(sorted(CRD_REQUIREMENT_OPERATORS))}); {_NOT_SENT}"
-        )
-        self._clear(uid, REASON_REJECTED)
-        if await self._report(pod, uid, REASON_UNSUPPORTED, (message,)):
-            log.warning(
-                "pod demand not sent, unsupported requirement pod=%s uid=%s requirements=%s "
-                "stale_crs=%d",
-                key,
-                uid,
-                what,
-                len(owned),
-            )
-        else:
-            log.debug("pod demand still not sent, unsupported requirement pod=%s", key)
-        for cr in owned:
-            await self._delete_cr(cr, why="unsupported_requirement")
-        return "unsupported_requirement"
-
-    async def _rejected(
-        self,
-        key: str,
-        pod: dict[str, Any],
-        uid: str,
-        body: dict[str, Any],
-        exc: Invalid,
-        owned: list[dict[str, Any]],
-    ) -> str:
-        """Step 6: 422 Invalid on create/patch: permanent for this spec version."""
-        version = json.dumps(body["spec"], sort_keys=True, separators=(",", ":"))
-        message = f"CapacityRequest rejected by the apiserver: {exc.message}; {_NOT_SENT}"
-        if await self._report(pod, uid, REASON_REJECTED, (message,), version=version):
-            log.warning(
-                "pod demand not sent, cr rejected pod=%s uid=%s cr=%s err=%s",
-                key,
-                uid,
-                body["metadata"]["name"],
-                exc,
-            )
+        A CR left in place would carry the demand with constraints the Pod no longer has; the
+        Event is what makes the missing demand visible (never silently lost demand).
+        """
+        assert plan.report is not None
+        uid = plan.uid
+        new = await self._report(pod, uid, plan.report)
+        if plan.report.reason == REASON_UNSUPPORTED:
+            if new:
+                log.warning(
+                    "pod demand not sent, unsupported requirement pod=%s uid=%s requirements=%s "
+                    "stale_crs=%d", key, uid, plan.detail, len(plan.delete))
+            else:
+                log.debug("pod demand still not sent, unsupported requirement pod=%s", key)
+        elif new:
+            assert plan.body is not None
+            log.warning("pod demand not sent, cr rejected pod=%s uid=%s cr=%s err=%s",
+                        key, uid, plan.body["metadata"]["name"], err)
         else:
             log.debug("pod demand still not sent, cr rejected again pod=%s", key)
-        for cr in owned:
-            await self._delete_cr(cr, why="rejected_update")
-        return "cr_rejected"
+        for cr in plan.delete:
+            await self._delete_cr(cr, why=plan.delete_reason)
 
-    async def _create(self, key: str, uid: str, body: dict[str, Any]) -> str:
+    async def _write(self, key: PodKey, plan: PodPlan) -> str:
+        """Create the CR, or delete extras and bring the kept one in line (``plan.action``)."""
+        assert plan.body is not None
+        if plan.action == "create":
+            return await self._create(key, plan.uid, plan.body)
+        for extra in plan.delete:
+            await self._delete_cr(extra, why=plan.delete_reason)
+        if plan.action == "update":
+            return await self._update_spec(key, plan)
+        assert plan.target is not None
+        log.debug("cr exists pod=%s cr=%s", key, plan.target["metadata"].get("name"))
+        return plan.outcome
+
+    async def _create(self, key: PodKey, uid: str, body: dict[str, Any]) -> str:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             created = await self.client.create(CAPACITY_REQUESTS, body, ns)
@@ -758,24 +684,30 @@ class PodController:
         return "cr_created"
 
     def _queue_stamp(self, ns: str, name: str, resource_version: str | None) -> None:
-        """Schedule the Pending stamp behind all Pod work (low priority in the queue)."""
-        cr_key = f"{ns}/{name}"
-        self._stamp_rv[cr_key] = resource_version
-        self.queue.add(("stamp", cr_key), low=True)
+        """Schedule the Pending stamp behind all Pod work (low priority in the queue).
 
-    async def reconcile_stamp(self, cr_key: str) -> None:
+        Under a burst, demand becomes visible (CRs created) first; the operator treats an
+        empty phase as Pending anyway.
+        """
+        key = StampKey(ns, name)
+        self._stamp_rv[key] = resource_version
+        self.queue.add(key, low=True)
+
+    async def reconcile_stamp(self, key: StampKey | str) -> None:
         """Status merge-patch ``{"status":{"phase":"Pending"}}`` on a CR we created.
 
         Guarded by the resourceVersion the create returned, so a phase the operator wrote in
         the meantime (Acknowledged) is never overwritten with Pending; on a Conflict the live CR
-        is read and stamped only if it still has no phase. Every failure is logged, non-fatal
-        (reference §10 step 5).
+        is read and stamped only if it still has no phase. Every failure is logged, non-fatal:
+        the stamp is cosmetic.
         """
-        rv = self._stamp_rv.pop(cr_key, None)
+        key = StampKey.parse(key) if isinstance(key, str) else key
+        rv = self._stamp_rv.pop(key, None)
+        cr_key = str(key)
         cached = self.crs.store.get(cr_key)
         if cached is not None and (cached.get("status") or {}).get("phase"):
             return
-        ns, _, name = cr_key.partition("/")
+        ns, name = key.namespace, key.name
         try:
             for _attempt in range(3):
                 patch: dict[str, Any] = {"status": {"phase": "Pending"}}
@@ -800,19 +732,17 @@ class PodController:
         except (ApiError, KubeTransportError) as exc:
             log.warning("cr Pending stamp failed (non-fatal) cr=%s err=%s", cr_key, exc)
 
-    async def _update_spec(
-        self, key: str, cr: dict[str, Any], spec: dict[str, Any], body: dict[str, Any]
-    ) -> str:
-        meta = cr["metadata"]
+    async def _update_spec(self, key: PodKey, plan: PodPlan) -> str:
+        assert plan.target is not None and plan.patch is not None and plan.body is not None
+        meta = plan.target["metadata"]
         ns, name = meta.get("namespace", ""), meta.get("name", "")
-        patch = {"spec": merge_patch_diff(cr.get("spec") or {}, spec)}
         try:
-            await self.client.patch(CAPACITY_REQUESTS, name, patch, ns)
+            await self.client.patch(CAPACITY_REQUESTS, name, plan.patch, ns)
         except NotFound:
             log.info("cr vanished before update, recreating pod=%s cr=%s", key, name)
-            return await self._create(key, body["metadata"]["labels"][OWNED_BY_POD_LABEL], body)
-        log.info("cr updated pod=%s cr=%s patch=%s", key, name, patch)
-        return "cr_updated"
+            return await self._create(key, plan.uid, plan.body)
+        log.info("cr updated pod=%s cr=%s patch=%s", key, name, plan.patch)
+        return plan.outcome
 
     async def _delete_cr(self, cr: dict[str, Any], *, why: str) -> bool:
         meta = cr["metadata"]
@@ -826,9 +756,9 @@ class PodController:
         log.info("cr deleted reason=%s cr=%s/%s owner_uid=%s", why, ns, name, _owner_uid(cr))
         return True
 
-    async def reconcile_orphan(self, key: str) -> str | None:
-        """Delete the CR ``"ns/name"`` if its owner Pod is really gone (live GET confirms)."""
-        cr = self.crs.store.get(key)
+    async def reconcile_orphan(self, key: OrphanKey | str) -> str | None:
+        """Delete the CR ``key`` if its owner Pod is really gone (a live GET confirms)."""
+        cr = self.crs.store.get(str(key))
         if cr is None or cr["metadata"].get("deletionTimestamp"):
             return None
         uid = _owner_uid(cr)
@@ -847,15 +777,7 @@ class PodController:
             return "orphan_deleted"
         return None
 
-    async def _report(
-        self,
-        pod: dict[str, Any],
-        uid: str,
-        reason: str,
-        messages: tuple[str, ...],
-        *,
-        version: str = "",
-    ) -> bool:
+    async def _report(self, pod: dict[str, Any], uid: str, report: EventReport) -> bool:
         """A Warning Event on the Pod per message, once per distinct (messages, version).
 
         Remembered per (Pod UID, reason) until :meth:`_clear` or the Pod's deletion.
@@ -863,12 +785,14 @@ class PodController:
         Returns:
             True when Events were written, False when this was reported already.
         """
-        if self._reported.get((uid, reason)) == (messages, version):
+        seen = (report.messages, report.version)
+        if self._reported.get((uid, report.reason)) == seen:
             return False
-        self._reported[(uid, reason)] = (messages, version)
-        for message in messages:
+        self._reported[(uid, report.reason)] = seen
+        for message in report.messages:
             await self.client.create_event(
-                pod, reason=reason, message=message, type="Warning", component=self.component
+                pod, reason=report.reason, message=message, type="Warning",
+                component=self.component,
             )
         return True
 

@@ -1,8 +1,7 @@
 """PriorityClass -> penalty defaults (the ``--priority-class-defaults`` file).
 
-Seed 000 "The unschedulable-pod controller", penalties bullet: the second link of the fallback
-chain (Pod annotation -> PriorityClass default -> absent) comes from a YAML file loaded by the
-binary; reference-behavior.md §11 gives its shape::
+The pod controller fills a CapacityRequest's penalties from the Pod's annotations, else from
+its PriorityClass's entry in this YAML file, else leaves them absent. The file's shape::
 
     ml-research:
       interruptionPenalty: "8192"
@@ -18,12 +17,14 @@ Rules:
   quantity (dollars; negative and fractional accepted). An unquoted YAML number is rejected with
   a hint to quote it (the Go binary rejects it too, with a less helpful message).
 - An empty string, null or a missing field means "no default" (absent).
-- Unknown keys inside an entry are ignored.
+- Any other key inside an entry is an error naming it (a misspelt ``interuptionPenalty`` would
+  otherwise silently mean "no default"), with the nearest known key as a hint.
 - An empty file means no defaults; so does no path at all.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from collections.abc import Mapping
@@ -50,6 +51,7 @@ _FIELDS = (
     ("interruptionPenalty", "interruption_penalty"),
     ("reclamationPenalty", "reclamation_penalty"),
 )
+_KNOWN = tuple(key for key, _ in _FIELDS)
 
 
 class PriorityClassDefaultsError(ValueError):
@@ -150,6 +152,14 @@ def parse_priority_class_defaults(text: str) -> PriorityClassDefaults:
             raise PriorityClassDefaultsError(
                 f'{_PREFIX}PriorityClass "{name}": must be a map with interruptionPenalty and/or '
                 f"reclamationPenalty, got {type(entry).__name__} {entry!r}"
+            )
+        unknown = sorted(str(k) for k in entry if k not in _KNOWN)
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], _KNOWN, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise PriorityClassDefaultsError(
+                f'{_PREFIX}PriorityClass "{name}": unknown key '
+                f"{', '.join(repr(k) for k in unknown)} (known: {', '.join(_KNOWN)}){hint}"
             )
         values = {attr: _parse_field(name, key, entry.get(key)) for key, attr in _FIELDS}
         classes[name] = PenaltyDefaults(**values)

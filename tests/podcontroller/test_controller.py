@@ -25,8 +25,9 @@ from bigfleet_trio.kube import (
     KubeConfig,
     load_kubeconfig,
 )
-from bigfleet_trio.podcontroller.controller import PodController, SyncTimeout
+from bigfleet_trio.podcontroller.controller import PodController, SyncTimeout, Unauthenticated
 from bigfleet_trio.podcontroller.defaults import parse_priority_class_defaults
+from bigfleet_trio.podcontroller.keys import StampKey
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 
@@ -441,6 +442,21 @@ async def test_sync_timeout(autojump_clock: trio.testing.MockClock) -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_401_during_sync_is_reported_at_once_not_after_the_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = ApiServer()
+    server.faults.fail_next(10_000, code=401, verb="list", resource="capacityrequests")
+    async with trio.open_nursery() as nursery:
+        ctl = PodController(client_for(server, nursery), sync_timeout=600)
+        with pytest.raises(Unauthenticated, match=r"^401 Unauthorized: ") as caught:
+            await ctl.run()
+        assert isinstance(caught.value, SyncTimeout)  # callers reporting a failed sync see it
+        assert trio.current_time() < 600  # not the sync deadline
+        assert ctl.crs.synced is False
+        nursery.cancel_scope.cancel()
+
+
 async def test_leader_election_only_leader_writes(autojump_clock: trio.testing.MockClock) -> None:
     from bigfleet_trio.kube import LeaderElector
 
@@ -513,15 +529,15 @@ async def test_pending_stamp_never_overwrites_a_newer_phase(
             == {"phase": "Acknowledged"}
         )
         ctl.crs.store._pop(f"default/{name}")
-        ctl._stamp_rv[f"default/{name}"] = stale_rv
-        await ctl.reconcile(("stamp", f"default/{name}"))
+        ctl._stamp_rv[StampKey("default", name)] = stale_rv
+        await ctl.reconcile(StampKey("default", name))
         got = await client.get(CAPACITY_REQUESTS, name, "default")
         assert got["status"]["phase"] == "Acknowledged"
         # a CR that really has no phase yet is stamped even with a stale resourceVersion
         await client.patch(CAPACITY_REQUESTS, name, {"status": None}, "default",
                            subresource="status")
-        ctl._stamp_rv[f"default/{name}"] = stale_rv
-        await ctl.reconcile(("stamp", f"default/{name}"))
+        ctl._stamp_rv[StampKey("default", name)] = stale_rv
+        await ctl.reconcile(StampKey("default", name))
         got = await client.get(CAPACITY_REQUESTS, name, "default")
         assert got["status"]["phase"] == "Pending"
 

@@ -52,11 +52,6 @@ def _strs(d: PriorityClassDefaults) -> dict[str, tuple[str | None, str | None]]:
             id="missing-empty-null-fields-absent",
         ),
         pytest.param("a:\n", {"a": (None, None)}, id="null-entry"),
-        pytest.param(
-            'a: {interruptionPenalty: "3", colour: blue, reclamationPenalty: "4"}\n',
-            {"a": ("3", "4")},
-            id="unknown-keys-ignored",
-        ),
         pytest.param("", {}, id="empty-document"),
         pytest.param("# only a comment\n", {}, id="comment-only"),
     ],
@@ -91,6 +86,23 @@ def test_parse_valid(text: str, expected: dict[str, tuple[str | None, str | None
             id="int-key",
         ),
         pytest.param("a: {interruptionPenalty: [\n", "parse:", id="yaml-syntax"),
+        pytest.param(
+            'a: {interruptionPenalty: "3", colour: blue, reclamationPenalty: "4"}\n',
+            'PriorityClass "a": unknown key \'colour\' (known: interruptionPenalty, '
+            "reclamationPenalty)",
+            id="unknown-key-rejected",
+        ),
+        pytest.param(
+            'gold: {interuptionPenalty: "8192"}\n',
+            "PriorityClass \"gold\": unknown key 'interuptionPenalty' (known: "
+            "interruptionPenalty, reclamationPenalty); did you mean 'interruptionPenalty'?",
+            id="misspelt-key-rejected-with-hint",
+        ),
+        pytest.param(
+            'a: {zeta: "1", alpha: "2"}\n',
+            "unknown key 'alpha', 'zeta' (known:",
+            id="all-unknown-keys-named",
+        ),
     ],
 )
 def test_parse_invalid(text: str, fragment: str) -> None:

@@ -1,0 +1,69 @@
+"""The pod controller's work-queue keys: which object a queued job is about, typed.
+
+Three kinds of job share one de-duplicating queue; a key's type says which, its fields say
+which object (``str(key)`` is ``"namespace/name"``, as in log lines).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+__all__ = ["OrphanKey", "PodKey", "QueueKey", "StampKey", "split_key"]
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``"ns/name"`` -> ``("ns", "name")``; a key without "/" is ``("", key)``."""
+    ns, sep, name = key.partition("/")
+    return (ns, name) if sep else ("", key)
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    kind: ClassVar[str] = ""
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def parse(cls, key: str) -> _Key:
+        """From ``"ns/name"``."""
+        return cls(*split_key(key))
+
+
+@dataclass(frozen=True, slots=True)
+class PodKey(_Key):
+    """Reconcile this Pod: make its CapacityRequest match it (or report why there is none)."""
+
+    kind: ClassVar[str] = "pod"
+
+    @classmethod
+    def parse(cls, key: str) -> PodKey:
+        return cls(*split_key(key))
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanKey(_Key):
+    """Check this CapacityRequest: delete it if its owner Pod is really gone."""
+
+    kind: ClassVar[str] = "orphan"
+
+    @classmethod
+    def parse(cls, key: str) -> OrphanKey:
+        return cls(*split_key(key))
+
+
+@dataclass(frozen=True, slots=True)
+class StampKey(_Key):
+    """Stamp this CapacityRequest (just created by us) ``status.phase: Pending``."""
+
+    kind: ClassVar[str] = "stamp"
+
+    @classmethod
+    def parse(cls, key: str) -> StampKey:
+        return cls(*split_key(key))
+
+
+QueueKey = PodKey | OrphanKey | StampKey
