@@ -1,6 +1,6 @@
 """Watch semantics of the embedded apiserver: replay from a resourceVersion, 410 Expired,
 bookmarks, watch-list, timeoutSeconds, filter enter/leave and dropped watches
-(kube-testserver notes §2 "resourceVersion, list and watch")."""
+and refusal of a resourceVersion the server has not reached."""
 
 from __future__ import annotations
 
@@ -213,3 +213,79 @@ async def test_partial_object_metadata(client: httpx.AsyncClient, autojump_clock
         "metadata": lines[0]["object"]["metadata"],
     }
     assert lines[0]["object"]["metadata"]["name"] == "a"
+
+
+TOO_LARGE_CAUSES = [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]
+
+
+async def test_watch_from_a_newer_resource_version_is_refused_as_too_large(
+    client: httpx.AsyncClient, api: ApiServer
+) -> None:
+    # The shape of a restore with empty state: the client's last version is ahead of the
+    # server's. A real apiserver refuses with 504 Timeout / ResourceVersionTooLarge.
+    current = api.store.rv
+    r = await client.get(CR_PATH, params={"watch": "true", "resourceVersion": str(current + 5)})
+    assert r.status_code == 504
+    assert r.json() == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": f"Timeout: Too large resource version: {current + 5}, current: {current}",
+        "reason": "Timeout",
+        "details": {"causes": TOO_LARGE_CAUSES, "retryAfterSeconds": 1},
+        "code": 504,
+    }
+    assert r.headers["retry-after"] == "1"
+
+
+async def test_watch_list_from_a_newer_resource_version_is_refused(
+    client: httpx.AsyncClient, api: ApiServer
+) -> None:
+    r = await client.get(
+        CR_PATH,
+        params={
+            "watch": "true",
+            "sendInitialEvents": "true",
+            "resourceVersionMatch": "NotOlderThan",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": str(api.store.rv + 1),
+        },
+    )
+    assert r.status_code == 504
+    assert r.json()["details"]["causes"] == TOO_LARGE_CAUSES
+
+
+async def test_list_not_older_than_a_newer_resource_version_is_refused(
+    client: httpx.AsyncClient, api: ApiServer
+) -> None:
+    current = api.store.rv
+    for params in (
+        {"resourceVersion": str(current + 1), "resourceVersionMatch": "NotOlderThan"},
+        {"resourceVersion": str(current + 1)},
+    ):
+        r = await client.get(CR_PATH, params=params)
+        assert r.status_code == 504, params
+        assert r.json()["reason"] == "Timeout"
+        assert r.json()["message"] == (
+            f"Timeout: Too large resource version: {current + 1}, current: {current}"
+        )
+
+
+async def test_list_and_watch_at_the_current_resource_version_are_served(
+    client: httpx.AsyncClient, api: ApiServer, autojump_clock: Any
+) -> None:
+    await client.post(CR_PATH, json=cr_body("a"))
+    current = str(api.store.rv)
+    r = await client.get(
+        CR_PATH, params={"resourceVersion": current, "resourceVersionMatch": "NotOlderThan"}
+    )
+    assert r.status_code == 200
+    assert [o["metadata"]["name"] for o in r.json()["items"]] == ["a"]
+    assert await watch_lines(client, CR_PATH, resourceVersion=current, timeoutSeconds="1") == []
+
+
+async def test_watch_resource_version_must_be_an_integer(client: httpx.AsyncClient) -> None:
+    r = await client.get(CR_PATH, params={"watch": "true", "resourceVersion": "abc"})
+    assert r.status_code == 400
+    assert r.json()["message"] == "invalid resource version: 'abc'"

@@ -164,3 +164,24 @@ def internal(message: str) -> ApiError:
         f"Internal error occurred: {message}",
         {"causes": [{"message": message}]},
     )
+
+
+def too_large_resource_version(requested: int, current: int) -> ApiError:
+    """504 Timeout for a watch or list from a resourceVersion the server has not reached.
+
+    The shape client-go's reflector recognises (reason Timeout, a ``ResourceVersionTooLarge``
+    cause) and answers with a fresh list. The real watch cache waits up to ~3 s for the
+    version to appear first; here no write can be in flight, so the refusal is immediate.
+    """
+    return ApiError(
+        504,
+        "Timeout",
+        f"Timeout: Too large resource version: {requested}, current: {current}",
+        {
+            "causes": [
+                {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+            ],
+            "retryAfterSeconds": 1,
+        },
+        {"Retry-After": "1"},
+    )

@@ -241,6 +241,7 @@ def _list(server: ApiState, c: Call) -> Result:
         field_selector=req.q("fieldSelector"),
         limit=limit,
         continue_=req.q("continue"),
+        resource_version=req.q("resourceVersion"),
     )
     if c.as_table:
         return json_response(

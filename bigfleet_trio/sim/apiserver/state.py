@@ -268,13 +268,21 @@ class ApiState:
         field_selector: str | None = None,
         limit: int | None = None,
         continue_: str | None = None,
+        resource_version: str | None = None,
     ) -> ListResult:
         """List objects sorted by namespace/name with limit/continue pagination.
 
+        ``resource_version`` (any non-zero value, with or without
+        ``resourceVersionMatch=NotOlderThan``) asks for state at least that new: the latest
+        state is served when the server has reached it.
+
         Raises:
-            ApiError: 400 bad selector or continue token; 410 expired continue token.
+            ApiError: 400 bad selector, continue token or resourceVersion; 410 expired continue
+                token; 504 a resourceVersion newer than the server's.
         """
         labels, fields = self.selectors(res, label_selector, field_selector)
+        if not continue_:
+            self._check_not_newer(resource_version)
         if continue_:
             try:
                 tok = base64.urlsafe_b64decode(continue_.encode() + b"==").decode()
@@ -325,6 +333,27 @@ class ApiState:
                 continue
             out.append(o)
         return out
+
+    def _check_not_newer(self, resource_version: str | None) -> int | None:
+        """The requested resourceVersion as an int (None for unset / "0").
+
+        A version the server has not reached is refused rather than served: after a restore
+        with empty state, a client resuming from its old version must relist, not wait for
+        events that will never come (client-go relists on this error).
+
+        Raises:
+            ApiError: 400 not an integer; 504 newer than the server's current version.
+        """
+        rv_s = resource_version or ""
+        if rv_s in ("", "0"):
+            return None
+        try:
+            requested = int(rv_s)
+        except ValueError:
+            raise E.bad_request(f"invalid resource version: {rv_s!r}") from None
+        if requested > self.store.rv:
+            raise E.too_large_resource_version(requested, self.store.rv)
+        return requested
 
     # ---- update / patch ----------------------------------------------------------------------
 
@@ -603,23 +632,20 @@ class ApiState:
 
         Raises:
             ApiError: 410 Expired when ``resource_version`` is older than retained history;
-                400 bad selectors or resourceVersion.
+                504 when it is newer than the server's; 400 bad selectors or resourceVersion.
         """
         labels, fields = self.selectors(res, label_selector, field_selector)
         b = self.store.bucket(res)
         w = Watcher(b, namespace, labels, fields, self.store.watch_buffer)
         initial: _List[tuple[str, Any, bytes | None]] = []
-        rv_s = resource_version or ""
-        if send_initial_events or rv_s in ("", "0"):
+        requested = self._check_not_newer(resource_version)
+        if send_initial_events or requested is None:
             for o in self._filter(res, self.store.items(res, namespace), labels, fields):
                 initial.append(("ADDED", o, None))
             if send_initial_events:
                 initial.append(("BOOKMARK", str(self.store.rv), b"initial-events-end"))
         else:
-            try:
-                rv = int(rv_s)
-            except ValueError:
-                raise E.bad_request(f"invalid resource version: {rv_s!r}") from None
+            rv = requested
             if rv < b.dropped_rv:
                 oldest = b.history[0].rv if b.history else self.store.rv
                 raise E.expired(f"too old resource version: {rv} ({oldest})")
