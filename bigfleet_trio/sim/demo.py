@@ -51,6 +51,7 @@ from bigfleet_trio.kube import (
     load_kubeconfig,
 )
 from bigfleet_trio.kube.errors import AlreadyExists, NotFound
+from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.sim.demo_options import DemoOptions
 
 from .binder import Binder, is_terminal
@@ -179,6 +180,8 @@ class DemoSummary:
     final_hourly_cost: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     operator: dict[str, Any] = field(default_factory=dict)
+    diagnostics: str = ""
+    """``HOST:PORT`` of the demo's /metrics, /healthz, /readyz and /events ("" = disabled)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready view."""
@@ -405,6 +408,10 @@ def progress_line(elapsed: float, world: World, shard: SimShard, stage: str) -> 
             f"{snap['released']} drained")
 
 
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
 def render_summary(s: DemoSummary) -> str:
     """The human summary table."""
     t = s.timings
@@ -418,7 +425,7 @@ def render_summary(s: DemoSummary) -> str:
         ("UpcomingNodes Ready", str(s.upcoming_ready)),
         ("Nodes Ready", str(s.nodes_ready)),
         ("Pods bound", f"{s.pods_bound}/{s.pods_created}"),
-        ("time to all Pods bound", f"{t.get('all_bound', 0):.1f}s"),
+        ("time to all Pods bound", _secs(t.get("all_bound"))),
         ("scaled down", f"{s.scaled_down or '-'} ({s.pods_deleted} Pods deleted)"),
         ("reclaims issued / acked", f"{s.reclaims_issued} / {s.reclaims_acked}"),
         ("machines drained and released", f"{s.machines_released} "
@@ -426,7 +433,7 @@ def render_summary(s: DemoSummary) -> str:
         ("drains finished (operator)", str(s.drains_completed)),
         ("evicted Pods recreated", str(s.pods_replaced)),
         ("UpcomingNodes deleted", str(s.upcoming_deleted)),
-        ("time from scale-down to drained", f"{t.get('reclaim', 0):.1f}s"),
+        ("time from scale-down to drained", _secs(t.get("reclaim"))),
         ("after: machines Configured", f"{s.final_machines_configured} "
                                        f"(${s.final_hourly_cost:.2f}/h)"),
         ("total wall time", f"{t.get('total', 0):.1f}s"),
@@ -435,6 +442,8 @@ def render_summary(s: DemoSummary) -> str:
     lines = ["", "BigFleet demo summary" + ("" if s.ok else " (FAILED)"),
              "-" * (width + 40)]
     lines += [f"{k:<{width}}  {v}" for k, v in rows]
+    if s.diagnostics:
+        lines.append(f"{'diagnostics':<{width}}  {_diagnostics_urls(s.diagnostics)}")
     if s.failure:
         lines.append(f"{'did not converge':<{width}}  {s.failure}")
     return "\n".join(lines)
@@ -666,10 +675,15 @@ async def run_scenario(
                 )
                 cfg.validate()
                 connector = GrpcConnector("127.0.0.1", port, keepalive_time=None)
-                operator = Operator(cfg, client=op_client, connector=connector)
+                feed = EventFeed()
+                operator = Operator(cfg, client=op_client, connector=connector, feed=feed)
                 await nursery.start(operator.run)
                 say(f"operator       cluster {CLUSTER_ID}, roll-up every "
                     f"{timing.rollup_interval:g}s, session to the shard over grpclib")
+                summary.diagnostics = await _serve_diagnostics(
+                    nursery, opts.metrics_addr, operator, pod_controller, feed) or ""
+                if summary.diagnostics:
+                    say(f"diagnostics    {_diagnostics_urls(summary.diagnostics)}")
 
                 binder = Binder(client, interval=timing.binder_interval)
                 await nursery.start(binder.run)
@@ -697,6 +711,31 @@ async def run_scenario(
                         with contextlib.suppress(Exception):
                             await c.aclose()
     return summary
+
+
+async def _serve_diagnostics(nursery: trio.Nursery, addr: str, operator: Any,
+                             pod_controller: Any, feed: EventFeed) -> str | None:
+    """Serve /metrics (both binaries' families), /healthz, /readyz (operator and pod controller
+    ready) and /events (the operator's feed) on ``addr``; the bound ``HOST:PORT`` or None."""
+    from bigfleet_trio.observability.http import serve_observability
+    from bigfleet_trio.observability.metrics import BinaryRegistry
+
+    def readiness() -> tuple[bool, list[str]]:
+        op_ok, op_detail = operator.ready()
+        pc_ok, pc_detail = pod_controller.readiness()
+        pc_list = [pc_detail] if isinstance(pc_detail, str) else list(pc_detail)
+        return (op_ok and pc_ok,
+                [f"operator: {d}" for d in op_detail] + [f"pod controller: {d}" for d in pc_list])
+
+    bound: str | None = await nursery.start(partial(
+        serve_observability, addr, readiness=readiness, feed=feed,
+        registry=BinaryRegistry(None)))
+    return bound
+
+
+def _diagnostics_urls(addr: str) -> str:
+    return (f"http://{addr}/metrics  http://{addr}/healthz  http://{addr}/readyz  "
+            f"ws://{addr}/events")
 
 
 def _drains(operator: Any) -> tuple[int, int]:
@@ -747,6 +786,7 @@ async def _drive(opts: DemoOptions, operator: Any, client: KubeClient, shard: Si
             await trio.sleep(timing.poll_interval)
 
     workloads: Workloads
+    floor = drains_floor = 0  # the scale-down's starting counts (read after a timeout too)
     deadline = trio.current_time() + opts.timeout
     async with trio.open_nursery() as nursery:
         nursery.start_soon(progress)
@@ -791,8 +831,26 @@ async def _drive(opts: DemoOptions, operator: Any, client: KubeClient, shard: Si
     summary.timings["total"] = round(clock(), 2)
     if scope.cancelled_caught:
         summary.ok = False
-        summary.failure = (f"timed out after {opts.timeout:g}s in stage {stage}: "
-                           f"{summary.failure or 'no progress'}")
+        # Keep what was last observed (the live lines showed it) rather than zeros.
+        if last_world and stage == "scale-up":
+            _fill_up(summary, last_world[-1], shard)
+        elif last_world and stage == "reclaim":
+            _fill_down(summary, last_world[-1], shard, floor)
+            summary.drains_completed = _drains(operator)[1] - drains_floor
+        summary.failure = failure_line(opts.timeout, stage, summary.failure)
+
+
+_STAGE_WORDS = {
+    "apply": "applying the workloads",
+    "scale-up": "waiting for every Pod to get a machine and be bound",
+    "reclaim": "waiting for the scaled-down workload's machines to be reclaimed and drained",
+}
+
+
+def failure_line(timeout: float, stage: str, why: str | None) -> str:
+    """One plain line saying why the demo did not converge (stage, then what was missing)."""
+    doing = _STAGE_WORDS.get(stage, f"in stage {stage}")
+    return f"not done after {timeout:g}s while {doing}: {why or 'no progress observed'}"
 
 
 def _fill_up(s: DemoSummary, world: World, shard: SimShard) -> None:
@@ -834,6 +892,32 @@ def _print_summary(summary: DemoSummary, opts: DemoOptions, out: TextIO) -> None
         print(render_summary(summary), file=out, flush=True)
 
 
+def print_keep_running_banner(summary: DemoSummary, out: TextIO) -> None:
+    """What ``--keep-running`` prints after the summary: kubectl commands and the diagnostics
+    addresses (both with the virtualenv's paths, so they work without an activated venv)."""
+    bin_dir = os.path.dirname(sys.executable)
+    kubectl = os.path.join(bin_dir, "kubectl")
+    kubectl = kubectl if os.path.exists(kubectl) else "kubectl"
+    print("", file=out)
+    print("The simulated cluster keeps running. Explore it with kubectl:", file=out)
+    print(f"  export KUBECONFIG={summary.kubeconfig}", file=out)
+    for cmd in ("get nodes -L node.kubernetes.io/instance-type,topology.kubernetes.io/zone",
+                "get pods -A -o wide",
+                "get capacityrequests -A",
+                "get upcomingnodes",
+                "get availablecapacities"):
+        print(f"  {kubectl} {cmd}", file=out)
+    if summary.diagnostics:
+        addr = summary.diagnostics
+        print("Diagnostics (operator and pod controller):", file=out)
+        print(f"  metrics  http://{addr}/metrics", file=out)
+        print(f"  health   http://{addr}/healthz  http://{addr}/readyz", file=out)
+        cli = os.path.join(bin_dir, "bigfleet-trio")
+        cli = cli if os.path.exists(cli) else "bigfleet-trio"
+        print(f"  events   {cli} events --addr {addr}", file=out)
+    print("Press Ctrl-C to stop.", file=out, flush=True)
+
+
 def run_demo(opts: DemoOptions, catalog_file: str | None = None) -> int:
     """``bigfleet-trio demo``: run the scenario, print the summary, return the exit code.
 
@@ -856,32 +940,24 @@ def run_demo(opts: DemoOptions, catalog_file: str | None = None) -> int:
             print(f"demo: {exc}", file=sys.stderr, flush=True)
             return 1
 
+    # The summary goes to stdout; with --json that is the only thing there (pure JSON), so the
+    # live progress and the --keep-running banner go to stderr.
     out = sys.stdout
+    progress = sys.stderr if opts.json_summary else sys.stdout
     printed = False
 
     async def wait_for_signal(summary: DemoSummary) -> None:
         nonlocal printed
         _print_summary(summary, opts, out)
         printed = True
-        kc = summary.kubeconfig
-        print("", file=out)
-        print("The simulated cluster keeps running. Explore it with kubectl:", file=out)
-        print(f"  export KUBECONFIG={kc}", file=out)
-        for cmd in ("kubectl get nodes -L node.kubernetes.io/instance-type,"
-                    "topology.kubernetes.io/zone",
-                    "kubectl get pods -A -o wide",
-                    "kubectl get capacityrequests -A",
-                    "kubectl get upcomingnodes",
-                    "kubectl get availablecapacities"):
-            print(f"  {cmd}", file=out)
-        print("Press Ctrl-C to stop.", file=out, flush=True)
+        print_keep_running_banner(summary, progress)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
                 break
 
     async def main() -> DemoSummary:
         return await run_scenario(
-            opts, out=out, keep_running=wait_for_signal if opts.keep_running else None,
+            opts, out=progress, keep_running=wait_for_signal if opts.keep_running else None,
             catalog=catalog)
 
     try:

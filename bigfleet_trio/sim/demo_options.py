@@ -12,6 +12,7 @@ from bigfleet_trio.config import (
     ProcessSettings,
     Settings,
     knob,
+    listen_addr,
     positive,
     rebased,
 )
@@ -38,6 +39,11 @@ class DemoOptions(Settings):
         None, "write the embedded apiserver's kubeconfig here", metavar="PATH"
     )
     seed: int = knob(1, "simulated shard seed")
+    metrics_addr: str = knob(
+        "127.0.0.1:0", "/metrics, /healthz, /readyz, /events of the demo's operator and pod "
+        "controller (one process); port 0 picks a free one, 0 disables", metavar="ADDR",
+        check=listen_addr,
+    )
     log_format: str = rebased(ProcessSettings, "log_format", "text")
     # The demo shows its own progress on stdout, so logs default to warnings.
     log_level: str = rebased(ProcessSettings, "log_level", "warning")

@@ -1,0 +1,96 @@
+"""``bigfleet-trio demo`` output contract: --json is pure JSON on stdout (progress on stderr), a
+failed run keeps what it last observed and says why in one line, the demo serves diagnostics and
+names them in the --keep-running banner."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from bigfleet_trio import cli
+from bigfleet_trio.config import ConfigError
+from bigfleet_trio.sim import demo
+from bigfleet_trio.sim.demo_options import DemoOptions
+
+pytestmark = pytest.mark.usefixtures("restore_root_logging")  # tests/conftest.py
+
+DEPLOYMENT = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: default}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - name: web
+        image: nginx:1.27
+        resources: {requests: {cpu: %s, memory: 64Mi}}
+"""
+
+
+def test_failure_line_is_one_plain_line() -> None:
+    line = demo.failure_line(90, "scale-up", "3 Pods not bound to a node")
+    assert line == ("not done after 90s while waiting for every Pod to get a machine and be "
+                    "bound: 3 Pods not bound to a node")
+    assert demo.failure_line(5, "apply", None) == (
+        "not done after 5s while applying the workloads: no progress observed")
+
+
+def test_summary_and_banner_name_the_diagnostics() -> None:
+    s = demo.DemoSummary(kubeconfig="/tmp/kc", diagnostics="127.0.0.1:4242")
+    table = demo.render_summary(s)
+    assert "http://127.0.0.1:4242/metrics" in table and "ws://127.0.0.1:4242/events" in table
+    assert "time to all Pods bound           -" in table  # not reached: no made-up 0.0s
+    out = io.StringIO()
+    demo.print_keep_running_banner(s, out)
+    text = out.getvalue()
+    assert "export KUBECONFIG=/tmp/kc" in text
+    for url in ("http://127.0.0.1:4242/metrics", "http://127.0.0.1:4242/healthz",
+                "http://127.0.0.1:4242/readyz"):
+        assert url in text
+    assert "events --addr 127.0.0.1:4242" in text
+
+
+def test_demo_metrics_addr_validated() -> None:
+    assert DemoOptions().metrics_addr == "127.0.0.1:0"
+    DemoOptions(metrics_addr="0").validate()
+    with pytest.raises(ConfigError, match="^--metrics-addr: invalid address 'x'"):
+        DemoOptions(metrics_addr="x").validate()
+
+
+@pytest.mark.slow
+def test_json_without_quiet_is_pure_json_on_stdout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "web.yaml").write_text(DEPLOYMENT % "100m")
+    rc = cli.main(["demo", "--workloads", str(tmp_path), "--json", "--timeout", "60s"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    s = json.loads(captured.out)  # the whole of stdout is one JSON document
+    assert s["ok"] is True and s["pods_created"] == 2
+    assert "applied 1 objects" in captured.err  # progress went to stderr
+    assert "diagnostics    http://" + s["diagnostics"] + "/metrics" in captured.err
+
+
+@pytest.mark.slow
+def test_failed_demo_keeps_last_observed_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 2 Pods asking for more CPU than any machine has: CRs appear, no machine ever fits them
+    (tmp_path / "web.yaml").write_text(DEPLOYMENT % "100000")
+    rc = cli.main(["demo", "--workloads", str(tmp_path), "--quiet", "--json", "--timeout", "8s"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    s = json.loads(captured.out)
+    assert s["ok"] is False
+    assert s["pods_created"] == 2 and s["crs"] == 2  # what the live lines showed, not 0
+    assert s["failure"].startswith("not done after 8s while waiting for every Pod to get a "
+                                   "machine and be bound: ")
+    # stderr: the shard's shortfall warnings, then the one line that says why
+    assert captured.err.splitlines()[-1] == f"demo: did not converge: {s['failure']}"
