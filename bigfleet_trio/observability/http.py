@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from ..config import split_host_port
+from ..excgroups import find_in_group
 from .events import EventFeed
 
 __all__ = ["build_app", "serve_observability", "Readiness", "ReadinessResult"]
@@ -205,16 +206,33 @@ async def serve_observability(
     config.graceful_timeout = 1.0
     config.keep_alive_timeout = 30.0
     app = build_app(readiness=readiness, feed=feed, registry=registry)
-    binds: list[str] = await _start_hypercorn(app, config, task_status)
+    started = False
+
+    def mark_started(bound: str | None) -> None:
+        nonlocal started
+        started = True
+        task_status.started(bound)
+
+    try:
+        binds: list[str] = await _start_hypercorn(app, config, mark_started)
+    except BaseException as exc:
+        # A bind failure surfaces as a bare "[Errno 98] Address already in use" from inside
+        # hypercorn's task group; say which address, so the user knows which flag to change.
+        err = find_in_group(exc, OSError)
+        if started or not isinstance(err, OSError):
+            raise
+        failure = OSError(f"cannot listen on {addr.strip()}: {err.strerror or err}")
+        failure.errno = err.errno
+        raise failure from None
     del binds  # pragma: no cover - serve never returns before cancellation
 
 
 async def _start_hypercorn(
-    app: Starlette, config: HypercornConfig, task_status: trio.TaskStatus[str | None]
+    app: Starlette, config: HypercornConfig, started: Callable[[str | None], None]
 ) -> list[str]:
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(serve, app, config)
         bound = binds[0].split("://", 1)[-1] if binds else None
         log.info("diagnostics listening", extra={"addr": bound})
-        task_status.started(bound)
+        started(bound)
     return binds

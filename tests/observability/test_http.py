@@ -208,3 +208,18 @@ async def test_follow_events_errors_are_oserrors() -> None:
                 await follow_events(addr, io.StringIO())
         with pytest.raises(OSError, match="cannot connect to ws://"):
             await follow_events(addr, io.StringIO())
+
+
+async def test_address_in_use_names_the_address() -> None:
+    import errno
+    import socket
+
+    with socket.socket() as taken, trio.fail_after(10):
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        async with trio.open_nursery() as nursery:
+            with pytest.raises(OSError) as info:
+                await nursery.start(partial(serve_observability, addr))
+        assert str(info.value) == f"cannot listen on {addr}: Address already in use"
+        assert info.value.errno == errno.EADDRINUSE
