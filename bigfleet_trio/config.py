@@ -31,6 +31,7 @@ __all__ = [
     "knob_specs",
     "nested",
     "split_host_port",
+    "yaml_error_line",
     "LOG_FORMATS",
     "LOG_LEVELS",
     "DEFAULT_NAMESPACE",
@@ -349,6 +350,22 @@ def cluster_id_syntax(value: str) -> str | None:
     )
 
 
+def yaml_error_line(path: str, exc: BaseException) -> str:
+    """One line ``PATH:LINE:COLUMN: problem`` for a YAML parse error (1-based, where the
+    parser noticed it), or ``PATH: <message>`` for anything else.
+
+    PyYAML's own text spans several lines and names ``"<unicode string>"`` when it parsed a
+    string, so it neither fits the one-line startup error nor says which file.
+    """
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is not None and problem:
+        context = getattr(exc, "context", None)
+        what = f"{problem} ({context})" if context else str(problem)
+        return f"{path}:{mark.line + 1}:{mark.column + 1}: invalid YAML: {what}"
+    return f"{path}: {' '.join(str(exc).split())}"
+
+
 def _read(path: str, what: str) -> str:
     """Read a text file or raise ``ConfigError("read <what>: <path>: <reason>")`` (Go wording)."""
     try:
@@ -620,8 +637,9 @@ def validate_bootstrap_template(text: str, name: str = "", cluster_id: str = "ex
     try:
         SandboxedEnvironment().parse(text)
     except TemplateSyntaxError as exc:
+        where = f" in {name}" if name else ""
         raise ConfigError(
-            f"parse bootstrap-template-file: line {exc.lineno}: {exc.message}"
+            f"parse bootstrap-template-file: line {exc.lineno}: {exc.message}{where}"
         ) from exc
     from bigfleet_trio.operator.bootstrap import FileRenderer, Requirement
 

@@ -428,3 +428,30 @@ def test_template_rendered_once_at_start_with_undefined_names_as_errors(  # type
         "{% endfor %}"
     )
     _op(bootstrap_template_file=str(p)).validate()
+
+
+def test_yaml_errors_name_file_line_and_column(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    from bigfleet_trio.cli import main
+    from bigfleet_trio.config import yaml_error_line
+
+    try:
+        yaml.safe_load("a: 1\nb: [\n")
+    except yaml.YAMLError as exc:
+        line = yaml_error_line("f.yaml", exc)
+    assert re.fullmatch(r"f\.yaml:3:1: invalid YAML: .+", line), line
+    assert yaml_error_line("f.yaml", ValueError("bad\nthing")) == "f.yaml: bad thing"
+
+    p = tmp_path / "pc.yaml"
+    p.write_text('ml: {interruptionPenalty: "1"\nbatch: [\n')
+    assert main(["pod-controller", "--priority-class-defaults", str(p)]) == 1
+    (err,) = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(rf"pod-controller: priority-class-defaults: {p}:2:1: invalid YAML: .+", err)
+
+
+def test_template_syntax_error_names_the_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "bad.j2"
+    p.write_text("#cloud-config\n{% for r in requirements %}\n")
+    with pytest.raises(ConfigError, match=rf"^parse bootstrap-template-file: line \d+: .* in {p}$"):
+        _op(bootstrap_template_file=str(p)).validate()

@@ -94,3 +94,18 @@ def test_failed_demo_keeps_last_observed_numbers(
                                    "machine and be bound: ")
     # stderr: the shard's shortfall warnings, then the one line that says why
     assert captured.err.splitlines()[-1] == f"demo: did not converge: {s['failure']}"
+
+
+def test_bad_workload_manifest_is_one_line_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "ok.yaml").write_text(DEPLOYMENT % "100m")
+    (tmp_path / "bad.yaml").write_text("kind: Pod\nmetadata: {name: x\nspec: {}\n")
+    assert cli.main(["demo", "--workloads", str(tmp_path), "--quiet"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"demo: {tmp_path / 'bad.yaml'}:3:5: invalid YAML: ")
+    assert len(captured.err.splitlines()) == 1
+    (tmp_path / "bad.yaml").write_text("- a\n")
+    assert demo.check_workloads(str(tmp_path)) == (
+        f"{tmp_path / 'bad.yaml'}: document is not an object: ['a']")

@@ -25,8 +25,9 @@ import uuid
 from functools import partial
 
 import trio
+import yaml
 
-from bigfleet_trio.config import ConfigError, PodControllerConfig
+from bigfleet_trio.config import ConfigError, PodControllerConfig, yaml_error_line
 from bigfleet_trio.excgroups import find_in_group
 from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
 from bigfleet_trio.kube.errors import KubeConfigError
@@ -126,7 +127,13 @@ def run_pod_controller(cfg: PodControllerConfig) -> int:
         from bigfleet_trio.observability.logs import setup_logging
 
         setup_logging(cfg.log_format, cfg.log_level)
-        defaults = load_priority_class_defaults(cfg.priority_class_defaults)
+        try:
+            defaults = load_priority_class_defaults(cfg.priority_class_defaults)
+        except PriorityClassDefaultsError as exc:
+            if isinstance(exc.__cause__, yaml.YAMLError) and cfg.priority_class_defaults:
+                where = yaml_error_line(cfg.priority_class_defaults, exc.__cause__)
+                raise ConfigError(f"priority-class-defaults: {where}") from exc
+            raise
         kube_config = load_kubeconfig(cfg.kubeconfig)
     except (ConfigError, PriorityClassDefaultsError, KubeConfigError, ValueError) as exc:
         return _fail(str(exc))

@@ -38,7 +38,7 @@ from typing import Any, TextIO
 
 import trio
 
-from bigfleet_trio.config import OperatorConfig
+from bigfleet_trio.config import OperatorConfig, yaml_error_line
 from bigfleet_trio.kube import (
     CAPACITY_REQUESTS,
     NAMESPACES,
@@ -918,6 +918,23 @@ def print_keep_running_banner(summary: DemoSummary, out: TextIO) -> None:
     print("Press Ctrl-C to stop.", file=out, flush=True)
 
 
+def check_workloads(directory: str) -> str | None:
+    """Parse every manifest of ``directory`` before anything starts; the problem as one line
+    (``FILE:LINE:COLUMN: invalid YAML: …`` for a syntax error) or None."""
+    import yaml
+
+    from bigfleet_trio.podcontroller.expand import ExpandError, load_manifests
+
+    for path in manifest_paths(directory):
+        try:
+            load_manifests([path])
+        except ExpandError as exc:
+            if isinstance(exc.__cause__, yaml.YAMLError):
+                return yaml_error_line(str(path), exc.__cause__)
+            return " ".join(str(exc).split())
+    return None
+
+
 def run_demo(opts: DemoOptions, catalog_file: str | None = None) -> int:
     """``bigfleet-trio demo``: run the scenario, print the summary, return the exit code.
 
@@ -939,6 +956,11 @@ def run_demo(opts: DemoOptions, catalog_file: str | None = None) -> int:
         except CatalogError as exc:
             print(f"demo: {exc}", file=sys.stderr, flush=True)
             return 1
+
+    problem = check_workloads(opts.workloads_dir or str(bundled_workloads_dir()))
+    if problem:
+        print(f"demo: {problem}", file=sys.stderr, flush=True)
+        return 1
 
     # The summary goes to stdout; with --json that is the only thing there (pure JSON), so the
     # live progress and the --keep-running banner go to stderr.
