@@ -467,3 +467,46 @@ async def test_delete_waits_for_finalizers(kube: Kube) -> None:
     assert result["proc"].returncode == 0
     assert 'capacityrequest.bigfleet.lucy.sh "req1" deleted' in result["proc"].stdout.decode()
     assert api.store.get(cr, "default", "req1") is None
+
+
+DEPLOY_YAML = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers: [{name: c, image: busybox}]
+"""
+
+
+async def test_kubectl_scale_uses_the_scale_subresource(kube: Kube) -> None:
+    await kube.out("apply", "-f", "-", stdin=DEPLOY_YAML)
+    assert "deployment.apps/web scaled" in await kube.out(
+        "scale", "deployment/web", "--replicas=5"
+    )
+    obj = json.loads(await kube.out("get", "deploy", "web", "-o", "json"))
+    assert obj["spec"]["replicas"] == 5 and obj["metadata"]["generation"] == 2
+    assert kube.api.counters[("patch", "deployments/scale")] == 1
+    # --current-replicas: kubectl reads the Scale first and sends its resourceVersion
+    assert "scaled" in await kube.out(
+        "scale", "deployment/web", "--current-replicas=5", "--replicas=0"
+    )
+    wrong = await kube.run(
+        "scale", "deployment/web", "--current-replicas=3", "--replicas=1", ok=False
+    )
+    assert wrong.returncode == 1
+    assert "Expected replicas to be 3, was 0" in wrong.stderr.decode()
+    rs = json.loads(await kube.out("get", "deploy", "web", "-o", "json"))
+    assert rs["spec"]["replicas"] == 0
+    raw = await kube.out("get", "--raw", "/apis/apps/v1/namespaces/default/deployments/web/scale")
+    scale = json.loads(raw)
+    assert scale["kind"] == "Scale" and scale["apiVersion"] == "autoscaling/v1"
+    assert scale["spec"] == {}  # replicas is omitempty
+    assert scale["status"] == {"replicas": 0, "selector": "app=web"}

@@ -41,6 +41,18 @@ def _verbs(res: ResourceType) -> list[str]:
     return list(ALL_VERBS)
 
 
+def subresources(res: ResourceType) -> list[tuple[str, tuple[str, str, str], list[str]]]:
+    """(name, (group, version, kind) of its body, verbs) of each subresource ``res`` serves."""
+    out = []
+    if res.status:
+        out.append(("status", (res.group, res.version, res.kind), ["get", "patch", "update"]))
+    if "scale" in res.extra_subresources:
+        out.append(("scale", ("autoscaling", "v1", "Scale"), ["get", "patch", "update"]))
+    if "eviction" in res.extra_subresources:
+        out.append(("eviction", ("policy", "v1", "Eviction"), ["create"]))
+    return out
+
+
 def legacy_api(server: ApiState) -> dict[str, Any]:
     """``GET /api``."""
     return {
@@ -95,26 +107,15 @@ def resource_list(server: ApiState, group: str, version: str) -> dict[str, Any] 
         if res.categories:
             entry["categories"] = list(res.categories)
         out.append(entry)
-        if res.status:
+        for sub, (g, v, kind), verbs in subresources(res):
             out.append(
                 {
-                    "name": f"{res.plural}/status",
+                    "name": f"{res.plural}/{sub}",
                     "singularName": "",
                     "namespaced": res.namespaced,
-                    "kind": res.kind,
-                    "verbs": ["get", "patch", "update"],
-                }
-            )
-        if "eviction" in res.extra_subresources:
-            out.append(
-                {
-                    "name": f"{res.plural}/eviction",
-                    "singularName": "",
-                    "namespaced": res.namespaced,
-                    "group": "policy",
-                    "version": "v1",
-                    "kind": "Eviction",
-                    "verbs": ["create"],
+                    **({"group": g, "version": v} if (g, v) != (res.group, res.version) else {}),
+                    "kind": kind,
+                    "verbs": verbs,
                 }
             )
     gv = f"{group}/{version}" if group else version
@@ -142,31 +143,14 @@ def aggregated(server: ApiState, core: bool) -> dict[str, Any]:
                     entry["shortNames"] = list(res.short_names)
                 if res.categories:
                     entry["categories"] = list(res.categories)
-                subs = []
-                if res.status:
-                    subs.append(
-                        {
-                            "subresource": "status",
-                            "responseKind": {
-                                "group": res.group,
-                                "version": res.version,
-                                "kind": res.kind,
-                            },
-                            "verbs": ["get", "patch", "update"],
-                        }
-                    )
-                if "eviction" in res.extra_subresources:
-                    subs.append(
-                        {
-                            "subresource": "eviction",
-                            "responseKind": {
-                                "group": "policy",
-                                "version": "v1",
-                                "kind": "Eviction",
-                            },
-                            "verbs": ["create"],
-                        }
-                    )
+                subs = [
+                    {
+                        "subresource": sub,
+                        "responseKind": {"group": g, "version": v, "kind": kind},
+                        "verbs": verbs,
+                    }
+                    for sub, (g, v, kind), verbs in subresources(res)
+                ]
                 if subs:
                     entry["subresources"] = subs
                 rlist.append(entry)

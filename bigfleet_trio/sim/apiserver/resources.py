@@ -286,6 +286,7 @@ def builtin_resources() -> list[ResourceType]:
             ("deploy",),
             ("all",),
             status=True,
+            extra_subresources=("scale",),
             columns=[
                 _col("Ready", path=".status.readyReplicas"),
                 _col("Up-to-date", path=".status.updatedReplicas"),
@@ -302,6 +303,7 @@ def builtin_resources() -> list[ResourceType]:
             ("rs",),
             ("all",),
             status=True,
+            extra_subresources=("scale",),
             columns=[
                 _col("Desired", "integer", path=".spec.replicas"),
                 _col("Current", "integer", path=".status.replicas"),
@@ -318,6 +320,7 @@ def builtin_resources() -> list[ResourceType]:
             ("sts",),
             ("all",),
             status=True,
+            extra_subresources=("scale",),
             columns=[_col("Ready", path=".status.readyReplicas"), AGE],
         ),
         R(

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 from . import discovery as D
 from . import errors as E
 from .httpio import Request, Response, json_response, not_found
+from .patching import apply_patch
 from .resources import ResourceType
+from .scale import SCALE, scale_of
 from .store import dumps
 from .watchstream import PARTIAL_CT, WatchPlan, partial_object, plan_watch
 
@@ -367,6 +369,31 @@ def _delete_collection(server: ApiState, c: Call) -> Result:
     return list_response(c.res, items, str(server.store.rv), "", None)
 
 
+def _get_scale(server: ApiState, c: Call) -> Result:
+    assert c.name is not None
+    return json_response(200, scale_of(server.get(c.res, c.namespace, c.name)))
+
+
+def _update_scale(server: ApiState, c: Call) -> Result:
+    assert c.name is not None
+    scale = server.write_scale(
+        c.res, c.namespace, c.name, c.req.decode(), dry_run=c.dry_run
+    )
+    return json_response(200, scale)
+
+
+def _patch_scale(server: ApiState, c: Call) -> Result:
+    assert c.name is not None
+    ctype = c.req.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype not in PATCH_TYPES:
+        raise E.unsupported_media_type(ctype or "(none)")
+    current = scale_of(server.get(c.res, c.namespace, c.name))
+    wanted = apply_patch(SCALE, current, c.req.decode(allow_yaml=ctype.endswith("yaml")), ctype)
+    return json_response(
+        200, server.write_scale(c.res, c.namespace, c.name, wanted, dry_run=c.dry_run)
+    )
+
+
 ResourceHandler = Callable[["ApiState", Call], Result]
 
 # (verb, subresource) -> handler; a pair not listed answers 405 MethodNotAllowed.
@@ -385,6 +412,9 @@ RESOURCE_ROUTES: dict[tuple[str, str | None], ResourceHandler] = {
     ("patch", "finalize"): _patch,
     ("delete", None): _delete,
     ("deletecollection", None): _delete_collection,
+    ("get", "scale"): _get_scale,
+    ("update", "scale"): _update_scale,
+    ("patch", "scale"): _patch_scale,
 }
 
 

@@ -39,6 +39,7 @@ from .objects import (
 )
 from .patching import apply_patch
 from .resources import ResourceType, builtin_resources
+from .scale import scale_of, scaled
 from .selectors import match_labels, parse_field_selector, parse_label_selector
 from .store import Store, Watcher
 from .validation import metadata_type_error, validate_labels, validate_name
@@ -492,6 +493,23 @@ class ApiState:
             return final
         return self.store.put(res, obj, old)
 
+
+    def write_scale(
+        self, res: ResourceType, namespace: str | None, name: str, scale: Any, *, dry_run: bool
+    ) -> dict[str, Any]:
+        """Set a workload's ``spec.replicas`` from an ``autoscaling/v1`` Scale; returns the
+        Scale of the stored object.
+
+        Raises:
+            ApiError: 404; 409 stale Scale resourceVersion; 422 bad replicas; 400.
+        """
+        old = self.get(res, self._check_scope(res, namespace), name)
+        new = scaled(res, old, scale)
+        stored = self._commit(
+            res, old, new, subresource=None, field_validation="Ignore", dry_run=dry_run,
+            warnings=None,
+        )
+        return scale_of(stored)
 
     # ---- delete ------------------------------------------------------------------------------
 
