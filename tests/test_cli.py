@@ -667,3 +667,33 @@ def test_bad_catalog_file_is_one_line_exit_1(
         "unexpected character 'B'"
     ]
     assert captured.out == ""
+
+
+def test_readme_commands_parse_and_use_venv_paths() -> None:
+    """Every ``bigfleet-trio`` command in the README's shell blocks is accepted by the parser as
+    written, and commands after the first block call the virtualenv's binaries by path (the
+    deploy section addresses a real cluster, with the user's own kubectl: not checked here)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert "../shared" not in text
+    sections = re.split(r"^## ", text, flags=re.M)
+    text = "".join(s for s in sections if not s.startswith("Deploy"))
+    blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.S)
+    commands: list[list[str]] = []
+    for block in blocks[1:]:
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            while words and "=" in words[0]:
+                words = words[1:]  # VAR=value prefixes
+            if not words:
+                continue
+            if words[0] in ("bigfleet-trio", "kubectl"):
+                raise AssertionError(f"README: use .venv/bin/{words[0]}: {line.strip()}")
+            if words[0] == ".venv/bin/bigfleet-trio":
+                commands.append(words[1:])
+    assert len(commands) >= 5
+    for argv in commands:
+        cli.parse_args(argv)  # raises UsageError on an unknown flag or command
