@@ -1,9 +1,9 @@
 """``bigfleet-trio`` command line: argument parsing only; builds configs and calls ``run``.
 
-Design "Fixed points" (CLI contract) and reference-behavior §1/§11 (flag names and defaults match
-the Go binaries, so charts and habits carry over; ``-flag`` and ``--flag``, ``--flag=value`` and
-``--flag value``, ``--leader-elect`` and ``--leader-elect=true`` are all accepted). Durations take
-Go style (``10s``, ``500ms``, ``1m30s``) or plain seconds.
+Flag names and defaults match the Go binaries, so charts and habits carry over (``-flag`` and
+``--flag``, ``--flag=value`` and ``--flag value``, ``--leader-elect`` and ``--leader-elect=true``
+are all accepted); the binaries' and the demo's flags are generated from their settings fields
+(:mod:`bigfleet_trio.config`). Durations take Go style (``10s``, ``500ms``) or plain seconds.
 
 Sub-commands::
 

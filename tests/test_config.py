@@ -1,4 +1,4 @@
-"""Tests for bigfleet_trio.durations and bigfleet_trio.config (design.md CLI; ref §1, §9, §11)."""
+"""Tests for bigfleet_trio.durations and bigfleet_trio.config (settings, defaults, validation)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_operator_defaults_match_reference() -> None:
     assert cfg.qps == 50
     assert cfg.burst == 100
     assert cfg.bootstrap_ttl == 600
-    assert cfg.sync_timeout == 600.0  # Go 30 s; ours outlives a 60 s apiserver outage (issue 9)
+    assert cfg.sync_timeout == 600.0  # Go 30 s; ours outlives a 60 s apiserver outage
     assert cfg.session.send_timeout == 30.0
     assert (cfg.reconnect.initial_backoff, cfg.reconnect.max_backoff) == (0.5, 30.0)
     assert cfg.metrics_addr == ":8770"

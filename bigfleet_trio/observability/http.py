@@ -1,9 +1,7 @@
 """Diagnostics HTTP listener: /metrics, /healthz, /readyz and the /events WebSocket.
 
-Issue 7 "Diagnostics": Prometheus metrics behind a small Trio-served ASGI app, ``/healthz``,
-``/readyz`` true only once informers synced and a shard session is up, and a WebSocket event feed
-(``/events``, JSON lines). Reference §1: ``--metrics-addr`` (``:8770`` = all interfaces; ``"0"``
-disables). A Starlette app served by hypercorn's Trio worker.
+A Starlette app served by hypercorn's Trio worker on ``--metrics-addr`` (``:8770`` = all
+interfaces, ``"0"`` disables), as the Go binaries serve theirs.
 
 Endpoints:
 

@@ -1,7 +1,7 @@
 """Structured logging: one line per decision, ``text`` or ``json``, with secret redaction.
 
-Issue 7 "Logs": structured (``--log-format text|json``), one line per decision with cluster,
-machine, instruction or CR fields. Callers use the standard library::
+One line per decision, with the cluster, machine, instruction or CR as fields. Callers use the
+standard library::
 
     log = logging.getLogger(__name__)
     log.info("reclaim acknowledged", extra={"cluster": cid, "node": name, "grace_s": 30})

@@ -81,7 +81,7 @@ class _Restricted:
                 yield family
 
 
-# --- operator: reference §15 names -----------------------------------------------------------
+# --- operator: the Go binary's names -----------------------------------------------------------
 
 ROLLUP_DURATION = Histogram(
     "bigfleet_operator_rollup_duration_seconds",

@@ -1,29 +1,12 @@
 """The operator process: informers, the shard session, operator-owned drains, diagnostics.
 
-Seed 000 (the operator as a whole: "The single outbound stream", "Building the roll-up",
-"Handling reclaim", "Bootstrap", "UpcomingNode"), issue 5's integration and issue 7's operator
-parts (diagnostics, shutdown, leader election); design.md "Data flow"::
-
-    Operator.run
-    ├── CapacityRequestRollup.run      (exclusion Events, periodic consistency check)
-    ├── Informer CapacityRequests       (slim view) --> RollupAggregator (incremental)
-    ├── Informer UpcomingNodes          (indexed by status.nodeRef.name; NodeStateUpdates plan
-    │                                     from it instead of a GET per frame)
-    ├── Informer Nodes                  (slim view, indexed by spec.providerID)
-    │        ... all three synced before ANY cluster write or roll-up ...
-    ├── DrainManager.run               (operator-owned: a reconnect never cancels a drain)
-    ├── Acknowledger.run               (Pending -> Acknowledged, never delays a tick)
-    └── Agent.run                      (reconnect loop; one Session nursery per stream)
-
-Why wait for the informers: a roll-up is a full replacement, so one built from a half-listed
-cache would withdraw real demand (an empty cache = "withdraw everything").
-
-:func:`run_operator` is the ``bigfleet-trio operator`` entry point: kubeconfig, KubeClient with
-qps/burst, the grpclib connector (TLS when configured) inside one trio-asyncio loop, the
-diagnostics listener(s), optional Lease leader election (only the leader runs
-:meth:`Operator.run`, hence holds the shard session and writes the cluster) and SIGINT/SIGTERM:
-the stream is closed at once, running drains may finish for up to ``--drain-shutdown-timeout``,
-then the process exits with no task left.
+:class:`Operator` composes the components of one run (task tree at :meth:`Operator.run`);
+:func:`serve_operator` / :func:`run_operator` are the ``bigfleet-trio operator`` process around
+it: kubeconfig, KubeClient with qps/burst, the grpclib connector (TLS when configured) in one
+trio-asyncio loop, the diagnostics listener(s), optional Lease leader election (only the leader
+runs :meth:`Operator.run`, hence holds the shard session and writes the cluster) and
+SIGINT/SIGTERM: the stream closes at once, running drains may finish for up to
+``--drain-shutdown-timeout``, then the process exits with no task left.
 """
 
 from __future__ import annotations
@@ -387,6 +370,19 @@ class Operator:
     # ------------------------------------------------------------------ the task
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled; ``task_status.started()`` once the informers are synced.
+
+        Task tree (one nursery)::
+
+            CapacityRequestRollup.run   exclusion Events, periodic consistency check
+            Informer CapacityRequests   slim view -> RollupAggregator (incremental)
+            Informer UpcomingNodes      indexed by status.nodeRef.name (NodeStateUpdates plan
+                                        from it instead of a GET per frame)
+            Informer Nodes              slim view, indexed by spec.providerID
+                ... all three synced before ANY cluster write or roll-up: a roll-up is a full
+                replacement, so one built from a half-listed cache would withdraw real demand
+            DrainManager.run            operator-owned: a reconnect never cancels a drain
+            Acknowledger.run            Pending -> Acknowledged, never delays a tick
+            Agent.run                   reconnect loop; one Session nursery per stream
 
         On cancellation the shard stream closes at once; running drains continue for up to
         ``cfg.drain_shutdown_timeout`` seconds (shielded inside the DrainManager); then every

@@ -1,17 +1,10 @@
 """``bigfleet-trio pod-controller``: the process around :class:`~.controller.PodController`.
 
-Seed 000 "The unschedulable-pod controller" (Binaries paragraph) and reference-behavior.md §11:
-QPS/burst 50/100 on the Kubernetes client, the PriorityClass defaults file validated at start
-(a startup error is one line ``pod-controller: <reason>`` and exit code 1), a 10-minute cache
-sync timeout, SIGINT/SIGTERM end the process cleanly (exit 0). Beyond the reference: optional
-Lease leader election (``--leader-elect``; informers stay warm on standbys, only the leader
-writes) and the diagnostics listener (``/metrics``, ``/healthz``, ``/readyz`` = caches synced).
-
-Public API:
-
-* :func:`run_pod_controller` ``(cfg) -> int``: the CLI entry (blocking, runs Trio).
-* :func:`serve_pod_controller`: the same as a Trio task for embedding (the demo); ``started``
-  with the :class:`~.controller.PodController` once its caches synced.
+The Kubernetes client, the PriorityClass defaults file (parsed at start: a problem is one line
+``pod-controller: <reason>`` and exit 1), optional Lease leader election (informers stay warm on
+standbys, only the leader writes), the diagnostics listener (``/metrics`` with this binary's
+families, ``/healthz``, ``/readyz`` = caches synced) and SIGINT/SIGTERM (exit 0).
+:func:`run_pod_controller` is the CLI entry; :func:`serve_pod_controller` the same as a Trio task.
 """
 
 from __future__ import annotations

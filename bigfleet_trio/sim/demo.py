@@ -1,4 +1,4 @@
-"""``bigfleet-trio demo``: the whole BigFleet loop on one laptop (issue 7 "Demo").
+"""``bigfleet-trio demo``: the whole BigFleet loop on one laptop.
 
 One ``trio.run`` (with a trio-asyncio loop for grpclib) runs, in one nursery:
 

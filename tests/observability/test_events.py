@@ -1,4 +1,4 @@
-"""Tests for bigfleet_trio.observability.events.EventFeed (issue 7 "Diagnostics": /events feed)."""
+"""Tests for bigfleet_trio.observability.events: the /events feed and its kind catalogue."""
 
 from __future__ import annotations
 

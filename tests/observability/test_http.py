@@ -1,4 +1,4 @@
-"""Tests for bigfleet_trio.observability.http (issue 7 "Diagnostics"): real loopback sockets.
+"""Tests for bigfleet_trio.observability.http (the diagnostics listener): real loopback sockets.
 
 These use trio.fail_after (real time, no autojump) because hypercorn and httpx do real I/O.
 """

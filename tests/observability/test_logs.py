@@ -1,4 +1,4 @@
-"""Tests for observability.logs (issue 7 "Logs": structured, one line per decision)."""
+"""Tests for observability.logs (structured, one line per decision, secrets redacted)."""
 
 from __future__ import annotations
 

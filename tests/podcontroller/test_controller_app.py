@@ -1,4 +1,4 @@
-"""The ``pod-controller`` process (issue 6; reference-behavior.md §11): startup errors are one
+"""The ``pod-controller`` process: startup errors are one
 line + exit 1; against the embedded apiserver it turns Pods into CRs, serves /readyz, and exits 0
 on SIGTERM. Real sockets and a real child process, so real time under ``trio.fail_after``.
 """
