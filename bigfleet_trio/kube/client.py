@@ -9,17 +9,21 @@ Contract: docs/kube-api.md.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import logging
 import math
 import random
+import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import quote, urlencode
 
 import httpx
+import orjson
 import trio
 
 from .config import KubeConfig
@@ -34,6 +38,7 @@ from .errors import (
 from .ratelimit import AsyncRateLimiter
 from .resources import EVENTS, Resource
 from .retry import TRANSIENT, RetryPolicy, write_retry_on
+from .transport import KeepAlivePool
 from .watch import WatchDecodeError, WatchEvent, decode_watch_line
 
 __all__ = ["KubeClient", "ObjectList", "WatchStream", "PatchType"]
@@ -209,7 +214,9 @@ class KubeClient:
             log.warning(
                 "tls-server-name %s ignored (not supported by httpx)", config.tls_server_name
             )
-        def http_client(keepalive: int) -> httpx.AsyncClient:
+        def http_client(
+            keepalive: int, transport: httpx.AsyncBaseTransport | None
+        ) -> httpx.AsyncClient:
             return httpx.AsyncClient(
                 base_url=config.server,
                 transport=transport,
@@ -223,12 +230,18 @@ class KubeClient:
                 trust_env=False,
             )
 
-        self._http = http_client(20)
-        # Watches get a connection pool of their own: each holds its connection for minutes,
-        # and httpcore's pool does O(connections x requests) bookkeeping on every request, so
-        # long-lived streams in the request pool tax every write (measured: bench.py
-        # podcontroller). An injected transport (tests) is shared as is.
-        self._watch_http = self._http if transport is not None else http_client(4)
+        # Requests run on our keep-alive pool (kube.transport): httpx's default pool walks every
+        # connection, with a syscall each, on every request. Watches hold a connection for
+        # minutes and stream, so they keep httpx's default transport in a client of their own.
+        # An injected transport (tests) serves both.
+        request_transport = transport or KeepAlivePool(
+            ssl_context=verify if isinstance(verify, ssl.SSLContext) else None)
+        self._http = http_client(20, request_transport)
+        self._transport: httpx.AsyncBaseTransport = request_transport
+        self._watch_http = self._http if transport is not None else http_client(4, None)
+        self._base = config.server.rstrip("/")
+        self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
+        self._user_agent = user_agent
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -246,6 +259,15 @@ class KubeClient:
                 await self._watch_http.aclose()
 
     # -- low level ---------------------------------------------------------------------------
+
+    def _auth_header(self) -> str | None:
+        token = self.config.bearer_token()
+        if token:
+            return f"Bearer {token}"
+        if self.config.username is not None:
+            raw = f"{self.config.username}:{self.config.password or ''}".encode()
+            return "Basic " + base64.b64encode(raw).decode()
+        return None
 
     def _error(self, status: int, body: bytes, headers: Mapping[str, str]) -> ApiError:
         err = error_from_status(status, body, headers)
@@ -278,28 +300,40 @@ class KubeClient:
         content_type: str = "application/json",
     ) -> Any:
         await self._limiter.acquire()
+        headers = dict(self._headers)
+        auth = self._auth_header()
+        if auth:
+            headers["Authorization"] = auth
         content: bytes | None = None
-        headers: dict[str, str] = {}
         if body is not None:
             content = body if isinstance(body, bytes) else json.dumps(body).encode()
             headers["Content-Type"] = content_type
-        request = self._http.build_request(
-            method, path, params=_clean(params), content=content, headers=headers
-        )
+        url = self._base + path
+        cleaned = _clean(params)
+        if cleaned:
+            url = f"{url}?{urlencode(cleaned, quote_via=quote)}"
+        # straight to the transport: AsyncClient.send's layers (auth flow, redirects, cookies,
+        # URL merging) cost more than the request itself and none applies to the apiserver
+        request = httpx.Request(method, url, headers=headers, content=content)
         response: httpx.Response | None = None
+        data = b""
         with trio.move_on_after(self.request_timeout):
             try:
-                response = await self._http.send(request)
+                response = await self._transport.handle_async_request(request)
+                data = await response.aread()
             except httpx.TransportError as exc:
                 raise KubeTransportError(f"{method} {path}: {_describe(exc)}") from exc
+            finally:
+                if response is not None:
+                    await response.aclose()
         if response is None:
             raise KubeTransportError(f"{method} {path}: no answer within {self.request_timeout:g}s")
         if response.status_code >= 400:
-            raise self._error(response.status_code, response.content, response.headers)
-        if not response.content:
+            raise self._error(response.status_code, data, response.headers)
+        if not data:
             return None
         try:
-            return response.json()
+            return orjson.loads(data)
         except ValueError as exc:
             raise KubeTransportError(
                 f"{method} {path}: invalid JSON in {response.status_code} answer"
