@@ -247,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="listen port; 0 picks a free one (default 0)")
     api.add_argument("--kubeconfig-out", default=None, metavar="PATH",
                      help="write a kubeconfig for the server here (required)")
+    api.add_argument("--authorization-mode", default="AlwaysAllow", choices=("AlwaysAllow", "RBAC"),
+                     help="RBAC: authenticate bearer tokens and authorize every request with "
+                     "the stored Roles/bindings; the kubeconfig gets the admin token "
+                     "(default AlwaysAllow)")
     _add_log_flags(api, suppress=True)
     shard = sim_sub.add_parser(
         "shard", command="sim shard", help="simulated BigFleet shard",
@@ -453,7 +457,13 @@ def _run_command(ns: argparse.Namespace) -> int:
                 raise UsageError(name, "--kubeconfig-out is required")
             _setup_logging(fmt, level)
             fn = _load(name, "bigfleet_trio.sim.apiserver", "run_cli")
-            return fn if isinstance(fn, int) else _invoke(name, fn, ns.port, ns.kubeconfig_out)
+            if isinstance(fn, int):
+                return fn
+            if ns.authorization_mode != "AlwaysAllow":
+                from functools import partial
+
+                fn = partial(fn, authorization_mode=ns.authorization_mode)
+            return _invoke(name, fn, ns.port, ns.kubeconfig_out)
         if ns.sim_command == "cluster":
             name = "sim cluster"
             _setup_logging(fmt, level)
