@@ -41,12 +41,12 @@ spec:
 class Kube:
     """Runs kubectl against one server with a private kubeconfig and discovery cache."""
 
-    def __init__(self, api: ApiServer, url: str, tmp: Path) -> None:
+    def __init__(self, api: ApiServer, url: str, tmp: Path, token: str | None = None) -> None:
         self.api = api
         self.url = url
         self.tmp = tmp
         self.kubeconfig = str(tmp / "kc.yaml")
-        write_kubeconfig(url, self.kubeconfig)
+        write_kubeconfig(url, self.kubeconfig, token=token, ca_pem=api.tls_ca_pem)
         self.http = httpx.AsyncClient(base_url=url)
 
     def argv(self, *args: str) -> list[str]:
@@ -510,3 +510,50 @@ async def test_kubectl_scale_uses_the_scale_subresource(kube: Kube) -> None:
     assert scale["kind"] == "Scale" and scale["apiVersion"] == "autoscaling/v1"
     assert scale["spec"] == {}  # replicas is omitempty
     assert scale["status"] == {"replicas": 0, "selector": "app=web"}
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def manifest_args() -> list[str]:
+    """``-f`` of the shipped manifests directory, or ``-k`` of the Kustomize tree once the
+    manifests live under ``config/``."""
+    legacy = REPO / "bigfleet_trio" / "manifests"
+    if (legacy / "10-operator-rbac.yaml").exists():
+        return ["-f", str(legacy)]
+    return ["-k", str(REPO / "config" / "default")]
+
+
+@pytest.fixture
+async def rbac_kube(tmp_path: Path) -> AsyncIterator[Kube]:
+    api = ApiServer(authorization_mode="RBAC")
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve, api)
+        k = Kube(api, url, tmp_path, token=api.access.admin_token)
+        yield k
+        await k.http.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_rbac_apply_manifests_create_token_and_forbidden(rbac_kube: Kube) -> None:
+    kube = rbac_kube
+    await kube.out("apply", *manifest_args())
+    roles = await kube.out("get", "clusterroles", "-o", "name")
+    assert "clusterrole.rbac.authorization.k8s.io/bigfleet-operator" in roles.split()
+    bindings = await kube.out("get", "rolebindings", "-n", "bigfleet-system", "-o", "name")
+    assert "rolebinding.rbac.authorization.k8s.io/bigfleet-operator-leader-election" in bindings
+    token = (await kube.out("create", "token", "bigfleet-operator", "-n", "bigfleet-system"))
+    token = token.strip()
+    assert token.count(".") == 2  # a JWT
+    ok = await kube.out("--token", token, "get", "upcomingnodes")
+    assert ok == ""  # allowed, nothing there ("No resources found" goes to stderr)
+    denied = await kube.run("--token", token, "get", "pods", "-n", "default", "nope", ok=False)
+    assert denied.returncode == 1
+    assert (
+        'Error from server (Forbidden): pods "nope" is forbidden: User '
+        '"system:serviceaccount:bigfleet-system:bigfleet-operator" cannot get resource "pods" '
+        'in API group "" in the namespace "default"'
+    ) in denied.stderr.decode()
+    bad = await kube.run("--token", "garbage", "get", "pods", ok=False)
+    assert "Unauthorized" in bad.stderr.decode()
+    assert [a.verb for a in kube.api.access.denials] == ["get"]

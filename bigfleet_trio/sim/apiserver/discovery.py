@@ -50,6 +50,8 @@ def subresources(res: ResourceType) -> list[tuple[str, tuple[str, str, str], lis
         out.append(("scale", ("autoscaling", "v1", "Scale"), ["get", "patch", "update"]))
     if "eviction" in res.extra_subresources:
         out.append(("eviction", ("policy", "v1", "Eviction"), ["create"]))
+    if "token" in res.extra_subresources:
+        out.append(("token", ("authentication.k8s.io", "v1", "TokenRequest"), ["create"]))
     return out
 
 

@@ -1,5 +1,6 @@
 """Just enough Kubernetes protobuf decoding for the imperative kubectl commands that send
-protobuf bodies for built-in kinds (``kubectl create namespace``, ``kubectl create configmap``).
+protobuf bodies for built-in kinds (``kubectl create namespace``, ``kubectl create configmap``,
+``kubectl create token``).
 
 A body is ``k8s\\x00`` + runtime.Unknown{typeMeta{apiVersion=1, kind=2}=1, raw=2, ...}; raw is the
 object whose field 1 is ObjectMeta (name=1, generateName=2, namespace=3, labels=11,
@@ -121,7 +122,31 @@ def _priorityclass(parts: list[tuple[int, int, Any]], obj: dict[str, Any]) -> No
             obj["preemptionPolicy"] = _str(val)
 
 
-SUPPORTED = {"Namespace": None, "ConfigMap": _configmap, "PriorityClass": _priorityclass}
+def _tokenrequest(parts: list[tuple[int, int, Any]], obj: dict[str, Any]) -> None:
+    # spec = 2: audiences = 1 (repeated), boundObjectRef = 3, expirationSeconds = 4
+    spec: dict[str, Any] = {}
+    for num, _, val in parts:
+        if num != 2:
+            continue
+        for n2, _, v2 in fields(val):
+            if n2 == 1:
+                spec.setdefault("audiences", []).append(_str(v2))
+            elif n2 == 4:
+                spec["expirationSeconds"] = int(v2)
+            elif n2 == 3:
+                names = {1: "kind", 2: "apiVersion", 3: "name", 4: "uid"}
+                spec["boundObjectRef"] = {
+                    names[n3]: _str(v3) for n3, _, v3 in fields(v2) if n3 in names
+                }
+    obj["spec"] = spec
+
+
+SUPPORTED = {
+    "Namespace": None,
+    "ConfigMap": _configmap,
+    "PriorityClass": _priorityclass,
+    "TokenRequest": _tokenrequest,
+}
 
 
 def decode(body: bytes) -> dict[str, Any]:

@@ -261,7 +261,16 @@ def builtin_resources() -> list[ResourceType]:
             selectable=frozenset({"type"}),
             columns=[_col("Type", path=".type"), AGE],
         ),
-        R("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",), columns=[AGE]),
+        R(
+            "",
+            "v1",
+            "serviceaccounts",
+            "ServiceAccount",
+            True,
+            ("sa",),
+            extra_subresources=("token",),
+            columns=[AGE],
+        ),
         R(
             "",
             "v1",
@@ -401,6 +410,7 @@ def builtin_resources() -> list[ResourceType]:
             (),
             columns=[_col("Handler", path=".handler"), AGE],
         ),
+        *rbac_resources(),
         R(
             "apiextensions.k8s.io",
             "v1",
@@ -411,6 +421,22 @@ def builtin_resources() -> list[ResourceType]:
             ("api-extensions",),
             status=True,
             columns=[_col("Created At", "date", path=".metadata.creationTimestamp")],
+        ),
+    ]
+
+
+def rbac_resources() -> list[ResourceType]:
+    """Roles, ClusterRoles and their bindings (``rbac.authorization.k8s.io/v1``)."""
+    g = "rbac.authorization.k8s.io"
+    role_ref = _col("Role", path=".roleRef.name")
+    return [
+        ResourceType(g, "v1", "roles", "Role", True, columns=[_col("Created At", "date",
+                     path=".metadata.creationTimestamp")]),
+        ResourceType(g, "v1", "clusterroles", "ClusterRole", False, columns=[_col(
+            "Created At", "date", path=".metadata.creationTimestamp")]),
+        ResourceType(g, "v1", "rolebindings", "RoleBinding", True, columns=[role_ref, AGE]),
+        ResourceType(
+            g, "v1", "clusterrolebindings", "ClusterRoleBinding", False, columns=[role_ref, AGE]
         ),
     ]
 

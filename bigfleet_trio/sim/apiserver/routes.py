@@ -16,6 +16,7 @@ from . import discovery as D
 from . import errors as E
 from .httpio import Request, Response, json_response, not_found
 from .patching import apply_patch
+from .rbac import Attributes, User
 from .resources import ResourceType
 from .scale import SCALE, scale_of
 from .store import dumps
@@ -98,6 +99,14 @@ def _openapi(server: ApiState, req: Request, parts: list[str]) -> Response:
         if doc is not None:
             return json_response(200, doc)
     raise not_found()
+
+
+def is_discovery(req: Request, parts: list[str]) -> bool:
+    """True for the discovery paths (non-resource URLs for authorization)."""
+    if req.method != "GET" or not parts:
+        return False
+    n = len(parts)
+    return n == 1 or n == 2 or (parts[0] == "apis" and n == 3)
 
 
 def discovery(server: ApiState, req: Request, parts: list[str]) -> Response | None:
@@ -186,6 +195,30 @@ def parse_resource_path(server: ApiState, req: Request, parts: list[str]) -> Cal
         raise not_found()
     watch = req.method == "GET" and name is None and req.flag("watch")
     return Call(req, res, namespace, name, sub, verb_of(req.method, name, watch))
+
+
+def attributes(call: Call, user: User) -> Attributes:
+    """The authorization attributes of a resource request, as the apiserver's request info
+    derives them: a namespace object is in its own namespace, and a list or watch narrowed to
+    one name (``fieldSelector=metadata.name=X``) is about that name."""
+    name = call.name or ""
+    namespace = call.namespace or ""
+    if call.res.plural == "namespaces" and call.res.group == "" and name:
+        namespace = name
+    if call.verb in ("list", "watch"):
+        fs = (call.req.q("fieldSelector") or "").replace("==", "=")
+        if fs.startswith("metadata.name=") and "," not in fs:
+            name = fs.split("=", 1)[1]
+    return Attributes(
+        user=user,
+        verb=call.verb,
+        api_group=call.res.group,
+        resource=call.res.plural,
+        subresource=call.sub or "",
+        name=name,
+        namespace=namespace,
+        path=call.req.path,
+    )
 
 
 def prepare(call: Call) -> None:
@@ -394,6 +427,13 @@ def _patch_scale(server: ApiState, c: Call) -> Result:
     )
 
 
+def _token(server: ApiState, c: Call) -> Result:
+    if c.name is None or c.namespace is None:
+        raise E.method_not_allowed()
+    body = c.req.decode() if c.req.body else None
+    return json_response(201, server.issue_token(c.namespace, c.name, body))
+
+
 ResourceHandler = Callable[["ApiState", Call], Result]
 
 # (verb, subresource) -> handler; a pair not listed answers 405 MethodNotAllowed.
@@ -415,6 +455,7 @@ RESOURCE_ROUTES: dict[tuple[str, str | None], ResourceHandler] = {
     ("get", "scale"): _get_scale,
     ("update", "scale"): _update_scale,
     ("patch", "scale"): _patch_scale,
+    ("create", "token"): _token,
 }
 
 

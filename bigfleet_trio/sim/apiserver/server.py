@@ -17,8 +17,10 @@ class ApiServer(ApiState):
 
     Attributes:
         app: the ASGI application serving this state over HTTP.
+        tls_ca_pem: CA certificate (PEM) of the HTTPS listener, when one is served.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.app: AsgiApp = make_app(self)
+        self.tls_ca_pem: bytes | None = None  # set by serving when it serves HTTPS

@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import signal
 import sys
+import tempfile
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -27,17 +29,27 @@ async def serve(
     host: str = "127.0.0.1",
     port: int = 0,
     engine: str = "hypercorn",
+    tls: bool | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``server.app`` over HTTP until cancelled.
+    """Serve ``server.app`` over HTTP(S) until cancelled.
 
     Use as ``url = await nursery.start(serve, server)``; the started value is the base URL
-    ``http://HOST:PORT`` with the real (bound) port.
+    ``http(s)://HOST:PORT`` with the real (bound) port.
 
     Args:
         engine: ``"hypercorn"`` (hypercorn's Trio worker) or ``"fast"`` (the minimal HTTP/1.1
             server in :mod:`.fasthttp`, several times cheaper per request; for benchmarks).
+        tls: serve HTTPS with a throw-away CA (``server.tls_ca_pem``, for kubeconfigs); None =
+            when the server enforces RBAC, because kubectl sends bearer tokens only over TLS.
+
+    Raises:
+        ValueError: unknown engine, or TLS with the fast engine.
     """
+    if tls is None:
+        tls = server.access.enforcing
+    if tls and engine != "hypercorn":
+        raise ValueError("TLS is served by the hypercorn engine only")
     if engine == "fast":
         from .fasthttp import serve_fast
 
@@ -64,25 +76,64 @@ async def serve(
     cfg.errorlog = logging.getLogger("hypercorn.error")
     cfg.loglevel = "WARNING"
     shutdown = trio.Event()
+    tmpdir = None
+    if tls:
+        tmpdir = tempfile.TemporaryDirectory(prefix="bigfleet-sim-tls-")
+        cfg.certfile = cfg.keyfile = _issue_serving_cert(server, host, tmpdir.name)
 
     async def run(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         app: Any = server.app
         await hserve(app, cfg, shutdown_trigger=shutdown.wait, mode="asgi", task_status=task_status)
 
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(run)
-        url = str(binds[0]).replace("0.0.0.0", "127.0.0.1")
-        log.info("apiserver serving at %s", url)
-        task_status.started(url)
+    try:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(run)
+            url = str(binds[0]).replace("0.0.0.0", "127.0.0.1")
+            if tls:
+                url = url.replace("http://", "https://", 1)
+            log.info("apiserver serving at %s", url)
+            task_status.started(url)
+    finally:
+        if tmpdir is not None:
+            tmpdir.cleanup()
 
 
-def write_kubeconfig(url: str, path: str, *, token: str | None = None) -> None:
-    """Write a kubeconfig pointing at ``url`` (plain HTTP; names ``bigfleet-sim``)."""
+def _issue_serving_cert(server: ApiServer, host: str, directory: str) -> str:
+    """Create a CA and a certificate for ``host``/127.0.0.1/localhost; returns the path of
+    the key + chain PEM file and stores the CA on ``server.tls_ca_pem``.
+
+    Raises:
+        RuntimeError: trustme (the ``test`` extra) is not installed.
+    """
+    try:
+        import trustme
+    except ImportError:
+        raise RuntimeError(
+            "serving TLS (--authorization-mode RBAC) needs trustme: pip install "
+            "'bigfleet-trio[test]'"
+        ) from None
+    ca = trustme.CA(organization_name="bigfleet-sim")
+    names = sorted({host, "127.0.0.1", "localhost"} - {"0.0.0.0"})
+    cert = ca.issue_cert(*names)
+    path = os.path.join(directory, "serving.pem")
+    cert.private_key_and_cert_chain_pem.write_to_path(path)
+    server.tls_ca_pem = ca.cert_pem.bytes()
+    return path
+
+
+def write_kubeconfig(
+    url: str, path: str, *, token: str | None = None, ca_pem: bytes | None = None
+) -> None:
+    """Write a kubeconfig pointing at ``url`` (names ``bigfleet-sim``); ``ca_pem`` becomes
+    ``certificate-authority-data`` for an https URL."""
     user: dict[str, Any] = {"token": token} if token else {}
+    cluster: dict[str, Any] = {"server": url}
+    if ca_pem:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
     cfg = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "bigfleet-sim", "cluster": {"server": url}}],
+        "clusters": [{"name": "bigfleet-sim", "cluster": cluster}],
         "users": [{"name": "bigfleet-sim", "user": user}],
         "contexts": [
             {
@@ -101,16 +152,30 @@ def write_kubeconfig(url: str, path: str, *, token: str | None = None) -> None:
         yaml.safe_dump(cfg, fh, sort_keys=False)
 
 
-def run_cli(port: int, kubeconfig_out: str, *, engine: str = "hypercorn") -> int:
-    """``bigfleet-trio sim apiserver --port PORT --kubeconfig-out PATH``.
+def run_cli(
+    port: int,
+    kubeconfig_out: str,
+    *,
+    engine: str = "hypercorn",
+    authorization_mode: str = "AlwaysAllow",
+) -> int:
+    """``bigfleet-trio sim apiserver --port PORT --kubeconfig-out PATH
+    [--authorization-mode RBAC]``.
 
-    Serves until SIGINT/SIGTERM; prints one line with the URL and kubeconfig path. Returns 0
-    (1 with a one-line message on stderr when the port cannot be bound).
+    Serves until SIGINT/SIGTERM; prints one line with the URL and kubeconfig path. With
+    ``RBAC`` the kubeconfig carries the admin token (group system:masters). Returns 0 (1 with
+    a one-line message on stderr when the port cannot be bound or the mode is unknown).
     """
+    from .access import MODES
     from .server import ApiServer
 
+    if authorization_mode not in MODES:
+        print(f"sim apiserver: --authorization-mode must be one of {', '.join(MODES)}",
+              file=sys.stderr)
+        return 1
+
     async def main() -> None:
-        server = ApiServer()
+        server = ApiServer(authorization_mode=authorization_mode)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 url = await nursery.start(
@@ -118,9 +183,11 @@ def run_cli(port: int, kubeconfig_out: str, *, engine: str = "hypercorn") -> int
                         server, port=port, engine=engine, task_status=task_status
                     )
                 )
-                write_kubeconfig(url, kubeconfig_out)
+                token = server.access.admin_token if server.access.enforcing else None
+                write_kubeconfig(url, kubeconfig_out, token=token, ca_pem=server.tls_ca_pem)
                 print(
-                    f"apiserver listening on {url}; kubeconfig written to {kubeconfig_out}",
+                    f"apiserver listening on {url}; kubeconfig written to {kubeconfig_out}"
+                    + (" (authorization mode RBAC, admin token)" if token else ""),
                     flush=True,
                 )
                 async for _sig in signals:

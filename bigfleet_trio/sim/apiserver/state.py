@@ -20,6 +20,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import errors as E
+from .access import (
+    BOOTSTRAP_CLUSTER_ROLE_BINDINGS,
+    BOOTSTRAP_CLUSTER_ROLES,
+    AccessControl,
+)
 from .crds import accept_crd, default_crd_text, parse_yaml_docs
 from .errors import ApiError
 from .eviction import check_eviction_body, matching_pdbs, plan_eviction
@@ -42,7 +47,12 @@ from .resources import ResourceType, builtin_resources
 from .scale import scale_of, scaled
 from .selectors import match_labels, parse_field_selector, parse_label_selector
 from .store import Store, Watcher
-from .validation import metadata_type_error, validate_labels, validate_name
+from .validation import (
+    metadata_type_error,
+    validate_labels,
+    validate_name,
+    validate_path_segment_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +73,14 @@ class ApiState:
             (as the garbage collector would).
         pdb_controller: keep PodDisruptionBudget status computed from pods
             (:class:`~.controllers.PdbController`); off = tests set PDB status via /status.
+        authorization_mode: ``AlwaysAllow`` (default; credentials ignored) or ``RBAC``
+            (bearer tokens authenticated, every request authorized; see :mod:`.access`).
 
     Attributes:
         store: the :class:`~.store.Store` (read-only use by in-process helpers).
         faults: :class:`~.faults.Faults` injection hooks.
         counters: :class:`~.faults.Counters` of requests by (verb, resource).
+        access: :class:`~.access.AccessControl` (``admin_token``, ``denials``).
     """
 
     def __init__(
@@ -78,6 +91,7 @@ class ApiState:
         bookmark_interval: float = 5.0,
         gc_dangling: bool = True,
         pdb_controller: bool = False,
+        authorization_mode: str = "AlwaysAllow",
     ) -> None:
         self.store = Store(history=history)
         self.bookmark_interval = bookmark_interval
@@ -96,12 +110,16 @@ class ApiState:
         self.namespaces = self.resource("", "v1", "namespaces")
         self.pdbs = self.resource("policy", "v1", "poddisruptionbudgets")
         self.crds = self.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+        self.service_accounts = self.resource("", "v1", "serviceaccounts")
+        self.access = AccessControl(authorization_mode, self._rbac_objects, self._sa_uid)
         if pdb_controller:
             from .controllers import PdbController
 
             self.store.listeners.append(PdbController(self).on_event)
         for ns in INITIAL_NAMESPACES:
             self.create(self.namespaces, None, {"metadata": {"name": ns}})
+        if self.access.enforcing:
+            self._install_bootstrap_policy()
         if crd_paths is None:
             self.install_crd_text(default_crd_text())
         else:
@@ -160,6 +178,36 @@ class ApiState:
                 out.append(self.create(self.crds, None, doc))
         return out
 
+    # ---- access ------------------------------------------------------------------------------
+
+    def _rbac_objects(self, plural: str) -> Iterable[dict[str, Any]]:
+        return self.store.items(self.resource("rbac.authorization.k8s.io", "v1", plural))
+
+    def _sa_uid(self, namespace: str, name: str) -> str | None:
+        sa = self.store.get(self.service_accounts, namespace, name)
+        return None if sa is None else sa["metadata"].get("uid")
+
+    def _install_bootstrap_policy(self) -> None:
+        for plural, objs in (
+            ("clusterroles", BOOTSTRAP_CLUSTER_ROLES),
+            ("clusterrolebindings", BOOTSTRAP_CLUSTER_ROLE_BINDINGS),
+        ):
+            res = self.resource("rbac.authorization.k8s.io", "v1", plural)
+            for obj in objs:
+                self.create(res, None, copy.deepcopy(obj))
+
+    def issue_token(
+        self, namespace: str, name: str, body: Any = None
+    ) -> dict[str, Any]:
+        """Answer a TokenRequest for an existing ServiceAccount (``status.token`` is the
+        bearer token).
+
+        Raises:
+            ApiError: 404 no such ServiceAccount; 400/422 a bad TokenRequest.
+        """
+        sa = self.get(self.service_accounts, namespace, name)
+        return self.access.token_request(namespace, name, sa["metadata"]["uid"], body)
+
     # ---- helpers -----------------------------------------------------------------------------
 
     def _check_scope(self, res: ResourceType, namespace: str | None) -> str | None:
@@ -202,7 +250,11 @@ class ApiState:
                     break
             meta["name"] = cand
         name = meta.get("name", "")
-        causes = validate_name(name, label=res.plural == "namespaces") + validate_labels(meta)
+        if res.group == "rbac.authorization.k8s.io":
+            causes = validate_path_segment_name(name)
+        else:
+            causes = validate_name(name, label=res.plural == "namespaces")
+        causes += validate_labels(meta)
         if causes:
             raise E.invalid(res.kind, res.group, str(name), causes)
         if namespace:

@@ -74,6 +74,24 @@ def validate_name(
 
 
 
+def validate_path_segment_name(name: Any, field: str = "metadata.name") -> list[dict[str, str]]:
+    """Names of kinds that only need to be one URL path segment (RBAC objects: ``system:x``).
+
+    Returns:
+        StatusCause dicts; empty when valid.
+    """
+    if not isinstance(name, str) or not name:
+        return validate_name(name, field=field)
+    if name in (".", ".."):
+        return [field_cause("FieldValueInvalid", field, f'Invalid value: "{name}": may not be '
+                            f"'{name}'")]
+    for bad in ("/", "%"):
+        if bad in name:
+            return [field_cause("FieldValueInvalid", field, f'Invalid value: "{name}": may not '
+                                f"contain '{bad}'")]
+    return []
+
+
 def metadata_type_error(meta: dict[str, Any]) -> str | None:
     """A decode error message when ObjectMeta fields have the wrong JSON types (→ 400).
 
