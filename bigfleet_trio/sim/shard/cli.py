@@ -81,7 +81,8 @@ def run_cli(
             return 1
         stats_at = (shost, int(sport))
     try:
-        return trio.run(partial(_main, port, kubeconfig, host, catalog, config, stats_at))
+        extra = {"stats_at": stats_at} if stats_at is not None else {}
+        return trio.run(partial(_main, port, kubeconfig, host, catalog, config, **extra))
     except KeyboardInterrupt:
         return 0
     except BaseException as exc:  # noqa: BLE001 - turned into one line and exit code 1
@@ -158,7 +159,9 @@ async def _main(port: int, kubeconfig: str | None, host: str, catalog: Catalog |
             log.info("sim shard listening on %s:%s", host, bound)
             if stats is not None and stats_at is not None:
                 sport = await nursery.start(partial(
-                    serve_stats, lambda: stats.to_dict({"snapshot": shard.snapshot()}),
+                    serve_stats, lambda: stats.to_dict({
+                        "snapshot": shard.snapshot(),
+                        "bound": [m.machine_id for m in shard.engine.bound_machines()]}),
                     host=stats_at[0], port=stats_at[1]))
                 print(f"sim shard: grpc port {bound}, stats http://{stats_at[0]}:{sport}/stats",
                       flush=True)

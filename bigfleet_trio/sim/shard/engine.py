@@ -47,7 +47,7 @@ import logging
 import random
 import re
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -458,6 +458,11 @@ class ShardEngine:
                 m.alloc = shape.allocatable_values
                 self.machines.append(m)
         self._by_id = {m.machine_id: m for m in self.machines}
+        self._by_shape: dict[str, list[Machine]] = {}
+        for m in self.machines:
+            self._by_shape.setdefault(m.shape.key, []).append(m)
+        # indexes so a fleet-sized inventory answers responses and acks without a scan
+        self._pulls: dict[str, Machine] = {}
 
     # ---------------------------------------------------------------- views
 
@@ -565,16 +570,16 @@ class ShardEngine:
         back to the pool, shortfall logged). A response nobody waits for (late, unknown id) is
         dropped with a log line. Otherwise the machine goes Configuring.
         """
-        m = next(
-            (x for x in self.machines
-             if x.bootstrap_request_id == resp.request_id and x.bound and x.state == State.IDLE),
-            None,
-        )
+        m = self._pulls.get(resp.request_id) if resp.request_id else None
+        if m is not None and not (m.bootstrap_request_id == resp.request_id and m.bound
+                                  and m.state == State.IDLE):
+            m = None
         if m is None or not resp.request_id:
             log.info("bootstrap response dropped: no pull waits for request_id=%r", resp.request_id)
             self._event(now, "bootstrap_response_dropped", request_id=resp.request_id)
             return []
         m.bootstrap_request_id = None
+        self._pulls.pop(resp.request_id, None)
         if resp.error:
             out = self._fail(m, f"bootstrap: {resp.error}", now)
             return out + self._available(now)
@@ -623,9 +628,13 @@ class ShardEngine:
             if not due:
                 break
             due.sort(key=lambda m: (m.due, m.seq, m.machine_id))
-            m = due[0]
-            m.due = None
-            out += self._step(m, now)
+            # Fire them in order; a step that sets a new timer due by now (a zero delay) is
+            # picked up by the next round, after the timers that were already due.
+            for m in due:
+                if m.due is None or m.due > now:
+                    continue
+                m.due = None
+                out += self._step(m, now)
         if self._ac_due is not None and self._ac_due <= now:
             self._ac_due = None
         out += self._available(now)
@@ -641,6 +650,7 @@ class ShardEngine:
             out: list[Effect] = [self._set_state(m, State.IDLE, now, None)]
             return out + self._pull(m, now)
         if m.state == State.IDLE and m.bootstrap_request_id is not None:
+            self._pulls.pop(m.bootstrap_request_id, None)
             m.bootstrap_request_id = None
             return self._fail(m, f"bootstrap: no response within {cfg.bootstrap_timeout:g}s", now)
         if m.state == State.CONFIGURING:
@@ -670,6 +680,7 @@ class ShardEngine:
 
     def _pull(self, m: Machine, now: float) -> list[Effect]:
         m.bootstrap_request_id = f"bootstrap-{next(self._bootstrap_seq):06d}"
+        self._pulls[m.bootstrap_request_id] = m
         m.due = now + self.config.bootstrap_timeout
         self._event(now, "bootstrap_requested", machine=m.machine_id, node=m.node_name,
                     request_id=m.bootstrap_request_id)
@@ -751,6 +762,16 @@ class ShardEngine:
                   if m.bound and m.reclaim is None and m.state in _SUPPLY_RANK]
         claimed: set[str] = set()
         pool = [m for m in self.machines if m.free]
+        pool_lanes: dict[str, list[list[Machine]]] = {}
+        for m in pool:  # per shape: Idle machines, then the others, each by inventory index
+            lanes = pool_lanes.setdefault(m.shape.key, [[], []])
+            lanes[0 if m.state == State.IDLE else 1].append(m)
+        for key_, lanes in list(pool_lanes.items()):
+            pool_lanes[key_] = [lane for lane in lanes if lane]
+        by_need: dict[str, list[Machine]] = {}
+        for m in supply:
+            if m.need is not None:
+                by_need.setdefault(m.need, []).append(m)
         used_pool: set[str] = set()
         statuses: dict[int, NeedStatus] = {}
         need_reqs: dict[str, list[pb.NodeSelectorRequirement]] = {}
@@ -763,10 +784,27 @@ class ShardEngine:
                 key = f"{key}#{i}"
             seen_keys.add(key)
             need_reqs[key] = list(need.requirements)
-            sup = [m for m in supply if m.machine_id not in claimed and self._serves(m, need, unit)]
-            free = [m for m in pool
-                    if m.machine_id not in used_pool and self._serves(m, need, unit)]
-            plan = self._plan_need(need, key, agg, sup, free)
+            serves = self._serves_memo(need, unit)
+            plan = None
+            if not same_keys(need.requirements):
+                # The machines this need already holds come first in _fill's order; when they
+                # cover it, nothing else is looked at (the same plan, without scanning the fleet).
+                own = [m for m in by_need.get(key, ())
+                       if m.machine_id not in claimed and serves(m)]
+                if own:
+                    plan = self._fill(need, key, agg, own, [])
+                    if plan.short:
+                        plan = None
+            if plan is None:
+                sup = [m for m in supply if m.machine_id not in claimed and serves(m)]
+                if same_keys(need.requirements) or any(
+                        r.key == LABEL_HOSTNAME for r in need.requirements):
+                    free = [m for m in pool if m.machine_id not in used_pool and serves(m)]
+                    plan = self._plan_need(need, key, agg, sup, free)
+                else:  # the pool per shape, in pick order, without a scan per need
+                    streams = [lane for lanes in pool_lanes.values() if serves(lanes[0][0])
+                               for lane in lanes]
+                    plan = self._fill(need, key, agg, sup, [], streams=streams, skip=used_pool)
             for m in plan.take:
                 claimed.add(m.machine_id)
                 m.need = key
@@ -836,6 +874,24 @@ class ShardEngine:
     def _serves(self, m: Machine, need: pb.CapacityNeed, unit: Mapping[str, Fraction]) -> bool:
         return labels_match(need.requirements, m.labels) and covers(m.alloc, unit)
 
+    def _serves_memo(self, need: pb.CapacityNeed,
+                     unit: Mapping[str, Fraction]) -> Callable[[Machine], bool]:
+        """:meth:`_serves` for one need, answered once per shape: machines of a shape share
+        every label but the hostname and all their allocatable (a need naming the hostname label
+        is checked per machine)."""
+        reqs = list(need.requirements)
+        if any(r.key == LABEL_HOSTNAME for r in reqs):
+            return lambda m: self._serves(m, need, unit)
+        memo: dict[str, bool] = {}
+
+        def serves(m: Machine) -> bool:
+            hit = memo.get(m.shape.key)
+            if hit is None:
+                hit = memo[m.shape.key] = labels_match(reqs, m.labels) and covers(m.alloc, unit)
+            return hit
+
+        return serves
+
     def _plan_need(
         self,
         need: pb.CapacityNeed,
@@ -882,7 +938,13 @@ class ShardEngine:
         agg: dict[str, Fraction],
         sup: list[Machine],
         free: list[Machine],
+        *,
+        streams: list[list[Machine]] | None = None,
+        skip: set[str] | None = None,
     ) -> _Plan:
+        """Cover ``agg``: ``sup`` first (own machines, then by supply rank), then new machines
+        from ``free`` -- or from ``streams`` (lists each already in pick order and of one shape,
+        machines in ``skip`` or no longer free passed over)."""
         covered: dict[str, Fraction] = {}
         take: list[Machine] = []
 
@@ -900,16 +962,46 @@ class ShardEngine:
                        if s.when_unsatisfiable != pb.TopologySpreadWhenUnsatisfiable
                        .WHEN_UNSATISFIABLE_SCHEDULE_ANYWAY]
         new: list[Machine] = []
-        remaining = list(free)
-        while not done() and remaining:
-            counts = [Counter(m.labels.get(k) for m in take) for k in spread_keys]
-
-            def pick_key(m: Machine, counts: list[Counter[str | None]] = counts) -> tuple[Any, ...]:
-                load = tuple(c[m.labels.get(k)] for c, k in zip(counts, spread_keys, strict=True))
-                return (m.shape.price_per_hour, load, m.state != State.IDLE, m.index)
-
-            best = min(remaining, key=pick_key)
-            remaining.remove(best)
+        # The cheapest machine by (price, load of its spread domains, not Idle, inventory index).
+        # A fresh machine's hostname domain always has load 0 (its hostname is its own), so only
+        # the other spread keys split the free machines into domains; within a domain the load
+        # is the same, so each domain's best is the first in (price, not Idle, index) order.
+        dom_keys = [k for k in spread_keys if k != LABEL_HOSTNAME]
+        counts = [Counter(m.labels.get(k) for m in take) for k in dom_keys]
+        lanes: list[tuple[tuple[str | None, ...], list[Machine]]] = []
+        if streams is None:
+            domains: dict[tuple[str | None, ...], list[Machine]] = {}
+            for m in sorted(free, key=lambda m: (m.shape.price_per_hour, m.state != State.IDLE,
+                                                 m.index)):
+                domains.setdefault(tuple(m.labels.get(k) for k in dom_keys), []).append(m)
+            lanes = list(domains.items())
+        else:
+            lanes = [(tuple(lane[0].labels.get(k) for k in dom_keys), lane)
+                     for lane in streams if lane]
+        heads = [0] * len(lanes)
+        while not done():
+            best_i: int | None = None
+            best_key: tuple[Any, ...] | None = None
+            for li, (d, lst) in enumerate(lanes):
+                i = heads[li]
+                if skip is not None:
+                    while i < len(lst) and (lst[i].machine_id in skip or not lst[i].free):
+                        i += 1
+                    heads[li] = i
+                if i >= len(lst):
+                    continue
+                m = lst[i]
+                load = tuple(c[v] for c, v in zip(counts, d, strict=True))
+                key_ = (m.shape.price_per_hour, load, m.state != State.IDLE, m.index)
+                if best_key is None or key_ < best_key:
+                    best_key, best_i = key_, li
+            if best_i is None:
+                break
+            best_d, lane = lanes[best_i]
+            best = lane[heads[best_i]]
+            heads[best_i] += 1
+            for c, v in zip(counts, best_d, strict=True):
+                c[v] += 1
             new.append(best)
             take.append(best)
             add_into(covered, best.alloc)
@@ -950,7 +1042,7 @@ class ShardEngine:
         """
         out: dict[str, tuple[int, int, float]] = {}
         for shape in self.catalog:
-            free = [m for m in self.machines if m.shape is shape and m.free]
+            free = [m for m in self._by_shape.get(shape.key, ()) if m.shape is shape and m.free]
             idle = [m for m in free if m.state == State.IDLE]
             if idle:
                 conf = Confidence.CONFIDENCE_HIGH
@@ -977,10 +1069,12 @@ class ShardEngine:
                 continue
             self._ac_sent[shape.key] = snap
             self._ac_last[shape.key] = now
-            out.append(SendFrame(pb.ShardMessage(available_capacity=self.available_update(shape))))
+            out.append(SendFrame(pb.ShardMessage(
+                available_capacity=self.available_update(shape, snap))))
         return out
 
-    def available_update(self, shape: MachineShape) -> pb.AvailableCapacityUpdate:
+    def available_update(self, shape: MachineShape,
+                         snap: tuple[int, int, float] | None = None) -> pb.AvailableCapacityUpdate:
         """The AvailableCapacityUpdate for one shape as of now (``supersedes_key`` per §8)."""
         reqs = [
             pb.NodeSelectorRequirement(key=LABEL_INSTANCE_TYPE, operator=Op(Op.OPERATOR_IN),
@@ -988,7 +1082,7 @@ class ShardEngine:
             pb.NodeSelectorRequirement(key=LABEL_ZONE, operator=Op(Op.OPERATOR_IN),
                                        values=[shape.zone]),
         ]
-        count, conf, cost = self.available_snapshot()[shape.key]
+        count, conf, cost = snap if snap is not None else self.available_snapshot()[shape.key]
         return pb.AvailableCapacityUpdate(
             supersedes_key="available:" + profile_fingerprint(reqs),
             requirements=reqs,
