@@ -540,7 +540,9 @@ async def serve_operator(
             def readiness() -> tuple[bool, list[str]]:
                 if elector is not None and not elector.is_leader:
                     return False, [f"not the leader (leader: {elector.leader or 'unknown'})"]
-                return op.ready()
+                ok, detail = op.ready()
+                # "leader" only when there is a lease to lead (--leader-elect)
+                return ok, (["leader", *detail] if ok and elector is not None else detail)
 
             async with trio.open_nursery() as nursery:
                 bound = [

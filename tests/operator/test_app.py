@@ -389,8 +389,11 @@ async def test_process_over_sockets_with_leader_election_and_sigterm(tmp_path: P
                 for addr in bound:
                     while (await http.get(f"http://{addr}/readyz")).status_code != 200:  # noqa: ASYNC110
                         await trio.sleep(0.05)
+                ready = (await http.get(f"http://{bound[0]}/readyz")).json()
+                assert ready["detail"] == ["leader", "informers synced", "shard session up"]
                 r = await http.get(f"http://{bound[0]}/metrics")
                 assert "bigfleet_operator_session_up 1.0" in r.text
+                assert "bigfleet_unschedulable_pod_controller" not in r.text
                 await shard.wait_until(lambda s: bool(s.last_rollup and s.last_rollup.needs))
                 assert shard.last_rollup is not None
                 assert dict(shard.last_rollup.needs[0].aggregate_resources) == {"cpu": "1"}
