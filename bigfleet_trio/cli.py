@@ -29,16 +29,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from . import __version__
-from .config import (
-    DURATION,
-    ConfigError,
-    KnobSpec,
-    OperatorConfig,
-    PodControllerConfig,
-    Settings,
-    knob_specs,
-)
+from .config import ConfigError, OperatorConfig, PodControllerConfig
 from .durations import format_duration, parse_duration
+from .knobs import DURATION, KnobSpec, Settings, knob_specs
 from .sim.demo_options import DemoOptions
 
 __all__ = ["main", "build_parser", "parse_args", "UsageError", "PROG"]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from bigfleet_trio.config import (
+from bigfleet_trio.config import ProcessSettings
+from bigfleet_trio.knobs import (
     DURATION,
     ConfigError,
-    ProcessSettings,
     Settings,
     knob,
     listen_addr,
