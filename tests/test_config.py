@@ -351,7 +351,7 @@ def test_pod_controller_bad_quantity_fails_startup(  # type: ignore[no-untyped-d
 
 
 def test_every_knob_has_one_flag_and_flat_keyword() -> None:
-    from bigfleet_trio.config import knob_specs
+    from bigfleet_trio.knobs import knob_specs
 
     specs = knob_specs(OperatorConfig())
     flags = [s.flag for s in specs]
@@ -372,7 +372,7 @@ def test_a_new_knob_is_one_field() -> None:
     from dataclasses import dataclass
 
     from bigfleet_trio import cli
-    from bigfleet_trio.config import DURATION, Settings, knob, positive
+    from bigfleet_trio.knobs import DURATION, Settings, knob, positive
 
     @dataclass(init=False, eq=True)
     class Extra(Settings):
@@ -434,7 +434,7 @@ def test_yaml_errors_name_file_line_and_column(tmp_path, capsys) -> None:  # typ
     import yaml
 
     from bigfleet_trio.cli import main
-    from bigfleet_trio.config import yaml_error_line
+    from bigfleet_trio.knobs import yaml_error_line
 
     try:
         yaml.safe_load("a: 1\nb: [\n")
