@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import yaml
 
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 from bigfleet_trio.sim.apiserver.testing import find_kubectl
@@ -557,3 +558,57 @@ async def test_rbac_apply_manifests_create_token_and_forbidden(rbac_kube: Kube) 
     bad = await kube.run("--token", "garbage", "get", "pods", ok=False)
     assert "Unauthorized" in bad.stderr.decode()
     assert [a.verb for a in kube.api.access.denials] == ["get"]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+async def test_kubectl_explain_builtins_and_crds(kube: Kube) -> None:
+    pods = await kube.out("explain", "pods")
+    assert "KIND:       Pod" in pods
+    assert "Pod is a collection of containers that can run on a host." in _flat(pods)
+    assert "spec\t<PodSpec>" in pods
+    resources = _flat(await kube.out("explain", "pods.spec.containers.resources.requests"))
+    assert "FIELD: requests <map[string]" in resources
+    assert "Requests describes the minimum amount of compute resources required." in resources
+    # the project CRD: whatever crds.yaml describes is what kubectl prints
+    from bigfleet_trio.sim.apiserver.crds import default_crd_text
+
+    crd = next(d for d in yaml.safe_load_all(default_crd_text())
+               if d and d["spec"]["names"]["kind"] == "CapacityRequest")
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    reqs = spec["properties"]["requirements"]
+    out = await kube.out("explain", "capacityrequest.spec.requirements")
+    assert "KIND:       CapacityRequest" in out and "GROUP:      bigfleet.lucy.sh" in out
+    assert _flat(reqs.get("description") or "<empty>") in _flat(out)
+    for field in reqs["items"]["properties"]:
+        assert f"  {field}\t<" in out
+    # a CRD applied at run time is explained with its descriptions
+    await kube.out("apply", "-f", "-", stdin=WIDGET_CRD)
+    size = _flat(await kube.out("explain", "widget.spec.size"))
+    assert "FIELD: size <integer>" in size and "Size in millimetres." in size
+
+
+WIDGET_CRD = """\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              properties:
+                size: {type: integer, description: Size in millimetres.}
+"""

@@ -29,13 +29,20 @@ Options: ``ApiServer(crd_paths=None, history=50_000, bookmark_interval=5.0, gc_d
 pdb_controller=False)``.
 
 Modules: ``store`` (objects, global RV, event history, watchers); ``state`` (registry and verbs)
-with ``objects`` (pure write helpers), ``gc``, ``eviction``, ``crds``; ``server`` (ApiServer =
-state + ASGI app); ``app`` (ASGI glue) with ``routes`` (route tables), ``httpio``,
-``watchstream``; ``fasthttp`` and ``serving``; ``selectors``, ``patching``, ``validation``,
-``discovery`` (discovery, OpenAPI v3, Tables), ``controllers`` (optional PDB status),
-``protobuf`` (kubectl's protobuf create bodies), ``faults``, ``testing``.
+with ``objects`` (pure write helpers), ``gc``, ``eviction``, ``crds``, ``scale`` (``/scale``);
+``access`` (tokens, TokenRequest, authentication) and ``rbac`` (the pure RBAC authorizer);
+``server`` (ApiServer = state + ASGI app); ``app`` (ASGI glue) with ``routes`` (route tables),
+``httpio``, ``watchstream``; ``fasthttp`` and ``serving``; ``selectors``, ``patching``,
+``validation``, ``discovery`` (discovery, Tables), ``openapi`` (OpenAPI v3 schemas; data from
+``openapi_gen``), ``controllers`` (optional PDB status), ``protobuf`` (kubectl's protobuf
+bodies), ``faults``, ``testing``.
 
-Known limits: no TLS; Strict field validation only detects unknown fields on custom
+RBAC: ``ApiServer(authorization_mode="RBAC")`` authenticates bearer tokens
+(``server.access.admin_token`` is system:masters; ``server.issue_token(ns, sa)`` or
+``kubectl create token``) and authorizes every request; ``serve`` then uses HTTPS
+(``server.tls_ca_pem``) because kubectl sends tokens only over TLS.
+
+Known limits: TLS only in RBAC mode (hypercorn engine); no ClusterRole aggregation; Strict field validation only detects unknown fields on custom
 resources (built-ins have no schema here); protobuf request bodies only for Namespace, ConfigMap
 and PriorityClass (other imperative ``kubectl create <kind>`` commands get 415; use ``-f``);
 watch history is retained by count, not time; no server-side-apply field ownership

@@ -1,11 +1,10 @@
-"""Discovery (legacy and aggregated v2), the minimal OpenAPI v3 kubectl's validation needs, and
-server-side Table rendering, in the shapes kubectl requests them.
+"""Discovery (legacy and aggregated v2) and server-side Table rendering, in the shapes
+kubectl requests them.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import re
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
@@ -163,56 +162,6 @@ def aggregated(server: ApiState, core: bool) -> dict[str, Any]:
         "apiVersion": "apidiscovery.k8s.io/v2",
         "metadata": {},
         "items": items,
-    }
-
-
-def _gv_path(group: str, version: str) -> str:
-    return f"api/{version}" if not group else f"apis/{group}/{version}"
-
-
-def openapi_root(server: ApiState) -> dict[str, Any]:
-    """``GET /openapi/v3``: one entry per group-version, hashes change with the registry."""
-    paths = {}
-    for g, versions in _groups(server).items():
-        for v in versions:
-            p = _gv_path(g, v)
-            h = hashlib.sha256(f"{p}:{server.discovery_epoch}".encode()).hexdigest()[:16].upper()
-            paths[p] = {"serverRelativeURL": f"/openapi/v3/{p}?hash={h}"}
-    return {"paths": paths}
-
-
-def openapi_gv(server: ApiState, group: str, version: str) -> dict[str, Any] | None:
-    """``GET /openapi/v3/<gv>``: PATCH operations declaring the fieldValidation parameter."""
-    resources = _groups(server).get(group, {}).get(version)
-    if not resources:
-        return None
-    paths: dict[str, Any] = {}
-    prefix = "/" + _gv_path(group, version)
-    for res in resources:
-        gvk = {"group": res.group, "version": res.version, "kind": res.kind}
-        op = {
-            "x-kubernetes-group-version-kind": gvk,
-            "x-kubernetes-action": "patch",
-            "parameters": [
-                {
-                    "name": "fieldValidation",
-                    "in": "query",
-                    "schema": {"type": "string", "uniqueItems": True},
-                }
-            ],
-            "responses": {"200": {"description": "OK"}},
-        }
-        item = (
-            f"{prefix}/namespaces/{{namespace}}/{res.plural}/{{name}}"
-            if res.namespaced
-            else f"{prefix}/{res.plural}/{{name}}"
-        )
-        paths[item] = {"patch": op}
-    return {
-        "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": "v1.37.0"},
-        "paths": paths,
-        "components": {"schemas": {}},
     }
 
 

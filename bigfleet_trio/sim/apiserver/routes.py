@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import discovery as D
 from . import errors as E
+from . import openapi as O
 from .httpio import Request, Response, json_response, not_found
 from .patching import apply_patch
 from .rbac import Attributes, User
@@ -89,13 +90,13 @@ def _version(server: ApiState, req: Request, parts: list[str]) -> Response:
 def _openapi(server: ApiState, req: Request, parts: list[str]) -> Response:
     if len(parts) >= 2 and parts[1] == "v3":
         if len(parts) == 2:
-            return json_response(200, D.openapi_root(server))
+            return json_response(200, O.openapi_root(server))
         rest = parts[2:]
         doc = None
         if rest[0] == "api" and len(rest) == 2:
-            doc = D.openapi_gv(server, "", rest[1])
+            doc = O.openapi_gv(server, "", rest[1])
         elif rest[0] == "apis" and len(rest) == 3:
-            doc = D.openapi_gv(server, rest[1], rest[2])
+            doc = O.openapi_gv(server, rest[1], rest[2])
         if doc is not None:
             return json_response(200, doc)
     raise not_found()
