@@ -42,11 +42,12 @@ RBAC: ``ApiServer(authorization_mode="RBAC")`` authenticates bearer tokens
 ``kubectl create token``) and authorizes every request; ``serve`` then uses HTTPS
 (``server.tls_ca_pem``) because kubectl sends tokens only over TLS.
 
-Known limits: TLS only in RBAC mode (hypercorn engine); no ClusterRole aggregation; Strict field validation only detects unknown fields on custom
-resources (built-ins have no schema here); protobuf request bodies only for Namespace, ConfigMap
-and PriorityClass (other imperative ``kubectl create <kind>`` commands get 415; use ``-f``);
-watch history is retained by count, not time; no server-side-apply field ownership
-(apply-patch is create-or-merge).
+Known limits: TLS only in RBAC mode (hypercorn engine); no ClusterRole aggregation; Strict
+field validation only detects unknown fields on custom resources (built-in writes are not
+checked against their schemas); protobuf request bodies only for Namespace, ConfigMap,
+PriorityClass and TokenRequest (other imperative ``kubectl create <kind>`` commands get 415;
+use ``-f``); watch history is retained by count, not time; no server-side-apply field
+ownership (apply-patch is create-or-merge).
 """
 
 from .errors import ApiError
