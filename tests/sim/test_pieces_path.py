@@ -153,10 +153,7 @@ async def test_readme_pieces_path_with_kubectl(tmp_path: Path) -> None:
         nodes = {x["spec"]["nodeName"] for x in await p.items("pods", "-l", "app=web")}
         assert nodes <= {n["metadata"]["name"] for n in await p.items("nodes")}
 
-        out = await p.kubectl("scale", "deployment/web", "--replicas=0", ok=False)
-        if "scaled" not in out:  # the embedded apiserver's /scale subresource is not in yet
-            await p.kubectl("patch", "deployment/web", "--type=merge",
-                            "-p", '{"spec":{"replicas":0}}')
+        assert "scaled" in await p.kubectl("scale", "deployment/web", "--replicas=0")
 
         async def reclaimed() -> bool:
             ups = await p.items("upcomingnodes")
