@@ -273,7 +273,7 @@ async def test_expired_continue_is_410(client: httpx.AsyncClient, api: ApiServer
     for i in range(3):
         await client.post(PODS, json=pod_body(f"p{i}"))
     cont = (await client.get(PODS, params={"limit": "1"})).json()["metadata"]["continue"]
-    api._snapshots.clear()
+    api.pager.expire_all()
     r = await client.get(PODS, params={"limit": "1", "continue": cont})
     assert r.status_code == 410 and r.json()["reason"] == "Expired"
 
@@ -420,3 +420,21 @@ async def test_unknown_routes(client: httpx.AsyncClient) -> None:
     assert (await client.get("/api/v1/namespaces/default/nodes")).status_code == 404
     assert (await client.get("/api/v1/namespaces/default/pods/p/bogus")).status_code == 404
     assert (await client.get("/healthz")).text == "ok"
+
+
+async def test_only_the_newest_list_snapshots_are_kept(
+    client: httpx.AsyncClient, api: ApiServer
+) -> None:
+    from bigfleet_trio.sim.apiserver.paging import KEPT_SNAPSHOTS
+
+    for i in range(2):
+        await client.post(PODS, json=pod_body(f"p{i}"))
+    tokens = [
+        (await client.get(PODS, params={"limit": "1"})).json()["metadata"]["continue"]
+        for _ in range(KEPT_SNAPSHOTS + 1)
+    ]
+    assert (await client.get(PODS, params={"limit": "1", "continue": tokens[0]})).status_code == 410
+    last = await client.get(PODS, params={"limit": "1", "continue": tokens[-1]})
+    assert last.status_code == 200 and [o["metadata"]["name"] for o in last.json()["items"]] == [
+        "p1"
+    ]

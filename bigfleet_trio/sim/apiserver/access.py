@@ -7,6 +7,7 @@ Roles and bindings. The default mode ``AlwaysAllow`` ignores credentials (an ope
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import hmac
 import json
@@ -278,3 +279,10 @@ BOOTSTRAP_CLUSTER_ROLE_BINDINGS: list[dict[str, Any]] = [
         ],
     },
 ]
+
+
+def bootstrap_policy() -> list[tuple[str, dict[str, Any]]]:
+    """(plural, fresh object) of every bootstrap ClusterRole and ClusterRoleBinding."""
+    return [("clusterroles", copy.deepcopy(o)) for o in BOOTSTRAP_CLUSTER_ROLES] + [
+        ("clusterrolebindings", copy.deepcopy(o)) for o in BOOTSTRAP_CLUSTER_ROLE_BINDINGS
+    ]

@@ -7,11 +7,13 @@ Nothing here touches the store; :mod:`.state` applies the results.
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Iterable
 from typing import Any
 
 from . import errors as E
 from .resources import ResourceType
-from .validation import metadata_type_error
+from .selectors import FieldRequirement, Requirement, match_labels
+from .validation import metadata_type_error, validate_name, validate_path_segment_name
 
 PROTECTED_NAMESPACES = ("default", "kube-system", "kube-public")
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -212,6 +214,108 @@ def merge_write(
                 ],
             )
     return obj, meta
+
+
+def create_defaults(res: ResourceType, obj: dict[str, Any]) -> None:
+    """Fill what the apiserver sets on create (in place, on a fresh object): Pods start
+    Pending with their QoS class; Namespaces Active with the name label and the kubernetes
+    finalizer; other kinds with a status subresource drop a client-sent status (Nodes keep
+    theirs: kubelets register with one)."""
+    meta = obj["metadata"]
+    if res.plural == "pods" and not res.group:
+        obj["status"] = {"phase": "Pending", "qosClass": pod_qos(obj)}
+    elif res.plural == "namespaces" and not res.group:
+        meta["labels"] = dict(
+            meta.get("labels") or {}, **{"kubernetes.io/metadata.name": meta["name"]}
+        )
+        obj["status"] = {"phase": "Active"}
+        obj["spec"] = {"finalizers": ["kubernetes"]}
+    elif res.status and res.plural != "nodes":
+        obj.pop("status", None)
+
+
+def name_causes(res: ResourceType, name: Any) -> list[dict[str, str]]:
+    """Why ``name`` is not a valid name for ``res`` (empty when valid): RBAC objects need only
+    be a path segment (``system:discovery``), Namespaces a DNS label, others a DNS subdomain."""
+    if res.group == "rbac.authorization.k8s.io":
+        return validate_path_segment_name(name)
+    return validate_name(name, label=res.plural == "namespaces")
+
+
+def filter_objects(
+    res: ResourceType,
+    objs: Iterable[dict[str, Any]],
+    labels: list[Requirement],
+    fields: list[FieldRequirement],
+) -> list[dict[str, Any]]:
+    """The objects matching parsed label and field selectors, in order."""
+    if not labels and not fields:
+        return list(objs)
+    out = []
+    for o in objs:
+        if labels and not match_labels(labels, o["metadata"].get("labels")):
+            continue
+        if fields and not all((op == "=") == (res.field_value(o, f) == v) for f, op, v in fields):
+            continue
+        out.append(o)
+    return out
+
+
+def requested_rv(resource_version: str | None, current: int) -> int | None:
+    """The requested resourceVersion as an int (None for unset / "0").
+
+    A version the server has not reached is refused rather than served: after a restore with
+    empty state, a client resuming from its old version must relist, not wait for events that
+    will never come (client-go relists on this error).
+
+    Raises:
+        ApiError: 400 not an integer; 504 newer than ``current``.
+    """
+    rv_s = resource_version or ""
+    if rv_s in ("", "0"):
+        return None
+    try:
+        requested = int(rv_s)
+    except ValueError:
+        raise E.bad_request(f"invalid resource version: {rv_s!r}") from None
+    if requested > current:
+        raise E.too_large_resource_version(requested, current)
+    return requested
+
+
+def check_delete(res: ResourceType, obj: dict[str, Any], options: dict[str, Any]) -> None:
+    """Refuse a DELETE whose preconditions (uid, resourceVersion) do not hold, or of a
+    namespace the system needs.
+
+    Raises:
+        ApiError: 409 failed precondition; 403 protected namespace.
+    """
+    pre = options.get("preconditions") or {}
+    meta = obj["metadata"]
+    name = meta["name"]
+    if pre.get("uid") and pre["uid"] != meta.get("uid"):
+        raise E.conflict(
+            res.plural,
+            res.group,
+            name,
+            f"Precondition failed: UID in precondition: {pre['uid']}, "
+            f"UID in object meta: {meta.get('uid')}",
+        )
+    if pre.get("resourceVersion") and str(pre["resourceVersion"]) != meta["resourceVersion"]:
+        raise E.conflict(
+            res.plural,
+            res.group,
+            name,
+            "Precondition failed: ResourceVersion in precondition: "
+            f"{pre['resourceVersion']}, ResourceVersion in object meta: {meta['resourceVersion']}",
+        )
+    if res.plural == "namespaces" and not res.group and name in PROTECTED_NAMESPACES:
+        raise E.ApiError(
+            403,
+            "Forbidden",
+            f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+            {"name": name, "kind": "namespaces"},
+        )
 
 
 class ListResult:

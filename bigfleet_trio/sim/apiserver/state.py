@@ -9,22 +9,15 @@ Everything here is synchronous (no awaits), so every verb is atomic under Trio.
 
 from __future__ import annotations
 
-import base64
 import copy
-import itertools
 import logging
 import secrets
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
 from . import errors as E
-from .access import (
-    BOOTSTRAP_CLUSTER_ROLE_BINDINGS,
-    BOOTSTRAP_CLUSTER_ROLES,
-    AccessControl,
-)
+from .access import AccessControl, bootstrap_policy
 from .crds import accept_crd, default_crd_text, parse_yaml_docs
 from .errors import ApiError
 from .eviction import check_eviction_body, matching_pdbs, plan_eviction
@@ -35,23 +28,26 @@ from .objects import (
     PROTECTED_NAMESPACES,
     ListResult,
     check_body_meta,
+    check_delete,
     content,
+    create_defaults,
+    filter_objects,
     merge_write,
+    name_causes,
     now_rfc3339,
-    pod_qos,
+    requested_rv,
     same,
     validate_schema,
 )
+from .paging import Pager
 from .patching import apply_patch
 from .resources import ResourceType, builtin_resources
 from .scale import scale_of, scaled
-from .selectors import match_labels, parse_field_selector, parse_label_selector
+from .selectors import parse_field_selector, parse_label_selector
 from .store import Store, Watcher
 from .validation import (
     metadata_type_error,
     validate_labels,
-    validate_name,
-    validate_path_segment_name,
 )
 
 log = logging.getLogger(__name__)
@@ -102,8 +98,7 @@ class ApiState:
         self.resources: dict[tuple[str, str, str], ResourceType] = {}
         self.crd_resources: dict[str, ResourceType] = {}  # CRD name -> resource
         self.discovery_epoch = 0
-        self._snapshots: OrderedDict[str, tuple[int, _List[dict[str, Any]]]] = OrderedDict()
-        self._gen_suffix = itertools.count()
+        self.pager = Pager()
         for res in builtin_resources():
             self._register(res)
         self.pods = self.resource("", "v1", "pods")
@@ -188,13 +183,8 @@ class ApiState:
         return None if sa is None else sa["metadata"].get("uid")
 
     def _install_bootstrap_policy(self) -> None:
-        for plural, objs in (
-            ("clusterroles", BOOTSTRAP_CLUSTER_ROLES),
-            ("clusterrolebindings", BOOTSTRAP_CLUSTER_ROLE_BINDINGS),
-        ):
-            res = self.resource("rbac.authorization.k8s.io", "v1", plural)
-            for obj in objs:
-                self.create(res, None, copy.deepcopy(obj))
+        for plural, obj in bootstrap_policy():
+            self.create(self.resource("rbac.authorization.k8s.io", "v1", plural), None, obj)
 
     def issue_token(
         self, namespace: str, name: str, body: Any = None
@@ -250,11 +240,7 @@ class ApiState:
                     break
             meta["name"] = cand
         name = meta.get("name", "")
-        if res.group == "rbac.authorization.k8s.io":
-            causes = validate_path_segment_name(name)
-        else:
-            causes = validate_name(name, label=res.plural == "namespaces")
-        causes += validate_labels(meta)
+        causes = name_causes(res, name) + validate_labels(meta)
         if causes:
             raise E.invalid(res.kind, res.group, str(name), causes)
         if namespace:
@@ -268,14 +254,7 @@ class ApiState:
         for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             meta.pop(k, None)
         obj["metadata"] = meta
-        if res.plural == "pods":
-            obj["status"] = {"phase": "Pending", "qosClass": pod_qos(obj)}
-        elif res.plural == "namespaces":
-            meta["labels"] = dict(meta.get("labels") or {}, **{"kubernetes.io/metadata.name": name})
-            obj["status"] = {"phase": "Active"}
-            obj["spec"] = {"finalizers": ["kubernetes"]}
-        elif res.status and res.plural != "nodes":
-            obj.pop("status", None)
+        create_defaults(res, obj)
         obj, warns = validate_schema(res, obj, field_validation)
         if warnings is not None:
             warnings.extend(warns)
@@ -334,79 +313,12 @@ class ApiState:
                 token; 504 a resourceVersion newer than the server's.
         """
         labels, fields = self.selectors(res, label_selector, field_selector)
-        if not continue_:
-            self._check_not_newer(resource_version)
         if continue_:
-            try:
-                tok = base64.urlsafe_b64decode(continue_.encode() + b"==").decode()
-                snap_id, _, start_s = tok.partition(":")
-                start = int(start_s)
-            except Exception:
-                raise E.bad_request(f"invalid continue token: {continue_!r}") from None
-            snap = self._snapshots.get(snap_id)
-            if snap is None:
-                raise E.expired(
-                    "The provided continue parameter is too old to display a consistent list "
-                    "result. "
-                    "You can start a new list without the continue parameter."
-                )
-            rv, matched = snap
-        else:
-            rv = self.store.rv
-            start = 0
-            matched = self._filter(res, self.store.items(res, namespace), labels, fields)
-        if limit is None or limit <= 0 or start + limit >= len(matched):
-            items = matched[start:] if start else matched
-            return ListResult(items, str(rv), "", None)
-        end = start + limit
-        if not continue_:
-            snap_id = secrets.token_hex(6)
-            self._snapshots[snap_id] = (rv, matched)
-            while len(self._snapshots) > 32:
-                self._snapshots.popitem(last=False)
-        token = base64.urlsafe_b64encode(f"{snap_id}:{end}".encode()).decode().rstrip("=")
-        return ListResult(matched[start:end], str(rv), token, len(matched) - end)
-
-    def _filter(
-        self,
-        res: ResourceType,
-        objs: Iterable[dict[str, Any]],
-        labels: _List[Any],
-        fields: _List[Any],
-    ) -> _List[dict[str, Any]]:
-        if not labels and not fields:
-            return _List(objs)
-        out = []
-        for o in objs:
-            if labels and not match_labels(labels, o["metadata"].get("labels")):
-                continue
-            if fields and not all(
-                (op == "=") == (res.field_value(o, f) == v) for f, op, v in fields
-            ):
-                continue
-            out.append(o)
-        return out
-
-    def _check_not_newer(self, resource_version: str | None) -> int | None:
-        """The requested resourceVersion as an int (None for unset / "0").
-
-        A version the server has not reached is refused rather than served: after a restore
-        with empty state, a client resuming from its old version must relist, not wait for
-        events that will never come (client-go relists on this error).
-
-        Raises:
-            ApiError: 400 not an integer; 504 newer than the server's current version.
-        """
-        rv_s = resource_version or ""
-        if rv_s in ("", "0"):
-            return None
-        try:
-            requested = int(rv_s)
-        except ValueError:
-            raise E.bad_request(f"invalid resource version: {rv_s!r}") from None
-        if requested > self.store.rv:
-            raise E.too_large_resource_version(requested, self.store.rv)
-        return requested
+            rv, matched, start, snap_id = self.pager.resume(continue_)
+            return self.pager.page(rv, matched, limit, start, snap_id)
+        requested_rv(resource_version, self.store.rv)
+        matched = filter_objects(res, self.store.items(res, namespace), labels, fields)
+        return self.pager.page(self.store.rv, matched, limit)
 
     # ---- update / patch ----------------------------------------------------------------------
 
@@ -585,32 +497,7 @@ class ApiState:
         namespace = self._check_scope(res, namespace)
         obj = self.get(res, namespace, name)
         options = options or {}
-        pre = options.get("preconditions") or {}
-        meta = obj["metadata"]
-        if pre.get("uid") and pre["uid"] != meta.get("uid"):
-            raise E.conflict(
-                res.plural,
-                res.group,
-                name,
-                f"Precondition failed: UID in precondition: {pre['uid']}, "
-                f"UID in object meta: {meta.get('uid')}",
-            )
-        if pre.get("resourceVersion") and str(pre["resourceVersion"]) != meta["resourceVersion"]:
-            raise E.conflict(
-                res.plural,
-                res.group,
-                name,
-                "Precondition failed: ResourceVersion in precondition: "
-                f"{pre['resourceVersion']}, "
-                f"ResourceVersion in object meta: {meta['resourceVersion']}",
-            )
-        if res is self.namespaces and name in PROTECTED_NAMESPACES:
-            raise ApiError(
-                403,
-                "Forbidden",
-                f'namespaces "{name}" is forbidden: this namespace may not be deleted',
-                {"name": name, "kind": "namespaces"},
-            )
+        check_delete(res, obj, options)
         if dry_run:
             return obj
         policy = options.get("propagationPolicy") or "Background"
@@ -708,9 +595,9 @@ class ApiState:
         b = self.store.bucket(res)
         w = Watcher(b, namespace, labels, fields, self.store.watch_buffer)
         initial: _List[tuple[str, Any, bytes | None]] = []
-        requested = self._check_not_newer(resource_version)
+        requested = requested_rv(resource_version, self.store.rv)
         if send_initial_events or requested is None:
-            for o in self._filter(res, self.store.items(res, namespace), labels, fields):
+            for o in filter_objects(res, self.store.items(res, namespace), labels, fields):
                 initial.append(("ADDED", o, None))
             if send_initial_events:
                 initial.append(("BOOKMARK", str(self.store.rv), b"initial-events-end"))
