@@ -109,3 +109,4 @@ def test_bad_workload_manifest_is_one_line_before_anything_starts(
     (tmp_path / "bad.yaml").write_text("- a\n")
     assert demo.check_workloads(str(tmp_path)) == (
         f"{tmp_path / 'bad.yaml'}: document is not an object: ['a']")
+

@@ -34,7 +34,12 @@ from .defaults import (
     load_priority_class_defaults,
 )
 
-__all__ = ["run_pod_controller", "serve_pod_controller", "leader_identity"]
+__all__ = [
+    "run_pod_controller",
+    "serve_pod_controller",
+    "leader_identity",
+    "pod_controller_readiness",
+]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,18 @@ def leader_identity() -> str:
     """
     base = os.environ.get("POD_NAME") or socket.gethostname() or "pod-controller"
     return f"{base}_{uuid.uuid4()}"
+
+
+def pod_controller_readiness(
+    ctl: PodController, *, leader_elect: bool
+) -> tuple[bool, str | list[str]]:
+    """``/readyz`` of a pod controller: the controller's own answer, except that without leader
+    election there is no lease to lead, so a running controller is "synced, workers running"
+    rather than "leader"."""
+    ok, detail = ctl.readiness()
+    if ok and not leader_elect:
+        return True, "synced, workers running"
+    return ok, detail
 
 
 async def serve_pod_controller(
@@ -75,15 +92,7 @@ async def serve_pod_controller(
             elector = LeaderElector(client, name=cfg.leader_election_id,
                                     namespace=cfg.leader_election_namespace,
                                     identity=leader_identity())
-
-        def readiness() -> tuple[bool, str | list[str]]:
-            # The controller says "leader" once its workers run; without leader election
-            # there is no lease, so say what is true: caches synced, workers running.
-            ok, detail = ctl.readiness()
-            if ok and elector is None:
-                return True, "synced, workers running"
-            return ok, detail
-
+        readiness = partial(pod_controller_readiness, ctl, leader_elect=elector is not None)
         async with trio.open_nursery() as nursery:
             addrs = [cfg.metrics_addr]
             if cfg.health_probe_addr and cfg.health_probe_addr != cfg.metrics_addr:

@@ -719,10 +719,11 @@ async def _serve_diagnostics(nursery: trio.Nursery, addr: str, operator: Any,
     ready) and /events (the operator's feed) on ``addr``; the bound ``HOST:PORT`` or None."""
     from bigfleet_trio.observability.http import serve_observability
     from bigfleet_trio.observability.metrics import BinaryRegistry
+    from bigfleet_trio.podcontroller.app import pod_controller_readiness
 
     def readiness() -> tuple[bool, list[str]]:
         op_ok, op_detail = operator.ready()
-        pc_ok, pc_detail = pod_controller.readiness()
+        pc_ok, pc_detail = pod_controller_readiness(pod_controller, leader_elect=False)
         pc_list = [pc_detail] if isinstance(pc_detail, str) else list(pc_detail)
         return (op_ok and pc_ok,
                 [f"operator: {d}" for d in op_detail] + [f"pod controller: {d}" for d in pc_list])

@@ -118,3 +118,16 @@ async def test_process_sync_timeout_exit_1(tmp_path: Path) -> None:
     assert err.splitlines() == [
         "pod-controller: timed out after 1s waiting for informer caches to sync "
         "(pods, capacityrequests)"]
+
+
+def test_pod_controller_readiness_says_leader_only_with_a_lease() -> None:
+    from bigfleet_trio.podcontroller.app import pod_controller_readiness
+
+    class Ctl:
+        def readiness(self) -> tuple[bool, str]:
+            return True, "leader"
+
+    ctl: object = Ctl()
+    assert pod_controller_readiness(ctl, leader_elect=False) == (  # type: ignore[arg-type]
+        True, "synced, workers running")
+    assert pod_controller_readiness(ctl, leader_elect=True) == (True, "leader")  # type: ignore[arg-type]
