@@ -13,6 +13,7 @@ from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 from bigfleet_trio.proto import pb
+from bigfleet_trio.shard.codec import EncodedFrame
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -101,21 +102,21 @@ class SendQueues:
     """
 
     def __init__(self, outbox_capacity: int = OUTBOX_CAPACITY) -> None:
-        self.rollup: PendingRollupSlot[pb.OperatorMessage] = PendingRollupSlot()
+        self.rollup: PendingRollupSlot[pb.OperatorMessage | EncodedFrame] = PendingRollupSlot()
         self.outbox: Outbox[pb.OperatorMessage] = Outbox(outbox_capacity)
         self._last_was_rollup = False
 
-    def next_frame(self) -> pb.OperatorMessage | None:
+    def next_frame(self) -> pb.OperatorMessage | EncodedFrame | None:
         """Pop the next frame to send, or None when both queues are empty."""
         if self._last_was_rollup or not self.rollup:
             msg = self.outbox.pop()
             if msg is not None:
                 self._last_was_rollup = False
                 return msg
-        msg = self.rollup.take()
-        if msg is not None:
+        frame = self.rollup.take()
+        if frame is not None:
             self._last_was_rollup = True
-            return msg
+            return frame
         return self.outbox.pop()
 
     def __bool__(self) -> bool:

@@ -104,11 +104,15 @@ from bigfleet_trio.operator.queues import (
     SendQueues,
 )
 from bigfleet_trio.proto import pb
-from bigfleet_trio.shard.transport import OperatorStream, StreamClosed
+from bigfleet_trio.shard.codec import EncodedFrame
+from bigfleet_trio.shard.transport import OperatorStream, PriorityReceive, StreamClosed
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = "v1alpha1"
+
+Frame = pb.OperatorMessage | EncodedFrame
+"""An uplink frame: a message, or one already serialized (the roll-up from cached encodings)."""
 
 Reply = Callable[[pb.OperatorMessage], bool]
 """Enqueue one frame into the session's outbox without blocking; False when it was dropped."""
@@ -134,6 +138,10 @@ class RollupSource(Protocol):
     async def build(self) -> pb.ClusterCapacityNeeds:
         """Return the full roll-up (never a delta). Errors are logged; the session goes on."""
         ...
+
+    # Optional: ``def build_encoded(self) -> EncodedRollup`` -- the same roll-up, serialized
+    # (an ``OperatorMessage{rollup}``) from the source's cached per-need encodings. When the
+    # source has it, the session sends those bytes and never re-encodes the roll-up.
 
     async def after_enqueue(self) -> None:
         """Post-enqueue hook (Pending->Acknowledged walk of the CRs seen by the last build).
@@ -272,7 +280,9 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     return out
 
 
-def _kind_out(msg: pb.OperatorMessage) -> str:
+def _kind_out(msg: Frame) -> str:
+    if isinstance(msg, EncodedFrame):
+        return msg.kind if msg.kind in _FRAMES_OUT else "unknown"
     name, _ = betterproto.which_one_of(msg, "payload")
     return name if name in _FRAMES_OUT else "unknown"
 
@@ -376,11 +386,21 @@ class Session:
             self._drops_quiet_until = trio.current_time() + self.config.drop_log_interval
             self._drops_pending = trio.Event()
 
-    def enqueue_rollup(self, needs: pb.ClusterCapacityNeeds) -> None:
-        """Store a roll-up in the pending slot (replacing an unsent one). Never blocks."""
-        if not needs.cluster_id:
-            needs.cluster_id = self.config.cluster_id
-        if self.queues.rollup.put(pb.OperatorMessage(rollup=needs)):
+    def enqueue_rollup(self, needs: pb.ClusterCapacityNeeds | EncodedFrame) -> None:
+        """Store a roll-up in the pending slot (replacing an unsent one). Never blocks.
+
+        Args:
+            needs: the roll-up message, or an already serialized ``OperatorMessage{rollup}``
+                (sent byte for byte; its cluster_id must be set by whoever encoded it).
+        """
+        frame: Frame
+        if isinstance(needs, EncodedFrame):
+            frame = needs
+        else:
+            if not needs.cluster_id:
+                needs.cluster_id = self.config.cluster_id
+            frame = pb.OperatorMessage(rollup=needs)
+        if self.queues.rollup.put(frame):
             self.stats.rollups_replaced += 1
             metrics.COALESCED_FRAMES.labels("rollup").inc()
             log.debug("pending roll-up replaced by a newer one cluster=%s", self.config.cluster_id)
@@ -418,6 +438,10 @@ class Session:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._guard, self._send_loop, name="session-send")
                     nursery.start_soon(self._guard, self._recv_loop, nursery, name="session-recv")
+                    if isinstance(self._stream, PriorityReceive):
+                        nursery.start_soon(
+                            self._bootstrap_pump, self._stream, nursery, name="session-bootstrap"
+                        )
                     nursery.start_soon(
                         self._guard, self._rollup_loop, nursery, name="session-rollup"
                     )
@@ -449,7 +473,7 @@ class Session:
 
     # ---- send --------------------------------------------------------------------------------
 
-    async def _send_frame(self, msg: pb.OperatorMessage) -> None:
+    async def _send_frame(self, msg: Frame) -> None:
         timeout = self.config.send_timeout
         with trio.move_on_after(timeout) as scope:
             await self._stream.send(msg)
@@ -484,8 +508,10 @@ class Session:
 
     async def _rollup_once(self, nursery: trio.Nursery) -> None:
         started = time.perf_counter()
+        build_encoded = getattr(self._source, "build_encoded", None)
+        needs: pb.ClusterCapacityNeeds | EncodedFrame
         try:
-            needs = await self._source.build()
+            needs = await (self._source.build() if build_encoded is None else build_encoded())
         except Exception:
             self.stats.rollup_errors += 1
             metrics.ROLLUP_ERRORS.labels("build").inc()
@@ -498,7 +524,11 @@ class Session:
         now = time.perf_counter()
         metrics.ROLLUP_PHASE_DURATION.labels("enqueue").observe(now - enqueue_start)
         metrics.ROLLUP_DURATION.observe(now - started)
-        log.debug("roll-up enqueued cluster=%s needs=%d", self.config.cluster_id, len(needs.needs))
+        log.debug(
+            "roll-up enqueued cluster=%s %s", self.config.cluster_id,
+            f"bytes={len(needs.data)}" if isinstance(needs, EncodedFrame)
+            else f"needs={len(needs.needs)}",
+        )
         self._schedule_after_enqueue(nursery)
 
     def _schedule_after_enqueue(self, nursery: trio.Nursery) -> None:
@@ -527,41 +557,58 @@ class Session:
         while True:
             msg = await self._stream.receive()
             self._frames_read += 1
-            self.stats.frames_in += 1
-            value: Any
-            kind, value = betterproto.which_one_of(msg, "payload")
-            if kind == "node_state_update":
-                _FRAMES_IN[kind].inc()
-                before = self.node_states.coalesced
-                if self.node_states.offer(value.machine_id, value):
-                    self._ready_keys.release()
-                elif self.node_states.coalesced != before:
-                    self.stats.node_states_coalesced += 1
-                    metrics.COALESCED_FRAMES.labels("node_state_update").inc()
-                if self.node_states.full:
-                    await self._wait_for_room()
-            elif kind == "reclaim_instruction":
-                _FRAMES_IN[kind].inc()
-                await self._admit()
-                nursery.start_soon(
-                    self._bounded, kind, self._handlers.on_reclaim_instruction, value, self.enqueue
-                )
-            elif kind == "available_capacity":
-                _FRAMES_IN[kind].inc()
-                await self._admit()
-                nursery.start_soon(self._bounded, kind, self._handlers.on_available_capacity, value)
-            elif kind == "bootstrap_request":
-                _FRAMES_IN[kind].inc()
-                nursery.start_soon(self._bootstrap, value)
-            elif kind == "ack":
-                _FRAMES_IN[kind].inc()
-                level = logging.INFO if value.echo == "hello" else logging.DEBUG
-                log.log(level, "shard ack echo=%s term=%d epoch=%d cluster=%s", value.echo,
-                        value.coordinator_term, value.shard_epoch, self.config.cluster_id)
-            else:
-                _FRAMES_IN["unknown"].inc()
-                log.warning("unknown ShardMessage payload ignored cluster=%s",
-                            self.config.cluster_id)
+            await self._dispatch(msg, nursery)
+
+    async def _bootstrap_pump(self, stream: PriorityReceive, nursery: trio.Nursery) -> None:
+        """Serve the stream's BootstrapRequest lane, independent of the ordered pump.
+
+        The ordered pump may be paused (node-state cap, admission limit) or behind a backlog;
+        this one is not, so a bootstrap pull is answered as soon as it is read off the
+        connection. The end of the stream is left to the ordered pump, which ends the session.
+        """
+        try:
+            while True:
+                await self._dispatch(await stream.receive_priority(), nursery)
+        except StreamClosed:
+            await trio.sleep_forever()
+
+    async def _dispatch(self, msg: pb.ShardMessage, nursery: trio.Nursery) -> None:
+        """Route one decoded frame by kind (see the module docstring)."""
+        self.stats.frames_in += 1
+        value: Any
+        kind, value = betterproto.which_one_of(msg, "payload")
+        if kind == "node_state_update":
+            _FRAMES_IN[kind].inc()
+            before = self.node_states.coalesced
+            if self.node_states.offer(value.machine_id, value):
+                self._ready_keys.release()
+            elif self.node_states.coalesced != before:
+                self.stats.node_states_coalesced += 1
+                metrics.COALESCED_FRAMES.labels("node_state_update").inc()
+            if self.node_states.full:
+                await self._wait_for_room()
+        elif kind == "reclaim_instruction":
+            _FRAMES_IN[kind].inc()
+            await self._admit()
+            nursery.start_soon(
+                self._bounded, kind, self._handlers.on_reclaim_instruction, value, self.enqueue
+            )
+        elif kind == "available_capacity":
+            _FRAMES_IN[kind].inc()
+            await self._admit()
+            nursery.start_soon(self._bounded, kind, self._handlers.on_available_capacity, value)
+        elif kind == "bootstrap_request":
+            _FRAMES_IN[kind].inc()
+            nursery.start_soon(self._bootstrap, value)
+        elif kind == "ack":
+            _FRAMES_IN[kind].inc()
+            level = logging.INFO if value.echo == "hello" else logging.DEBUG
+            log.log(level, "shard ack echo=%s term=%d epoch=%d cluster=%s", value.echo,
+                    value.coordinator_term, value.shard_epoch, self.config.cluster_id)
+        else:
+            _FRAMES_IN["unknown"].inc()
+            log.warning("unknown ShardMessage payload ignored cluster=%s",
+                        self.config.cluster_id)
 
     async def _admit(self) -> None:
         """Take an admission token; blocks (backpressure on the recv pump) only when full."""

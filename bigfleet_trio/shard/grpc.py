@@ -48,6 +48,12 @@ from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from bigfleet_trio.proto import pb
+from bigfleet_trio.shard.codec import (
+    EncodedFrame,
+    MalformedFrame,
+    decode_shard_message,
+    is_bootstrap_frame,
+)
 from bigfleet_trio.shard.tls import TLSFiles, client_ssl_context
 from bigfleet_trio.shard.transport import StreamClosed
 
@@ -65,13 +71,21 @@ class MessageTooLarge(ValueError):
 
 
 class LimitedProtoCodec(ProtoCodec):
-    """grpclib's protobuf codec (works with betterproto messages) with a size limit both ways."""
+    """grpclib's protobuf codec (works with betterproto messages) with a size limit both ways.
+
+    Also writes pre-encoded :class:`~bigfleet_trio.shard.codec.EncodedFrame` bytes as they are.
+    """
 
     def __init__(self, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.max_message_bytes = max_message_bytes
 
     def encode(self, message: Any, message_type: Any) -> bytes:
-        data: bytes = super().encode(message, message_type)
+        """Serialize ``message``; an :class:`EncodedFrame` is written as is."""
+        data: bytes = (
+            message.data
+            if isinstance(message, EncodedFrame)
+            else super().encode(message, message_type)
+        )
         if len(data) > self.max_message_bytes:
             raise MessageTooLarge(
                 f"message of {len(data)} bytes exceeds the {self.max_message_bytes} byte limit"
@@ -85,6 +99,19 @@ class LimitedProtoCodec(ProtoCodec):
                 f"received message of {len(data)} bytes exceeds {self.max_message_bytes}",
             )
         return super().decode(data, message_type)
+
+
+class OperatorCodec(LimitedProtoCodec):
+    """The agent's codec: downlink frames stay raw bytes (the Trio side looks at the first byte,
+    then decodes them with :func:`~bigfleet_trio.shard.codec.decode_shard_message`)."""
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if len(data) > self.max_message_bytes:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"received message of {len(data)} bytes exceeds {self.max_message_bytes}",
+            )
+        return bytes(data)
 
 
 @asynccontextmanager
@@ -169,6 +196,139 @@ class BridgedStream(Generic[S, R]):
         self._in.close()
 
 
+@dataclass(eq=False)
+class _Outgoing:
+    """One uplink frame handed to the asyncio side; ``written`` is set once it is settled."""
+
+    msg: Any
+    written: trio.Event = field(default_factory=trio.Event)
+    ok: bool = False  # True when grpclib wrote it to the transport
+
+
+class OperatorBridge:
+    """The agent's end of one grpclib ``Shard.Session`` stream (an ``OperatorStream``).
+
+    Uplink: :meth:`send` returns once grpclib has written the frame to the transport (the
+    shard's HTTP/2 window and the transport's write buffer allowing), so a timeout around it
+    bounds how long a frame waits at the wire, not in a buffer (``docs/wire.md#send-timeout``).
+
+    Downlink: the asyncio reader takes frames off the connection as raw bytes as fast as grpclib
+    reads them and sorts them by their first byte into two lanes: BootstrapRequests, and every
+    other frame in arrival order. Frames are decoded on the Trio side when taken
+    (:meth:`receive`, :meth:`receive_priority`); a frame that is not a valid ShardMessage is
+    logged, counted and skipped (``docs/wire.md#malformed-frames``).
+    """
+
+    def __init__(
+        self,
+        out_send: trio.MemorySendChannel[_Outgoing],
+        ordered: trio.MemoryReceiveChannel[bytes],
+        bootstrap: trio.MemoryReceiveChannel[bytes],
+        state: BridgeState,
+        *,
+        yield_every: int = 256,
+    ) -> None:
+        self._out = out_send
+        self._ordered = ordered
+        self._bootstrap = bootstrap
+        self._state = state
+        self._yield_every = max(1, yield_every)
+        self._fast = 0
+        self.malformed = 0
+        self.closed = False
+
+    async def send(self, msg: pb.OperatorMessage | EncodedFrame) -> None:
+        """Hand one frame over and wait until it is written to the transport.
+
+        Raises:
+            StreamClosed: the stream ended before the frame was written.
+        """
+        if self.closed:
+            raise StreamClosed("closed locally")
+        item = _Outgoing(msg)
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            try:
+                self._out.send_nowait(item)
+            except trio.WouldBlock:
+                await self._out.send(item)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise StreamClosed(self._state.reason) from exc
+        await item.written.wait()
+        if not item.ok:
+            raise StreamClosed(self._state.reason)
+
+    async def receive(self) -> pb.ShardMessage:
+        """The next frame in arrival order (BootstrapRequests excepted, see the class doc).
+
+        Takes ready frames without a schedule point, but yields to the scheduler once per
+        ``yield_every`` frames so a deep backlog cannot starve other tasks.
+        """
+        while True:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self._fast += 1
+            if self._fast >= self._yield_every:
+                self._fast = 0
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            try:
+                try:
+                    data = self._ordered.receive_nowait()
+                except trio.WouldBlock:
+                    self._fast = 0
+                    data = await self._ordered.receive()
+            except trio.EndOfChannel as exc:
+                raise StreamClosed(self._state.reason) from exc
+            except trio.ClosedResourceError as exc:
+                raise StreamClosed("closed locally") from exc
+            msg = self._decode(data)
+            if msg is not None:
+                return msg
+
+    async def receive_priority(self) -> pb.ShardMessage:
+        """The next BootstrapRequest frame, ahead of any backlog of other frames."""
+        while True:
+            try:
+                data = await self._bootstrap.receive()
+            except trio.EndOfChannel as exc:
+                raise StreamClosed(self._state.reason) from exc
+            except trio.ClosedResourceError as exc:
+                raise StreamClosed("closed locally") from exc
+            msg = self._decode(data)
+            if msg is not None:
+                return msg
+
+    def _decode(self, data: bytes) -> pb.ShardMessage | None:
+        try:
+            return decode_shard_message(data)
+        except MalformedFrame as exc:
+            self.malformed += 1
+            if self.malformed <= MALFORMED_LOG_FIRST or self.malformed % MALFORMED_LOG_EVERY == 0:
+                log.warning(
+                    "downlink frame skipped: %s; first bytes %s (%d malformed on this stream)",
+                    exc, data[:16].hex(" "), self.malformed,
+                    extra={"problem": exc.problem, "frame_bytes": exc.size},
+                )
+            return None
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        """Synchronous close (idempotent): end the outgoing side, stop receiving."""
+        if self.closed:
+            return
+        self.closed = True
+        self._out.close()
+        self._ordered.close()
+        self._bootstrap.close()
+
+
+MALFORMED_LOG_FIRST = 10
+"""Malformed frames logged one by one per stream; after that one line per MALFORMED_LOG_EVERY."""
+MALFORMED_LOG_EVERY = 1000
+
+
 async def aio_put(send: trio.MemorySendChannel[Any], item: Any) -> None:
     """asyncio-flavoured: put ``item`` into a Trio channel (fast path without a task switch)."""
     try:
@@ -241,7 +401,12 @@ class GrpcConnector:
         keepalive_timeout: seconds to wait for a ping ACK before the connection is dropped.
         max_message_bytes: per-message limit both ways (256 MiB).
         connect_timeout: seconds to open the stream before :class:`StreamClosed`.
-        uplink_buffer / downlink_buffer: Trio channel sizes between the bridge and the session.
+        uplink_buffer: frames handed over and not yet taken by the writer (each
+            ``send`` still waits until its own frame is written to the transport).
+        downlink_buffer: frames read off the connection and not yet taken by the session
+            (read-ahead; when full, grpclib stops reading and HTTP/2 flow control holds the
+            shard).
+        bootstrap_buffer: the same for the BootstrapRequest lane.
 
     Raises:
         TLSConfigError: inconsistent TLS settings (at construction).
@@ -257,8 +422,9 @@ class GrpcConnector:
         keepalive_timeout: float = 20.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         connect_timeout: float = 10.0,
-        uplink_buffer: int = 16,
-        downlink_buffer: int = 256,
+        uplink_buffer: int = 1,
+        downlink_buffer: int = 65536,
+        bootstrap_buffer: int = 1024,
     ) -> None:
         self.host = host
         self.port = port
@@ -270,6 +436,7 @@ class GrpcConnector:
         self.connect_timeout = connect_timeout
         self.uplink_buffer = uplink_buffer
         self.downlink_buffer = downlink_buffer
+        self.bootstrap_buffer = bootstrap_buffer
 
     def _config(self) -> Configuration:
         return Configuration(
@@ -280,7 +447,7 @@ class GrpcConnector:
         )
 
     @asynccontextmanager
-    async def connect(self) -> AsyncIterator[BridgedStream[pb.OperatorMessage, pb.ShardMessage]]:
+    async def connect(self) -> AsyncIterator[OperatorBridge]:
         """Open one ``Shard.Session`` stream; close (RST_STREAM + channel close) on exit.
 
         Raises:
@@ -290,15 +457,15 @@ class GrpcConnector:
         ssl_ctx = client_ssl_context(self.tls)
         async with open_loop():
             state = BridgeState()
-            up_send, up_recv = trio.open_memory_channel[pb.OperatorMessage](self.uplink_buffer)
-            down_send, down_recv = trio.open_memory_channel[pb.ShardMessage](self.downlink_buffer)
-            end: BridgedStream[pb.OperatorMessage, pb.ShardMessage] = BridgedStream(
-                up_send, down_recv, state
-            )
+            up_send, up_recv = trio.open_memory_channel[_Outgoing](self.uplink_buffer)
+            ord_send, ord_recv = trio.open_memory_channel[bytes](self.downlink_buffer)
+            boot_send, boot_recv = trio.open_memory_channel[bytes](self.bootstrap_buffer)
+            end = OperatorBridge(up_send, ord_recv, boot_recv, state)
             failure: StreamClosed | None = None
             async with unwrap_single_group(), trio.open_nursery() as nursery:
                 nursery.start_soon(
-                    trio_asyncio.aio_as_trio(self._aio_call), ssl_ctx, up_recv, down_send, state
+                    trio_asyncio.aio_as_trio(self._aio_call),
+                    ssl_ctx, up_recv, ord_send, boot_send, state,
                 )
                 with trio.move_on_after(self.connect_timeout) as timeout:
                     await state.opened.wait()
@@ -324,8 +491,9 @@ class GrpcConnector:
     async def _aio_call(
         self,
         ssl_ctx: Any,
-        up_recv: trio.MemoryReceiveChannel[pb.OperatorMessage],
-        down_send: trio.MemorySendChannel[pb.ShardMessage],
+        up_recv: trio.MemoryReceiveChannel[_Outgoing],
+        ord_send: trio.MemorySendChannel[bytes],
+        boot_send: trio.MemorySendChannel[bytes],
         state: BridgeState,
     ) -> None:
         """asyncio-flavoured: the whole bidi call. Never raises except CancelledError."""
@@ -334,7 +502,7 @@ class GrpcConnector:
             self.port,
             ssl=ssl_ctx,
             config=self._config(),
-            codec=LimitedProtoCodec(self.max_message_bytes),
+            codec=OperatorCodec(self.max_message_bytes),
         )
         try:
             async with channel.request(
@@ -346,19 +514,25 @@ class GrpcConnector:
                 async def send_loop() -> None:
                     while True:
                         try:
-                            msg = await aio_get(up_recv)
+                            item = await aio_get(up_recv)
                         except (trio.EndOfChannel, trio.ClosedResourceError):
                             await stream.end()
                             return
-                        await stream.send_message(msg)
+                        try:
+                            await stream.send_message(item.msg)
+                            item.ok = True
+                        finally:
+                            item.written.set()
 
                 async def recv_loop() -> None:
+                    # Raw frames, sorted by their first byte: read-ahead costs no decoding.
                     while True:
-                        msg = await stream.recv_message()
-                        if msg is None:
+                        data: bytes | None = await stream.recv_message()  # type: ignore[assignment]
+                        if data is None:
                             return
+                        lane = boot_send if is_bootstrap_frame(data) else ord_send
                         try:
-                            await aio_put(down_send, msg)
+                            await aio_put(lane, data)
                         except (trio.BrokenResourceError, trio.ClosedResourceError):
                             return  # the Trio side closed its end
 
@@ -396,7 +570,14 @@ class GrpcConnector:
             if not state.opened.is_set():
                 state.open_error = StreamClosed(state.reason)
                 state.opened.set()
-            down_send.close()
+            ord_send.close()
+            boot_send.close()
+            # Frames handed over but never written: wake their senders (they raise StreamClosed).
+            while True:
+                try:
+                    up_recv.receive_nowait().written.set()
+                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                    break
             up_recv.close()
             channel.close()
 
@@ -429,6 +610,8 @@ __all__ = [
     "GrpcConnector",
     "LimitedProtoCodec",
     "MessageTooLarge",
+    "OperatorBridge",
+    "OperatorCodec",
     "open_loop",
     "parse_address",
 ]

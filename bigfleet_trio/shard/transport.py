@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import trio
 
 from bigfleet_trio.proto import pb
+from bigfleet_trio.shard.codec import EncodedFrame
 
 
 class StreamClosed(Exception):
@@ -32,14 +33,31 @@ class StreamClosed(Exception):
 class OperatorStream(Protocol):
     """The agent's end of one ``Shard.Session`` stream (agent sends OperatorMessage)."""
 
-    async def send(self, msg: pb.OperatorMessage) -> None:
-        """Send one frame. Raises :class:`StreamClosed` if the stream is gone."""
+    async def send(self, msg: pb.OperatorMessage | EncodedFrame) -> None:
+        """Send one frame (a message, or one already serialized).
+
+        Raises :class:`StreamClosed` if the stream is gone.
+        """
 
     async def receive(self) -> pb.ShardMessage:
         """Wait for the next frame. Raises :class:`StreamClosed` at end of stream or on error."""
 
     async def aclose(self) -> None:
         """Close the stream (idempotent). Pending ``receive`` calls raise :class:`StreamClosed`."""
+
+
+@runtime_checkable
+class PriorityReceive(Protocol):
+    """An agent stream that reads ahead and hands BootstrapRequests out of band.
+
+    Such a stream's ``receive`` returns every other frame in arrival order, and
+    :meth:`receive_priority` returns the BootstrapRequests as soon as they are read off the
+    connection, ahead of any backlog (``docs/wire.md#bootstrap-first``).
+    """
+
+    async def receive_priority(self) -> pb.ShardMessage:
+        """Wait for the next BootstrapRequest frame. Raises :class:`StreamClosed` at the end."""
+        ...
 
 
 class ShardStream(Protocol):
@@ -84,6 +102,8 @@ class _MemoryEnd:
     async def send(self, msg: object) -> None:
         if self.closed:
             raise StreamClosed("closed locally")
+        if isinstance(msg, EncodedFrame):  # what the wire does: the peer gets a message
+            msg = pb.OperatorMessage().parse(msg.data)
         try:
             await self._send.send(msg)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
