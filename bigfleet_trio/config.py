@@ -150,7 +150,7 @@ class ReconnectSettings(Settings):
     """Redial backoff after a session ends (the agent takes its defaults from here)."""
 
     initial_backoff: float = knob(0.5, "first redial delay", unit=DURATION, check=positive)
-    max_backoff: float = knob(30.0, "redial delay cap", unit=DURATION)
+    max_backoff: float = knob(30.0, "redial delay cap", unit=DURATION, check=positive)
 
 
 @dataclass(init=False, eq=True)

@@ -455,3 +455,8 @@ def test_template_syntax_error_names_the_file(tmp_path) -> None:  # type: ignore
     p.write_text("#cloud-config\n{% for r in requirements %}\n")
     with pytest.raises(ConfigError, match=rf"^parse bootstrap-template-file: line \d+: .* in {p}$"):
         _op(bootstrap_template_file=str(p)).validate()
+
+
+def test_reconnect_max_backoff_nan_refused_at_start() -> None:
+    with pytest.raises(ConfigError, match=r"^--reconnect-max-backoff must be > 0 \(got nans\)$"):
+        _op(reconnect_max_backoff=float("nan")).validate()
