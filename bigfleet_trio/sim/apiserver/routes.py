@@ -50,7 +50,7 @@ PATCH_TYPES = (
 )
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """A request on a resource: what it names and the options every verb shares."""
 
