@@ -168,3 +168,41 @@ async def test_client_hangup_unregisters_watch_on_both_engines() -> None:
                 while bucket.watchers:  # noqa: ASYNC110
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
+
+
+async def test_cli_rbac_mode_serves_https_with_admin_kubeconfig(tmp_path: Path) -> None:
+    from bigfleet_trio.kube import NAMESPACES, KubeClient, load_kubeconfig
+    from bigfleet_trio.kube.errors import ApiError as KubeApiError
+
+    kc = tmp_path / "kc.yaml"
+    argv = [sys.executable, "-m", "bigfleet_trio.cli", "sim", "apiserver", "--port", "0",
+            "--kubeconfig-out", str(kc), "--authorization-mode", "RBAC"]
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            proc: trio.Process = await nursery.start(
+                partial(trio.run_process, argv, stdout=subprocess.PIPE, check=False)
+            )
+            assert proc.stdout is not None
+            line = b""
+            while b"\n" not in line:
+                line += await proc.stdout.receive_some()
+            assert b"(authorization mode RBAC, admin token)" in line
+            cfg = load_kubeconfig(str(kc), env={})
+            assert cfg.server.startswith("https://127.0.0.1:") and cfg.ca_data and cfg.token
+            admin = KubeClient(cfg)
+            try:
+                names = [n["metadata"]["name"] for n in (await admin.list(NAMESPACES)).items]
+                assert "default" in names
+            finally:
+                await admin.aclose()
+            anonymous = KubeClient(load_kubeconfig(str(kc), env={}))
+            anonymous.config.token = None
+            try:
+                await anonymous.list(NAMESPACES)
+                raise AssertionError("anonymous list was allowed")
+            except KubeApiError as exc:
+                assert exc.status == 403
+            finally:
+                await anonymous.aclose()
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
