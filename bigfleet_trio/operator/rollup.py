@@ -57,6 +57,7 @@ from bigfleet_trio.quantity import (
     Quantity,
     QuantityError,
 )
+from bigfleet_trio.shard.codec import EncodedFrame
 
 __all__ = [
     "OP_DOES_NOT_EXIST",
@@ -598,14 +599,14 @@ def _int_field(tag: int, n: int) -> bytes:
 
 
 def _map_entries(tag: int, m: Mapping[str, str]) -> list[bytes]:
-    # betterproto omits an empty key or value inside an entry, and an entry with both empty.
+    # betterproto (Rust codec) omits an empty key or value inside an entry; an entry with both
+    # empty is written as an empty entry (tag, length 0).
     out = []
     for k, v in m.items():
         body = (_len_field(0x0A, k.encode()) if k else b"") + (
             _len_field(0x12, v.encode()) if v else b""
         )
-        if body:
-            out.append(_len_field(tag, body))
+        out.append(_len_field(tag, body))
     return out
 
 
@@ -881,6 +882,21 @@ class RollupAggregator:
         if self._order is None:
             self._order = [self._needs[k] for k in sorted(self._needs)]
         return [n.build_encoded() for n in self._order]
+
+    def encoded_rollup(self, cluster_id: str, now_ns: int) -> EncodedFrame:
+        """The whole roll-up as a serialized ``OperatorMessage{rollup}``, from the cached
+        per-need encodings: O(needs), no betterproto encoding. Byte-identical to
+        ``bytes(OperatorMessage(rollup=build_rollup_message(cluster_id, self.needs(), now_ns)))``
+        (docs/wire.md#roll-up-encoding).
+        """
+        return EncodedFrame(
+            "rollup", encode_operator_rollup(cluster_id, now_ns, self.needs_encoded())
+        )
+
+    @property
+    def need_count(self) -> int:
+        """Number of CapacityNeeds the next roll-up holds."""
+        return len(self._needs)
 
     def excluded(self) -> dict[str, str]:
         """CRs left out of the roll-up: key -> human-readable reason."""

@@ -49,6 +49,7 @@ from bigfleet_trio.operator.rollup import (
 )
 from bigfleet_trio.operator.session import Reply
 from bigfleet_trio.proto import pb
+from bigfleet_trio.shard.codec import EncodedFrame
 
 __all__ = [
     "CapacityRequestRollup",
@@ -193,7 +194,7 @@ class CapacityRequestRollup:
         self._interval = consistency_interval
         self._now_ns = now_ns
         self._reported: dict[str, str] = {}  # key -> resourceVersion already reported
-        self._last_pending: list[tuple[str, str]] = []
+        self._last_pending: set[str] = set()  # keys of the Pending CRs in the last build
         self._stats = RollupStatistics()
         self._event_send, self._event_recv = trio.open_memory_channel[
             tuple[dict[str, Any], CapacityRequestError]
@@ -315,30 +316,40 @@ class CapacityRequestRollup:
         """The full roll-up from the aggregate (O(needs)); remembers the Pending CRs in it."""
         started = time.perf_counter()
         needs = self.aggregator.needs()
-        pending = []
-        for key in self.aggregator.pending():
-            split = _split_key(key)
-            if split is not None:
-                pending.append(split)
-        self._last_pending = pending
-        self._stats.rollups_built += 1
-        self._stats.needs_last_rollup = len(needs)
-        ROLLUP_NEEDS.set(len(needs))
-        ROLLUP_CRS.set(len(self.aggregator))
-        if self._feed is not None:
-            self._feed.publish(
-                "rollup", cluster=self.cluster_id, needs=len(needs),
-                crs=len(self.aggregator), excluded=len(self._reported), pending=len(pending),
-            )
+        self._note_build(len(needs))
         msg = build_rollup_message(self.cluster_id, needs, self._now_ns())
         metrics.ROLLUP_PHASE_DURATION.labels("build").observe(time.perf_counter() - started)
         return msg
 
+    async def build_encoded(self) -> EncodedFrame:
+        """The roll-up :meth:`build` returns, already serialized from the aggregator's cached
+        per-need encodings (what the session sends; docs/wire.md#roll-up-encoding)."""
+        started = time.perf_counter()
+        self._note_build(self.aggregator.need_count)
+        frame = self.aggregator.encoded_rollup(self.cluster_id, self._now_ns())
+        metrics.ROLLUP_PHASE_DURATION.labels("build").observe(time.perf_counter() - started)
+        return frame
+
+    def _note_build(self, needs: int) -> None:
+        # The Pending CRs are only snapshotted here; splitting their keys waits for
+        # after_enqueue, so a first roll-up at 100K Pending CRs is not delayed by it.
+        self._last_pending = self.aggregator.pending()
+        self._stats.rollups_built += 1
+        self._stats.needs_last_rollup = needs
+        ROLLUP_NEEDS.set(needs)
+        ROLLUP_CRS.set(len(self.aggregator))
+        if self._feed is not None:
+            self._feed.publish(
+                "rollup", cluster=self.cluster_id, needs=needs, crs=len(self.aggregator),
+                excluded=len(self._reported), pending=len(self._last_pending),
+            )
+
     async def after_enqueue(self) -> None:
         """Hand the Pending CRs of the last build to the acknowledger (never blocks)."""
-        keys, self._last_pending = self._last_pending, []
-        if self._ack is None or not keys:
+        pending, self._last_pending = self._last_pending, set()
+        if self._ack is None or not pending:
             return
+        keys = [split for key in pending if (split := _split_key(key)) is not None]
         try:
             self._stats.acks_submitted += self._ack.submit_keys(keys)
         except RuntimeError as exc:  # acknowledger not running (shutting down)
