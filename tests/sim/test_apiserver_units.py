@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bigfleet_trio.sim.apiserver.errors import ApiError
+from bigfleet_trio.sim.apiserver.metadata import validate_name
 from bigfleet_trio.sim.apiserver.patching import merge_patch, strategic_merge_patch
 from bigfleet_trio.sim.apiserver.selectors import (
     label_selector_from_object,
@@ -12,7 +13,7 @@ from bigfleet_trio.sim.apiserver.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
-from bigfleet_trio.sim.apiserver.validation import SchemaValidator, validate_name
+from bigfleet_trio.sim.apiserver.validation import SchemaValidator
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import errors as E
+from .metadata import metadata_type_error, validate_name, validate_path_segment_name
 from .resources import ResourceType
 from .selectors import FieldRequirement, Requirement, match_labels
-from .validation import metadata_type_error, validate_name, validate_path_segment_name
 
 PROTECTED_NAMESPACES = ("default", "kube-system", "kube-public")
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")

@@ -23,6 +23,10 @@ from .errors import ApiError
 from .eviction import check_eviction_body, matching_pdbs, plan_eviction
 from .faults import Counters, Faults
 from .gc import GarbageCollector
+from .metadata import (
+    metadata_type_error,
+    validate_labels,
+)
 from .objects import (
     INITIAL_NAMESPACES,
     PROTECTED_NAMESPACES,
@@ -45,10 +49,6 @@ from .resources import ResourceType, builtin_resources
 from .scale import scale_of, scaled
 from .selectors import parse_field_selector, parse_label_selector
 from .store import Store, Watcher
-from .validation import (
-    metadata_type_error,
-    validate_labels,
-)
 
 log = logging.getLogger(__name__)
 
