@@ -8,7 +8,7 @@ and unregisters the resulting types.
 from __future__ import annotations
 
 import functools
-import importlib.resources
+import json
 from typing import Any
 
 import yaml
@@ -27,9 +27,14 @@ def parse_yaml_docs(text: str) -> list[Any]:
     return list(yaml.load_all(text, Loader=loader))
 
 
+@functools.lru_cache(maxsize=1)
 def default_crd_text() -> str:
-    """The project's CRD manifest shipped as package data (``manifests/crds.yaml``)."""
-    return importlib.resources.files("bigfleet_trio").joinpath("manifests/crds.yaml").read_text()
+    """The project's CRDs as multi-document YAML (JSON documents), read once per process
+    through :func:`bigfleet_trio.install.load_crds`, so ``install-crds`` and the sim install
+    the same files wherever they live."""
+    from bigfleet_trio.install import load_crds
+
+    return "\n---\n".join(json.dumps(doc) for doc in load_crds())
 
 
 def _invalid(name: str, field: str, reason: str, message: str) -> E.ApiError:
