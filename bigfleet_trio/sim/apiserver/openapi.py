@@ -46,16 +46,17 @@ def _by_gvk() -> dict[tuple[str, str, str], str]:
     }
 
 
-def _refs(node: Any, acc: set[str]) -> None:
+def collect_refs(node: Any, acc: set[str]) -> None:
+    """Add the component names every ``$ref`` under ``node`` points at to ``acc``."""
     if isinstance(node, dict):
         ref = node.get("$ref")
         if isinstance(ref, str):
             acc.add(ref.rsplit("/", 1)[1])
         for v in node.values():
-            _refs(v, acc)
+            collect_refs(v, acc)
     elif isinstance(node, list):
         for v in node:
-            _refs(v, acc)
+            collect_refs(v, acc)
 
 
 def _closure(names: Iterable[str], schemas: dict[str, Any]) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def _closure(names: Iterable[str], schemas: dict[str, Any]) -> dict[str, Any]:
             continue
         seen.add(name)
         acc: set[str] = set()
-        _refs(schemas.get(name) or builtin.get(name), acc)
+        collect_refs(schemas.get(name) or builtin.get(name), acc)
         todo.extend(acc - seen)
     return {n: schemas.get(n) or builtin[n] for n in sorted(seen) if n in schemas or n in builtin}
 

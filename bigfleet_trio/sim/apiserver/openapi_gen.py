@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .openapi import collect_refs
 from .resources import builtin_resources
 
 VERSION = "v1.37.0"
@@ -94,18 +95,6 @@ SCALARS = {
 }
 
 
-def _refs(node: Any, acc: set[str]) -> None:
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str):
-            acc.add(ref.rsplit("/", 1)[1])
-        for v in node.values():
-            _refs(v, acc)
-    elif isinstance(node, list):
-        for v in node:
-            _refs(v, acc)
-
-
 def build() -> dict[str, Any]:
     """The schemas reachable from every served built-in kind, converted."""
     defs = _definitions()
@@ -124,7 +113,7 @@ def build() -> dict[str, Any]:
             continue
         seen.add(name)
         acc: set[str] = set()
-        _refs(defs[name], acc)
+        collect_refs(defs[name], acc)
         todo.extend(acc - seen)
     out = {
         name: _convert(defs[name], top_kind="x-kubernetes-group-version-kind" in defs[name])
