@@ -558,6 +558,28 @@ async def test_rbac_apply_manifests_create_token_and_forbidden(rbac_kube: Kube) 
     bad = await kube.run("--token", "garbage", "get", "pods", ok=False)
     assert "Unauthorized" in bad.stderr.decode()
     assert [a.verb for a in kube.api.access.denials] == ["get"]
+    # the admin asks what the operator may do, and acts as it (impersonation)
+    sa = "system:serviceaccount:bigfleet-system:bigfleet-operator"
+    can = await kube.run(
+        "auth", "can-i", "create", "pods", "--subresource=eviction", "-n", "x", "--as", sa
+    )
+    assert can.stdout.decode().strip() == "yes"
+    cannot = await kube.run("auth", "can-i", "delete", "nodes", "--as", sa, ok=False)
+    assert cannot.returncode == 1 and cannot.stdout.decode().strip() == "no"
+    mine = await kube.run("--token", token, "auth", "can-i", "list", "upcomingnodes")
+    assert mine.stdout.decode().strip() == "yes"
+    acting = await kube.run("--as", sa, "delete", "node", "n1", ok=False)
+    assert (
+        f'nodes "n1" is forbidden: User "{sa}" cannot delete resource "nodes" in API group "" '
+        "at the cluster scope"
+    ) in acting.stderr.decode()
+    # a service account may not impersonate anyone
+    escalate = await kube.run("--token", token, "--as", "admin", "get", "nodes", ok=False)
+    assert (
+        'users "admin" is forbidden: User "system:serviceaccount:bigfleet-system:'
+        'bigfleet-operator" cannot impersonate resource "users" in API group "" at the '
+        "cluster scope"
+    ) in escalate.stderr.decode()
 
 
 def _flat(text: str) -> str:

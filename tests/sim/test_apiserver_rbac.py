@@ -383,3 +383,55 @@ async def test_discovery_lists_rbac_and_token_request(client: httpx.AsyncClient)
         "TokenRequest",
         ["create"],
     )
+
+
+AUTHZ = "/apis/authorization.k8s.io/v1"
+
+
+async def test_access_reviews_and_impersonation() -> None:
+    api = ApiServer(authorization_mode="RBAC")
+    async with open_client(api) as client:
+        token = await sa_token(client, api, "default", "reader")
+        admin = bearer(api.access.admin_token)
+        ssar = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": {"verb": "list", "resource": "pods",
+                                            "namespace": "default"}},
+        }
+        rv = api.store.rv
+        r = await client.post(f"{AUTHZ}/selfsubjectaccessreviews", json=ssar, headers=admin)
+        assert r.status_code == 201 and r.json()["status"]["allowed"] is True
+        assert api.store.rv == rv  # answered, not stored
+        r = await client.post(
+            f"{AUTHZ}/selfsubjectaccessreviews", json=ssar, headers=bearer(token)
+        )
+        assert r.status_code == 201 and r.json()["status"] == {"allowed": False}
+        sar = {"spec": {"user": "system:serviceaccount:default:reader",
+                        "nonResourceAttributes": {"verb": "get", "path": "/api"}}}
+        r = await client.post(f"{AUTHZ}/subjectaccessreviews", json=sar, headers=admin)
+        assert r.json()["status"]["allowed"] is False  # no groups given: no system:discovery
+        sar["spec"]["groups"] = ["system:authenticated"]
+        r = await client.post(f"{AUTHZ}/subjectaccessreviews", json=sar, headers=admin)
+        assert r.json()["status"]["allowed"] is True
+        r = await client.get(f"{AUTHZ}/selfsubjectaccessreviews", headers=admin)
+        assert r.status_code == 405
+        names = [o["metadata"]["name"] for o in api.store.items(api.find("clusterroles"))]
+        assert "system:basic-user" in names
+        # the admin acts as the ServiceAccount; the ServiceAccount cannot act as anyone
+        as_sa = {**admin, "impersonate-user": "system:serviceaccount:default:reader"}
+        r = await client.get("/api/v1/namespaces/default/pods", headers=as_sa)
+        assert r.status_code == 403
+        assert 'User "system:serviceaccount:default:reader" cannot list' in r.json()["message"]
+        r = await client.get(
+            "/api/v1/nodes", headers={**bearer(token), "impersonate-user": "admin"}
+        )
+        assert r.status_code == 403
+        assert r.json()["message"] == (
+            'users "admin" is forbidden: User "system:serviceaccount:default:reader" cannot '
+            'impersonate resource "users" in API group "" at the cluster scope'
+        )
+        as_group = {**admin, "impersonate-user": "alice", "impersonate-group": "system:masters"}
+        assert (await client.get("/api/v1/nodes", headers=as_group)).status_code == 200
+        r = await client.get("/api/v1/nodes", headers={**admin, "impersonate-group": "g"})
+        assert r.status_code == 400

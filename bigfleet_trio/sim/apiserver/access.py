@@ -19,7 +19,16 @@ from typing import Any
 
 from . import errors as E
 from .errors import ApiError
-from .rbac import ADMIN, ANONYMOUS, Attributes, Policy, User, authorize, forbidden
+from .rbac import (
+    ADMIN,
+    ANONYMOUS,
+    SA_PREFIX,
+    Attributes,
+    Policy,
+    User,
+    authorize,
+    forbidden,
+)
 from .rbac import service_account_user as sa_user
 
 log = logging.getLogger(__name__)
@@ -155,19 +164,89 @@ class AccessControl:
         """
         if not self.enforcing:
             return
-        policy = Policy.from_objects(
-            self._objects("roles"),
-            self._objects("clusterroles"),
-            self._objects("rolebindings"),
-            self._objects("clusterrolebindings"),
-        )
-        decision = authorize(attrs, policy)
+        decision = authorize(attrs, self._policy())
         if decision.allowed:
             return
         self.denials.append(attrs)
         err = forbidden(attrs, decision.reason)
         log.info("forbidden: %s", err.message, extra={"user": attrs.user.name})
         raise err
+
+    def _policy(self) -> Policy:
+        return Policy.from_objects(
+            self._objects("roles"),
+            self._objects("clusterroles"),
+            self._objects("rolebindings"),
+            self._objects("clusterrolebindings"),
+        )
+
+    def impersonate(self, user: User, headers: dict[str, str]) -> User:
+        """The user a request acts as: ``Impersonate-User`` / ``Impersonate-Group`` when the
+        caller may ``impersonate`` those users (serviceaccounts for SA names), groups.
+
+        Raises:
+            ApiError: 403 when the caller may not impersonate them; 400 groups without a user.
+        """
+        name = headers.get("impersonate-user")
+        groups = [g.strip() for g in headers.get("impersonate-group", "").split(",") if g.strip()]
+        if not self.enforcing or (name is None and not groups):
+            return user
+        if not name:
+            raise E.bad_request("requested impersonation of groups without a user")
+        targets: list[Attributes] = []
+        if name.startswith(SA_PREFIX) and name.count(":") == 3:
+            ns, sa = name[len(SA_PREFIX):].split(":")
+            targets.append(Attributes(user, "impersonate", resource="serviceaccounts",
+                                      name=sa, namespace=ns))
+            as_user = sa_user(ns, sa)
+        else:
+            targets.append(Attributes(user, "impersonate", resource="users", name=name))
+            as_user = User(name, ("system:authenticated",))
+        targets += [Attributes(user, "impersonate", resource="groups", name=g) for g in groups]
+        for attrs in targets:
+            self.check(attrs)
+        extra = tuple(g for g in groups if g not in as_user.groups)
+        return User(as_user.name, as_user.groups + extra)
+
+    def review(self, user: User, body: Any, *, subject: bool) -> dict[str, Any]:
+        """Answer a SelfSubjectAccessReview (``user`` asks about itself) or, with
+        ``subject``, a SubjectAccessReview (about ``spec.user`` / ``spec.groups``).
+
+        Raises:
+            ApiError: 400 a body without resourceAttributes or nonResourceAttributes.
+        """
+        spec = body.get("spec") if isinstance(body, dict) else None
+        if not isinstance(spec, dict):
+            raise E.bad_request("spec must be an object")
+        if subject:
+            user = User(str(spec.get("user", "")), tuple(str(g) for g in spec.get("groups") or ()))
+        ra, nra = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+        if isinstance(ra, dict):
+            attrs = Attributes(
+                user,
+                str(ra.get("verb", "")),
+                api_group=str(ra.get("group", "")),
+                resource=str(ra.get("resource", "")),
+                subresource=str(ra.get("subresource", "")),
+                name=str(ra.get("name", "")),
+                namespace=str(ra.get("namespace", "")),
+            )
+        elif isinstance(nra, dict):
+            attrs = Attributes(user, str(nra.get("verb", "")), resource_request=False,
+                               path=str(nra.get("path", "")))
+        else:
+            raise E.bad_request("resourceAttributes or nonResourceAttributes is required")
+        decision = authorize(attrs, self._policy()) if self.enforcing else None
+        allowed = decision is None or decision.allowed
+        status: dict[str, Any] = {"allowed": allowed}
+        if decision is not None and decision.reason:
+            status["evaluationError"] = decision.reason
+        if allowed and decision is not None:
+            status["reason"] = "allowed by RBAC"
+        out = dict(body)
+        out["status"] = status
+        out.setdefault("metadata", {})
+        return out
 
     def token_request(
         self, namespace: str, name: str, uid: str, body: Any, now: float | None = None
@@ -221,7 +300,7 @@ def unauthorized() -> ApiError:
 
 # Bootstrap policy an RBAC-enforcing server starts with (a subset of the upstream defaults):
 # admins are cluster-admin through system:masters; every client may read discovery, OpenAPI,
-# health and version.
+# health and version; every authenticated client may ask what it may do (kubectl auth can-i).
 BOOTSTRAP_CLUSTER_ROLES: list[dict[str, Any]] = [
     {
         "metadata": {"name": "cluster-admin"},
@@ -239,6 +318,16 @@ BOOTSTRAP_CLUSTER_ROLES: list[dict[str, Any]] = [
                     "/healthz", "/livez", "/readyz", "/version", "/version/",
                 ],
                 "verbs": ["get"],
+            }
+        ],
+    },
+    {
+        "metadata": {"name": "system:basic-user"},
+        "rules": [
+            {
+                "apiGroups": ["authorization.k8s.io"],
+                "resources": ["selfsubjectaccessreviews"],
+                "verbs": ["create"],
             }
         ],
     },
@@ -264,6 +353,13 @@ BOOTSTRAP_CLUSTER_ROLE_BINDINGS: list[dict[str, Any]] = [
         "metadata": {"name": "system:discovery"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                     "name": "system:discovery"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                      "name": "system:authenticated"}],
+    },
+    {
+        "metadata": {"name": "system:basic-user"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "system:basic-user"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
                       "name": "system:authenticated"}],
     },

@@ -67,7 +67,7 @@ async def handle(server: ApiState, req: Request) -> routes.Result:
     parts = [p for p in req.path.split("/") if p]
     head = parts[0] if parts else ""
     access = server.access
-    user = access.authenticate(req.headers.get("authorization"))
+    user = access.impersonate(access.authenticate(req.headers.get("authorization")), req.headers)
     if access.enforcing and (head not in ("api", "apis") or routes.is_discovery(req, parts)):
         access.check(Attributes(user, req.method.lower(), resource_request=False, path=req.path))
     non_resource = routes.NON_RESOURCE_ROUTES.get(head)
@@ -80,6 +80,7 @@ async def handle(server: ApiState, req: Request) -> routes.Result:
         return doc
     call = routes.parse_resource_path(server, req, parts)
     handler = routes.route(call)
+    call.user = user
     if access.enforcing:
         access.check(routes.attributes(call, user))
     resource = call.counter_resource

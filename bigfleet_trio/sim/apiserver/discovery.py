@@ -9,7 +9,7 @@ import re
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from .resources import ALL_VERBS, ResourceType
+from .resources import ResourceType
 
 if TYPE_CHECKING:
     from .state import ApiState
@@ -37,7 +37,7 @@ def _groups(server: ApiState) -> dict[str, dict[str, list[ResourceType]]]:
 
 
 def _verbs(res: ResourceType) -> list[str]:
-    return list(ALL_VERBS)
+    return list(res.verbs)
 
 
 def subresources(res: ResourceType) -> list[tuple[str, tuple[str, str, str], list[str]]]:

@@ -1,6 +1,6 @@
 """Just enough Kubernetes protobuf decoding for the imperative kubectl commands that send
 protobuf bodies for built-in kinds (``kubectl create namespace``, ``kubectl create configmap``,
-``kubectl create token``).
+``kubectl create token``, ``kubectl auth can-i``).
 
 A body is ``k8s\\x00`` + runtime.Unknown{typeMeta{apiVersion=1, kind=2}=1, raw=2, ...}; raw is the
 object whose field 1 is ObjectMeta (name=1, generateName=2, namespace=3, labels=11,
@@ -141,11 +141,36 @@ def _tokenrequest(parts: list[tuple[int, int, Any]], obj: dict[str, Any]) -> Non
     obj["spec"] = spec
 
 
+_RESOURCE_ATTRS = {1: "namespace", 2: "verb", 3: "group", 4: "version", 5: "resource",
+                   6: "subresource", 7: "name"}
+_NON_RESOURCE_ATTRS = {1: "path", 2: "verb"}
+
+
+def _access_review(parts: list[tuple[int, int, Any]], obj: dict[str, Any]) -> None:
+    # spec = 2: resourceAttributes = 1, nonResourceAttributes = 2, user = 3, groups = 4
+    spec: dict[str, Any] = {}
+    for num, _, val in parts:
+        if num != 2:
+            continue
+        for n2, _, v2 in fields(val):
+            if n2 in (1, 2):
+                names = _RESOURCE_ATTRS if n2 == 1 else _NON_RESOURCE_ATTRS
+                key = "resourceAttributes" if n2 == 1 else "nonResourceAttributes"
+                spec[key] = {names[n3]: _str(v3) for n3, _, v3 in fields(v2) if n3 in names}
+            elif n2 == 3:
+                spec["user"] = _str(v2)
+            elif n2 == 4:
+                spec.setdefault("groups", []).append(_str(v2))
+    obj["spec"] = spec
+
+
 SUPPORTED = {
     "Namespace": None,
     "ConfigMap": _configmap,
     "PriorityClass": _priorityclass,
     "TokenRequest": _tokenrequest,
+    "SelfSubjectAccessReview": _access_review,
+    "SubjectAccessReview": _access_review,
 }
 
 

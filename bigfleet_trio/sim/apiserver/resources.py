@@ -34,6 +34,7 @@ class ResourceType:
         columns: Table printer columns after Name.
         validator: CRD schema validator (None for built-ins).
         custom: True for CRD-backed resources (strategic merge patch answers 415).
+        verbs: the verbs served (``("create",)`` for the access reviews, which store nothing).
     """
 
     group: str
@@ -52,6 +53,7 @@ class ResourceType:
     validator: SchemaValidator | None = None
     custom: bool = False
     list_kind: str = ""
+    verbs: tuple[str, ...] = ALL_VERBS
 
     def __post_init__(self) -> None:
         if not self.singular:
@@ -411,6 +413,10 @@ def builtin_resources() -> list[ResourceType]:
             columns=[_col("Handler", path=".handler"), AGE],
         ),
         *rbac_resources(),
+        ResourceType("authorization.k8s.io", "v1", "selfsubjectaccessreviews",
+                     "SelfSubjectAccessReview", False, verbs=("create",)),
+        ResourceType("authorization.k8s.io", "v1", "subjectaccessreviews",
+                     "SubjectAccessReview", False, verbs=("create",)),
         R(
             "apiextensions.k8s.io",
             "v1",
