@@ -617,12 +617,32 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
             return len(obs.pod_added) >= want_pods and sum(
                 1 for p in live if not p["node"]) <= args.unbound_ok * len(live)
 
+        stable: dict[str, Any] = {"sig": None, "since": 0.0}
+
         async def quiet() -> bool:
+            """Settled: the last roll-up came after the last CR change and carries it, every
+            bound machine is Configured with its UpcomingNode (none stale or Drained), no
+            reclaim is in flight, few Pods pending -- and all that unchanged for a roll-up
+            interval and then some."""
             stats = await trio.to_thread.run_sync(_stats, fleet.stats_port)
             s = snapshot(stats)
-            return (s["pods"] - s["pods_bound"] <= args.unbound_ok * s["pods"]
-                    and s["rollup_matches"]
-                    and s["upcoming_stale"] == 0 and s["upcoming"] == s["machines_bound"])
+            snap = stats.get("snapshot") or {}
+            states = {k: v for k, v in (snap.get("machines") or {}).items()
+                      if k not in ("FREE", "CONFIGURED")}
+            last_change = obs.states[-1][0] if obs.states else 0.0
+            ok = (s["pods"] - s["pods_bound"] <= args.unbound_ok * s["pods"]
+                  and s["rollup_matches"] and bool(stats["rollups"])
+                  and stats["rollups"][-1][0] > last_change
+                  and not states
+                  and snap.get("reclaims_acked") == snap.get("reclaims_issued")
+                  and s["upcoming_stale"] == 0 and s["upcoming_drained"] == 0
+                  and s["upcoming"] == s["machines_bound"])
+            sig = (s["machines_bound"], s["upcoming"], s["crs"], s["pods_bound"]) if ok else None
+            now = time.time()
+            if sig is None or sig != stable["sig"]:
+                stable.update(sig=sig, since=now)
+                return False
+            return now - stable["since"] >= args.rollup_seconds + 2
 
         async def end_phase(name: str) -> None:
             stats = await trio.to_thread.run_sync(_stats, fleet.stats_port)
