@@ -141,7 +141,10 @@ class SessionSettings(Settings):
     rollup_interval: float = knob(10.0, "time between roll-ups; 0 = default", unit=DURATION)
     dispatch_concurrency: int = knob(32, "parallel shard instructions", metavar="N")
     send_timeout: float = knob(
-        30.0, "end the shard session when a frame is not accepted within this", unit=DURATION
+        30.0,
+        "end the shard session when a frame waits longer than this to be written to the "
+        "connection (the shard stopped reading; bound: this plus one roll-up interval)",
+        unit=DURATION,
     )
 
 

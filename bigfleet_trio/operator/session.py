@@ -1,85 +1,12 @@
-"""One shard session: Hello, then the send, recv and roll-up Trio tasks over one stream.
+"""One shard session: Hello, then the send, receive and roll-up Trio tasks over one stream.
 
-Seed 000 "The single outbound stream"; facts in reference-behavior.md §2 (runOnce), §3 (send
-path), §4 (receive path and dispatch) and §5.1 (roll-up loop). The queue/coalescing rules live in
-:mod:`bigfleet_trio.operator.queues` (sans-IO); this module only wires them to Trio.
-
-Task layout (all in one nursery owned by :meth:`Session.run`)::
-
-    send     -- drains SendQueues (roll-up slot + outbox) onto the stream, one frame at a time
-    recv     -- reads ShardMessages and dispatches them (below)
-    rollup   -- RollupSource.build() at once, then every rollup_interval; enqueue never blocks
-    handlers -- one task per dispatched Reclaim/AvailableCapacity/Bootstrap frame
-    node-state workers -- a fixed pool of ``dispatch_concurrency`` tasks (see below)
-    ack      -- RollupSource.after_enqueue(), at most one at a time (see _schedule_after_enqueue)
-
-The first exception in send/recv/rollup cancels everything else (handlers included) and
-propagates out of :meth:`Session.run`; the reconnect loop (:mod:`.agent`) decides what next.
-
-Send-progress watchdog: every ``stream.send`` (Hello and each frame of the send task) must be
-accepted by the transport within ``send_timeout`` (30 s), else the session ends with
-:class:`SendStalled` (a :class:`StreamClosed`) and the agent reconnects with backoff. Without it a
-shard that accepts the stream and never reads would hold the session in ``send`` forever (the
-in-memory seam) or until HTTP/2 keepalive gives up, which the reference never configures.
-Why 30 s: a healthy shard drains its HTTP/2 window in milliseconds, and a busy one within a
-roll-up interval or two (10 s each); a frame not accepted for three roll-up intervals means every
-response behind it is already past the shard's own re-issue timeouts (a bootstrap pull waits one
-10 s cycle), so the stream carries nothing useful any more. It is a per-frame progress bound, not
-a throughput bound: a slow shard that reads one frame every few seconds is never cut off.
-
-Outbox drops are counted one by one (metric + stats) but logged rate-limited: the first drop of
-an episode at WARNING with the frame's kind and id, then at most one WARNING summary per
-``drop_log_interval`` (10 s) with the number dropped since; a pending count is logged when the
-session ends.
-
-Dispatch and backpressure (a deliberate, documented divergence from the Go recv loop):
-
-* ReclaimInstruction, AvailableCapacityUpdate and NodeStateUpdate handlers write the apiserver;
-  they run under one semaphore of ``dispatch_concurrency`` (32) slots. A NodeStateUpdate worker
-  holds one slot for its whole drain loop of one machine (as in Go).
-* BootstrapRequest bypasses the semaphore entirely (the shard waits on it with a one-cycle
-  deadline), and Acknowledgement is only logged, inline.
-* The Go recv pump blocks on the semaphore itself, so a 33rd slow frame stalls *every* later
-  frame -- a BootstrapRequest behind it included, which is exactly what the bypass was meant to
-  prevent. For ReclaimInstruction and AvailableCapacityUpdate we instead admit up to
-  ``dispatch_concurrency + dispatch_backlog`` bounded tasks (running or waiting for a slot,
-  FIFO); only when that admission limit is reached does the recv pump block, which then
-  back-pressures the shard through HTTP/2 flow control as in Go.
-* NodeStateUpdate frames never block the recv pump one by one (issue 8: a fleet-scale burst of
-  10K machines x 3 transitions must coalesce, and it only can if a machine's later frames are
-  *read* before its first one is handled). The recv pump calls
-  :meth:`NodeStateCoalescer.offer <bigfleet_trio.operator.queues.NodeStateCoalescer.offer>`,
-  which keeps the latest frame per machine_id and puts a machine with no worker on a FIFO ready
-  queue. A fixed pool of ``dispatch_concurrency`` worker tasks takes machines off that queue;
-  each takes a slot of the *shared* semaphore per machine (so node-state work, reclaims and
-  capacity updates together never exceed ``dispatch_concurrency`` apiserver writers, and
-  reclaims are not starved: the semaphore is FIFO), then handles that machine's latest frame and
-  loops while newer ones arrived. At most one worker per machine, per-machine order kept,
-  different machines concurrent. Why a pool of that size rather than one task per machine: a
-  worker without a slot cannot do anything, and 10K parked tasks cost scheduler time for no
-  gain. Memory is one frame per machine with a frame waiting (bounded by the number of
-  machines, as the seed allows) plus the ready queue (at most as long). As a backstop, when
-  ``node_state_pending_cap`` (100K) machines have a frame waiting, the recv pump stops reading
-  until a worker takes one (backpressure through HTTP/2 flow control, logged once per episode);
-  a frame for a machine that already has one waiting costs no memory, but the pump cannot know
-  the next frame's machine before reading it, so it pauses for every kind.
-* Read-ahead gate: Trio runs the recv pump and the workers on one thread, so a pump that must
-  schedule once per frame (the in-memory stream does; the gRPC bridge reads up to its 256-frame
-  downlink buffer without one) reads only one frame per scheduler batch while 32 workers spend
-  milliseconds of CPU per handler call in the same batches: a machine's first frame would be
-  handled long before its later ones are read (measured: 0.75 writes/frame at 200 machines x 3).
-  Go's recv goroutine does not compete with its handlers like that. So before a worker starts on
-  a *new* machine it waits, one worker at a time, until the pump has gone one whole batch without
-  reading (it waits for the stream or is paused at the cap: every worker then passes at once) or
-  has read ``node_state_read_ahead`` (256) frames since. Reading costs microseconds and can save
-  a whole handler call; the wait is bounded by 256 frame reads, so workers always progress, and
-  when the input is not backlogged the gate costs two schedule points. Draining further frames of
-  a machine a worker already owns is not gated.
-
-Handlers learn that the session is going away by being cancelled (``trio.Cancelled`` at their
-next checkpoint). :func:`current_session` gives handler code the running :class:`Session`, whose
-:attr:`Session.closing` event is set as soon as teardown starts; work that must outlive the
-session (drains) must be handed to a longer-lived nursery before the handler returns.
+Sits between the agent's reconnect loop (:mod:`.agent`), which opens a stream and runs one
+:class:`Session` on it, and the injected roll-up source and handlers. The queue and coalescing
+rules are sans-IO in :mod:`bigfleet_trio.operator.queues`; this module wires them to Trio tasks,
+all in one nursery owned by :meth:`Session.run`: send, receive (plus the bootstrap lane when the
+stream has one), roll-up, the node-state worker pool, one task per other dispatched frame, and
+the acknowledgement hook. The first failure of send/receive/roll-up ends the session. Task
+layout, send timeout, dispatch and backpressure: ``docs/wire.md#the-session``.
 """
 
 from __future__ import annotations
@@ -119,13 +46,13 @@ Reply = Callable[[pb.OperatorMessage], bool]
 
 
 DEFAULT_SEND_TIMEOUT: float = SessionSettings.send_timeout
-"""Seconds one frame may wait for the transport to accept it (see the module docstring)."""
+"""Seconds one frame may wait to be written to the connection (``docs/wire.md#send-timeout``)."""
 DEFAULT_DROP_LOG_INTERVAL = 10.0
 """Seconds between outbox-drop summary log lines."""
 
 
 class SendStalled(StreamClosed):
-    """The transport did not accept a frame within ``send_timeout``: the shard is not reading.
+    """A frame was not written to the connection within ``send_timeout``: the shard stopped reading.
 
     A :class:`StreamClosed`, so the reconnect loop treats it as "stream gone" (reconnect with
     backoff). ``reason`` names the frame kind and the timeout.
@@ -133,7 +60,7 @@ class SendStalled(StreamClosed):
 
 
 class RollupSource(Protocol):
-    """Builds the cluster's complete desired state (seed 000 "Building the roll-up")."""
+    """Builds the cluster's complete desired state: every roll-up is the whole demand."""
 
     async def build(self) -> pb.ClusterCapacityNeeds:
         """Return the full roll-up (never a delta). Errors are logged; the session goes on."""
@@ -154,7 +81,7 @@ class RollupSource(Protocol):
 
 
 class Handlers(Protocol):
-    """Inbound frame handlers (seed 000 "Receive-side dispatch is split by cost").
+    """Inbound frame handlers, dispatched by cost (``docs/wire.md#the-session``).
 
     Every handler runs in its own task inside the session nursery and is cancelled when the
     session ends. Exceptions are logged and counted; they never end the session.

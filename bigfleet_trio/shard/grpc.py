@@ -1,7 +1,8 @@
 """grpclib transport for the ``Shard.Session`` stream, run from Trio through trio-asyncio.
 
-Seed 000 "The single outbound stream"; reference-behavior.md §2.3 (dial options: 256 MiB message
-limits, optional mTLS); ecosystem.md §2.1 (grpclib from Trio).
+The agent dials and holds one bidirectional stream; dial options as the Go agent's (256 MiB
+message limits both ways, optional mTLS). Frame-level behaviour (decoding, malformed frames,
+the bootstrap lane, what the send timeout bounds): ``docs/wire.md``.
 
 How it works. grpclib is asyncio-only and ties cancellation and deadlines to the *current
 asyncio task*, and each ``aio_as_trio`` call runs in a fresh task. So one session = ONE
@@ -9,12 +10,14 @@ asyncio-flavoured coroutine (:meth:`GrpcConnector._aio_call`), entered once via
 ``trio_asyncio.aio_as_trio``: it creates the :class:`grpclib.client.Channel` inside the loop,
 opens the stream, runs a send loop (reads a Trio memory channel) and a receive loop (writes a
 Trio memory channel) as asyncio tasks, and closes everything on the way out. The Trio side only
-sees :class:`BridgedStream` (an :class:`~bigfleet_trio.shard.transport.OperatorStream`).
+sees :class:`OperatorBridge` (an :class:`~bigfleet_trio.shard.transport.OperatorStream`).
 
 Crossing the bridge is cheap on the fast path: the asyncio side calls the channels'
 ``send_nowait``/``receive_nowait`` directly (same thread, same Trio run) and only falls back to a
-``trio_as_aio`` call when it would block; a full downlink channel therefore stops grpclib from
-reading, which back-pressures the shard through HTTP/2 flow control.
+``trio_as_aio`` call when it would block; a full downlink lane therefore stops grpclib from
+reading, which back-pressures the shard through HTTP/2 flow control. On the agent side
+(:class:`OperatorBridge`) downlink frames cross as raw bytes, sorted into a BootstrapRequest lane
+and an ordered lane, and uplink ``send`` waits until grpclib has written its frame.
 
 Who opens the asyncio loop. Wrap the program (or the agent's ``run()``) in
 ``async with trio_asyncio.open_loop():`` -- or :func:`open_loop`, which reuses a loop that is

@@ -1,8 +1,9 @@
 """Transport seam for the ``Shard.Session`` stream, and the in-memory implementation.
 
-Seed 000 "The single outbound stream". The session logic (``bigfleet_trio.operator.session``) and
-the simulated shard (``bigfleet_trio.sim.shard``) only see these protocol classes; the grpclib
-transport (``bigfleet_trio.shard.grpc``) and :func:`memory_stream_pair` implement them.
+The agent holds one outbound stream to its shard. The session logic
+(``bigfleet_trio.operator.session``) and the simulated shard (``bigfleet_trio.sim.shard``) only
+see these protocol classes; the grpclib transport (``bigfleet_trio.shard.grpc``) and
+:func:`memory_stream_pair` implement them.
 """
 
 from __future__ import annotations
