@@ -151,13 +151,16 @@ NON_RESOURCE_ROUTES: dict[str, NonResourceHandler] = {
 # ---- resource paths ------------------------------------------------------------------------
 
 
+_WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+
+
 def verb_of(method: str, name: str | None, watch: bool) -> str:
     """The Kubernetes verb of an HTTP method on a collection (name None) or an object."""
     if method == "GET":
         return "watch" if watch else ("get" if name else "list")
     if method == "DELETE":
         return "delete" if name else "deletecollection"
-    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+    return _WRITE_VERBS.get(method) or method.lower()
 
 
 def parse_resource_path(server: ApiState, req: Request, parts: list[str]) -> Call:
