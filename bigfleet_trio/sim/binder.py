@@ -1,5 +1,6 @@
-"""A minimal kube-scheduler stand-in for the simulation (issue 7 "Simulated shard": "a minimal
-binder in the simulation places pending Pods on Ready nodes with room").
+"""A minimal kube-scheduler stand-in for the simulation: places pending Pods on Ready Nodes with
+room (the demo's polling binder; :mod:`bigfleet_trio.sim.cluster.scheduler` is the informer-based
+one for fleet sizes, with these same filters).
 
 It is not a scheduler: no preemption, no inter-pod (anti-)affinity, no topology spread, no
 volume binding. It only does what the demo needs to show Pods landing on the Nodes the shard

@@ -1,4 +1,4 @@
-"""Simulated BigFleet shard (issue 7): machine catalog, sans-IO engine, Trio session layer.
+"""Simulated BigFleet shard: machine catalog, sans-IO engine, Trio session layer.
 
 - :mod:`.catalog`: :class:`MachineShape`, :class:`Catalog`, :func:`default_catalog`,
   :func:`load_catalog` (YAML files; format in ``catalog.example.yaml``), :class:`CatalogError`.

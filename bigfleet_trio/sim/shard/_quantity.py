@@ -1,7 +1,7 @@
 """Minimal Kubernetes quantity parsing for the simulated shard (exact, via ``Fraction``).
 
-Seed 000 / reference-behavior §14: the shard parses every quantity in a roll-up's
-``aggregate_resources`` and ``min_unit`` and rejects the whole roll-up if one fails. The sim only
+A shard parses every quantity in a roll-up's ``aggregate_resources`` and ``min_unit`` and rejects
+the whole roll-up if one fails. The sim only
 needs to *compare and add* quantities, never to print them canonically, so a small exact parser is
 enough here (the project's Go-exact formatter lives elsewhere).
 """

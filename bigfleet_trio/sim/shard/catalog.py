@@ -1,13 +1,13 @@
 """Machine catalog of the simulated shard: which shapes exist, where, how many, at what price.
 
-Issue 7 "Simulated shard"; peer facts from reference-behavior §6 (the shard labels machines with
-``node.kubernetes.io/instance-type`` and ``topology.kubernetes.io/zone`` and reports their
-*allocatable* as resources) and §8 item 5 (AvailableCapacity per shape, cost = cheapest Idle price).
+Like a real shard, it labels machines with ``node.kubernetes.io/instance-type`` and
+``topology.kubernetes.io/zone``, reports their *allocatable* as resources, and offers
+AvailableCapacity per shape (cost = the cheapest Idle machine's price).
 
 A :class:`MachineShape` is one instance type offered in one zone, with a machine count (the
 inventory) of which ``warm`` start out already created (Idle, so they skip Speculative/Creating).
 
-Issue 7 asks for "a configurable catalog of shapes": :func:`load_catalog` reads one from a YAML
+The catalog is configurable: :func:`load_catalog` reads one from a YAML
 file (format documented in the shipped :data:`EXAMPLE_CATALOG`, whose content equals
 :func:`default_catalog`), validated with ``jsonschema`` plus checks of quantities (via
 :mod:`bigfleet_trio.quantity`), label syntax and shape keys; every problem is one

@@ -2,7 +2,7 @@
 
 The simulated shard as a process.
 
-Issue 7 "Simulated shard"; design.md CLI contract. Serves the real ``Shard.Session`` protocol over
+Serves the real ``Shard.Session`` protocol over
 grpclib via :func:`bigfleet_trio.shard.server.serve_shard`, each session handled by
 :meth:`SimShard.serve_session`. With ``--kubeconfig`` (or a resolvable default kubeconfig when the
 flag is given) Configured machines register Nodes through the Kubernetes API. ``--catalog`` reads

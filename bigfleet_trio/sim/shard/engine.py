@@ -1,9 +1,9 @@
 """Sans-IO engine of the simulated shard: inventory, demand planning, machine lifecycle, reclaim.
 
-Issue 7 "Simulated shard"; peer behaviour from reference-behavior §2 item 4 (replay on reconnect),
-§6 (NodeStateUpdate fields, ``supersedes_key = "node:<machine_id>"``), §7 (reclaim: one instruction
-per machine, priority-scaled grace), §8 item 5 (AvailableCapacity confidence ladder, cost, only on
-change), §9 (bootstrap pull with a one-cycle deadline; an error becomes a shortfall), §14 (wire).
+It behaves like a real shard where the agent can tell: state replayed on reconnect, NodeStateUpdates
+with ``supersedes_key = "node:<machine_id>"``, one ReclaimInstruction per machine with a
+priority-scaled grace, AvailableCapacity with a confidence ladder and cost sent only on change, a
+bootstrap pull with a one-cycle deadline (an error becomes a shortfall).
 
 The engine never does I/O and never reads a clock: every method takes ``now`` (seconds, any
 monotonic origin) and returns a list of :data:`Effect` (frames to send, node hooks to call).
@@ -78,7 +78,7 @@ GRACE_TOP = 600
 
 
 def grace_for_priority(priority: int) -> int:
-    """Reclaim grace in seconds for a need priority (reference §7: 10 s / 30 s / 2 m / 10 m).
+    """Reclaim grace in seconds for a need priority (a real shard's 10 s / 30 s / 2 m / 10 m).
 
     The sim's mapping: priority < 0 -> 10 s, < 1000 -> 30 s, < 1 000 000 -> 120 s, else 600 s.
     """
@@ -102,7 +102,7 @@ class EngineConfig:
         create_delay: Speculative -> Creating.
         boot_delay: Creating -> Idle (then the BootstrapRequest is sent).
         configure_delay: Configuring -> Configured (after a good bootstrap response).
-        bootstrap_timeout: how long the pull waits for a response (one roll-up cycle, reference §9).
+        bootstrap_timeout: how long the pull waits for a response (one roll-up cycle).
         reclaim_grace_seconds: grace put in every ReclaimInstruction; None uses
             :func:`grace_for_priority` of the need the machine last served.
         reclaim_ack_timeout: re-issue an unacknowledged ReclaimInstruction after this long.
@@ -284,7 +284,7 @@ def profile_fingerprint(
     reclamation_bucket: int = 0,
     spread: Iterable[pb.TopologySpread] = (),
 ) -> str:
-    """The profile fingerprint of reference §5.3.
+    """The profile fingerprint (the shard's canonical text of a need's Profile).
 
     Example: ``p=0|ipb=0|rpb=0|reqs=node.kubernetes.io/instance-type:1:a;|spr=``.
     """
@@ -494,11 +494,11 @@ class ShardEngine:
     # ---------------------------------------------------------------- inputs
 
     def on_connect(self, cluster_id: str, now: float) -> list[Effect]:
-        """A session with a valid Hello started: replay state (reference §2 item 4, ADR-0057).
+        """A session with a valid Hello started: replay state (ADR-0057).
 
         Returns the current NodeStateUpdate of every bound machine, the still-pending
         BootstrapRequests and unacknowledged ReclaimInstructions (same ids), and a fresh
-        AvailableCapacityUpdate per shape (the change cache resets on reconnect, §8 item 5).
+        AvailableCapacityUpdate per shape (the change cache resets on reconnect).
         The caller sends the ``Ack{echo:"hello"}`` first.
         """
         if self.cluster_id and cluster_id != self.cluster_id:
@@ -537,7 +537,7 @@ class ShardEngine:
 
         Raises:
             InvalidRollup: a quantity in ``aggregate_resources``/``min_unit`` does not parse or a
-                penalty bucket is outside 0..27 (reference §14); nothing changes.
+                penalty bucket is outside 0..27; nothing changes.
         """
         parsed: list[tuple[pb.CapacityNeed, dict[str, Fraction], dict[str, Fraction]]] = []
         for i, need in enumerate(rollup.needs):
@@ -564,7 +564,7 @@ class ShardEngine:
         return self._plan(parsed, now)
 
     def on_bootstrap_response(self, resp: pb.BootstrapBlobResponse, now: float) -> list[Effect]:
-        """The agent answered a BootstrapRequest (reference §9).
+        """The agent answered a BootstrapRequest.
 
         A non-empty ``error`` fails the machine (NodeStateUpdate FAILED with last_error, machine
         back to the pool, shortfall logged). A response nobody waits for (late, unknown id) is
@@ -1037,7 +1037,7 @@ class ShardEngine:
     def available_snapshot(self) -> dict[str, tuple[int, int, float]]:
         """Per shape key: ``(available_count, confidence, cost_per_hour)`` as it would be sent now.
 
-        Confidence ladder (reference §8 item 5): HIGH if a free Idle machine exists, MEDIUM if only
+        Confidence ladder: HIGH if a free Idle machine exists, MEDIUM if only
         Speculative ones do, NONE otherwise. Cost: the cheapest free Idle machine's price, else 0.
         """
         out: dict[str, tuple[int, int, float]] = {}
@@ -1075,7 +1075,7 @@ class ShardEngine:
 
     def available_update(self, shape: MachineShape,
                          snap: tuple[int, int, float] | None = None) -> pb.AvailableCapacityUpdate:
-        """The AvailableCapacityUpdate for one shape as of now (``supersedes_key`` per §8)."""
+        """The AvailableCapacityUpdate for one shape as of now (``supersedes_key`` per shape)."""
         reqs = [
             pb.NodeSelectorRequirement(key=LABEL_INSTANCE_TYPE, operator=Op(Op.OPERATOR_IN),
                                        values=[shape.instance_type]),

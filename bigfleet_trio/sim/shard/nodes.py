@@ -1,5 +1,5 @@
-"""Kubernetes Node registration for simulated machines (issue 7: "register a Node for each
-Configured machine through the Kubernetes API").
+"""Kubernetes Node registration for simulated machines: a Node for each Configured machine,
+through the Kubernetes API.
 
 :class:`KubeNodeHooks` implements :class:`~bigfleet_trio.sim.shard.session.NodeHooks` with the
 project's raw-httpx client: a Configured machine becomes a Ready Node named after its

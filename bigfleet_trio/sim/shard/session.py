@@ -1,6 +1,6 @@
 """Trio layer of the simulated shard: sessions over a ShardStream, the engine clock, node hooks.
 
-Issue 7 "Simulated shard"; shard-side session rules from reference-behavior §2 item 4: the first
+Shard-side session rules, as a real shard applies them: the first
 frame must be a Hello with a non-empty ``cluster_id`` (else the stream is closed with
 InvalidArgument); the shard answers ``Ack{echo:"hello"}`` and then ``Ack{echo:"rollup"}`` for each
 roll-up it accepts; a new session for the cluster replaces (and closes) the previous one; on each
