@@ -435,3 +435,11 @@ async def test_access_reviews_and_impersonation() -> None:
         assert (await client.get("/api/v1/nodes", headers=as_group)).status_code == 200
         r = await client.get("/api/v1/nodes", headers={**admin, "impersonate-group": "g"})
         assert r.status_code == 400
+        # repeated Impersonate-Group headers are all applied
+        two = httpx.Headers([
+            *admin.items(),
+            ("impersonate-user", "bob"),
+            ("impersonate-group", "system:masters"),
+            ("impersonate-group", "team"),  # last: a last-wins header dict would drop masters
+        ])
+        assert (await client.get("/api/v1/nodes", headers=two)).status_code == 200

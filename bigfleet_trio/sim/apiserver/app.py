@@ -48,9 +48,11 @@ async def _read_request(scope: Scope, receive: Receive) -> Request | None:
         chunks.append(msg.get("body", b""))
         if not msg.get("more_body"):
             break
-    headers = {
-        k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])
-    }
+    headers: dict[str, str] = {}
+    for k, v in scope.get("headers", []):
+        key, value = k.decode("latin-1").lower(), v.decode("latin-1")
+        # a repeated header is one comma-separated list (kubectl --as-group sends several)
+        headers[key] = f"{headers[key]},{value}" if key in headers else value
     qs = scope.get("query_string", b"").decode("latin-1")
     query = {k: v[-1] for k, v in parse_qs(qs, keep_blank_values=True).items()}
     return Request(
