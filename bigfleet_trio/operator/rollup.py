@@ -821,6 +821,7 @@ class RollupAggregator:
         self._order: list[_Need] | None = []
         self._excluded: dict[str, CapacityRequestError] = {}
         self._pending: set[str] = set()
+        self._pending_shared = False  # handed out by pending_snapshot(): copy before mutating
         self._spec_cache: dict[int, tuple[dict[str, Any], Contribution]] = {}
 
     def __len__(self) -> int:
@@ -844,7 +845,7 @@ class RollupAggregator:
         except CapacityRequestError as e:
             self._withdraw(key)
             self._excluded[key] = e
-            self._pending.discard(key)
+            self._pending_discard(key)
             return e
         self._excluded.pop(key, None)
         old = self._contrib.get(key)
@@ -866,7 +867,7 @@ class RollupAggregator:
         """Withdraw CR ``key`` (no-op if unknown)."""
         self._withdraw(key)
         self._excluded.pop(key, None)
-        self._pending.discard(key)
+        self._pending_discard(key)
 
     def needs(self) -> list[pb.CapacityNeed]:
         """The aggregated CapacityNeeds, sorted by (fingerprint, group). O(needs)."""
@@ -910,6 +911,13 @@ class RollupAggregator:
         """Keys of contributing CRs whose phase is ""/Pending (to acknowledge). O(pending)."""
         return set(self._pending)
 
+    def pending_snapshot(self) -> frozenset[str] | set[str]:
+        """The keys :meth:`pending` returns, in O(1): the set itself, copied by the aggregator
+        before its next change (so a roll-up at 100K Pending CRs does not pay for a copy).
+        Treat it as read-only."""
+        self._pending_shared = True
+        return self._pending
+
     def rebuild(self, items: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
         """Reset and re-add every (key, CR) (after a failed consistency check or a relist)."""
         self.__init__()  # type: ignore[misc]
@@ -938,9 +946,20 @@ class RollupAggregator:
 
     def _track_pending(self, key: str, cr: Mapping[str, Any]) -> None:
         if is_pending(cr):
-            self._pending.add(key)
+            if key not in self._pending:
+                self._own_pending().add(key)
         else:
-            self._pending.discard(key)
+            self._pending_discard(key)
+
+    def _pending_discard(self, key: str) -> None:
+        if key in self._pending:
+            self._own_pending().discard(key)
+
+    def _own_pending(self) -> set[str]:
+        if self._pending_shared:
+            self._pending = set(self._pending)
+            self._pending_shared = False
+        return self._pending
 
     def _withdraw(self, key: str) -> None:
         old = self._contrib.pop(key, None)

@@ -194,7 +194,8 @@ class CapacityRequestRollup:
         self._interval = consistency_interval
         self._now_ns = now_ns
         self._reported: dict[str, str] = {}  # key -> resourceVersion already reported
-        self._last_pending: set[str] = set()  # keys of the Pending CRs in the last build
+        # keys of the Pending CRs in the last build (read-only, see pending_snapshot)
+        self._last_pending: frozenset[str] | set[str] = frozenset()
         self._stats = RollupStatistics()
         self._event_send, self._event_recv = trio.open_memory_channel[
             tuple[dict[str, Any], CapacityRequestError]
@@ -333,7 +334,7 @@ class CapacityRequestRollup:
     def _note_build(self, needs: int) -> None:
         # The Pending CRs are only snapshotted here; splitting their keys waits for
         # after_enqueue, so a first roll-up at 100K Pending CRs is not delayed by it.
-        self._last_pending = self.aggregator.pending()
+        self._last_pending = self.aggregator.pending_snapshot()
         self._stats.rollups_built += 1
         self._stats.needs_last_rollup = needs
         ROLLUP_NEEDS.set(needs)
@@ -346,7 +347,7 @@ class CapacityRequestRollup:
 
     async def after_enqueue(self) -> None:
         """Hand the Pending CRs of the last build to the acknowledger (never blocks)."""
-        pending, self._last_pending = self._last_pending, set()
+        pending, self._last_pending = self._last_pending, frozenset()
         if self._ack is None or not pending:
             return
         keys = [split for key in pending if (split := _split_key(key)) is not None]

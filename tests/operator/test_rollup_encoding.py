@@ -143,3 +143,19 @@ def test_memory_stream_delivers_encoded_frames_as_messages() -> None:
         return got
 
     assert trio.run(main).rollup.cluster_id == "c1"
+
+
+def test_pending_snapshot_is_not_changed_by_later_events() -> None:
+    agg = RollupAggregator()
+    agg.upsert("ns/a", cr("a", "1", phase="Pending"))
+    agg.upsert("ns/b", cr("b", "1"))  # no status yet: Pending too
+    agg.upsert("ns/x", cr("x", "1", phase="Acknowledged"))
+    snap = agg.pending_snapshot()
+    assert snap == {"ns/a", "ns/b"}
+    agg.upsert("ns/c", cr("c", "1"))
+    agg.delete("ns/a")
+    agg.upsert("ns/b", cr("b", "1", phase="Acknowledged"))
+    assert snap == {"ns/a", "ns/b"}  # what the last roll-up saw
+    assert agg.pending() == agg.pending_snapshot() == {"ns/c"}
+    agg.upsert("ns/d", cr("d", "1"))
+    assert agg.pending() == {"ns/c", "ns/d"}
