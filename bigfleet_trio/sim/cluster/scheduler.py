@@ -7,10 +7,12 @@ node affinity, NoSchedule/NoExecute taints tolerated, requests fit the room left
 incremental instead of a full re-plan per pass: the room used on each Node is kept up to date from
 Pod events (and from the binder's own bindings at once, like kube-scheduler's assume cache), and
 a pass places pending Pods in priority then creation order. Pods with the same scheduling
-signature (requests, selector, affinity, tolerations) share one candidate list per pass, ordered
-by (unrequested extended resources, allocation descending, name), with a first-fit cursor that
-only moves forward (a Node full for a signature stays full within the pass): O(Pods + Nodes) per
-signature and pass, which bin-packs like the small binder's most-allocated score.
+signature (requests, selector, affinity, tolerations) share one candidate list per pass: the
+node classes (one machine shape: same labels but the hostname, taints, allocatable) that pass the
+filters -- checked once per class -- fewest unrequested extended resources first, each class's
+Nodes by allocation (descending) then name, with a first-fit cursor that only moves forward (a
+Node full for a signature stays full within the pass): O(Pods + Nodes) per pass, bin-packing
+like the small binder's most-allocated score. Pods naming a node are filtered Node by Node.
 """
 
 from __future__ import annotations
@@ -67,6 +69,34 @@ def _signature(pod: Mapping[str, Any], req: Mapping[str, Decimal]) -> str:
     )
 
 
+HOSTNAME = "kubernetes.io/hostname"
+
+
+def _names_a_node(pod: Mapping[str, Any]) -> bool:
+    """The Pod selects nodes by name: a hostname nodeSelector or required-affinity term, or
+    ``matchFields`` (DaemonSet Pods)."""
+    spec = pod.get("spec") or {}
+    if HOSTNAME in (spec.get("nodeSelector") or {}):
+        return True
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    for term in required.get("nodeSelectorTerms") or []:
+        if term.get("matchFields"):
+            return True
+        if any(e.get("key") == HOSTNAME for e in term.get("matchExpressions") or []):
+            return True
+    return False
+
+
+_Pending = tuple[tuple[int, str, str], dict[str, Any], dict[str, Decimal] | None, str]
+
+
+def _pending_entry(pod: dict[str, Any]) -> _Pending:
+    req = pod_requests(pod)
+    order = (-_priority(pod), str(pod["metadata"].get("creationTimestamp") or ""), _key(pod))
+    return order, pod, req, _signature(pod, req) if req is not None else ""
+
+
 def _priority(pod: Mapping[str, Any]) -> int:
     p = (pod.get("spec") or {}).get("priority")
     return p if isinstance(p, int) and not isinstance(p, bool) else 0
@@ -109,9 +139,12 @@ class PodScheduler:
         self.nodes = Informer(client, NODES, transform=slim)
         self._used: dict[str, dict[str, Decimal]] = {}
         self._charged: dict[str, tuple[str, dict[str, Decimal]]] = {}
-        self._pending: dict[str, dict[str, Any]] = {}
+        # pending Pods with what placing them needs, computed once per Pod event:
+        # (sort key, Pod, requests or None when malformed, scheduling signature)
+        self._pending: dict[str, _Pending] = {}
         self._assumed: dict[str, str] = {}
         self._alloc: dict[str, tuple[str, dict[str, Decimal]]] = {}
+        self._classes: dict[str, tuple[str, str]] = {}
         self._to_start: dict[str, dict[str, Any]] = {}
         self._binding: set[str] = set()
         self._finishing: list[tuple[float, str, str]] = []
@@ -168,7 +201,7 @@ class PodScheduler:
         if key in self._assumed:
             return
         if is_pending(pod):
-            self._pending[key] = pod
+            self._pending[key] = _pending_entry(pod)
             self._kick()
         else:
             self._pending.pop(key, None)
@@ -184,6 +217,7 @@ class PodScheduler:
         name = (node.get("metadata") or {}).get("name")
         self._used.pop(str(name), None)
         self._alloc.pop(str(name), None)
+        self._classes.pop(str(name), None)
         doomed = [k for k, (n, _) in self._charged.items() if n == name]
         if doomed and self._nursery is not None:
             self._nursery.start_soon(self._gc_pods, str(name), doomed)
@@ -244,8 +278,28 @@ class PodScheduler:
         self._alloc[name] = (rv, alloc)
         return alloc
 
+    def _node_class(self, node: Mapping[str, Any]) -> str:
+        """Nodes with the same labels (but the hostname), taints and allocatable -- one machine
+        shape -- pass the filters alike for a Pod that does not name a node."""
+        meta = node.get("metadata") or {}
+        name, rv = str(meta.get("name")), str(meta.get("resourceVersion") or "")
+        hit = self._classes.get(name)
+        if hit is not None and hit[0] == rv:
+            return hit[1]
+        labels = {k: v for k, v in (meta.get("labels") or {}).items() if k != HOSTNAME}
+        key = json.dumps([labels, (node.get("spec") or {}).get("taints"),
+                          (node.get("status") or {}).get("allocatable")], sort_keys=True)
+        self._classes[name] = (rv, key)
+        return key
+
     def plan(self) -> list[tuple[dict[str, Any], str]]:
-        """Decide placements for the pending Pods; records them as assumed (charged at once)."""
+        """Decide placements for the pending Pods; records them as assumed (charged at once).
+
+        Candidates per scheduling signature: the node classes (:meth:`_node_class`) that pass
+        the filters, fewest unrequested extended resources first, each class's Nodes by
+        allocation (descending) then name; a Pod naming a node (hostname selector or
+        ``matchFields``) is filtered Node by Node. A cursor per signature only moves forward.
+        """
         views: list[NodeView] = []
         for node in self.nodes.store.list():
             if not node_ready(node) or not node_schedulable(node):
@@ -255,34 +309,50 @@ class PodScheduler:
                                   dict(self._used.get(name, {}))))
         if not views or not self._pending:
             return []
-        pending = sorted(self._pending.values(), key=lambda p: (
-            -_priority(p), str(p["metadata"].get("creationTimestamp") or ""), _key(p)))
-        cands: dict[str, tuple[list[NodeView], list[int]]] = {}
+        classes: dict[str, list[NodeView]] = {}
+        for v in views:
+            classes.setdefault(self._node_class(v.node), []).append(v)
+        for lst in classes.values():
+            lst.sort(key=lambda v: (-v.allocation_after({}), v.name))
+        pending = sorted(self._pending.values(), key=lambda e: e[0])
+        cands: dict[str, tuple[list[list[NodeView]], list[int]]] = {}
         out: list[tuple[dict[str, Any], str]] = []
-        for pod in pending:
-            req = pod_requests(pod)
+
+        def passes(pod: Mapping[str, Any], v: NodeView) -> bool:
+            tols = (pod.get("spec") or {}).get("tolerations") or []
+            return node_affinity_matches(pod, v.node) and tolerates(
+                tols, (v.node.get("spec") or {}).get("taints") or [])
+
+        def unrequested(v: NodeView, req: Mapping[str, Decimal]) -> int:
+            return sum(1 for k, q in v.allocatable.items()
+                       if k not in STANDARD_RESOURCES and q > ZERO and req.get(k, ZERO) <= ZERO)
+
+        for _order, pod, req, sig in pending:
             if req is None:
                 continue
-            sig = _signature(pod, req)
             entry = cands.get(sig)
             if entry is None:
-                tols = (pod.get("spec") or {}).get("tolerations") or []
-                feasible = [
-                    v for v in views
-                    if node_affinity_matches(pod, v.node)
-                    and tolerates(tols, (v.node.get("spec") or {}).get("taints") or [])
-                ]
-                feasible.sort(key=lambda v: (
-                    sum(1 for k, q in v.allocatable.items()
-                        if k not in STANDARD_RESOURCES and q > ZERO and req.get(k, ZERO) <= ZERO),
-                    -v.allocation_after({}), v.name))
-                entry = cands[sig] = (feasible, [0])
-            feasible, cursor = entry
-            while cursor[0] < len(feasible) and not feasible[cursor[0]].fits(req):
-                cursor[0] += 1
-            if cursor[0] >= len(feasible):
+                if _names_a_node(pod):
+                    one = [v for v in views if passes(pod, v)]
+                    one.sort(key=lambda v: (unrequested(v, req), -v.allocation_after({}),
+                                            v.name))
+                    groups = [one]
+                else:
+                    ok = sorted((unrequested(lst[0], req), ck) for ck, lst in classes.items()
+                                if passes(pod, lst[0]))
+                    groups = [classes[ck] for _, ck in ok]
+                entry = cands[sig] = (groups, [0, 0])
+            groups, cur = entry
+            while cur[0] < len(groups):
+                group = groups[cur[0]]
+                while cur[1] < len(group) and not group[cur[1]].fits(req):
+                    cur[1] += 1
+                if cur[1] < len(group):
+                    break
+                cur[0], cur[1] = cur[0] + 1, 0
+            if cur[0] >= len(groups):
                 continue
-            view = feasible[cursor[0]]
+            view = groups[cur[0]][cur[1]]
             view.add(req)
             key = _key(pod)
             self._pending.pop(key, None)
@@ -339,7 +409,7 @@ class PodScheduler:
                      extra={"pod": key, "node": node})
             self._assumed.pop(key, None)
             self._charge(key, None, None)
-            self._pending[key] = pod
+            self._pending[key] = _pending_entry(pod)
             self._kick()
             return
         finally:
