@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 import yaml
 
@@ -206,3 +207,21 @@ async def test_cli_rbac_mode_serves_https_with_admin_kubeconfig(tmp_path: Path) 
                 await anonymous.aclose()
             proc.send_signal(signal.SIGTERM)
             assert await proc.wait() == 0
+
+
+def test_rbac_mode_without_trustme_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bigfleet_trio.sim.apiserver import run_cli
+
+    monkeypatch.setitem(sys.modules, "trustme", None)  # import trustme -> ImportError
+    assert run_cli(0, str(tmp_path / "kc.yaml"), authorization_mode="RBAC") == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "sim apiserver: serving TLS (--authorization-mode RBAC) needs trustme: pip install "
+        "'bigfleet-trio[test]'"
+    ]
+    assert run_cli(0, str(tmp_path / "kc.yaml"), authorization_mode="Webhook") == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "sim apiserver: --authorization-mode must be one of AlwaysAllow, RBAC"
+    ]

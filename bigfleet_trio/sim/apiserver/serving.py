@@ -201,8 +201,9 @@ def run_cli(
         return 1
     try:
         trio.run(main)
-    except (OSError, BaseExceptionGroup) as exc:
-        err = find_in_group(exc, OSError)
+    except (OSError, RuntimeError, BaseExceptionGroup) as exc:
+        # a port in use (OSError) or TLS without trustme (RuntimeError): one line, exit 1
+        err = find_in_group(exc, OSError) or find_in_group(exc, RuntimeError)
         if err is None:
             raise
         print(f"sim apiserver: {err}", file=sys.stderr)
