@@ -233,3 +233,31 @@ async def test_pods_of_a_deleted_node_are_replaced(autojump_clock: trio.testing.
         await add_node(client, node("n2", cpu="4"))
         await client.delete(NODES, "n1")
         await eventually(lambda: bound_on("n2"))
+
+
+async def test_a_pod_naming_its_node_and_one_bound_elsewhere(
+        autojump_clock: trio.testing.MockClock) -> None:
+    async with cluster() as (client, _services):
+        await add_node(client, node("n1", cpu="8"))
+        await add_node(client, node("n2", cpu="8"))
+        pinned = {"metadata": {"name": "pinned", "namespace": "default"},
+                  "spec": {"containers": [{"name": "c", "image": "x"}],
+                           "affinity": {"nodeAffinity": {
+                               "requiredDuringSchedulingIgnoredDuringExecution": {
+                                   "nodeSelectorTerms": [{"matchFields": [
+                                       {"key": "metadata.name", "operator": "In",
+                                        "values": ["n2"]}]}]}}}}}
+        # bound by someone else (spec.nodeName set at creation): the kubelet side starts it
+        preset = {"metadata": {"name": "preset", "namespace": "default"},
+                  "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}]}}
+        await client.create(PODS, pinned, "default")
+        await client.create(PODS, preset, "default")
+
+        async def both_running() -> bool:
+            pods = {p["metadata"]["name"]: p for p in (await client.list(PODS, "default")).items}
+            return all((pods[n].get("status") or {}).get("phase") == "Running"
+                       for n in ("pinned", "preset"))
+
+        await eventually(both_running)
+        assert (await client.get(PODS, "pinned", "default"))["spec"]["nodeName"] == "n2"
+        assert (await client.get(PODS, "preset", "default"))["spec"]["nodeName"] == "n1"
