@@ -1,71 +1,55 @@
-#!/usr/bin/env python
-"""Benchmark the pod controller (issue 6 "Benchmark"): Pods created → all CRs present.
+"""Child processes of ``bench podcontroller``: our pod controller, the raw-write baseline, and
+the cache-memory probe. Each prints JSON lines on stdout for the parent (the kopf peer is
+``_kopf_peer``)::
 
-One run, one embedded apiserver (a child process ``bigfleet-trio sim apiserver``, so it has its
-own CPU; ``--inproc`` serves it inside this process instead):
+    python -m scripts.bench._podcontroller_probe ours --kubeconfig FILE [--workers 16]
+    python -m scripts.bench._podcontroller_probe raw --kubeconfig FILE [--workers 16]
+    python -m scripts.bench._podcontroller_probe cache --kubeconfig FILE [--full-objects]
 
-1. ``--pods`` Pods are created (their create rate is printed too);
-2. raw: the apiserver's raw create rate for the very CapacityRequests the controller will
-   write: the controller's own bodies (:func:`translate_pod` + :func:`build_capacity_request`
-   over the created Pods, built before the clock starts: same names, labels, ownerReferences
-   and spec, byte for byte), POSTed by ``--workers`` concurrent tasks through a
-   :class:`KubeClient` (no rate limit) after a warm-up, then deleted, so the store holds what
-   the controller phase will see (the Pods, CRs growing from 0);
-3. the controller starts (``--workers`` workers, no client rate limit) and the clock runs from
-   its start (initial LIST included) until its CR informer holds one CR per Pod ("all CRs
-   present"), then until all are Pending.
-
-Prints CRs/s, the raw create rate, their ratio (target >= 0.8) and CPU ms per CR of the
-client/controller process and of the apiserver process for both phases.
-
-Usage: python -m scripts.bench._podcontroller_probe [--pods 10000] [--workers 16] [--quick]
+``ours`` runs :class:`PodController` (no client-side rate limit: kopf has none) until killed.
+``raw`` POSTs the controller's own CR bodies for every Pod (built before the clock starts)
+then merge-patches each ``status.phase: Pending``, ``--workers`` concurrent tasks, and prints
+its CPU per write. ``cache`` starts the controller's Pod informer (or one keeping full Pods)
+and prints the RSS before and after it synced.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import logging
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from typing import Any
 
 import trio
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, KubeClient, load_kubeconfig
+from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, Informer, KubeClient, load_kubeconfig
 from bigfleet_trio.podcontroller.controller import PodController
-from bigfleet_trio.podcontroller.translate import (
-    OWNED_BY_POD_LABEL,
-    build_capacity_request,
-    translate_pod,
-)
+from bigfleet_trio.podcontroller.translate import build_capacity_request, translate_pod
 
-UNLIMITED = {"qps": 1e9, "burst": 10**9}
+UNLIMITED: dict[str, Any] = {"qps": 0, "burst": 1}
 
 
 def pod(i: int) -> dict[str, Any]:
+    """Pod number ``i`` of the workload (a Deployment-like Pod, one container; no owner: the
+    embedded apiserver's garbage collector would remove a Pod whose owner does not exist)."""
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": f"bench-{i:06d}", "namespace": "default",
-                     "labels": {"app": f"a{i % 50}"}},
+                     "labels": {"app": f"a{i % 50}", "pod-template-hash": "5d8f7c9b6"}},
         "spec": {
             "priority": i % 1000,
             "nodeSelector": {"topology.kubernetes.io/zone": f"zone-{i % 3}"},
-            "containers": [{"name": "c", "image": "busybox",
-                            "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}],
+            "containers": [{"name": "app", "image": "registry.example.com/app:1.2.3",
+                            "ports": [{"containerPort": 8080, "protocol": "TCP"}],
+                            "env": [{"name": "MODE", "value": "serve"}],
+                            "resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                          "limits": {"memory": "1Gi"}}}],
+            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                             "effect": "NoExecute", "tolerationSeconds": 300}],
         },
-    }
-
-
-def cr(i: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "bigfleet.lucy.sh/v1alpha1", "kind": "CapacityRequest",
-        "metadata": {"name": f"raw-{i:06d}", "namespace": "default", "labels": {"bench": "raw"}},
-        "spec": {"priority": i % 1000, "resources": {"cpu": "500m", "memory": "1Gi"},
-                 "requirements": [{"key": "topology.kubernetes.io/zone", "operator": "In",
-                                   "values": [f"zone-{i % 3}"]}]},
     }
 
 
@@ -84,8 +68,8 @@ async def fan_out(n: int, conc: int, fn: Any) -> float:
     return time.perf_counter() - t0
 
 
-def _cpu(pid: int | None) -> float:
-    """CPU seconds (user+sys) of this process (pid None) or of a child process."""
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds (user+sys) of this process (pid None) or of another one."""
     if pid is None:
         t = os.times()
         return t.user + t.system
@@ -94,130 +78,83 @@ def _cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def controller_bodies(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The CapacityRequests the controller will create for ``pods`` (its own translation)."""
-    return [build_capacity_request(p, translate_pod(p, None)) for p in pods]
+def rss_kb(pid: int | str = "self", field: str = "VmRSS") -> int:
+    """``VmRSS`` (or ``VmHWM``: the peak) of a process, in KiB."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
 
 
-async def raw_phase(client: KubeClient, bodies: list[dict[str, Any]], workers: int,
-                    server_pid: int | None, out: dict[str, float], label: str) -> None:
-    """POST ``bodies`` (prebuilt) on ``workers`` tasks, record rate and CPU, delete them."""
-    n = len(bodies)
-    c0, s0 = _cpu(None), _cpu(server_pid) if server_pid else 0.0
-    secs = await fan_out(n, workers, lambda i: client.create(CAPACITY_REQUESTS, bodies[i]))
-    out[f"{label}_per_s"] = n / secs
-    out[f"{label}_client_cpu_ms_per_cr"] = (_cpu(None) - c0) / n * 1000
-    if server_pid:
-        out[f"{label}_server_cpu_ms_per_cr"] = (_cpu(server_pid) - s0) / n * 1000
-    await client.delete_collection(CAPACITY_REQUESTS, "default",
-                                   label_selector=OWNED_BY_POD_LABEL)
+def emit(**kw: Any) -> None:
+    print(json.dumps(kw), flush=True)
 
 
-async def bench(kubeconfig: str, n: int, workers: int, pod_conc: int,
-                server_pid: int | None = None) -> dict[str, float]:
-    cfg = load_kubeconfig(kubeconfig, env={})
-    out: dict[str, float] = {}
-    async with KubeClient(cfg, **UNLIMITED) as client:
-        pods: list[dict[str, Any]] = [{} for _ in range(n)]
+async def create_pods(kubeconfig: str, n: int, conc: int = 32) -> float:
+    """Create Pods 0..n-1; returns seconds."""
+    async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED) as client:
+        return await fan_out(n, conc, lambda i: client.create(PODS, pod(i)))
 
-        async def create_pod(i: int) -> None:
-            pods[i] = await client.create(PODS, pod(i))
 
-        secs = await fan_out(n, pod_conc, create_pod)
-        out["pod_create_per_s"] = n / secs
-        bodies = controller_bodies(pods)
-        # warm-up (connections, first-request costs), not measured
-        await fan_out(min(n, 500), workers, lambda i: client.create(CAPACITY_REQUESTS, cr(i)))
-        await client.delete_collection(CAPACITY_REQUESTS, "default", label_selector="bench=raw")
-        # raw: same store as the controller will see (n Pods, CRs growing from 0 to n)
-        await raw_phase(client, bodies, workers, server_pid, out, "raw_cr_create")
-
-    async with KubeClient(cfg, **UNLIMITED) as client:
-        ctl = PodController(client, workers=workers)
-        present, pending = trio.Event(), trio.Event()
-        stamped: set[str] = set()
-        cpu_at_present: list[float] = []
-
-        def seen(*objs: dict[str, Any]) -> None:
-            cr = objs[-1]
-            if len(ctl.crs.store) >= n and not present.is_set():
-                cpu_at_present.extend([_cpu(None), _cpu(server_pid) if server_pid else 0.0])
-                present.set()
-            if (cr.get("status") or {}).get("phase") == "Pending":
-                stamped.add(cr["metadata"]["name"])
-                if len(stamped) >= n:
-                    pending.set()
-
-        ctl.crs.add_handler(on_add=seen, on_update=seen)
-        c0, s0 = _cpu(None), _cpu(server_pid) if server_pid else 0.0
-        t0 = time.perf_counter()
+async def run_ours(kubeconfig: str, workers: int) -> None:
+    async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED) as client:
+        ctl = PodController(client, workers=workers, resync_period=3600)
         async with trio.open_nursery() as nursery:
             await nursery.start(ctl.run)
-            out["sync_s"] = time.perf_counter() - t0
-            await present.wait()
-            out["all_present_s"] = time.perf_counter() - t0
-            await pending.wait()
-            out["all_pending_s"] = time.perf_counter() - t0
+            emit(event="synced", pods=len(ctl.pods.store))
+            await trio.sleep_forever()
+
+
+async def run_raw(kubeconfig: str, workers: int) -> None:
+    async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED) as client:
+        pods = (await client.list(PODS, "default")).items
+        bodies = [build_capacity_request(p, translate_pod(p, None)) for p in pods]
+        names = [b["metadata"]["name"] for b in bodies]
+        n = len(bodies)
+        c0 = cpu_seconds()
+        t_create = await fan_out(n, workers, lambda i: client.create(CAPACITY_REQUESTS, bodies[i]))
+        c1 = cpu_seconds()
+        t_stamp = await fan_out(n, workers, lambda i: client.patch(
+            CAPACITY_REQUESTS, names[i], {"status": {"phase": "Pending"}}, "default",
+            subresource="status"))
+        c2 = cpu_seconds()
+        emit(event="done", writes=2 * n, seconds=t_create + t_stamp,
+             create_cpu_ms_per_write=(c1 - c0) / n * 1000,
+             stamp_cpu_ms_per_write=(c2 - c1) / n * 1000,
+             cpu_ms_per_write=(c2 - c0) / (2 * n) * 1000)
+
+
+async def run_cache(kubeconfig: str, full_objects: bool) -> None:
+    gc.collect()
+    before = rss_kb()
+    async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED) as client:
+        if full_objects:
+            inf = Informer(client, PODS, page_size=500)
+        else:  # exactly the controller's Pod cache
+            inf = PodController(client).pods
+        async with trio.open_nursery() as nursery:
+            await nursery.start(inf.run)
+            await inf.wait_synced()
+            gc.collect()
+            emit(event="cached", pods=len(inf.store), rss_before_kb=before, rss_after_kb=rss_kb())
             nursery.cancel_scope.cancel()
-        out["controller_cpu_ms_per_cr"] = (cpu_at_present[0] - c0) / n * 1000
-        if server_pid:
-            out["server_cpu_ms_per_cr"] = (cpu_at_present[1] - s0) / n * 1000
-        out["crs_per_s"] = n / out["all_present_s"]
-        out["crs_pending_per_s"] = n / out["all_pending_s"]
-        out["ratio"] = out["crs_per_s"] / out["raw_cr_create_per_s"]
-        out["cr_created"] = ctl.outcomes["cr_created"]
-        out["errors"] = ctl.outcomes["error"]
-    return out
-
-
-async def run_inproc(n: int, workers: int, pod_conc: int, kc: str) -> dict[str, float]:
-    from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
-
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve, ApiServer())
-        write_kubeconfig(url, kc)
-        out = await bench(kc, n, workers, pod_conc)
-        nursery.cancel_scope.cancel()
-    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pods", type=int, default=10_000)
+    ap.add_argument("mode", choices=["ours", "raw", "cache"])
+    ap.add_argument("--kubeconfig", required=True)
     ap.add_argument("--workers", type=int, default=16)
-    ap.add_argument("--pod-concurrency", type=int, default=32)
-    ap.add_argument("--quick", action="store_true", help="1000 Pods")
-    ap.add_argument("--inproc", action="store_true", help="serve the apiserver in this process")
+    ap.add_argument("--full-objects", action="store_true")
     args = ap.parse_args()
-    n = 1000 if args.quick else args.pods
     logging.basicConfig(level=logging.ERROR)
-    with tempfile.TemporaryDirectory() as tmp:
-        kc = os.path.join(tmp, "kubeconfig")
-        if args.inproc:
-            out = trio.run(run_inproc, n, args.workers, args.pod_concurrency, kc)
-        else:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "bigfleet_trio", "sim", "apiserver", "--port", "0",
-                 "--kubeconfig-out", kc, "--log-level", "error"],
-                stdout=subprocess.PIPE, text=True)
-            try:
-                assert proc.stdout is not None
-                line = proc.stdout.readline()
-                if "listening" not in line:
-                    print(f"apiserver did not start: {line!r}", file=sys.stderr)
-                    return 1
-                out = trio.run(bench, kc, n, args.workers, args.pod_concurrency, proc.pid)
-            finally:
-                proc.terminate()
-                proc.wait(10)
-    print(f"pods                      {n}")
-    print(f"workers                   {args.workers}")
-    print(f"apiserver                 {'in-process' if args.inproc else 'child process'}")
-    for k, v in out.items():
-        print(f"{k:25s} {v:10.2f}")
-    verdict = "OK" if out["ratio"] >= 0.8 else "BELOW TARGET"
-    print(f"ratio crs_per_s / raw_cr_create_per_s = {out['ratio']:.2f} "
-          f"(target >= 0.8: {verdict})")
+    if args.mode == "ours":
+        trio.run(run_ours, args.kubeconfig, args.workers)
+    elif args.mode == "raw":
+        trio.run(run_raw, args.kubeconfig, args.workers)
+    else:
+        trio.run(run_cache, args.kubeconfig, args.full_objects)
     return 0
 
 
