@@ -1,10 +1,11 @@
-"""The shipped CRDs (bigfleet_trio/manifests/crds.yaml) against /work/shared/protocol.md
-"Custom resources" as a whole (issue 7): names, scope, short names, category, the status
-subresource, printer columns, selectable fields, and the spec/status property names, required
-fields, enums and types protocol.md lists (reference-behavior.md §13 says the same).
+"""The shipped CRDs (bigfleet_trio/manifests/crds.yaml) compared structurally with upstream
+BigFleet's CRDs (docs/crds.md#upstream-compatibility): names, scope, short names, category, the
+status subresource, upstream's printer columns first and in order, selectable fields, ``spec``
+required at the root, and the spec/status property names, required fields, enums, types, formats
+and list/map types; then our own printer columns and a description on every field.
 
-The expected table below is written by hand from protocol.md. Where protocol.md names a printer
-column but not its JSON path or type, the path is the field the column is named after and the
+The expected tables below are the upstream facts, written by hand. Where a printer column's JSON
+path or type is not part of those facts, the path is the field the column is named after and the
 type follows from the field (int32 -> integer, quantity/enum -> string, Age -> date of
 ``.metadata.creationTimestamp``, the kubectl convention).
 """
@@ -105,7 +106,43 @@ EXPECTED: dict[str, dict[str, Any]] = {
     },
 }
 
-REQUIREMENT_OPERATORS = ["In", "NotIn", "Exists", "DoesNotExist"]
+# Schema paths (property names; "[]" = the list's items) marked atomic upstream. Nothing else in
+# the three schemas carries x-kubernetes-list-type / x-kubernetes-map-type.
+ATOMIC_LISTS: dict[str, set[str]] = {
+    "CapacityRequest": {
+        "spec.requirements[].values",
+        "spec.coLocation.labelSelector.matchExpressions",
+        "spec.coLocation.labelSelector.matchExpressions[].values",
+    },
+    "UpcomingNode": set(),
+    "AvailableCapacity": {"spec.requirements[].values"},
+}
+ATOMIC_MAPS: dict[str, set[str]] = {
+    "CapacityRequest": {"spec.coLocation.labelSelector"},
+    "UpcomingNode": {"status.nodeRef"},  # core ObjectReference
+    "AvailableCapacity": set(),
+}
+
+# Ours, after upstream's columns: (name, type, jsonPath, priority).
+OUR_COLUMNS: dict[str, list[tuple[str, str, str, int]]] = {
+    "CapacityRequest": [
+        ("Pod", "string", ".metadata.ownerReferences[0].name", 0),
+        ("CPU", "string", ".spec.resources.cpu", 0),
+        ("Memory", "string", ".spec.resources.memory", 0),
+    ],
+    "UpcomingNode": [
+        ("Instance-Type", "string", r".spec.labels.node\.kubernetes\.io/instance-type", 0),
+        ("Zone", "string", r".spec.labels.topology\.kubernetes\.io/zone", 0),
+        ("Last-Error", "string", ".status.lastError", 1),
+    ],
+    "AvailableCapacity": [
+        ("Instance-Type", "string",
+         '.spec.requirements[?(@.key=="node.kubernetes.io/instance-type")].values', 0),
+        ("Zone", "string",
+         '.spec.requirements[?(@.key=="topology.kubernetes.io/zone")].values', 0),
+        ("USD/Hour", "string", ".spec.cost", 0),
+    ],
+}
 
 
 def _load() -> dict[str, dict[str, Any]]:
@@ -190,7 +227,12 @@ def test_status_subresource_columns_and_selectable_fields(kind: str) -> None:
     want, v = EXPECTED[kind], _version(CRDS[kind])
     assert v.get("subresources") == {"status": {}}
     columns = [(c["name"], c["type"], c["jsonPath"]) for c in v["additionalPrinterColumns"]]
-    assert columns == want["columns"]
+    assert columns[: len(want["columns"])] == want["columns"]  # upstream's, first, in order
+    ours = [(c["name"], c["type"], c["jsonPath"], c.get("priority", 0))
+            for c in v["additionalPrinterColumns"][len(want["columns"]) :]]
+    assert ours == OUR_COLUMNS[kind]
+    for c in v["additionalPrinterColumns"][: len(want["columns"])]:
+        assert c.get("priority", 0) == 0
     assert [f["jsonPath"] for f in v.get("selectableFields", [])] == want["selectable"]
 
 
@@ -200,6 +242,7 @@ def test_properties_required_and_types(kind: str, part: str) -> None:
     want = EXPECTED[kind]
     root = _schema(CRDS[kind])
     assert root["type"] == "object"
+    assert root["required"] == ["spec"]
     assert set(root["properties"]) == {"apiVersion", "kind", "metadata", "spec", "status"}
     schema = root["properties"][part]
     assert schema["type"] == "object"
@@ -221,13 +264,15 @@ def test_enums(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["CapacityRequest", "AvailableCapacity"])
 def test_requirements_are_node_selector_requirements(kind: str) -> None:
-    """``requirements``: list of {key, operator (In|NotIn|Exists|DoesNotExist), values}."""
+    """``requirements``: core NodeSelectorRequirements, operator a plain string (Gt, Lt pass)."""
     req = _schema(CRDS[kind])["properties"]["spec"]["properties"]["requirements"]
     item = req["items"]
     assert item["type"] == "object"
     assert {n: _type_of(p) for n, p in item["properties"].items()} == {
         "key": "string", "operator": "string", "values": "list"}
-    assert item["properties"]["operator"]["enum"] == REQUIREMENT_OPERATORS
+    assert item["properties"]["operator"]["type"] == "string"
+    assert "enum" not in item["properties"]["operator"]
+    assert "pattern" not in item["properties"]["operator"]
     assert item["properties"]["values"]["items"] == {"type": "string"}
     assert sorted(item["required"]) == ["key", "operator"]
 
@@ -291,3 +336,64 @@ def test_quantity_pattern_accepts_quantities_only(kind: str, name: str,
         assert pattern.fullmatch(ok), (kind, name, ok)
     for bad in ("", "abc", "1 Gi", "1gi", "1KiB", "1.2.3", "Gi"):
         assert not pattern.fullmatch(bad), (kind, name, bad)
+
+
+def _walk(schema: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every (path, schema) below ``schema``; list items are ``<path>[]``."""
+    out = [(path, schema)]
+    for name, prop in (schema.get("properties") or {}).items():
+        out.extend(_walk(prop, f"{path}.{name}" if path else name))
+    if isinstance(schema.get("items"), dict):
+        out.extend(_walk(schema["items"], f"{path}[]"))
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        out.extend(_walk(extra, f"{path}{{}}"))
+    return out
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED))
+def test_list_and_map_types_as_upstream(kind: str) -> None:
+    nodes = _walk(_schema(CRDS[kind]), "")
+    lists = {p: s["x-kubernetes-list-type"] for p, s in nodes if "x-kubernetes-list-type" in s}
+    maps = {p: s["x-kubernetes-map-type"] for p, s in nodes if "x-kubernetes-map-type" in s}
+    assert lists == {p: "atomic" for p in ATOMIC_LISTS[kind]}
+    assert maps == {p: "atomic" for p in ATOMIC_MAPS[kind]}
+    for p in ATOMIC_LISTS[kind]:
+        assert dict(nodes)[p]["type"] == "array"
+
+
+def test_co_location_selector_is_a_core_label_selector() -> None:
+    selector = _schema(CRDS["CapacityRequest"])["properties"]["spec"]["properties"][
+        "coLocation"]["properties"]["labelSelector"]
+    expr = selector["properties"]["matchExpressions"]["items"]
+    assert {n: _type_of(p) for n, p in expr["properties"].items()} == {
+        "key": "string", "operator": "string", "values": "list"}
+    assert sorted(expr["required"]) == ["key", "operator"]
+    assert selector["properties"]["matchLabels"]["additionalProperties"] == {"type": "string"}
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED))
+def test_every_field_is_described(kind: str) -> None:
+    """``kubectl explain`` has something to say for every field (docs/crds.md#field-reference).
+    ``metadata`` is the standard ObjectMeta, described by Kubernetes itself; map values and the
+    string items of a list are described by their map or list."""
+    missing = [
+        p or "<root>"
+        for p, s in _walk(_schema(CRDS[kind]), "")
+        if p != "metadata"
+        and not p.endswith("{}")
+        and not (p.endswith("[]") and s.get("type") == "string")
+        and not str(s.get("description", "")).strip()
+    ]
+    assert missing == []
+
+
+@pytest.mark.parametrize("kind", ["CapacityRequest", "AvailableCapacity"])
+def test_gt_and_lt_pass_the_schema(kind: str) -> None:
+    """A CR written by another pipeline with Gt/Lt is accepted, as upstream's CRD accepts it."""
+    import jsonschema
+
+    req = _schema(CRDS[kind])["properties"]["spec"]["properties"]["requirements"]
+    for op in ("Gt", "Lt", "In", "Exists"):
+        jsonschema.validate([{"key": "example.com/generation", "operator": op,
+                              "values": ["3"]}], req)
