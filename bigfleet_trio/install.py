@@ -1,9 +1,10 @@
 """``bigfleet-trio install-crds``: create or update the project's CRDs in a cluster.
 
-Design "Fixed points": ``bigfleet-trio install-crds [--kubeconfig PATH]``; the CRDs live in
-``bigfleet_trio/manifests/crds.yaml`` (shipped as package data, the same file ``kubectl apply -f``
-and the simulation read). Talks to Kubernetes through :class:`bigfleet_trio.kube.KubeClient`
-(docs/kube-api.md).
+``bigfleet-trio install-crds [--kubeconfig PATH]``. The CRDs' one copy is
+``bigfleet_trio/manifests/crds.yaml``: package data (so ``pip install`` users have it), read here
+and by the simulated apiserver, and the Kustomize base of ``config/crd``
+(docs/crds.md#deploying-with-kustomize). Talks to Kubernetes through
+:class:`bigfleet_trio.kube.KubeClient` (docs/kube-api.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""RBAC in ``bigfleet_trio/manifests`` against what the code really calls, and the Deployments'
+"""RBAC in ``config/rbac`` against what the code really calls, and the Deployments'
 security context (issue 9 "Security").
 
 The calls are recorded, not guessed: each component runs through its whole lifecycle on the
@@ -21,12 +21,12 @@ import trio
 import trio.testing
 import yaml
 
-import bigfleet_trio
 from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, KubeClient, KubeConfig, LeaderElector
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 
-MANIFESTS = Path(bigfleet_trio.__file__).parent / "manifests"
+CONFIG = Path(__file__).resolve().parents[2] / "config"
+RBAC = CONFIG / "rbac"
 
 Triple = tuple[str, str, str]  # (apiGroup, resource[/sub], verb)
 
@@ -70,7 +70,7 @@ class RecordingTransport(InProcessTransport):
 def granted(*files: str, service_account: str) -> set[Triple]:
     out: set[Triple] = set()
     for f in files:
-        for doc in yaml.safe_load_all((MANIFESTS / f).read_text()):
+        for doc in yaml.safe_load_all((RBAC / f).read_text()):
             if not doc or doc["kind"] not in ("ClusterRole", "Role"):
                 continue
             assert doc["metadata"]["name"].startswith(service_account)
@@ -138,14 +138,14 @@ async def _operator_calls() -> set[Triple]:
 
 async def test_operator_calls_are_all_granted(autojump_clock: trio.testing.MockClock) -> None:
     used = await _operator_calls()
-    grants = granted("10-operator-rbac.yaml", service_account="bigfleet-operator")
+    grants = granted("operator.yaml", service_account="bigfleet-operator")
     assert ("", "pods/eviction", "create") in used  # the lifecycle really drained
     assert used - grants == set(), f"called but not granted: {sorted(used - grants)}"
 
 
 async def test_operator_is_granted_nothing_more(autojump_clock: trio.testing.MockClock) -> None:
     used = await _operator_calls()
-    grants = granted("10-operator-rbac.yaml", service_account="bigfleet-operator")
+    grants = granted("operator.yaml", service_account="bigfleet-operator")
     unused = grants - used - set(OPERATOR_UNEXERCISED)
     assert unused == set(), f"granted but never called: {sorted(unused)}"
 
@@ -221,7 +221,7 @@ async def test_pod_controller_calls_are_all_granted(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     used = await _pod_controller_calls()
-    grants = granted("11-pod-controller-rbac.yaml", service_account="bigfleet-pod-controller")
+    grants = granted("pod-controller.yaml", service_account="bigfleet-pod-controller")
     assert ("bigfleet.lucy.sh", "capacityrequests", "deletecollection") in used
     assert used - grants == set(), f"called but not granted: {sorted(used - grants)}"
     unused = grants - used - set(POD_CONTROLLER_UNEXERCISED)
@@ -233,8 +233,9 @@ async def test_pod_controller_calls_are_all_granted(
 
 def _deployments() -> list[dict[str, Any]]:
     out = []
-    for f in sorted(MANIFESTS.glob("2*-deployment.yaml")):
-        out += [d for d in yaml.safe_load_all(f.read_text()) if d and d["kind"] == "Deployment"]
+    for f in sorted((CONFIG / "manager").glob("*.yaml")):
+        out += [d for d in yaml.safe_load_all(f.read_text())
+                if isinstance(d, dict) and d.get("kind") == "Deployment"]
     return out
 
 
