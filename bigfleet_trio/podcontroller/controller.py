@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -32,6 +31,7 @@ from bigfleet_trio.kube.errors import (
 from bigfleet_trio.kube.informer import SyncTimeout, wait_all_synced
 
 from . import metrics
+from . import projections as proj
 from .defaults import PriorityClassDefaults
 from .keys import OrphanKey, PodKey, QueueKey, StampKey
 from .plan import (
@@ -46,12 +46,8 @@ from .plan import (
     plan_pod,
     plan_rejected,
 )
-from .translate import (
-    INTERRUPTION_PENALTY_ANNOTATION,
-    OWNED_BY_POD_LABEL,
-    RECLAMATION_PENALTY_ANNOTATION,
-    is_terminal,
-)
+from .projections import slim_cr, slim_pod
+from .translate import OWNED_BY_POD_LABEL, is_terminal
 from .workqueue import WorkQueue
 
 __all__ = [
@@ -89,163 +85,6 @@ class Unauthenticated(SyncTimeout):
     A subclass of :class:`SyncTimeout` (callers that report a failed sync report this too), but
     raised as soon as the 401 is seen: credentials do not heal by waiting out the deadline.
     """
-
-_ANNOTATIONS_KEPT = (INTERRUPTION_PENALTY_ANNOTATION, RECLAMATION_PENALTY_ANNOTATION)
-_POD_META = ("name", "namespace", "uid", "ownerReferences", "deletionTimestamp")
-_POD_SPEC = (
-    "nodeSelector",
-    "overhead",
-    "resources",
-    "priority",
-    "priorityClassName",
-    "topologySpreadConstraints",
-)
-_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
-
-
-# --------------------------------------------------------------------------------------------
-# projections and pure helpers
-
-
-def _slim_containers(value: Any, *, init: bool) -> Any:
-    if not isinstance(value, list):
-        return value  # malformed: keep it so translation reports it
-    out = []
-    for c in value:
-        if not isinstance(c, Mapping):
-            out.append(c)
-            continue
-        slim: dict[str, Any] = {}
-        resources = c.get("resources")
-        if isinstance(resources, Mapping):
-            if "requests" in resources:
-                slim["resources"] = {"requests": resources["requests"]}
-        elif resources is not None:
-            slim["resources"] = resources
-        if init and "restartPolicy" in c:
-            slim["restartPolicy"] = c["restartPolicy"]
-        out.append(slim)
-    return out
-
-
-def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """The Pod as the controller keeps it in memory (informer transform).
-
-    Keeps ``metadata`` name/namespace/uid/ownerReferences/deletionTimestamp and the two penalty
-    annotations; ``spec`` fields :func:`~.translate.translate_pod` reads (container requests,
-    init-container restartPolicy, required node/pod affinity, nodeSelector, overhead, pod-level
-    resources, priority, priorityClassName, topologySpreadConstraints); ``status.phase``.
-    Malformed shapes are kept as they are so translation reports them. ``apiVersion``/``kind``
-    are always ``v1``/``Pod`` (Events need them).
-    """
-    meta = obj.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
-    spec = obj.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
-    status = obj.get("status")
-    status = status if isinstance(status, Mapping) else {}
-    out_meta: dict[str, Any] = {k: meta[k] for k in _POD_META if k in meta}
-    annotations = meta.get("annotations")
-    if isinstance(annotations, Mapping):
-        kept = {k: annotations[k] for k in _ANNOTATIONS_KEPT if k in annotations}
-        if kept:
-            out_meta["annotations"] = kept
-    elif annotations is not None:
-        out_meta["annotations"] = annotations
-    out_spec: dict[str, Any] = {k: spec[k] for k in _POD_SPEC if k in spec}
-    if "containers" in spec:
-        out_spec["containers"] = _slim_containers(spec["containers"], init=False)
-    if "initContainers" in spec:
-        out_spec["initContainers"] = _slim_containers(spec["initContainers"], init=True)
-    affinity = spec.get("affinity")
-    if isinstance(affinity, Mapping):
-        slim_aff: dict[str, Any] = {}
-        for part in ("nodeAffinity", "podAffinity"):
-            section = affinity.get(part)
-            if isinstance(section, Mapping):
-                if _REQUIRED in section:
-                    slim_aff[part] = {_REQUIRED: section[_REQUIRED]}
-            elif section is not None:
-                slim_aff[part] = section
-        if slim_aff:
-            out_spec["affinity"] = slim_aff
-    elif affinity is not None:
-        out_spec["affinity"] = affinity
-    out: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": out_meta,
-        "spec": out_spec,
-    }
-    if "phase" in status:
-        out["status"] = {"phase": status["phase"]}
-    return out
-
-
-def slim_cr(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """The CapacityRequest as the controller keeps it: identity, owner, spec, status.phase."""
-    meta = obj.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
-    labels = meta.get("labels")
-    labels = labels if isinstance(labels, Mapping) else {}
-    out_meta: dict[str, Any] = {
-        k: meta[k]
-        for k in ("name", "namespace", "uid", "ownerReferences", "deletionTimestamp")
-        if k in meta
-    }
-    if OWNED_BY_POD_LABEL in labels:
-        out_meta["labels"] = {OWNED_BY_POD_LABEL: labels[OWNED_BY_POD_LABEL]}
-    status = obj.get("status")
-    out: dict[str, Any] = {"metadata": out_meta, "spec": obj.get("spec")}
-    if isinstance(status, Mapping) and "phase" in status:
-        out["status"] = {"phase": status["phase"]}
-    return out
-
-
-def _owner_uid(cr: Mapping[str, Any]) -> str:
-    labels = cr.get("metadata", {}).get("labels") or {}
-    uid = labels.get(OWNED_BY_POD_LABEL)
-    return uid if isinstance(uid, str) else ""
-
-
-def _owner_pod_name(cr: Mapping[str, Any]) -> str | None:
-    refs = cr.get("metadata", {}).get("ownerReferences")
-    if not isinstance(refs, list):
-        return None
-    for ref in refs:
-        if (
-            isinstance(ref, Mapping)
-            and ref.get("kind") == "Pod"
-            and isinstance(ref.get("name"), str)
-        ):
-            return str(ref["name"])
-    return None
-
-
-def _rv(obj: Mapping[str, Any]) -> str | None:
-    rv = (obj.get("metadata") or {}).get("resourceVersion")
-    return rv if isinstance(rv, str) and rv else None
-
-
-def _key(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata", {})
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-
-def _index_owner_uid(cr: Mapping[str, Any]) -> list[str]:
-    uid = _owner_uid(cr)
-    return [uid] if uid else []
-
-
-def _index_owner_pod(cr: Mapping[str, Any]) -> list[str]:
-    name = _owner_pod_name(cr)
-    return [f"{cr.get('metadata', {}).get('namespace', '')}/{name}"] if name else []
-
-
-def _index_pod_uid(pod: Mapping[str, Any]) -> list[str]:
-    uid = pod.get("metadata", {}).get("uid")
-    return [uid] if isinstance(uid, str) and uid else []
-
 
 # --------------------------------------------------------------------------------------------
 # the controller
@@ -311,7 +150,7 @@ class PodController:
             PODS,
             namespace=namespace,
             transform=slim_pod,
-            indexers={POD_UID_INDEX: _index_pod_uid},
+            indexers={POD_UID_INDEX: proj.index_pod_uid},
         )
         self.crs = Informer(
             client,
@@ -319,7 +158,7 @@ class PodController:
             namespace=namespace,
             label_selector=OWNED_BY_POD_LABEL,
             transform=slim_cr,
-            indexers={OWNER_UID_INDEX: _index_owner_uid, OWNER_POD_INDEX: _index_owner_pod},
+            indexers={OWNER_UID_INDEX: proj.index_owner_uid, OWNER_POD_INDEX: proj.index_owner_pod},
         )
         self.pods.add_handler(self._on_pod_add, self._on_pod_update, self._on_pod_delete)
         self.crs.add_handler(self._on_cr_add, self._on_cr_update, self._on_cr_delete)
@@ -350,29 +189,29 @@ class PodController:
         self.queue.add(PodKey.parse(key))
 
     def _on_pod_add(self, pod: dict[str, Any]) -> None:
-        self._enqueue_pod(_key(pod))
+        self._enqueue_pod(proj.object_key(pod))
 
     def _on_pod_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old != new:  # the projection hides status churn that cannot change the CR
-            self._enqueue_pod(_key(new))
+            self._enqueue_pod(proj.object_key(new))
 
     def _on_pod_delete(self, pod: dict[str, Any]) -> None:
         uid = pod.get("metadata", {}).get("uid")
         if isinstance(uid, str):
             self._clear(uid, *REASONS)
-        self._enqueue_pod(_key(pod))
+        self._enqueue_pod(proj.object_key(pod))
 
     def _check_cr(self, cr: dict[str, Any]) -> None:
         """Enqueue whatever a CR change may require (its Pod, or an orphan check)."""
         if not self.synced:
             return  # the post-sync scan covers everything seen before
-        owner = _owner_pod_name(cr)
+        owner = proj.owner_pod_name(cr)
         ns = cr.get("metadata", {}).get("namespace", "")
         pod = self.pods.store.get(f"{ns}/{owner}") if owner else None
-        uid = _owner_uid(cr)
+        uid = proj.owner_uid(cr)
         if pod is None or pod.get("metadata", {}).get("uid") != uid:
             if not self.pods.store.by_index(POD_UID_INDEX, uid):
-                self.queue.add_after(OrphanKey.parse(_key(cr)), self.orphan_grace)
+                self.queue.add_after(OrphanKey.parse(proj.object_key(cr)), self.orphan_grace)
             return
         if is_terminal(pod):
             self._enqueue_pod(f"{ns}/{owner}")
@@ -382,18 +221,18 @@ class PodController:
 
     def _on_cr_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old.get("spec") != new.get("spec") and self.synced:
-            owner = _owner_pod_name(new)
+            owner = proj.owner_pod_name(new)
             if owner:  # someone edited the spec: put it back if it differs from the Pod's
                 self._enqueue_pod(f"{new.get('metadata', {}).get('namespace', '')}/{owner}")
         self._check_cr(new)
 
     def _on_cr_delete(self, cr: dict[str, Any]) -> None:
-        owner = _owner_pod_name(cr)
+        owner = proj.owner_pod_name(cr)
         if not owner or not self.synced:
             return
         key = f"{cr.get('metadata', {}).get('namespace', '')}/{owner}"
         pod = self.pods.store.get(key)
-        uid = _owner_uid(cr)
+        uid = proj.owner_uid(cr)
         # recreate at once if that very Pod is still live (not for GC after a Pod deletion),
         # and not when we deleted it ourselves because that Pod cannot have a CR right now
         # (unsupported requirement / rejected by the apiserver: a Pod change re-checks it)
@@ -492,7 +331,7 @@ class PodController:
             self._enqueue_pod(key)
         orphans = 0
         for key, cr in self.crs.store.items():
-            if not self.pods.store.by_index(POD_UID_INDEX, _owner_uid(cr)):
+            if not self.pods.store.by_index(POD_UID_INDEX, proj.owner_uid(cr)):
                 self.queue.add(OrphanKey.parse(key))
                 orphans += 1
         log.debug("pod controller resync pods=%d orphan_checks=%d", len(self.pods.store), orphans)
@@ -565,7 +404,7 @@ class PodController:
         if pod is None:
             # ownerReference GC removes its CR; CRs still naming the Pod are checked later
             for cr in self.crs.store.by_index(OWNER_POD_INDEX, skey):
-                self.queue.add_after(OrphanKey.parse(_key(cr)), self.orphan_grace)
+                self.queue.add_after(OrphanKey.parse(proj.object_key(cr)), self.orphan_grace)
             log.debug("pod gone pod=%s", skey)
             return "pod_gone"
         uid = pod["metadata"].get("uid")
@@ -677,10 +516,10 @@ class PodController:
                 log.info("cr updated pod=%s cr=%s (found on create)", key, name)
                 outcome = "cr_updated"
             if not (live.get("status") or {}).get("phase"):
-                self._queue_stamp(ns, name, _rv(live))
+                self._queue_stamp(ns, name, proj.resource_version(live))
             return outcome
         log.info("cr created pod=%s uid=%s cr=%s", key, uid, name)
-        self._queue_stamp(ns, name, _rv(created))
+        self._queue_stamp(ns, name, proj.resource_version(created))
         return "cr_created"
 
     def _queue_stamp(self, ns: str, name: str, resource_version: str | None) -> None:
@@ -725,7 +564,7 @@ class PodController:
                         log.info("cr Pending stamp skipped, phase already set cr=%s phase=%s",
                                  cr_key, phase)
                         return
-                    rv = _rv(live)
+                    rv = proj.resource_version(live)
             log.warning("cr Pending stamp gave up after conflicts (non-fatal) cr=%s", cr_key)
         except NotFound:
             log.info("cr gone before Pending stamp cr=%s", cr_key)
@@ -753,7 +592,7 @@ class PodController:
             )
         except (NotFound, Conflict):
             return False
-        log.info("cr deleted reason=%s cr=%s/%s owner_uid=%s", why, ns, name, _owner_uid(cr))
+        log.info("cr deleted reason=%s cr=%s/%s owner_uid=%s", why, ns, name, proj.owner_uid(cr))
         return True
 
     async def reconcile_orphan(self, key: OrphanKey | str) -> str | None:
@@ -761,11 +600,11 @@ class PodController:
         cr = self.crs.store.get(str(key))
         if cr is None or cr["metadata"].get("deletionTimestamp"):
             return None
-        uid = _owner_uid(cr)
+        uid = proj.owner_uid(cr)
         if uid and self.pods.store.by_index(POD_UID_INDEX, uid):
             return None
         ns = cr["metadata"].get("namespace", "")
-        owner = _owner_pod_name(cr)
+        owner = proj.owner_pod_name(cr)
         if owner:
             try:
                 live = await self.client.get(PODS, owner, ns)

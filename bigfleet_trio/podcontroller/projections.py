@@ -1,0 +1,185 @@
+"""What the pod controller keeps in memory of Pods and CapacityRequests, and how it finds them.
+
+:func:`slim_pod` and :func:`slim_cr` are the informers' transforms (only the fields the
+translation and the controller read, so a cached Pod costs a fraction of the full object);
+the ``index_*`` functions are the caches' indexers; the rest read owner and identity fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .translate import (
+    INTERRUPTION_PENALTY_ANNOTATION,
+    OWNED_BY_POD_LABEL,
+    RECLAMATION_PENALTY_ANNOTATION,
+)
+
+__all__ = [
+    "index_owner_pod",
+    "index_owner_uid",
+    "index_pod_uid",
+    "object_key",
+    "owner_pod_name",
+    "owner_uid",
+    "resource_version",
+    "slim_cr",
+    "slim_pod",
+]
+
+_ANNOTATIONS_KEPT = (INTERRUPTION_PENALTY_ANNOTATION, RECLAMATION_PENALTY_ANNOTATION)
+_POD_META = ("name", "namespace", "uid", "ownerReferences", "deletionTimestamp")
+_POD_SPEC = (
+    "nodeSelector",
+    "overhead",
+    "resources",
+    "priority",
+    "priorityClassName",
+    "topologySpreadConstraints",
+)
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+# --------------------------------------------------------------------------------------------
+# projections and pure helpers
+
+
+def _slim_containers(value: Any, *, init: bool) -> Any:
+    if not isinstance(value, list):
+        return value  # malformed: keep it so translation reports it
+    out = []
+    for c in value:
+        if not isinstance(c, Mapping):
+            out.append(c)
+            continue
+        slim: dict[str, Any] = {}
+        resources = c.get("resources")
+        if isinstance(resources, Mapping):
+            if "requests" in resources:
+                slim["resources"] = {"requests": resources["requests"]}
+        elif resources is not None:
+            slim["resources"] = resources
+        if init and "restartPolicy" in c:
+            slim["restartPolicy"] = c["restartPolicy"]
+        out.append(slim)
+    return out
+
+
+def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The Pod as the controller keeps it in memory (informer transform).
+
+    Keeps ``metadata`` name/namespace/uid/ownerReferences/deletionTimestamp and the two penalty
+    annotations; ``spec`` fields :func:`~.translate.translate_pod` reads (container requests,
+    init-container restartPolicy, required node/pod affinity, nodeSelector, overhead, pod-level
+    resources, priority, priorityClassName, topologySpreadConstraints); ``status.phase``.
+    Malformed shapes are kept as they are so translation reports them. ``apiVersion``/``kind``
+    are always ``v1``/``Pod`` (Events need them).
+    """
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    spec = obj.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    status = obj.get("status")
+    status = status if isinstance(status, Mapping) else {}
+    out_meta: dict[str, Any] = {k: meta[k] for k in _POD_META if k in meta}
+    annotations = meta.get("annotations")
+    if isinstance(annotations, Mapping):
+        kept = {k: annotations[k] for k in _ANNOTATIONS_KEPT if k in annotations}
+        if kept:
+            out_meta["annotations"] = kept
+    elif annotations is not None:
+        out_meta["annotations"] = annotations
+    out_spec: dict[str, Any] = {k: spec[k] for k in _POD_SPEC if k in spec}
+    if "containers" in spec:
+        out_spec["containers"] = _slim_containers(spec["containers"], init=False)
+    if "initContainers" in spec:
+        out_spec["initContainers"] = _slim_containers(spec["initContainers"], init=True)
+    affinity = spec.get("affinity")
+    if isinstance(affinity, Mapping):
+        slim_aff: dict[str, Any] = {}
+        for part in ("nodeAffinity", "podAffinity"):
+            section = affinity.get(part)
+            if isinstance(section, Mapping):
+                if _REQUIRED in section:
+                    slim_aff[part] = {_REQUIRED: section[_REQUIRED]}
+            elif section is not None:
+                slim_aff[part] = section
+        if slim_aff:
+            out_spec["affinity"] = slim_aff
+    elif affinity is not None:
+        out_spec["affinity"] = affinity
+    out: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": out_meta,
+        "spec": out_spec,
+    }
+    if "phase" in status:
+        out["status"] = {"phase": status["phase"]}
+    return out
+
+
+def slim_cr(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The CapacityRequest as the controller keeps it: identity, owner, spec, status.phase."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, Mapping) else {}
+    out_meta: dict[str, Any] = {
+        k: meta[k]
+        for k in ("name", "namespace", "uid", "ownerReferences", "deletionTimestamp")
+        if k in meta
+    }
+    if OWNED_BY_POD_LABEL in labels:
+        out_meta["labels"] = {OWNED_BY_POD_LABEL: labels[OWNED_BY_POD_LABEL]}
+    status = obj.get("status")
+    out: dict[str, Any] = {"metadata": out_meta, "spec": obj.get("spec")}
+    if isinstance(status, Mapping) and "phase" in status:
+        out["status"] = {"phase": status["phase"]}
+    return out
+
+
+def owner_uid(cr: Mapping[str, Any]) -> str:
+    labels = cr.get("metadata", {}).get("labels") or {}
+    uid = labels.get(OWNED_BY_POD_LABEL)
+    return uid if isinstance(uid, str) else ""
+
+
+def owner_pod_name(cr: Mapping[str, Any]) -> str | None:
+    refs = cr.get("metadata", {}).get("ownerReferences")
+    if not isinstance(refs, list):
+        return None
+    for ref in refs:
+        if (
+            isinstance(ref, Mapping)
+            and ref.get("kind") == "Pod"
+            and isinstance(ref.get("name"), str)
+        ):
+            return str(ref["name"])
+    return None
+
+
+def resource_version(obj: Mapping[str, Any]) -> str | None:
+    rv = (obj.get("metadata") or {}).get("resourceVersion")
+    return rv if isinstance(rv, str) and rv else None
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata", {})
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def index_owner_uid(cr: Mapping[str, Any]) -> list[str]:
+    uid = owner_uid(cr)
+    return [uid] if uid else []
+
+
+def index_owner_pod(cr: Mapping[str, Any]) -> list[str]:
+    name = owner_pod_name(cr)
+    return [f"{cr.get('metadata', {}).get('namespace', '')}/{name}"] if name else []
+
+
+def index_pod_uid(pod: Mapping[str, Any]) -> list[str]:
+    uid = pod.get("metadata", {}).get("uid")
+    return [uid] if isinstance(uid, str) and uid else []
