@@ -69,11 +69,14 @@ CR_KIND = "CapacityRequest"
 OWNED_BY_POD_LABEL = "bigfleet.lucy.sh/owned-by-pod"
 INTERRUPTION_PENALTY_ANNOTATION = "bigfleet.lucy.sh/interruption-penalty"
 RECLAMATION_PENALTY_ANNOTATION = "bigfleet.lucy.sh/reclamation-penalty"
-#: ``spec.requirements[].operator`` values the shipped CapacityRequest CRD accepts (its enum in
-#: manifests/crds.yaml, fixed by protocol.md). The translation keeps Gt/Lt verbatim (issue 6);
-#: the controller checks a translation against this set before writing (reference §18.13: a CR
-#: with Gt/Lt is rejected with 422 by the apiserver, so that demand must be reported, not lost).
-CRD_REQUIREMENT_OPERATORS: frozenset[str] = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+#: ``spec.requirements[].operator`` values a CapacityRequest carries: those of a core
+#: NodeSelectorRequirement, Gt and Lt included (the CRD's field is a plain string, as upstream's;
+#: the node-affinity operators are copied verbatim and the operator keeps Gt/Lt requests out of
+#: the roll-up itself). Any other operator cannot come from a Pod a real apiserver admitted: the
+#: controller reports it on the Pod instead of writing a CR that means nothing.
+CRD_REQUIREMENT_OPERATORS: frozenset[str] = frozenset(
+    {"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"}
+)
 #: What a Pod with no node constraints at all gets, so the matcher has something to bind to.
 SYNTHESISED_REQUIREMENT: Mapping[str, str] = {
     "key": "node.kubernetes.io/instance-type",
@@ -462,8 +465,8 @@ def unsupported_requirements(spec: Mapping[str, Any]) -> tuple[dict[str, Any], .
 
     Returns:
         The offending requirement dicts (``{"key", "operator"[, "values"]}``) in spec order;
-        ``()`` when every operator is in :data:`CRD_REQUIREMENT_OPERATORS` (reference §18.13:
-        Gt/Lt from node affinity). Operators are compared case-sensitively, as the apiserver does.
+        ``()`` when every operator is in :data:`CRD_REQUIREMENT_OPERATORS`. Operators are
+        compared case-sensitively, as the apiserver does.
     """
     requirements = spec.get("requirements")
     if not isinstance(requirements, list):

@@ -566,6 +566,9 @@ def _node_affinity(*exprs: dict[str, Any]) -> dict[str, Any]:
 
 
 GT_GEN = {"key": "example.com/gen", "operator": "Gt", "values": ["3"]}
+LT_CORES = {"key": "example.com/cores", "operator": "Lt", "values": ["64"]}
+# not a NodeSelectorOperator: a real apiserver would refuse the Pod; the embedded one keeps it
+NEAR_GEN = {"key": "example.com/gen", "operator": "Near", "values": ["3"]}
 IN_GEN = {"key": "example.com/gen", "operator": "In", "values": ["4", "5"]}
 
 
@@ -574,17 +577,32 @@ async def _events_for(client: KubeClient, name: str) -> list[dict[str, Any]]:
     return [e for e in items if e["involvedObject"]["name"] == name]
 
 
-async def test_gt_requirement_is_one_event_no_cr_no_retry_then_fixed(
+async def test_gt_lt_requirements_are_copied_into_the_cr_verbatim(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    server = ApiServer()  # the shipped CRD: requirements operators In|NotIn|Exists|DoesNotExist
+    server = ApiServer()  # the shipped CRD: requirements[].operator is any string
+    async with running(server) as (ctl, client):
+        created = await client.create(
+            PODS, pod("p", affinity=_node_affinity(IN_GEN, GT_GEN, LT_CORES)))
+        await eventually(lambda: _pending_count(client, 1))
+        cr = await client.get(CAPACITY_REQUESTS, "cr-" + created["metadata"]["uid"], "default")
+        assert cr["spec"]["requirements"] == [IN_GEN, GT_GEN, LT_CORES]
+        assert ctl.outcomes["cr_created"] == 1
+        assert ctl.outcomes["unsupported_requirement"] == 0
+        assert await _events_for(client, "p") == []
+
+
+async def test_unknown_operator_is_one_event_no_cr_no_retry_then_fixed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = ApiServer()
     metric_before = _reconciles("unsupported_requirement")
     async with running(server, resync_period=60.0) as (ctl, client):
-        gt = await client.create(PODS, pod("gt", affinity=_node_affinity(GT_GEN)))
+        gt = await client.create(PODS, pod("gt", affinity=_node_affinity(NEAR_GEN)))
         ok = await client.create(PODS, pod("ok"))
         await eventually(lambda: _pending_count(client, 1))
         await eventually(lambda: ctl.outcomes["unsupported_requirement"] == 1)
-        # the only CR is the good Pod's; the Gt Pod's create was never even attempted
+        # the only CR is the good Pod's; the other Pod's create was never even attempted
         assert [c["metadata"]["labels"][LABEL] for c in await crs(client)] == [
             ok["metadata"]["uid"]
         ]
@@ -594,7 +612,7 @@ async def test_gt_requirement_is_one_event_no_cr_no_retry_then_fixed(
         assert ev["type"] == "Warning"
         assert ev["reason"] == "UnsupportedRequirement"
         assert ev["involvedObject"]["uid"] == gt["metadata"]["uid"]
-        assert "example.com/gen" in ev["message"] and "Gt" in ev["message"]
+        assert "example.com/gen" in ev["message"] and "Near" in ev["message"]
         assert "not sent to BigFleet" in ev["message"]
         # no retry loop: nothing happens until the resync, which writes nothing and repeats
         # no Event
@@ -606,29 +624,29 @@ async def test_gt_requirement_is_one_event_no_cr_no_retry_then_fixed(
         assert server.counters[("create", "capacityrequests")] == 1
         assert server.counters[("patch", "capacityrequests")] == 0  # (stamps are .../status)
         assert len(await _events_for(client, "gt")) == 1
-        # the Pod is fixed (Gt replaced with In): the Pod update re-triggers, the CR appears
+        # the Pod is fixed (Near replaced with In): the Pod update re-triggers, the CR appears
         await client.patch(PODS, "gt", {"spec": {"affinity": _node_affinity(IN_GEN)}}, "default")
         await eventually(lambda: _pending_count(client, 2))
         cr = await client.get(CAPACITY_REQUESTS, "cr-" + gt["metadata"]["uid"], "default")
         assert cr["spec"]["requirements"] == [IN_GEN]
         assert server.counters[("create", "capacityrequests")] == 2
         assert len(await _events_for(client, "gt")) == 1
-        # broken again (Lt this time): reported again, once
+        # broken again (Far this time): reported again, once
         await client.patch(
             PODS,
             "gt",
             {"spec": {"affinity": _node_affinity(
-                {"key": "example.com/cores", "operator": "Lt", "values": ["64"]}
+                {"key": "example.com/cores", "operator": "Far", "values": ["64"]}
             )}},
             "default",
         )
         await eventually(lambda: _count(client, 1))
         events = await _events_for(client, "gt")
         assert [e["reason"] for e in events] == ["UnsupportedRequirement"] * 2
-        assert any("'example.com/cores' Lt" in e["message"] for e in events)
+        assert any("'example.com/cores' Far" in e["message"] for e in events)
 
 
-async def test_existing_cr_is_deleted_when_the_pod_gains_a_gt_requirement(
+async def test_existing_cr_is_deleted_when_the_pod_gains_an_unknown_operator(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     server = ApiServer()
@@ -636,7 +654,7 @@ async def test_existing_cr_is_deleted_when_the_pod_gains_a_gt_requirement(
         created = await client.create(PODS, pod("p", affinity=_node_affinity(IN_GEN)))
         await eventually(lambda: _pending_count(client, 1))
         await client.patch(
-            PODS, "p", {"spec": {"affinity": _node_affinity(IN_GEN, GT_GEN)}}, "default"
+            PODS, "p", {"spec": {"affinity": _node_affinity(IN_GEN, NEAR_GEN)}}, "default"
         )
         # a stale CR would carry the demand with constraints the Pod no longer has: removed
         await eventually(lambda: _count(client, 0))

@@ -149,9 +149,13 @@ async def test_kubectl_applied_pod_becomes_cr_listed_by_kubectl(
             assert cr["spec"] == EXPECTED_SPEC
 
             table = (await kubectl("get", "cr", "-A")).splitlines()
-            assert table[0].split() == ["NAMESPACE", "NAME", "PHASE", "PRIORITY", "AGE"]
+            # upstream's columns first, in upstream's order, then ours
+            assert table[0].split() == [
+                "NAMESPACE", "NAME", "PHASE", "PRIORITY", "AGE", "POD", "CPU", "MEMORY"]
             assert len(table) == 2, table
-            assert table[1].split()[:4] == ["default", f"cr-{uid}", "Pending", "0"]
+            row = table[1].split()
+            assert row[:4] == ["default", f"cr-{uid}", "Pending", "0"]
+            assert row[5:] == ["web-0", "500m", "576Mi"]
 
             proc.send_signal(signal.SIGTERM)
             rc = await proc.wait()

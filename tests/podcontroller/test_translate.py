@@ -761,7 +761,7 @@ def test_build_capacity_request_needs_identity(missing: str) -> None:
 # what the shipped CRD accepts (reference §18.13; the controller checks before writing)
 
 
-def test_crd_requirement_operators_match_the_shipped_crd() -> None:
+def test_requirement_operators_are_the_core_ones_and_the_crd_takes_any() -> None:
     from pathlib import Path
 
     import yaml
@@ -773,8 +773,10 @@ def test_crd_requirement_operators_match_the_shipped_crd() -> None:
     crds = {d["spec"]["names"]["kind"]: d for d in yaml.safe_load_all(text) if d}
     schema = crds["CapacityRequest"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     req = schema["properties"]["spec"]["properties"]["requirements"]["items"]
-    assert CRD_REQUIREMENT_OPERATORS == frozenset(req["properties"]["operator"]["enum"])
-    assert CRD_REQUIREMENT_OPERATORS == {"In", "NotIn", "Exists", "DoesNotExist"}
+    # a plain string, as upstream's (core NodeSelectorRequirement): the CRD refuses nothing
+    assert req["properties"]["operator"] == {**req["properties"]["operator"], "type": "string"}
+    assert "enum" not in req["properties"]["operator"]
+    assert CRD_REQUIREMENT_OPERATORS == {"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"}
 
 
 @pytest.mark.parametrize(
@@ -788,7 +790,12 @@ def test_crd_requirement_operators_match_the_shipped_crd() -> None:
             (),
             id="notin-doesnotexist",
         ),
-        pytest.param([A_IN, C_GT, B_EXISTS, D_LT], (C_GT, D_LT), id="gt-lt-in-order"),
+        pytest.param([A_IN, C_GT, B_EXISTS, D_LT], (), id="gt-lt-carried"),
+        pytest.param(
+            [A_IN, {"key": "e", "operator": "Near"}, C_GT, {"key": "f", "operator": "Far"}],
+            ({"key": "e", "operator": "Near"}, {"key": "f", "operator": "Far"}),
+            id="unknown-operators-in-order",
+        ),
         pytest.param([{"key": "z", "operator": "in"}], ({"key": "z", "operator": "in"},),
                      id="case-matters"),
     ],
@@ -804,9 +811,9 @@ def test_unsupported_requirements(
     assert unsupported_requirements(spec) == expected
 
 
-def test_gt_pod_translation_is_unsupported_by_the_crd() -> None:
+def test_gt_lt_pod_translation_is_carried_verbatim() -> None:
     from bigfleet_trio.podcontroller.translate import unsupported_requirements
 
-    t = translate_pod(pod(node_affinity({"nodeSelectorTerms": [term(A_IN, C_GT)]})), None)
-    assert t.spec["requirements"] == [A_IN, C_GT]  # the translation keeps Gt (issue 6)
-    assert unsupported_requirements(t.spec) == (C_GT,)
+    t = translate_pod(pod(node_affinity({"nodeSelectorTerms": [term(A_IN, C_GT, D_LT)]})), None)
+    assert t.spec["requirements"] == [A_IN, C_GT, D_LT]
+    assert unsupported_requirements(t.spec) == ()
