@@ -117,8 +117,7 @@ class SessionConfig:
         node_state_pending_cap: machines with a NodeStateUpdate waiting for a worker at which
             the recv pump pauses until a worker takes one (>= 1). Default 100,000.
         node_state_read_ahead: while the recv pump has frames ready, at most one new machine is
-            started per this many frames read (>= 0; 0 disables the gate). Default 256, the
-            gRPC bridge's downlink buffer (what the pump reads without a schedule point).
+            started per this many frames read (>= 0; 0 disables the gate). Default 256.
         outbox_capacity: bound of the response outbox (drop-newest). Default 256.
         protocol_version: Hello.protocol_version. Default "v1alpha1".
         send_timeout: seconds one ``stream.send`` may block before the session ends with

@@ -229,7 +229,7 @@ class OperatorBridge:
         bootstrap: trio.MemoryReceiveChannel[bytes],
         state: BridgeState,
         *,
-        yield_every: int = 256,
+        yield_every: int = 64,
     ) -> None:
         self._out = out_send
         self._ordered = ordered
@@ -410,6 +410,8 @@ class GrpcConnector:
             (read-ahead; when full, grpclib stops reading and HTTP/2 flow control holds the
             shard).
         bootstrap_buffer: the same for the BootstrapRequest lane.
+        bootstrap_lane: False puts BootstrapRequests in the ordered lane too (a benchmark
+            baseline: strict arrival order).
 
     Raises:
         TLSConfigError: inconsistent TLS settings (at construction).
@@ -428,6 +430,7 @@ class GrpcConnector:
         uplink_buffer: int = 1,
         downlink_buffer: int = 65536,
         bootstrap_buffer: int = 1024,
+        bootstrap_lane: bool = True,
     ) -> None:
         self.host = host
         self.port = port
@@ -440,6 +443,7 @@ class GrpcConnector:
         self.uplink_buffer = uplink_buffer
         self.downlink_buffer = downlink_buffer
         self.bootstrap_buffer = bootstrap_buffer
+        self.bootstrap_lane = bootstrap_lane
 
     def _config(self) -> Configuration:
         return Configuration(
@@ -529,11 +533,12 @@ class GrpcConnector:
 
                 async def recv_loop() -> None:
                     # Raw frames, sorted by their first byte: read-ahead costs no decoding.
+                    lanes = self.bootstrap_lane
                     while True:
                         data: bytes | None = await stream.recv_message()  # type: ignore[assignment]
                         if data is None:
                             return
-                        lane = boot_send if is_bootstrap_frame(data) else ord_send
+                        lane = boot_send if lanes and is_bootstrap_frame(data) else ord_send
                         try:
                             await aio_put(lane, data)
                         except (trio.BrokenResourceError, trio.ClosedResourceError):
