@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -332,6 +334,75 @@ MALFORMED_LOG_FIRST = 10
 MALFORMED_LOG_EVERY = 1000
 
 
+class _BulkReader:
+    """asyncio-flavoured: reads the gRPC messages of one client stream in bulk.
+
+    grpclib's ``Stream.recv_message`` costs ~30 µs per message (two buffer reads through an
+    asyncio queue, one flow-control acknowledgement per DATA frame); at tens of thousands of
+    frames per second that is the largest cost of the whole downlink. This reader takes every
+    DATA chunk grpclib has buffered at once, acknowledges them together and splits the gRPC
+    length-prefixed messages itself. It reaches into grpclib's stream buffer (``_stream``,
+    ``buffer``); where those are not as expected it falls back to ``recv_message``.
+    """
+
+    def __init__(self, stream: Any, max_message_bytes: int) -> None:
+        self._stream = stream
+        self._max = max_message_bytes
+        self._pending = bytearray()
+        self._ready: deque[bytes] = deque()
+        proto = getattr(stream, "_stream", None)
+        buf = getattr(proto, "buffer", None)
+        queue = getattr(getattr(buf, "_unacked", None), "_queue", None)
+        self._buf = buf if hasattr(buf, "_acked_size") and queue is not None else None
+        self._proto: Any = proto
+
+    async def next(self) -> bytes | None:
+        """The next message's bytes, or None at the end of the stream."""
+        if self._buf is None:
+            data: bytes | None = await self._stream.recv_message()
+            return data
+        while not self._ready:
+            if not await self._fill():
+                if self._pending:
+                    raise ProtocolError("stream ended inside a gRPC message")
+                return None
+        return self._ready.popleft()
+
+    async def _fill(self) -> bool:
+        stream, buf = self._stream, self._buf
+        assert buf is not None
+        if not stream._recv_initial_metadata_done:  # noqa: SLF001 - see the class docstring
+            await stream.recv_initial_metadata()
+        with stream._wrapper:  # noqa: SLF001 - grpclib's error translation for this stream
+            first = await buf.read(1)  # waits for data; b"" at the end of the stream
+            if not first:
+                return False
+            more = buf._acked_size + sum(  # noqa: SLF001
+                item.data_size for item in buf._unacked._queue  # noqa: SLF001
+            )
+            rest = await buf.read(more) if more else b""
+        self._proto.connection.last_message_received = time.monotonic()
+        pending = self._pending
+        pending += first
+        pending += rest
+        pos, end, out = 0, len(pending), self._ready
+        while end - pos >= 5:
+            if pending[pos]:
+                raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
+            size = int.from_bytes(pending[pos + 1 : pos + 5], "big")
+            if size > self._max:
+                raise GRPCError(
+                    Status.RESOURCE_EXHAUSTED,
+                    f"received message of {size} bytes exceeds {self._max}",
+                )
+            if end - pos - 5 < size:
+                break
+            out.append(bytes(pending[pos + 5 : pos + 5 + size]))
+            pos += 5 + size
+        del pending[:pos]
+        return True
+
+
 async def aio_put(send: trio.MemorySendChannel[Any], item: Any) -> None:
     """asyncio-flavoured: put ``item`` into a Trio channel (fast path without a task switch)."""
     try:
@@ -534,8 +605,9 @@ class GrpcConnector:
                 async def recv_loop() -> None:
                     # Raw frames, sorted by their first byte: read-ahead costs no decoding.
                     lanes = self.bootstrap_lane
+                    reader = _BulkReader(stream, self.max_message_bytes)
                     while True:
-                        data: bytes | None = await stream.recv_message()  # type: ignore[assignment]
+                        data = await reader.next()
                         if data is None:
                             return
                         lane = boot_send if lanes and is_bootstrap_frame(data) else ord_send
