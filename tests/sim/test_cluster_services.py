@@ -43,9 +43,10 @@ def template(app: str, cpu: str = "1", **spec: Any) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def cluster(job_run_seconds: float | None = 30.0) -> AsyncIterator[
+async def cluster(job_run_seconds: float | None = 30.0,
+                  server: ApiServer | None = None) -> AsyncIterator[
         tuple[KubeClient, ClusterServices]]:
-    server = ApiServer()
+    server = server or ApiServer()
     async with trio.open_nursery() as nursery:
         client = KubeClient(KubeConfig(server="http://apiserver"),
                             transport=InProcessTransport(server.app, nursery), qps=0)
@@ -261,3 +262,19 @@ async def test_a_pod_naming_its_node_and_one_bound_elsewhere(
         await eventually(both_running)
         assert (await client.get(PODS, "pinned", "default"))["spec"]["nodeName"] == "n2"
         assert (await client.get(PODS, "preset", "default"))["spec"]["nodeName"] == "n1"
+
+
+async def test_failed_pod_deletes_are_retried_not_fatal(
+        autojump_clock: trio.testing.MockClock) -> None:
+    server = ApiServer()
+    async with cluster(server=server) as (client, services):
+        await add_node(client, node("n1", cpu="8"))
+        await client.create(DEPLOYMENTS, {
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+                     "template": template("web")}})
+        await eventually(lambda: _count(client, "web-", 3))
+        server.faults.fail_next(20, code=500, verb="delete", resource="pods")
+        await client.patch(DEPLOYMENTS, "web", {"spec": {"replicas": 0}}, "default")
+        await eventually(lambda: _count(client, "web-", 0), 300)
+        assert services.controllers.errors >= 1

@@ -287,6 +287,11 @@ class WorkloadControllers:
                 log.warning("reconcile failed %s %s/%s: %s (retrying in 1s)", *key, exc,
                             extra={"workload": f"{key[0]}/{key[1]}/{key[2]}"})
                 self.queue.add_after(key, 1.0)
+            except Exception:  # a bug must not stop every other workload: log, retry later
+                self.errors += 1
+                log.exception("reconcile crashed %s %s/%s (retrying in 5s)", *key,
+                              extra={"workload": f"{key[0]}/{key[1]}/{key[2]}"})
+                self.queue.add_after(key, 5.0)
             finally:
                 self.queue.done(key)
 
@@ -381,6 +386,7 @@ class WorkloadControllers:
         ns = str(owner["metadata"].get("namespace"))
         exp = self._exp(uid)
         limiter = trio.CapacityLimiter(self.write_concurrency)
+        failures: list[ApiError | KubeTransportError] = []
 
         async def one(name: str) -> None:
             exp.deletes[name] = trio.current_time() + EXPECTATION_TTL
@@ -389,15 +395,18 @@ class WorkloadControllers:
                     await self.client.delete(PODS, name, ns)
                 except NotFound:
                     pass
-                except (ApiError, KubeTransportError):
+                except (ApiError, KubeTransportError) as exc:
                     exp.deletes.pop(name, None)
-                    raise
+                    failures.append(exc)
+                    return
             self.deleted += 1
             self._emit("pod_deleted", namespace=ns, name=name)
 
         async with trio.open_nursery() as nursery:
             for name in names:
                 nursery.start_soon(one, name)
+        if failures:
+            raise failures[0]  # one error for the worker's retry, not a group
 
     async def _write_status(self, res: Resource, obj: Mapping[str, Any],
                             status: dict[str, Any]) -> None:
