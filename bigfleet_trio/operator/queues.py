@@ -1,9 +1,9 @@
 """Sans-IO queue and coalescing state of one shard session.
 
-Seed 000 "The single outbound stream" ("Two send queues, two drop policies" and
-"NodeStateUpdate coalescing"); facts in reference-behavior.md §3 and §4. Nothing here awaits or
-touches Trio: the Trio tasks in :mod:`bigfleet_trio.operator.session` call these objects and do
-the waking/sleeping themselves, so every rule below is unit-tested without an event loop.
+Two send queues with two drop policies, and NodeStateUpdate coalescing
+(``docs/wire.md#the-session``). Nothing here awaits or touches Trio: the Trio tasks in
+:mod:`bigfleet_trio.operator.session` call these objects and do the waking/sleeping themselves,
+so every rule below is unit-tested without an event loop.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from bigfleet_trio.shard.codec import EncodedFrame
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
 
-#: Capacity of the outbox (reference stream.go ``outboxCap``).
+#: Capacity of the outbox (the Go agent's ``outboxCap``).
 OUTBOX_CAPACITY = 256
 
 
@@ -26,7 +26,7 @@ class PendingRollupSlot(Generic[T]):
     """Single-slot holder for the newest roll-up (coalesce by replace).
 
     Roll-ups are full replacements, so a newer roll-up makes any older one still queued
-    worthless: :meth:`put` overwrites it (seed 000, reference §3 "Pending roll-up slot").
+    worthless: :meth:`put` overwrites it.
 
     Attributes:
         replaced: how many queued roll-ups were overwritten before being sent.
@@ -61,7 +61,7 @@ class Outbox(Generic[T]):
     """Bounded FIFO for RPC responses (BootstrapBlobResponse, ReclaimAck) with drop-newest.
 
     When full, :meth:`offer` refuses the new item and counts it: the shard re-issues requests on
-    its own timeout, so a late response is worthless (seed 000, reference §3 "Outbox").
+    its own timeout, so a late response is worthless.
 
     Args:
         capacity: maximum queued items (default 256). Must be >= 1.
@@ -130,8 +130,7 @@ NODE_STATE_PENDING_CAP = 100_000
 class NodeStateCoalescer(Generic[K, T]):
     """Latest-pending-frame-per-key, a FIFO ready queue of keys, and at most one owner per key.
 
-    Protocol (seed 000 "NodeStateUpdate coalescing", reference §4; the ready queue and the cap
-    are ours, see :mod:`bigfleet_trio.operator.session` "Dispatch and backpressure"):
+    Protocol (the ready queue and the cap are ours, see ``docs/wire.md#the-session``):
 
     * the receiver calls :meth:`offer` for every frame and never waits for a worker: the frame
       becomes the key's pending one (overwriting an unprocessed older frame, counted in

@@ -1,17 +1,16 @@
 """Roll-up pure core: CapacityRequest -> Profile/group/demand -> aggregated CapacityNeeds.
 
-Implements seed 000 "Building the roll-up" with the facts of ``notes/reference-behavior.md``
-§5.2–5.7 (Go ``pkg/operator/rollup.go``, ``pkg/needs``), without the §18 bugs. No I/O here; the
-Trio task that lists/acks lives elsewhere and drives :class:`RollupAggregator` from informer
-events.
+Builds the roll-up the way the Go agent does (``pkg/operator/rollup.go``, ``pkg/needs``), minus
+its known bugs (``docs/deviations.md``, section 2). No I/O here; the Trio task that lists/acks
+lives elsewhere and drives :class:`RollupAggregator` from informer events.
 
 Pipeline per CR (:func:`contribution_from_cr`):
 
 1. Profile (ADR-0027: resources are NOT part of it): requirements with sorted values, sorted
    by (key, operator enum number, values); DoNotSchedule spread only (ScheduleAnyway dropped,
-   ""/unknown kept as 0); priority; interruption and reclamation penalty buckets (§5.5).
-2. Co-location group: ``topologyKey + "\\x00" + canonical_label_selector(labelSelector)``
-   (§5.4); a non-empty group adds a ``Same`` requirement on the topologyKey at its sorted
+   ""/unknown kept as 0); priority; interruption and reclamation penalty buckets.
+2. Co-location group: ``topologyKey + "\\x00" + canonical_label_selector(labelSelector)``;
+   a non-empty group adds a ``Same`` requirement on the topologyKey at its sorted
    position, idempotently.
 3. The CR's ``spec.resources`` is its per-Pod demand vector.
 
@@ -95,7 +94,7 @@ __all__ = [
     "with_same_requirement",
 ]
 
-# NodeSelectorRequirement operator enum numbers (wire + fingerprint), ref §5.2/§5.7.
+# NodeSelectorRequirement operator enum numbers (wire + fingerprint).
 OP_IN: Final = 1
 OP_NOT_IN: Final = 2
 OP_EXISTS: Final = 3
@@ -185,7 +184,7 @@ class Spread:
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """Profile identity (ref §5.3): requirements, spread, priority and the two buckets.
+    """Profile identity: requirements, spread, priority and the two buckets.
 
     Build with :meth:`new`, which canonicalises (values sorted, requirements sorted by key,
     operator number, then values; spread sorted by key, then skew, then when — the tie-breaks
@@ -230,10 +229,10 @@ def _spread_sort_key(s: Spread) -> tuple[str, int, int]:
 def _fingerprint(
     reqs: tuple[Requirement, ...], spr: tuple[Spread, ...], priority: int, ib: int, rb: int
 ) -> str:
-    """``p=<prio>|ipb=<n>|rpb=<n>|reqs=<k:op:v,v;>...|spr=<tk:skew:when;>...`` (ref §5.3).
+    """``p=<prio>|ipb=<n>|rpb=<n>|reqs=<k:op:v,v;>...|spr=<tk:skew:when;>...``.
 
     Keys, values and topology keys are escaped (``\\`` and the delimiters ``, ; : |`` get a
-    backslash), so the fingerprint is injective -- fixing ref §18.17, where ``In ["a,b"]`` and
+    backslash), so the fingerprint is injective -- unlike the Go code, where ``In ["a,b"]`` and
     ``In ["a","b"]`` collided and their demand was merged. Text without those characters (every
     valid label key/value) is unchanged.
     """
@@ -255,7 +254,7 @@ def _esc(text: str) -> str:
 
 
 def with_same_requirement(profile: Profile, key: str) -> Profile:
-    """Add ``{key, Same}`` at its sorted position; unchanged if already present (ref §5.4)."""
+    """Add ``{key, Same}`` at its sorted position; unchanged if already present."""
     for r in profile.requirements:
         if r.operator == OP_SAME and r.key == key:
             return profile
@@ -270,7 +269,7 @@ def with_same_requirement(profile: Profile, key: str) -> Profile:
 
 # ---------------------------------------------------------------------------- penalties
 def bucket_for_dollars(d: float) -> int:
-    """Go ``needs.BucketForDollars`` (ref §5.5).
+    """Go ``needs.BucketForDollars``.
 
     Args:
         d: dollars (float; NaN and infinities allowed).
@@ -308,7 +307,7 @@ def penalty_bucket(value: object, *, cr: str = "?", field_path: str = "penalty")
 
 # ---------------------------------------------------------------------------- co-location
 def canonical_label_selector(sel: Mapping[str, Any] | None) -> str:
-    """Go ``canonicalLabelSelector`` (ref §5.4).
+    """Go ``canonicalLabelSelector``.
 
     ``None`` -> ``""``; otherwise sorted ``k=v,`` pairs, one ``;``, then the expressions
     (values sorted; sorted by key, operator, joined values) as ``key op v1,v2;``.
@@ -393,7 +392,7 @@ def cr_key(cr: Mapping[str, Any]) -> str:
 
 
 def is_pending(cr: Mapping[str, Any]) -> bool:
-    """True when ``status.phase`` is "" / absent / "Pending" (needs acknowledging, ref §5.8)."""
+    """True when ``status.phase`` is "" / absent / "Pending" (needs acknowledging)."""
     status = cr.get("status")
     phase = (status.get("phase") or "") if isinstance(status, Mapping) else ""
     return isinstance(phase, str) and phase in ("", "Pending")
@@ -532,7 +531,7 @@ def _pick_format(formats: Iterable[str]) -> Format:
 def need_to_wire(
     profile: Profile, group: str, aggregate: Mapping[str, str], min_unit: Mapping[str, str]
 ) -> pb.CapacityNeed:
-    """Go ``needToCapacityNeed`` (ref §5.7): every CapacityNeed field from a profile + sums.
+    """Go ``needToCapacityNeed``: every CapacityNeed field from a profile + sums.
 
     Args:
         profile: the need's Profile (requirements already sorted, Same included).
@@ -571,7 +570,7 @@ def build_rollup_message(
 ) -> pb.ClusterCapacityNeeds:
     """The roll-up frame: ``ClusterCapacityNeeds{cluster_id, timestamp_unix_nanos, needs}``.
 
-    Zero needs is a valid roll-up (withdrawal of all demand, ref §5.2).
+    Zero needs is a valid roll-up (withdrawal of all demand).
     """
     return pb.ClusterCapacityNeeds(
         cluster_id=cluster_id, timestamp_unix_nanos=now_ns, needs=list(needs)
@@ -805,7 +804,7 @@ def _signature(c: Contribution) -> list[tuple[str, Decimal, str]]:
 
 
 class RollupAggregator:
-    """Incremental roll-up maintained from informer events (seed 000 "Building the roll-up").
+    """Incremental roll-up maintained from informer events.
 
     ``upsert``/``delete`` adjust exactly one need (two when a CR moves between needs) in
     O(resources of the CR); ``needs()`` costs O(needs), rebuilding only needs that changed since

@@ -1,5 +1,5 @@
-"""``bench.py connect``: time from session open to the first roll-up sent, with N CRs cached
-(issue 8 "connect"; seed 000 "The single outbound stream": the first roll-up goes out at once).
+"""``python -m scripts.bench connect``: time from session open to the first roll-up sent, with N
+CRs cached (the first roll-up of a session goes out at once, ``docs/wire.md#roll-up-encoding``).
 
 The real :class:`~bigfleet_trio.operator.wiring.CapacityRequestRollup` is fed ``--crs`` slim CRs
 through its informer handlers (``on_add``; the informer is synced before a session starts, so
