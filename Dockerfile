@@ -1,8 +1,10 @@
-# syntax=docker/dockerfile:1
 # bigfleet-trio: one image for both binaries (`bigfleet-trio operator`, `bigfleet-trio pod-controller`).
-#   docker build -t bigfleet-trio:0.1.0 .
+#   docker build --build-arg VERSION=0.1.0 -t bigfleet-trio:0.1.0 .
+# VERSION must equal pyproject.toml's version (the build checks it); it becomes the version label.
 # Multi-stage: the builder makes a self-contained venv; the final stage copies only that venv onto
 # a clean slim base (no compilers, no pip), runs as uid 65532 and works with a read-only root fs.
+# Where the public base cannot be pulled, build on a local one: --build-arg PYTHON_IMAGE=...
+# (scripts/image-smoke makes one).
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -13,18 +15,26 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-# Dependencies first (better layer caching), then the package itself.
+# Layer 1, dependencies: exactly the pinned runtime closure (constraints.txt) and the build backend.
+# Nothing of the package is copied yet, so a change to it re-uses this layer.
+COPY constraints.txt ./
+RUN pip install --require-virtualenv -r constraints.txt setuptools==84.2.1
+# Layer 2, the package: no dependency resolution (--no-deps), then pip check proves the pinned set
+# satisfies pyproject.toml (a dependency added there but not to constraints.txt fails here).
 COPY pyproject.toml README.md ./
 COPY bigfleet_trio ./bigfleet_trio
-RUN pip install --upgrade pip wheel \
- && pip wheel --wheel-dir /wheels . \
- && pip install --no-index --find-links /wheels bigfleet-trio \
+ARG VERSION
+RUN python -c "import sys, tomllib; want = tomllib.load(open('pyproject.toml', 'rb'))['project']['version']; \
+sys.exit(0 if '${VERSION}' == want else f'build with --build-arg VERSION={want} (got \"${VERSION}\")')" \
+ && pip install --no-deps --no-build-isolation . \
+ && pip check \
  && python -m compileall -q /opt/venv/lib \
- && (pip uninstall -y pip wheel setuptools || true)
+ && (pip uninstall -y pip setuptools wheel || true)
 
 FROM ${PYTHON_IMAGE}
+ARG VERSION
 LABEL org.opencontainers.image.title="bigfleet-trio" \
-      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.description="BigFleet per-cluster agent (operator + pod controller) on Trio" \
       org.opencontainers.image.licenses="Apache-2.0"
 # No pip/setuptools in the runtime image either.

@@ -397,20 +397,50 @@ async def test_samples_apply_and_print_our_columns(kubectl: list[str]) -> None:
     assert rows["web-small"]["CPU"] == "500m" and rows["web-small"]["MEMORY"] == "512Mi"
 
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
 def test_dockerfile_shape() -> None:
     text = (ROOT / "Dockerfile").read_text()
+    assert not text.startswith("# syntax")  # a frontend image pulled from a registry: not offline
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     froms = [ln for ln in lines if ln.startswith("FROM ")]
     assert len(froms) == 2 and froms[0].endswith(" AS builder")
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in lines
+    builder = lines[: lines.index(froms[1])]
     final = lines[lines.index(froms[1]) :]
+    # dependencies from the pinned set in their own layer, before any of the package is copied
+    deps = builder.index("COPY constraints.txt ./")
+    install = next(i for i, ln in enumerate(builder) if "-r constraints.txt" in ln)
+    package = builder.index("COPY bigfleet_trio ./bigfleet_trio")
+    assert deps < install < builder.index("COPY pyproject.toml README.md ./") < package
+    assert "--no-deps" in " ".join(builder[package:])
+    # the version label comes from the build argument the builder checks against pyproject.toml
+    assert "ARG VERSION" in builder[package:] and "ARG VERSION" in final
+    assert 'org.opencontainers.image.version="${VERSION}" \\' in final
+    assert "['project']['version']" in text
     assert "COPY --from=builder /opt/venv /opt/venv" in final
     assert "USER 65532:65532" in final
     assert 'ENTRYPOINT ["bigfleet-trio"]' in final
     assert not any(ln.startswith(("RUN apt", "RUN pip install")) for ln in final)
+
+
+def test_constraints_pin_every_runtime_dependency() -> None:
+    """constraints.txt: exact pins, one per package, covering pyproject's dependencies and
+    satisfying their specifiers (pip check in the image build proves the rest of the closure)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins: dict[str, str] = {}
+    for ln in (ROOT / "constraints.txt").read_text().splitlines():
+        if ln.strip() and not ln.startswith("#"):
+            name, _, version = ln.partition("==")
+            assert version and " " not in ln, ln
+            assert canonicalize_name(name) not in pins, ln
+            pins[canonicalize_name(name)] = version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for dep in project["dependencies"]:
+        req = Requirement(dep)
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} is not pinned in constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), (dep, pins[name])
 
 
 def test_dockerignore_keeps_build_inputs() -> None:
@@ -419,5 +449,6 @@ def test_dockerignore_keeps_build_inputs() -> None:
         for ln in (ROOT / ".dockerignore").read_text().splitlines()
         if ln.strip() and not ln.startswith("#")
     }
-    assert not ignored & {"pyproject.toml", "README.md", "bigfleet_trio", "bigfleet_trio/"}
-    assert {".git", ".venv", "tests"} <= ignored
+    assert not ignored & {"pyproject.toml", "README.md", "bigfleet_trio", "bigfleet_trio/",
+                          "constraints.txt"}
+    assert {".git", ".venv", "tests", "config"} <= ignored
