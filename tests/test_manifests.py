@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import tomllib
 from collections.abc import AsyncIterator
@@ -452,3 +453,35 @@ def test_dockerignore_keeps_build_inputs() -> None:
     assert not ignored & {"pyproject.toml", "README.md", "bigfleet_trio", "bigfleet_trio/",
                           "constraints.txt"}
     assert {".git", ".venv", "tests", "config"} <= ignored
+
+
+def _readme_deploy_block() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Deploying to a cluster") :]
+    return section[section.index("```sh\n") + 6 : section.index("```\n", section.index("```sh"))]
+
+
+async def test_readme_deploy_block_runs_verbatim(tmp_path: Path) -> None:
+    """The README's deploy commands, as written, from a checkout-shaped directory, against the
+    RBAC-enforcing simulated apiserver (KUBECONFIG points there)."""
+    work = tmp_path / "checkout"
+    work.mkdir()
+    shutil.copytree(CONFIG, work / "config")
+    shutil.copytree(ROOT / "bigfleet_trio" / "manifests", work / "bigfleet_trio" / "manifests")
+    (work / ".venv").symlink_to(ROOT / ".venv")
+    api = ApiServer(authorization_mode="RBAC", crd_paths=[])
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve, api)
+        kc = tmp_path / "kc.yaml"
+        write_kubeconfig(url, str(kc), token=api.access.admin_token, ca_pem=api.tls_ca_pem)
+        proc = await trio.run_process(
+            ["bash", "-euo", "pipefail", "-c", _readme_deploy_block()], cwd=work,
+            env={**os.environ, "KUBECONFIG": str(kc)}, capture_stdout=True,
+            capture_stderr=True, check=False)
+        out, err = proc.stdout.decode(), proc.stderr.decode()
+        assert proc.returncode == 0, (out, err)
+        assert "configmap/bigfleet-operator-settings-" in out
+        assert "deployment.apps/bigfleet-operator created" in out
+        assert ("customresourcedefinition.apiextensions.k8s.io/capacityrequests.bigfleet.lucy.sh "
+                "unchanged") in out  # install-crds after apply -k: the same file
+        nursery.cancel_scope.cancel()
