@@ -15,10 +15,11 @@ Nothing here does I/O or reads a clock.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import orjson
 
 from .retry import Backoff
 
@@ -72,7 +73,7 @@ def decode_watch_line(line: str | bytes) -> WatchEvent | None:
     if not text:
         return None
     try:
-        doc = json.loads(text)
+        doc = orjson.loads(text)
     except ValueError as exc:
         raise WatchDecodeError(f"watch line is not JSON: {text[:200]!r}") from exc
     if not isinstance(doc, dict):
