@@ -117,12 +117,13 @@ class Workload:
         return self.kind in ("Deployment", "StatefulSet")
 
 
-def fleet_workloads(pods: int, per_profile: int, seed: int) -> tuple[list[dict[str, Any]],
-                                                                     list[Workload]]:
+def fleet_workloads(pods: int, per_profile: int, seed: int,
+                    job_share: float = 0.2) -> tuple[list[dict[str, Any]], list[Workload]]:
     """PriorityClasses and workload clones of the bundled manifests adding up to ~``pods`` Pods.
 
     Each clone gets its own cpu/memory requests (one Profile per clone), label ``app: <name>``
-    (own selector), ~``per_profile`` replicas (GPU clones: 10); StatefulSets ``Parallel``.
+    (own selector), ~``per_profile`` replicas (GPU clones: 10); StatefulSets ``Parallel``;
+    ``job_share`` of the CPU clones are Jobs, the rest 3:1 Deployments:StatefulSets.
     """
     from bigfleet_trio.podcontroller.expand import load_manifests
     from bigfleet_trio.sim.demo import bundled_workloads_dir, manifest_paths
@@ -141,7 +142,9 @@ def fleet_workloads(pods: int, per_profile: int, seed: int) -> tuple[list[dict[s
     cpu_job["spec"] = {"template": cpu_job["spec"]["template"]}
     by_kind["Job"].append(cpu_job)
     rng = random.Random(seed)
-    mix = (["Deployment"] * 6 + ["StatefulSet"] * 2 + ["Job"] * 2)
+    jobs = round(20 * job_share)
+    mix = ["Job"] * jobs + ["Deployment"] * round((20 - jobs) * 0.75)
+    mix += ["StatefulSet"] * (20 - len(mix))
     gpu_mix = ["gpu-Deployment", "gpu-Job"]
     out: list[Workload] = []
     total = 0
@@ -523,7 +526,7 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
     from bigfleet_trio.kube.errors import AlreadyExists, NotFound
 
     res_of = {"Deployment": DEPLOYMENTS, "StatefulSet": STATEFULSETS, "Job": JOBS}
-    classes, workloads = fleet_workloads(args.pods, args.per_profile, args.seed)
+    classes, workloads = fleet_workloads(args.pods, args.per_profile, args.seed, args.job_share)
     rng = random.Random(args.seed)
     cfg = load_kubeconfig(fleet.kubeconfig, env={})
     async with KubeClient(cfg, qps=0, user_agent="bench-fleet") as client:
@@ -818,7 +821,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args.quiesce = min(args.quiesce, 5.0)
     args.rollup_seconds = _seconds(args.rollup_interval)
     params = {k: getattr(args, k) for k in ("machines", "pods", "per_profile", "duration",
-                                            "rollup_interval", "job_run_seconds", "qps", "seed")}
+                                            "rollup_interval", "job_run_seconds", "job_share",
+                                            "qps", "seed")}
     result = C.result("fleet", params, [], [
         "latencies are wall-clock differences between the bench's own watch events (Pods, CRs, "
         "UpcomingNodes) and the shard's send/receive timestamps, all on this machine; the bench's "
@@ -872,6 +876,9 @@ def register(sub: Any) -> None:
     p.add_argument("--qps", type=float, default=500.0,
                    help="--qps of pod-controller and operator (burst 2x); their default 50 "
                    "bounds a fleet ramp at ~50 CRs/s")
+    p.add_argument("--job-share", type=float, default=0.2,
+                   help="share of the CPU workloads that are Jobs (each Job Pod finishing costs "
+                   "the pod controller a CR delete-collection)")
     p.add_argument("--churn-interval", type=float, default=2.0, help="seconds between scalings")
     p.add_argument("--phase-timeout", type=float, default=900.0, help="per phase wait limit")
     p.add_argument("--quiesce", type=float, default=20.0, help="quiesce hold seconds")
