@@ -241,6 +241,10 @@ class OperatorBridge:
         self._fast = 0
         self.malformed = 0
         self.closed = False
+        #: set by the first :meth:`receive_priority` call; until then the reader keeps
+        #: BootstrapRequests in the ordered lane, so a caller that only uses :meth:`receive`
+        #: still gets every frame
+        self.priority_consumer = False
 
     async def send(self, msg: pb.OperatorMessage | EncodedFrame) -> None:
         """Hand one frame over and wait until it is written to the transport.
@@ -290,7 +294,12 @@ class OperatorBridge:
                 return msg
 
     async def receive_priority(self) -> pb.ShardMessage:
-        """The next BootstrapRequest frame, ahead of any backlog of other frames."""
+        """The next BootstrapRequest frame, ahead of any backlog of other frames.
+
+        From the first call on, BootstrapRequests are delivered only here, not by
+        :meth:`receive`.
+        """
+        self.priority_consumer = True
         while True:
             try:
                 data = await self._bootstrap.receive()
@@ -543,7 +552,7 @@ class GrpcConnector:
             async with unwrap_single_group(), trio.open_nursery() as nursery:
                 nursery.start_soon(
                     trio_asyncio.aio_as_trio(self._aio_call),
-                    ssl_ctx, up_recv, ord_send, boot_send, state,
+                    ssl_ctx, up_recv, ord_send, boot_send, state, end,
                 )
                 with trio.move_on_after(self.connect_timeout) as timeout:
                     await state.opened.wait()
@@ -573,6 +582,7 @@ class GrpcConnector:
         ord_send: trio.MemorySendChannel[bytes],
         boot_send: trio.MemorySendChannel[bytes],
         state: BridgeState,
+        end: OperatorBridge,
     ) -> None:
         """asyncio-flavoured: the whole bidi call. Never raises except CancelledError."""
         channel = Channel(
@@ -610,7 +620,11 @@ class GrpcConnector:
                         data = await reader.next()
                         if data is None:
                             return
-                        lane = boot_send if lanes and is_bootstrap_frame(data) else ord_send
+                        lane = (
+                            boot_send
+                            if lanes and end.priority_consumer and is_bootstrap_frame(data)
+                            else ord_send
+                        )
                         try:
                             await aio_put(lane, data)
                         except (trio.BrokenResourceError, trio.ClosedResourceError):

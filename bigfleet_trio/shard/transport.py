@@ -51,9 +51,10 @@ class OperatorStream(Protocol):
 class PriorityReceive(Protocol):
     """An agent stream that reads ahead and hands BootstrapRequests out of band.
 
-    Such a stream's ``receive`` returns every other frame in arrival order, and
-    :meth:`receive_priority` returns the BootstrapRequests as soon as they are read off the
-    connection, ahead of any backlog (``docs/wire.md#bootstrap-first``).
+    Once :meth:`receive_priority` has been called, such a stream's ``receive`` returns every
+    other frame in arrival order, and :meth:`receive_priority` returns the BootstrapRequests as
+    soon as they are read off the connection, ahead of any backlog
+    (``docs/wire.md#bootstrap-first``).
     """
 
     async def receive_priority(self) -> pb.ShardMessage:
