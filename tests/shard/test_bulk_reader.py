@@ -10,6 +10,7 @@ import asyncio
 from functools import partial
 from typing import Any
 
+import pytest
 import trio
 
 from bigfleet_trio.proto import pb
@@ -20,7 +21,9 @@ from bigfleet_trio.shard.transport import ShardStream, StreamClosed
 DEADLINE = 30.0
 
 
-async def test_large_and_small_messages_across_data_frames_arrive_whole_and_in_order() -> None:
+async def test_large_and_small_messages_across_data_frames_arrive_whole_and_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # 1 MiB of labels spans many 16 KiB HTTP/2 DATA frames; small ones share frames.
     big = pb.ShardMessage(node_state_update=pb.NodeStateUpdate(
         machine_id="big", labels={f"k{i}": "v" * 1000 for i in range(1000)}))
@@ -33,6 +36,14 @@ async def test_large_and_small_messages_across_data_frames_arrive_whole_and_in_o
         for f in frames:
             await end.send(f)
 
+    readers: list[_BulkReader] = []
+    init = _BulkReader.__init__
+
+    def record(self: _BulkReader, *args: Any) -> None:
+        init(self, *args)
+        readers.append(self)
+
+    monkeypatch.setattr(_BulkReader, "__init__", record)
     got = []
     with trio.fail_after(DEADLINE):
         async with open_loop(), trio.open_nursery() as n:
@@ -46,6 +57,8 @@ async def test_large_and_small_messages_across_data_frames_arrive_whole_and_in_o
                     assert exc.reason == "peer closed"
             n.cancel_scope.cancel()
     assert got == frames
+    # the bulk path ran, not the fallback: grpclib's buffer is still what the reader expects
+    assert [r._buf is not None for r in readers] == [True]
 
 
 def test_falls_back_to_recv_message_without_grpclibs_buffer() -> None:
