@@ -7,8 +7,11 @@ the ``index_*`` functions are the caches' indexers; the rest read owner and iden
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
+
+import orjson
 
 from .translate import (
     INTERRUPTION_PENALTY_ANNOTATION,
@@ -109,15 +112,40 @@ def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
             out_spec["affinity"] = slim_aff
     elif affinity is not None:
         out_spec["affinity"] = affinity
+    ns = out_meta.get("namespace")
+    if type(ns) is str:
+        out_meta["namespace"] = sys.intern(ns)
     out: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": out_meta,
-        "spec": out_spec,
+        "spec": _share(out_spec),
     }
     if "phase" in status:
-        out["status"] = {"phase": status["phase"]}
+        out["status"] = _share({"phase": status["phase"]})
     return out
+
+
+_SHARED_MAX = 4096
+_shared: dict[bytes, Any] = {}
+
+
+def _share(value: Any) -> Any:
+    """One object for equal projections: the Pods of one workload template have equal slim
+    specs, so the cache holds one spec per template instead of one per Pod (cached objects are
+    read-only by the informer's contract). At most ``_SHARED_MAX`` distinct values are
+    remembered (oldest forgotten first); a value orjson cannot encode is not shared."""
+    try:
+        key = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return value
+    hit = _shared.get(key)
+    if hit is not None:
+        return hit
+    if len(_shared) >= _SHARED_MAX:
+        del _shared[next(iter(_shared))]
+    _shared[key] = value
+    return value
 
 
 def slim_cr(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -174,3 +174,14 @@ def test_merge_patch_diff() -> None:
     assert merge_patch_diff(new, new) == {}
     assert merge_patch_diff(None, {"a": 1}) == {"a": 1}
     assert merge_patch_diff({"a": {"b": 1}}, {"a": 2}) == {"a": 2}
+
+
+def test_slim_pods_of_one_template_share_their_spec_and_status() -> None:
+    a, b, c = full_pod(), full_pod(), full_pod()
+    b["metadata"].update(name="q", uid="u-2")
+    c["spec"]["priority"] = 6
+    sa, sb, sc = slim_pod(a), slim_pod(b), slim_pod(c)
+    assert sa["spec"] is sb["spec"] and sa["status"] is sb["status"]  # one object per template
+    assert sa["metadata"] is not sb["metadata"] and sb["metadata"]["uid"] == "u-2"
+    assert sc["spec"] is not sa["spec"] and sc["spec"]["priority"] == 6
+    assert sc["spec"] == {**sa["spec"], "priority": 6}
