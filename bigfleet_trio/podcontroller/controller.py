@@ -256,6 +256,7 @@ class PodController:
 
         Raises:
             SyncTimeout: the caches did not sync within ``sync_timeout``.
+            Unauthenticated: (a SyncTimeout) the apiserver answered 401 before they synced.
         """
         timed_out: SyncTimeout | None = None
         async with trio.open_nursery() as nursery:
