@@ -1,4 +1,4 @@
-"""KubeClient against the in-memory fake apiserver (issue 4 "Client")."""
+"""KubeClient against the in-memory fake apiserver."""
 
 from __future__ import annotations
 

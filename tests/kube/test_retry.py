@@ -48,8 +48,8 @@ def test_backoff_down_mode_only_shortens() -> None:
 
 
 def test_backoff_replaces_the_reconnect_loops_backoff() -> None:
-    """Same sequence as the shard reconnect loop's Backoff (operator/agent.py) for one seed:
-    its healthy-session rule is ``reset()`` before ``next_delay()``."""
+    """Same sequence as the shard reconnect loop's Backoff (operator/agent.py) given the same
+    random numbers: its healthy-session rule is ``reset()`` before ``next_delay()``."""
     from bigfleet_trio.operator.agent import Backoff as AgentBackoff
 
     theirs = AgentBackoff(0.5, 30.0, jitter=0.2, healthy_after=60.0, rng=random.Random(7))

@@ -1,4 +1,4 @@
-"""Sans-IO watch helpers: line decoder, RV bookkeeping, relist diff, backoff (issue 4 "Watch")."""
+"""Sans-IO watch helpers: line decoder, resourceVersion bookkeeping, relist diff."""
 
 import pytest
 

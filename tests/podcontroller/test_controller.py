@@ -1,4 +1,4 @@
-"""Pod controller on the embedded apiserver (issue 6 "Tests": integration).
+"""Pod controller on the embedded apiserver (integration).
 
 The apiserver runs in-process (``InProcessTransport``: the ASGI app on Trio, no sockets), so
 ``autojump_clock`` drives informer, queue and resync timing. One test uses a real loopback socket.
@@ -543,8 +543,7 @@ async def test_pending_stamp_never_overwrites_a_newer_phase(
 
 
 # --------------------------------------------------------------------------------------------
-# demand the CRD cannot carry (reference §18.13 on the pod-controller side; seed issue 5:
-# "never silent lost demand")
+# demand a CR cannot carry: reported on the Pod, never silently lost
 
 RECONCILES = "bigfleet_unschedulable_pod_controller_reconciles_total"
 

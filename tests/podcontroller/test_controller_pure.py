@@ -1,4 +1,4 @@
-"""Pure parts of the controller: the slim Pod/CR projections and the merge-patch diff (issue 6)."""
+"""Pure parts of the controller: the slim Pod/CR projections and the merge-patch diff."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The PriorityClass penalty defaults file (reference-behavior.md §11)."""
+"""The PriorityClass penalty defaults file (--priority-class-defaults)."""
 
 from __future__ import annotations
 

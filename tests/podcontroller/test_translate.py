@@ -1,4 +1,4 @@
-"""Pod -> CapacityRequest translation, rule by rule (seed 000; reference-behavior.md §10).
+"""Pod -> CapacityRequest translation, rule by rule.
 
 Every expected value is worked out by hand in the table.
 """
@@ -758,7 +758,7 @@ def test_build_capacity_request_needs_identity(missing: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# what the shipped CRD accepts (reference §18.13; the controller checks before writing)
+# the operators a CR carries, and what the shipped CRD accepts (the controller checks first)
 
 
 def test_requirement_operators_are_the_core_ones_and_the_crd_takes_any() -> None:
