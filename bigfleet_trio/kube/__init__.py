@@ -1,4 +1,4 @@
-"""BigFleet's Kubernetes layer on raw httpx (issue 4; contract: docs/kube-api.md).
+"""BigFleet's Kubernetes layer on raw httpx (contract: docs/kube-api.md).
 
 Config (:mod:`.config`), client (:mod:`.client`), errors (:mod:`.errors`), resource descriptors
 (:mod:`.resources`), sans-IO watch helpers (:mod:`.watch`), informers (:mod:`.informer`) and

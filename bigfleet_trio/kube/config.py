@@ -1,4 +1,4 @@
-"""Cluster connection settings: kubeconfig files and the in-cluster service account (issue 4).
+"""Cluster connection settings: kubeconfig files and the in-cluster service account.
 
 Resolution order of :func:`load_kubeconfig` (same as kubectl / client-go):
 
@@ -65,7 +65,7 @@ class KubeConfig:
     client_cert_file: str | None = None
     client_cert_data: bytes | None = None
     client_key_file: str | None = None
-    # secrets never appear in repr() (a logged config must not leak them; issue 9)
+    # secrets never appear in repr() (a logged config must not leak them)
     client_key_data: bytes | None = field(default=None, repr=False)
     token: str | None = field(default=None, repr=False)
     token_file: str | None = None

@@ -1,4 +1,4 @@
-"""Exception hierarchy of the Kubernetes layer (issue 4; seed 000, the agent's apiserver access).
+"""Exception hierarchy of the Kubernetes layer (everything the agent's apiserver access raises).
 
 Every failure surfaced by :mod:`bigfleet_trio.kube` is a :class:`KubeError`:
 

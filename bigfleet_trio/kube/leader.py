@@ -1,4 +1,4 @@
-"""Leader election on a coordination.k8s.io/v1 Lease, client-go semantics (issue 4; seed 000 HA).
+"""Leader election on a coordination.k8s.io/v1 Lease, client-go semantics (for HA replicas).
 
 API::
 
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 JITTER_FACTOR = 1.2
 # Followers poll every retry_period x [1, 1.5) (client-go: x [1, 2.2)), and wake right at the
 # observed expiry, so a leader that dies without releasing is replaced within
-# lease_duration + one poll (15 + 3 s) plus the new leader's start-up: under 20 s (issue 9).
+# lease_duration + one poll (15 + 3 s) plus the new leader's start-up: under 20 s.
 CAMPAIGN_JITTER = 0.5
 _EXPIRY_MARGIN = 0.01  # seconds past the observed expiry before a takeover attempt
 

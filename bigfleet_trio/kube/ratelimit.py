@@ -1,4 +1,4 @@
-"""Client-side token-bucket rate limiter on the Trio clock (issue 4; client-go ``rest`` QPS/burst).
+"""Client-side token-bucket rate limiter on the Trio clock (client-go ``rest`` QPS/burst).
 
 Pure bookkeeping lives in :class:`TokenBucket` (``reserve(now)`` returns how long to wait);
 :class:`AsyncRateLimiter` adds the Trio wait. Waiters are served FIFO (a ``trio.Lock`` is fair).

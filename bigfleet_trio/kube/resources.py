@@ -1,4 +1,4 @@
-"""Resource descriptors for the kinds the agent touches (issue 4; protocol.md "Custom resources").
+"""Resource descriptors for the kinds the agent touches (built-ins and our CRDs, docs/crds.md).
 
 A :class:`Resource` is everything the client needs to build a URL: API group, version, plural
 and scope. The BigFleet CRDs live in group ``bigfleet.lucy.sh`` version ``v1alpha1``.

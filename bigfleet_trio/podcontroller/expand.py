@@ -1,6 +1,6 @@
 """Workload manifests -> the Pods their controllers would create, as admission would admit them.
 
-Seed 000 "The unschedulable-pod controller" translates Pods exactly as kube-scheduler sees them;
+The pod controller translates Pods exactly as kube-scheduler sees them;
 kube-scheduler sees a Pod *after* its workload controller stamped it out and after defaulting and
 admission ran. This module reproduces the parts of that pipeline that change the translation,
 for the golden tests over ``tests/fixtures/real-workloads`` and for the demo:

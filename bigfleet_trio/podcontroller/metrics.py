@@ -1,10 +1,10 @@
-"""Prometheus metrics of the pod controller (reference-behavior.md §15; issue 6).
+"""Prometheus metrics of the pod controller.
 
 * ``bigfleet_unschedulable_pod_controller_reconciles_total{outcome}`` (the reference's name), with
   outcomes :data:`OUTCOMES`: ``cr_created``, ``cr_exists``, ``cr_updated``, ``pod_gone``,
   ``pod_terminal``, ``invalid_pod``, ``error`` (plus ``orphan_deleted`` for our orphan clean-up,
-  ``unsupported_requirement`` for a Pod whose requirements the CRD cannot carry (Gt/Lt) and
-  ``cr_rejected`` for a CR write the apiserver refused with 422 Invalid; reference §18.13).
+  ``unsupported_requirement`` for a Pod whose requirement operator is not a node-selector one
+  and ``cr_rejected`` for a CR write the apiserver refused with 422 Invalid).
 * Work-queue metrics named like client-go's ``workqueue_*`` (controller-runtime exposes those
   for the Go controller), labelled ``name``: ``workqueue_depth``, ``workqueue_adds_total``,
   ``workqueue_retries_total``, ``workqueue_queue_duration_seconds``,

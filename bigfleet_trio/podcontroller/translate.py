@@ -1,9 +1,8 @@
 """Pure translation Pod -> CapacityRequest, the way kube-scheduler sees the Pod.
 
-Seed 000 "The unschedulable-pod controller: one CapacityRequest per Pod" (translation bullets),
-seed 003 (ADR-0039: every non-terminal Pod gets exactly one CR), reference-behavior.md §10.1-10.5,
-with the §18 fixes that belong here (deterministic name from the UID). The ownerReference sets
-``controller: true`` but not ``blockOwnerDeletion`` (see :func:`build_capacity_request`).
+Every non-terminal Pod gets exactly one CR (upstream ADR-0039), named from the Pod UID so two
+racing reconciles cannot make two. The ownerReference sets ``controller: true`` but not
+``blockOwnerDeletion`` (see :func:`build_capacity_request`).
 
 Everything here is pure: no I/O, no clock. Pods are plain JSON dicts as the apiserver returns
 them (already defaulted and admitted: ``spec.priority`` and ``spec.overhead`` are resolved;
@@ -160,7 +159,7 @@ def _requests(container: Any, where: str) -> dict[str, Quantity]:
 
 
 def _requirements(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """reference-behavior §10.1: first required term's matchExpressions, then nodeSelector."""
+    """The first required node-affinity term's matchExpressions, then the nodeSelector."""
     out: list[dict[str, Any]] = []
     affinity = _mapping(spec.get("affinity"), "spec.affinity")
     node_affinity = _mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
@@ -203,7 +202,7 @@ def _requirements(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _co_location(spec: Mapping[str, Any], warnings: list[str]) -> dict[str, Any] | None:
-    """reference-behavior §10.4: the first required podAffinity term only."""
+    """The first required podAffinity term only."""
     affinity = _mapping(spec.get("affinity"), "spec.affinity")
     pod_affinity = _mapping(affinity.get("podAffinity"), "spec.affinity.podAffinity")
     terms = _list(pod_affinity.get(_REQUIRED), f"spec.affinity.podAffinity.{_REQUIRED}")
@@ -223,7 +222,7 @@ def _co_location(spec: Mapping[str, Any], warnings: list[str]) -> dict[str, Any]
 
 
 def _topology_spread(spec: Mapping[str, Any], warnings: list[str]) -> list[dict[str, Any]]:
-    """reference-behavior §10.3: DoNotSchedule terms only (unset = DoNotSchedule)."""
+    """DoNotSchedule terms only (unset = DoNotSchedule)."""
     out: list[dict[str, Any]] = []
     where = "spec.topologySpreadConstraints"
     for i, raw in enumerate(_list(spec.get("topologySpreadConstraints"), where)):
@@ -328,8 +327,8 @@ def _penalty(
 def translate_pod(pod: Mapping[str, Any], defaults: PriorityClassDefaults | None) -> Translation:
     """Translate a Pod into its CapacityRequest ``spec``.
 
-    Seed 000 translation bullets and reference-behavior §10.1-10.5; rules in the module
-    docstring and in the private helpers. The penalties resolve independently:
+    The rules are in the module docstring and the private helpers. The penalties resolve
+    independently:
     annotation ``bigfleet.lucy.sh/{interruption,reclamation}-penalty`` (a quantity; empty =
     not set; unparseable = warning and fall through) -> ``defaults`` entry for
     ``spec.priorityClassName`` -> absent.
@@ -389,7 +388,7 @@ def translate_pod(pod: Mapping[str, Any], defaults: PriorityClassDefaults | None
 
 
 def is_terminal(pod: Mapping[str, Any]) -> bool:
-    """True when ``status.phase`` is Succeeded or Failed (seed 000: never a CR for those)."""
+    """True when ``status.phase`` is Succeeded or Failed (never a CR for those)."""
     status = pod.get("status") if isinstance(pod, Mapping) else None
     return isinstance(status, Mapping) and status.get("phase") in _TERMINAL_PHASES
 
@@ -401,7 +400,7 @@ def cr_name_for_pod(uid: str) -> str:
     the case for the apiserver's lowercase RFC 4122 UIDs: 39 characters). Any other UID
     (uppercase, odd characters, absurdly long) maps to ``"cr-" + sha256(uid).hexdigest()``
     (67 characters), which is valid by construction. Either way two reconciles of the same Pod
-    compute the same name, so a racing second create gets AlreadyExists (reference §18.14 fix).
+    compute the same name, so a racing second create gets AlreadyExists.
 
     Raises:
         TranslationError: ``uid`` is empty.
@@ -419,9 +418,9 @@ def build_capacity_request(pod: Mapping[str, Any], translation: Translation) -> 
 
     ``metadata``: name :func:`cr_name_for_pod`, the Pod's namespace, label
     ``bigfleet.lucy.sh/owned-by-pod=<uid>``, and an ownerReference to the Pod
-    (``controller: true``) so deleting the Pod garbage-collects the CR (seed 000, implicit
-    withdrawal). ``blockOwnerDeletion`` is deliberately not set, as in the Go reference
-    (reference-behavior §10): with the OwnerReferencesPermissionEnforcement admission plugin,
+    (``controller: true``) so deleting the Pod garbage-collects the CR (the demand is withdrawn
+    implicitly). ``blockOwnerDeletion`` is deliberately not set, as in the Go reference: with
+    the OwnerReferencesPermissionEnforcement admission plugin,
     setting it requires ``update`` on ``pods/finalizers``, which the pod controller's RBAC does
     not grant (and need not: nothing waits for the CR in a foreground deletion), so every create
     would be Forbidden. ``spec`` is a deep copy of ``translation.spec``.
