@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark the embedded apiserver (issue 3 "Benchmark").
+"""Benchmark the embedded apiserver.
 
 In-process (no HTTP): creates/s and merge-patches/s of CapacityRequests and RSS growth for
 ``--objects`` stored objects, plus the time to list them all over HTTP.

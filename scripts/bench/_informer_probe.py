@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark: sync N CapacityRequests through an Informer (issue 4 "Benchmark").
+"""Benchmark: sync N CapacityRequests through an Informer.
 
 Serves a paginated LIST of N realistic CapacityRequests from an ``httpx.MockTransport``
 (objects are generated per page, so the fake server holds nothing), runs the informer until

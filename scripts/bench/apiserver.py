@@ -1,5 +1,5 @@
-"""``bench.py apiserver``: the embedded test apiserver's own write rates (issue 3 benchmark; the
-ceiling every apiserver-bound scenario here runs under).
+"""``bench apiserver``: the embedded test apiserver's own write rates (the ceiling every
+apiserver-bound scenario here runs under).
 
 Wraps ``_apiserver_probe``: in-process store create/merge-patch rates (the baseline:
 no HTTP at all) and, per HTTP engine (hypercorn, fast) in a child process, client-observed

@@ -1,5 +1,5 @@
-"""``bench.py informer``: resident memory per cached CapacityRequest (issue 8 "informer" row;
-seed 000 "Building the roll-up": the cache holds one CR per Pod).
+"""``bench informer``: resident memory per cached CapacityRequest (the operator's roll-up cache
+holds one CR per Pod).
 
 Wraps ``scripts/bench/_informer_probe.py``: a paginated LIST of N realistic CRs (managedFields,
 ownerReferences, labels) served from an ``httpx.MockTransport`` is synced by the real
