@@ -412,33 +412,42 @@ def _k(obj: dict[str, Any]) -> str:
 def rollup_latencies(states: list[tuple[float, int, int, str]],
                      rollups: list[list[Any]]) -> dict[str, list[float]]:
     """Per phase: for each CR-total state (t, cpu, mem), the time to the first roll-up received
-    at or after t whose totals equal this state or any later one (a later change superseding it
-    is carried by the same roll-up). States never carried are left out."""
+    at or after t whose totals equal this state or any later one current by then (a later change
+    superseding it is carried by the same roll-up). States never carried are left out.
+
+    O(states + roll-ups x log states): a roll-up with totals T carries every state up to the
+    last one with totals T current when it arrived; a pointer walks the (sampled) states once.
+    """
+    import bisect
+
     out: dict[str, list[float]] = defaultdict(list)
     if not states or not rollups:
         return out
-    rolls = sorted((r[0], r[2], r[3]) for r in rollups)
-    later: dict[tuple[int, int], float] = {}
-    # walk states newest first so `later` holds the last time each total was current
-    suffix: list[dict[tuple[int, int], float]] = []
-    for t, cpu, mem, _ in reversed(states):
-        later = dict(later)
-        later.setdefault((cpu, mem), t)
-        suffix.append(later)
-    suffix.reverse()
-    # sample at most one state per 0.2 s to keep this O(states x rollups) bounded
-    j = 0
+    by_total: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, (_t, cpu, mem, _ph) in enumerate(states):
+        by_total[(cpu, mem)].append(i)
+    times = [st[0] for st in states]
+    sampled: list[int] = []
     last = -1.0
-    for i, (t, _cpu, _mem, phase) in enumerate(states):
-        if t - last < 0.2:
+    for i, t in enumerate(times):  # at most one state per 0.2 s
+        if t - last >= 0.2:
+            sampled.append(i)
+            last = t
+    p = 0
+    for r in sorted(rollups, key=lambda r: r[0]):
+        at, total = r[0], (r[2], r[3])
+        idx = by_total.get(total)
+        if not idx:
             continue
-        last = t
-        while j < len(rolls) and rolls[j][0] < t:
-            j += 1
-        for r in rolls[j:j + 400]:
-            if (r[1], r[2]) in suffix[i]:
-                out[phase].append(r[0] - t)
-                break
+        # the last state with these totals that was current when the roll-up arrived
+        k = bisect.bisect_right(idx, bisect.bisect_right(times, at) - 1) - 1
+        if k < 0:
+            continue
+        j = idx[k]
+        while p < len(sampled) and sampled[p] <= j:
+            i = sampled[p]
+            out[states[i][3]].append(at - states[i][0])
+            p += 1
     return out
 
 
