@@ -18,3 +18,35 @@ def restore_root_logging() -> Iterator[None]:
         if h not in handlers:
             root.removeHandler(h)
     root.setLevel(level)
+
+
+# The fast loop (`pytest -m "not slow"`, see CONTRIBUTING.md) leaves these out; the full suite (CI)
+# runs them. Keyed on paths so other areas' test files need no edits: fuzzing, tests that drive
+# kubectl/kustomize or other real processes, the demo end to end, and modules measured at > ~2 s
+# (`pytest --durations=50`). A test can also carry `@pytest.mark.slow` itself.
+SLOW_PATHS: tuple[str, ...] = (
+    "tests/fuzz/",
+    "tests/test_bench_smoke.py",
+    "tests/test_demo_cli.py",
+    "tests/test_manifests.py",
+    "tests/podcontroller/test_kubectl_flow.py",
+    "tests/sim/test_apiserver_kubectl.py",
+    "tests/sim/test_apiserver_serve.py",
+    "tests/sim/test_apiserver_scale.py",
+    "tests/sim/test_demo_e2e.py",
+    "tests/sim/test_pieces_path.py",
+    "tests/shard/test_send_timeout_at_the_wire.py",
+    "tests/security/test_rbac_flow.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test under :data:`SLOW_PATHS` ``slow``."""
+    root = config.rootpath
+    for item in items:
+        try:
+            rel = item.path.relative_to(root).as_posix()
+        except ValueError:
+            continue
+        if rel.startswith(SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)
