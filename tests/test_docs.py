@@ -101,7 +101,42 @@ def test_every_doc_reference_resolves() -> None:
                     anchors[name] = github_slugs(target.read_text(encoding="utf-8"))
                 if anchor not in anchors[name]:
                     broken.append(f"{where}#{anchor} (no such heading)")
+    broken += _broken_relative_links(anchors)
     assert not broken, "broken doc references:\n" + "\n".join(broken)
+
+
+MD_LINK = re.compile(r"\]\((?!https?:|mailto:)([^)#\s]*?)(?:#([^)\s]+))?\)")
+
+
+def _broken_relative_links(anchors: dict[str, set[str]]) -> list[str]:
+    """Markdown links ``[text](file.md#anchor)`` / ``(#anchor)`` in docs/ and the root documents."""
+    broken: list[str] = []
+    docs = sorted((ROOT / "docs").glob("*.md")) + [ROOT / n for n in SCANNED_FILES]
+    for path in docs:
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8")
+        in_fence = False
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if FENCE.match(line):
+                in_fence = not in_fence
+            if in_fence:
+                continue
+            for m in MD_LINK.finditer(line):
+                target_name, anchor = m.group(1), m.group(2)
+                target = (path.parent / target_name).resolve() if target_name else path
+                where = f"{path.relative_to(ROOT)}:{lineno}: ({m.group(1)}#{anchor})"
+                if not target.exists():
+                    broken.append(f"{where} (no such file)")
+                    continue
+                if anchor is None or target.suffix != ".md":
+                    continue
+                key = str(target)
+                if key not in anchors:
+                    anchors[key] = github_slugs(target.read_text(encoding="utf-8"))
+                if anchor not in anchors[key]:
+                    broken.append(f"{where} (no such heading)")
+    return broken
 
 
 FORBIDDEN = re.compile(
