@@ -1,7 +1,7 @@
 """Kubernetes resource quantities with Go-exact parsing and canonical formatting.
 
-Implements what seed 000 "Building the roll-up" needs from ``resource.Quantity`` and the
-port notes of ``notes/reference-behavior.md`` §5.9: an exact (``Decimal``-based) parser for
+What the roll-up (``docs/rules.md#roll-up-capacityneed-shape``) needs from Go's
+``resource.Quantity``: an exact (``Decimal``-based) parser for
 the Kubernetes quantity grammar, the canonical string ``Quantity.String()`` prints, ``Add``,
 ``Sub``, ``Cmp`` and ``AsApproximateFloat64``, plus small helpers over resource maps.
 

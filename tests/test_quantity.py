@@ -1,4 +1,7 @@
-"""Kubernetes quantities (ref §5.9). Expected values worked out by hand from Go's rules."""
+"""Kubernetes quantities (``bigfleet_trio/quantity.py``).
+
+Expected values worked out by hand from Go's rules.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ Q = Quantity.parse
 @pytest.mark.parametrize(
     ("text", "canonical", "fmt"),
     [
-        # ref §5.9 pinned values
+        # canonical forms Go prints (suffix chosen so the mantissa is an integer)
         ("8000", "8k", "DecimalSI"),
         ("8192", "8192", "DecimalSI"),
         ("65536", "65536", "DecimalSI"),

@@ -1,6 +1,8 @@
-"""The Go reference's known bugs (reference-behavior.md §18) that no other suite pins down as a
-case of its own. Each test names its §18 item; FAULTS.md maps every item to its test (most live
-next to the code they exercise: tests/operator, tests/podcontroller)."""
+"""The Go reference's known bugs (``docs/reference.md#known-bugs-we-fix``) that no other suite
+pins down as a case of its own. Each test is named after the bug's number in the reference's
+list; FAULTS.md maps every bug to its test (most live next to their code: tests/operator,
+tests/podcontroller).
+"""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def test_18_17_fingerprint_is_injective_for_delimiters_in_values() -> None:
     ]
     for left, right in pairs:
         assert _cr(left).need_key != _cr(right).need_key, (left, right)
-    # the ordinary form is unchanged (reference §5.3 example shape)
+    # the ordinary form is unchanged (``docs/rules.md#roll-up-profile``)
     plain = _cr([{"key": "zone", "operator": "In", "values": ["b", "a"]}])
     assert plain.profile.fingerprint == "p=1|ipb=0|rpb=0|reqs=zone:1:a,b;|spr="
 

@@ -1,4 +1,4 @@
-"""Hostile / malformed input, property-based (issue 9 "Hostile or malformed input").
+"""Hostile / malformed input, property-based.
 
 Every parser and planner that sees data from outside the process (Pods and CapacityRequests from
 the apiserver, quantities, label selectors, NodeStateUpdates from the shard, bootstrap templates

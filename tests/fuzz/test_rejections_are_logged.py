@@ -1,4 +1,4 @@
-"""Rejected hostile input is logged once, with a reason, by the real callers (issue 9).
+"""Rejected hostile input is logged once, with a reason, by the real callers.
 
 ``tests/fuzz/test_hostile_input.py`` proves the pure functions return or raise their typed error
 with a message. This file proves the other half of "each rejected input logged with a clear

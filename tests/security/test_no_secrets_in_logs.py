@@ -1,4 +1,4 @@
-"""No token or key material ever appears in logs, error messages or reprs (issue 9 "Security").
+"""No token or key material ever appears in logs, error messages or reprs.
 
 The KubeClient is driven with a bearer token / basic credentials / client-key PEM through
 failing requests of every kind (5xx, 401, 403, 429, transport error, watch error); every log

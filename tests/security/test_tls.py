@@ -1,5 +1,5 @@
-"""mTLS to the shard with a test CA (issue 9 "Security"; seed 000 "The single outbound stream",
-reference §1/§2.3): the contexts :mod:`bigfleet_trio.shard.tls` builds, exercised by real TLS 1.3
+"""mTLS to the shard with a test CA (``docs/architecture.md#processes``: one outbound stream per
+cluster): the contexts :mod:`bigfleet_trio.shard.tls` builds, exercised by real TLS 1.3
 handshakes over memory BIOs (no sockets, deterministic), plus one loopback gRPC connect.
 
 * the client certificate carries the URI SAN ``bigfleet://cluster/<cluster-id>`` and the shard
