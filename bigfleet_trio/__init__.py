@@ -1,7 +1,7 @@
 """bigfleet-trio: BigFleet's per-cluster agent and pod controller on Trio.
 
-Seed 000 ("The operator and the unschedulable-pod controller") is the design this package
-implements; ``../shared/protocol.md`` fixes the wire.
+The operator and the pod controller; how they fit together is ``docs/architecture.md``, the
+rules they follow ``docs/rules.md``, the wire contract ``docs/wire.md``.
 """
 
 __version__ = "0.1.0"

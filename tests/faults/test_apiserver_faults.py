@@ -1,9 +1,10 @@
-"""Apiserver faults (issue 9 "Apiserver faults"), through the embedded apiserver's fault hooks
+"""Apiserver faults, through the embedded apiserver's fault hooks
 (``server.faults``: fail_next / add_latency / drop_watches / compact) and a transport switch for
 "apiserver down for 60 s". Only the operator's client sees the faults (the simulated shard
 writes its Nodes through its own client).
 
-Each case ends converged (worked out from seed 000 and reference §5/§6 by hand):
+Each case ends converged (worked out by hand from ``docs/rules.md#roll-up`` and
+``docs/rules.md#upcomingnode-phases``):
 
 * every informer cache equals the server (same keys, same resourceVersions);
 * CRs a and b (priority 100, cpu 3 each: one need, aggregate cpu 6, min_unit 3) are both
@@ -54,7 +55,7 @@ async def _converged(h: Harness) -> tuple[bool, str]:
     bound = [m for m in h.shard.engine.machines if m.bound]
     if not bound or any(m.state != pb.MachineState.CONFIGURED for m in bound):
         return False, f"shard not settled: {h.shard.machines_by_state()}"
-    want = {f"un-{m.machine_id}": "Ready" for m in bound}  # CONFIGURED -> Ready (seed 000)
+    want = {f"un-{m.machine_id}": "Ready" for m in bound}  # CONFIGURED -> Ready
     got = {n: (u.get("status") or {}).get("phase") for n, u in uns.items()}
     if got != want:
         return False, f"UpcomingNodes {got} != shard {want}"

@@ -1,4 +1,4 @@
-"""Leader election under faults (issue 9 "Leader election"): two operators, one Lease, one shard.
+"""Leader election under faults: two operators, one Lease, one shard.
 
 Timings worked out from the client-go rules in :mod:`bigfleet_trio.kube.leader` (lease 15 s,
 renew deadline 10 s, retry 2 s; followers poll every 2-3 s and wake at the observed expiry):
@@ -8,7 +8,7 @@ renew deadline 10 s, retry 2 s; followers poll every 2-3 s and wake at the obser
   follower *observed* the last renewal (up to one poll, 3 s, after the death when the leader
   renewed just before it); the follower wakes right at that expiry, then needs its own
   sync/connect (< 1 s) -> the follower holds the shard session 15 to 19 s after the death,
-  within the 20 s of issue 9. The jitter is seeded per candidate, so CI replays one schedule;
+  within the 20 s takeover budget. The jitter is seeded per candidate, so CI replays one schedule;
 * a leader cut off from the apiserver (but alive, and still connected to the shard) stops
   acting within retry + renew deadline (2 + 10 s after its last successful renewal) -- before
   the follower may take over (15 s after that renewal) -- so there is never a moment with two

@@ -1,4 +1,4 @@
-"""Shard faults (issue 9 "Shard faults"): the stream dies after each frame kind, mid bootstrap
+"""Shard faults: the stream dies after each frame kind, mid bootstrap
 pull, mid reclaim and mid NodeStateUpdate burst; a shard that never reads; a shard that sends
 garbage, unknown oneofs, empty ids and huge frames.
 
@@ -6,7 +6,7 @@ After every fault: the agent reconnects with backoff; the first roll-up of every
 complete and current; no drain was cancelled by the reconnect (drains are owned by the operator's
 DrainManager, outside the session); cancelling the operator leaves no task behind.
 
-Expected values, worked out by hand (seed 000 "Building the roll-up", reference §5):
+Expected values, worked out by hand (``docs/rules.md#roll-up``):
 CRs w and v (priority 100, cpu 3 each, no requirements) share one profile, so while both exist
 the roll-up is one need: aggregate cpu "6", min_unit cpu "3". Four 4-cpu machines exist; 6 cpu of
 demand needs two. After both CRs are deleted the complete roll-up is empty.
