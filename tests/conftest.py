@@ -22,7 +22,7 @@ def restore_root_logging() -> Iterator[None]:
 
 # The fast loop (`pytest -m "not slow"`, see CONTRIBUTING.md) leaves these out; the full suite (CI)
 # runs them. Keyed on paths so other areas' test files need no edits: fuzzing, tests that drive
-# kubectl/kustomize or other real processes, the demo end to end, and modules measured at > ~2 s
+# kubectl/kustomize or other real processes, the demo end to end, and tests measured at > ~2 s
 # (`pytest --durations=50`). A test can also carry `@pytest.mark.slow` itself.
 SLOW_PATHS: tuple[str, ...] = (
     "tests/fuzz/",
@@ -37,16 +37,18 @@ SLOW_PATHS: tuple[str, ...] = (
     "tests/sim/test_pieces_path.py",
     "tests/shard/test_send_timeout_at_the_wire.py",
     "tests/security/test_rbac_flow.py",
+    "tests/sim/test_demo_workloads.py",
+    "tests/shard/test_bootstrap_first.py::test_bootstrap_request_behind_10k_node_state_updates",
+    "tests/faults/test_shard_faults.py::test_shard_that_never_reads_outbox_bounded_memory_flat",
+    "tests/operator/test_rollup_property.py::test_incremental_matches_from_scratch",
 )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test under :data:`SLOW_PATHS` ``slow``."""
-    root = config.rootpath
+    """Mark ``slow`` every test whose node id starts with an entry of :data:`SLOW_PATHS`.
+
+    Entries are a directory, a file, or a ``file::test`` prefix (parametrized cases included).
+    """
     for item in items:
-        try:
-            rel = item.path.relative_to(root).as_posix()
-        except ValueError:
-            continue
-        if rel.startswith(SLOW_PATHS):
+        if item.nodeid.startswith(SLOW_PATHS):
             item.add_marker(pytest.mark.slow)
