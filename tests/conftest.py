@@ -8,9 +8,13 @@ from collections.abc import Iterator
 import pytest
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def restore_root_logging() -> Iterator[None]:
-    """Leave the root logger as found: ``cli.main`` installs a handler and sets the level."""
+    """Leave the root logger as found: ``cli.main`` installs a handler and sets the level.
+
+    Autouse so no test depends on which tests ran before it (a handler left on stderr by one
+    test would otherwise show up in another's ``capsys`` output, e.g. under ``-m "not slow"``).
+    """
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     yield
