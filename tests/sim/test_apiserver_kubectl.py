@@ -111,7 +111,8 @@ async def test_capacityrequest_lifecycle(kube: Kube) -> None:
         in missing.stderr.decode()
     )
     table = await kube.out("get", "cr")
-    assert table.splitlines()[0].split() == ["NAME", "PHASE", "PRIORITY", "AGE"]
+    # Upstream's printer columns first and in order, ours after them (docs/crds.md).
+    assert table.splitlines()[0].split() == ["NAME", "PHASE", "PRIORITY", "AGE", "POD", "CPU", "MEMORY"]
     assert table.splitlines()[1].split()[:2] == ["req1", "5"]
     smp = await kube.run("patch", "cr", "req1", "-p", '{"spec":{"priority":7}}', ok=False)
     assert smp.returncode == 1
@@ -204,7 +205,7 @@ async def test_get_watch_sees_later_change(kube: Kube) -> None:
                 buf += await proc.stdout.receive_some()
         proc.kill()
     lines = buf.decode().splitlines()
-    assert lines[0].split() == ["NAME", "PHASE", "PRIORITY", "AGE"]
+    assert lines[0].split() == ["NAME", "PHASE", "PRIORITY", "AGE", "POD", "CPU", "MEMORY"]
     assert lines[1].split()[:2] == ["req1", "5"] and lines[-1].split()[:2] == ["req1", "9"]
 
 
@@ -375,7 +376,8 @@ async def test_get_upn_prints_phase_and_node(kube: Kube) -> None:
         subresource="status",
     )
     out = (await kube.out("get", "upn")).splitlines()
-    assert out[0].split() == ["NAME", "PHASE", "NODE", "AGE"]
+    # Last-Error has priority 1: shown only with -o wide.
+    assert out[0].split() == ["NAME", "PHASE", "NODE", "AGE", "INSTANCE-TYPE", "ZONE"]
     assert out[1].split()[:3] == ["u1", "Registered", "node-1"]
 
 

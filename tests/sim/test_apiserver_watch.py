@@ -181,6 +181,9 @@ async def test_watch_table_events(client: httpx.AsyncClient, autojump_clock: Any
         "Phase",
         "Node",
         "Age",
+        "Instance-Type",
+        "Zone",
+        "Last-Error",
     ]
     assert lines[1]["object"]["columnDefinitions"] == []
     assert lines[1]["object"]["rows"][0]["cells"][:3] == ["u1", "Launched", "n9"]
