@@ -115,7 +115,9 @@ async def test_schema_errors_are_422_with_causes(client: httpx.AsyncClient) -> N
     cause = r.json()["details"]["causes"][0]
     assert cause["field"] == "status.phase"
     assert cause["reason"] == "FieldValueNotSupported"
-    assert cause["message"] == 'Unsupported value: "Done": supported values: "Pending", "Acknowledged"'
+    assert (
+        cause["message"] == 'Unsupported value: "Done": supported values: "Pending", "Acknowledged"'
+    )
     r = await client.post(CR_PATH, json={"metadata": {"name": "b"}, "spec": {"priority": 1}})
     assert r.status_code == 422
     c = r.json()["details"]["causes"][0]

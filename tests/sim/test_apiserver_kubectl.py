@@ -101,8 +101,7 @@ async def test_capacityrequest_lifecycle(kube: Kube) -> None:
     assert dup.returncode == 1
     assert (
         'Error from server (AlreadyExists): error when creating "STDIN": '
-        'capacityrequests.bigfleet.lucy.sh "req1" already exists'
-        in dup.stderr.decode()
+        'capacityrequests.bigfleet.lucy.sh "req1" already exists' in dup.stderr.decode()
     )
     missing = await kube.run("get", "capacityrequest", "nope", ok=False)
     assert missing.returncode == 1
@@ -112,7 +111,15 @@ async def test_capacityrequest_lifecycle(kube: Kube) -> None:
     )
     table = await kube.out("get", "cr")
     # Upstream's printer columns first and in order, ours after them (docs/crds.md).
-    assert table.splitlines()[0].split() == ["NAME", "PHASE", "PRIORITY", "AGE", "POD", "CPU", "MEMORY"]
+    assert table.splitlines()[0].split() == [
+        "NAME",
+        "PHASE",
+        "PRIORITY",
+        "AGE",
+        "POD",
+        "CPU",
+        "MEMORY",
+    ]
     assert table.splitlines()[1].split()[:2] == ["req1", "5"]
     smp = await kube.run("patch", "cr", "req1", "-p", '{"spec":{"priority":7}}', ok=False)
     assert smp.returncode == 1
@@ -491,9 +498,7 @@ spec:
 
 async def test_kubectl_scale_uses_the_scale_subresource(kube: Kube) -> None:
     await kube.out("apply", "-f", "-", stdin=DEPLOY_YAML)
-    assert "deployment.apps/web scaled" in await kube.out(
-        "scale", "deployment/web", "--replicas=5"
-    )
+    assert "deployment.apps/web scaled" in await kube.out("scale", "deployment/web", "--replicas=5")
     obj = json.loads(await kube.out("get", "deploy", "web", "-o", "json"))
     assert obj["spec"]["replicas"] == 5 and obj["metadata"]["generation"] == 2
     assert kube.api.counters[("patch", "deployments/scale")] == 1
@@ -545,7 +550,7 @@ async def test_rbac_apply_manifests_create_token_and_forbidden(rbac_kube: Kube) 
     assert "clusterrole.rbac.authorization.k8s.io/bigfleet-operator" in roles.split()
     bindings = await kube.out("get", "rolebindings", "-n", "bigfleet-system", "-o", "name")
     assert "rolebinding.rbac.authorization.k8s.io/bigfleet-operator-leader-election" in bindings
-    token = (await kube.out("create", "token", "bigfleet-operator", "-n", "bigfleet-system"))
+    token = await kube.out("create", "token", "bigfleet-operator", "-n", "bigfleet-system")
     token = token.strip()
     assert token.count(".") == 2  # a JWT
     ok = await kube.out("--token", token, "get", "upcomingnodes")
@@ -599,8 +604,11 @@ async def test_kubectl_explain_builtins_and_crds(kube: Kube) -> None:
     # the project CRD: whatever crds.yaml describes is what kubectl prints
     from bigfleet_trio.sim.apiserver.crds import default_crd_text
 
-    crd = next(d for d in yaml.safe_load_all(default_crd_text())
-               if d and d["spec"]["names"]["kind"] == "CapacityRequest")
+    crd = next(
+        d
+        for d in yaml.safe_load_all(default_crd_text())
+        if d and d["spec"]["names"]["kind"] == "CapacityRequest"
+    )
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     reqs = spec["properties"]["requirements"]
     out = await kube.out("explain", "capacityrequest.spec.requirements")
