@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import logging
 import os
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,9 @@ class KubeConfig:
     def ssl_context(self) -> ssl.SSLContext:
         """Build (once) the TLS context for this cluster.
 
-        CA and client key material given as data is loaded in memory for the CA and via a
-        0600 temporary file (deleted immediately) for the client pair, since
+        CA material given as data is loaded in memory; a client pair given as data is loaded
+        through an anonymous in-memory file (Linux ``memfd_create``, so it works on a read-only
+        filesystem) or, where that is missing, a 0600 temporary file deleted at once, since
         ``SSLContext.load_cert_chain`` only takes paths.
 
         Raises:
@@ -152,35 +154,55 @@ class KubeConfig:
         return ctx
 
     def _load_client_pair(self, ctx: ssl.SSLContext, cert: bytes | None, key: bytes | None) -> None:
-        tmp: list[str] = []
-        try:
+        with contextlib.ExitStack() as stack:
             cert_path = self.client_cert_file
             key_path = self.client_key_file
             if cert is not None:
-                cert_path = _write_secret_temp(cert)
-                tmp.append(cert_path)
+                cert_path = stack.enter_context(_secret_path(cert))
             if key is not None:
-                key_path = _write_secret_temp(key)
-                tmp.append(key_path)
+                key_path = stack.enter_context(_secret_path(key))
             if cert_path is None:
                 raise ValueError("client key given without client certificate")
             ctx.load_cert_chain(certfile=cert_path, keyfile=key_path)
+
+
+@contextlib.contextmanager
+def _secret_path(data: bytes) -> Iterator[str]:
+    """A path holding ``data`` for as long as the context is open, then gone.
+
+    ``SSLContext.load_cert_chain`` only takes paths, and a container run with a read-only root
+    has no writable /tmp. On Linux the PEM goes into an anonymous in-memory file
+    (``memfd_create``) opened again through ``/proc/self/fd/N``: nothing touches a filesystem
+    and the memory is freed when the descriptor is closed. Elsewhere (no memfd, or no /proc) it
+    falls back to a 0600 temporary file that is deleted on exit.
+    """
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create("bigfleet-kube-pem", os.MFD_CLOEXEC)
+        try:
+            _write_all(fd, data)
+            yield f"/proc/self/fd/{fd}"
         finally:
-            for p in tmp:
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
-
-
-def _write_secret_temp(data: bytes) -> str:
+            os.close(fd)
+        return
     fd, path = tempfile.mkstemp(prefix="bigfleet-kube-", suffix=".pem")
     try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
+        try:
+            os.fchmod(fd, 0o600)
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+        yield path
     finally:
-        os.close(fd)
-    return path
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _b64(value: Any, what: str, src: str) -> bytes:

@@ -3,6 +3,7 @@
 import base64
 import os
 import ssl
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,49 @@ def test_ca_data_and_client_cert_data(tmp_path: Path) -> None:
     assert not [
         p for p in os.listdir(os.environ.get("TMPDIR", "/tmp")) if p.startswith("bigfleet-kube-")
     ]
+
+
+def _no_temp_files(*_a: object, **_k: object) -> object:
+    raise OSError(30, "Read-only file system")
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="needs memfd_create (Linux)")
+def test_inline_client_cert_loads_without_a_writable_filesystem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A container run with --read-only has no writable /tmp: the inline client pair must load
+    # without creating any file (scripts/image-smoke checks the same inside the image).
+    ca = trustme.CA()
+    leaf = ca.issue_cert("kube-admin")
+    cluster = {"server": "https://k:6443", "insecure-skip-tls-verify": True}
+    user = {
+        "client-certificate-data": base64.b64encode(leaf.cert_chain_pems[0].bytes()).decode(),
+        "client-key-data": base64.b64encode(leaf.private_key_pem.bytes()).decode(),
+    }
+    cfg = load_kubeconfig(_write(tmp_path, _kubeconfig(cluster, user)), env={})
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-dir"))
+    for name in ("mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryFile"):
+        monkeypatch.setattr(tempfile, name, _no_temp_files)
+    before = len(os.listdir("/proc/self/fd"))
+    ctx = cfg.ssl_context()
+    assert isinstance(ctx, ssl.SSLContext)
+    assert len(os.listdir("/proc/self/fd")) == before  # the in-memory files are closed again
+
+
+def test_inline_client_cert_falls_back_to_a_deleted_temp_file_without_memfd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("kube-admin")
+    user = {
+        "client-certificate-data": base64.b64encode(leaf.cert_chain_pems[0].bytes()).decode(),
+        "client-key-data": base64.b64encode(leaf.private_key_pem.bytes()).decode(),
+    }
+    cfg = load_kubeconfig(_write(tmp_path, _kubeconfig({"server": "https://k"}, user)), env={})
+    monkeypatch.delattr(os, "memfd_create", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cfg.ssl_context()
+    assert sorted(os.listdir(tmp_path)) == ["config"]
 
 
 def test_client_cert_files_relative_to_kubeconfig(tmp_path: Path) -> None:
