@@ -1,4 +1,4 @@
-"""``python -m bigfleet_trio``: the same as the ``bigfleet-trio`` console script (design.md CLI)."""
+"""``python -m bigfleet_trio``: the ``bigfleet-trio`` console script (:mod:`bigfleet_trio.cli`)."""
 
 import sys
 

@@ -3,7 +3,7 @@
 Trio nurseries wrap every exception that leaves them in a ``BaseExceptionGroup`` (strict groups),
 so a start-up failure raised deep inside ``trio.run`` (a ``SyncTimeout``, a port already in use)
 arrives at the CLI as nested groups. The binaries turn such a failure into the one line
-``<command>: <what is wrong>`` and exit 1 (design.md, CLI contract); this module finds it.
+``<command>: <what is wrong>`` and exit 1 (:mod:`bigfleet_trio.cli`); this module finds it.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""Informer = reflector (LIST + resumable WATCH) feeding an indexed in-memory store (issue 4).
+"""Informer = reflector (LIST + resumable WATCH) feeding an indexed in-memory store.
 
-Follows ../shared/notes/ecosystem.md §1.7 and client-go's ``tools/cache`` reflector:
-
-* LIST with ``limit``/``continue`` pages (a 410 on a continue token restarts the list); each
-  item is keyed (``"ns/name"`` or ``"name"``) and passed through the optional ``transform``
-  as soon as its page arrives, so only slim projections stay in memory.
-* WATCH from the list's resourceVersion with ``allowWatchBookmarks=true`` and a randomised
-  ``timeoutSeconds`` in [300, 600]; the resourceVersion advances on every event including
-  BOOKMARKs. A clean end re-watches at once from the last resourceVersion.
-* Every line read runs under an inactivity deadline (``inactivity_timeout``, 90 s, a Trio
-  cancel scope); on expiry the watch is re-opened from the last resourceVersion.
-* HTTP 410 or an ERROR event with code 410 → relist, and the fresh list is diffed against the
-  store: vanished keys get a synthesised DELETED, changed ones MODIFIED, new ones ADDED
-  (:func:`bigfleet_trio.kube.watch.relist_diff`).
-* Other failures → exponential backoff with jitter (0.8 s doubling to 30 s, reset after 2 min
-  healthy; at least ``Retry-After`` on 429), then re-watch from the last resourceVersion (or
-  re-list if the list itself failed).
+Follows client-go's ``tools/cache`` reflector: a paged LIST, then a WATCH resumed from the last
+resourceVersion (bookmarks on, randomised server timeout, an inactivity deadline per line); HTTP
+410 relists and diffs the fresh list against the store; other failures back off with jitter.
+Each method below says its part. Objects pass through the optional ``transform`` as their page
+arrives, so only slim projections stay in memory. The contract: docs/kube-api.md.
 
 Handlers run synchronously in event order inside the informer task; exceptions they raise are
 logged and swallowed. Handlers must not block.
@@ -256,7 +245,13 @@ class Informer:
     # -- the task ------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run list+watch forever (until cancelled). Signals started at once, not at sync."""
+        """Run list+watch forever (until cancelled). Signals started at once, not at sync.
+
+        A clean watch end re-watches at once from the last resourceVersion; an idle watch
+        (``inactivity_timeout``) is re-opened from there too; 410 relists. Other failures wait
+        out the exponential backoff with jitter (0.8 s doubling to 30 s, reset after 2 min
+        healthy; at least ``Retry-After`` on 429), then re-watch, or re-list if the list failed.
+        """
         task_status.started()
         name = self._name()
         need_list = True
@@ -322,6 +317,12 @@ class Informer:
             return None
 
     async def _relist(self) -> None:
+        """LIST in ``limit``/``continue`` pages (a 410 on a continue token restarts the list).
+
+        Each item is keyed (``"ns/name"`` or ``"name"``) and transformed as its page arrives.
+        A relist over a non-empty store is diffed against it: vanished keys get a synthesised
+        DELETED, changed ones MODIFIED, new ones ADDED (:func:`.watch.relist_diff`).
+        """
         fresh: dict[str, Any] = {}
 
         def on_items(items: list[dict[str, Any]]) -> None:
@@ -367,6 +368,10 @@ class Informer:
             self._synced.set()
 
     async def _watch_once(self) -> None:
+        """WATCH from the last resourceVersion with ``allowWatchBookmarks=true`` and a random
+        ``timeoutSeconds`` in ``watch_timeout_range``; the resourceVersion advances on every
+        event, BOOKMARKs included. Every line read runs under ``inactivity_timeout``.
+        """
         lo, hi = self.watch_timeout_range
         timeout = self._rng.randint(lo, hi)
         start = trio.current_time()
@@ -448,7 +453,7 @@ async def wait_all_synced(informers: Sequence[Informer], seconds: float) -> None
     """Wait until every informer in ``informers`` has synced, for at most ``seconds``.
 
     The Go agent's equivalent is controller-runtime's ``cache.WaitForCacheSync`` under a
-    deadline (reference-behavior §1: 30 s for the operator, 10 min for the pod controller): an
+    deadline (30 s in the Go operator, 10 min in its pod controller): an
     agent that cannot list its resources (RBAC missing, CRD not installed) must fail visibly
     and crash-loop, not sit unready forever.
 

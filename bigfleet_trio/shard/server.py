@@ -1,6 +1,6 @@
 """A generic grpclib ``Shard.Session`` server that hands each session to a Trio callback.
 
-Seed 000 "The single outbound stream" (the shard side of the one RPC); used by the simulated
+The shard side of the one RPC (docs/wire.md#shardsession-and-its-messages); used by the simulated
 shard and by the transport tests. The same bridge as :mod:`bigfleet_trio.shard.grpc`, mirrored:
 grpclib runs each request handler in its own asyncio task; that task pumps frames between the
 grpclib stream and two Trio memory channels and runs the Trio ``handler(shard_stream)`` as a

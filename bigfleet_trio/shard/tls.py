@@ -1,9 +1,7 @@
 """TLS / mTLS contexts for the ``Shard.Session`` stream (client and test server).
 
-Seed 000 "The single outbound stream" (the cluster dials, the shard never reaches back);
-reference-behavior.md §1 (``--tls-cert/--tls-key/--tls-ca``) and §2.3 (mTLS, TLS 1.3 minimum).
-
-Rules:
+The cluster dials, the shard never reaches back (docs/wire.md#shardsession-and-its-messages);
+flags ``--tls-cert/--tls-key/--tls-ca`` as the Go binaries. Rules:
 
 * no files -> plaintext (h2c);
 * ``ca`` alone -> TLS that verifies the shard against ``ca`` (no client certificate);
@@ -11,9 +9,6 @@ Rules:
   ``bigfleet://cluster/<cluster_id>`` URI SAN (ADR-0048, the shard's business);
 * ``cert`` without ``key`` (or the reverse), or a client pair without ``ca``, is a
   :class:`TLSConfigError` at startup, like the Go ``grpcutil.Validate``.
-
-Contexts are built from disk on every call, and the connector builds one per connect, so a
-rotated client certificate is picked up at the next reconnect (the Go code reloads on mtime).
 """
 
 from __future__ import annotations
@@ -61,6 +56,9 @@ class TLSFiles:
 def client_ssl_context(files: TLSFiles) -> ssl.SSLContext | None:
     """Build the client context for ``files`` (None for plaintext).
 
+    Built from disk on every call, and the connector builds one per connect, so a rotated client
+    certificate is picked up at the next reconnect (the Go code reloads on mtime).
+
     Returns:
         An SSLContext with TLS >= 1.3, ALPN ``h2``, hostname checking on, the CA loaded and,
         for mTLS, the client certificate chain loaded.
@@ -77,7 +75,7 @@ def client_ssl_context(files: TLSFiles) -> ssl.SSLContext | None:
             ctx.load_cert_chain(files.cert, files.key)
     except (OSError, ssl.SSLError) as exc:
         raise TLSConfigError(f"tls: cannot load client TLS files: {exc}") from exc
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3  # the Go reference's minimum too
     ctx.set_alpn_protocols(["h2"])
     return ctx
 
