@@ -1,8 +1,8 @@
 """Wire compatibility: the proto sources, the committed descriptor and the generated code agree
-with ``../shared/protocol.md`` (issue 2, Build 2).
+with BigFleet's wire contract (docs/wire.md#shardsession-and-its-messages).
 
-The expected table below is transcribed by hand from protocol.md; it is the reference a real
-BigFleet shard understands. Three checks hang off it:
+The expected table below is transcribed by hand from BigFleet's published protocol; it is what
+a real BigFleet shard understands. Three checks hang off it:
 
 * every message, field number, type, label, oneof, map, enum value and reserved number in the
   committed ``bigfleet_trio/proto/descriptor.binpb`` equals the table (nothing more, nothing less);
@@ -271,7 +271,7 @@ def test_service_is_one_bidirectional_session_rpc() -> None:
     assert rpc.input_type == f".{PACKAGE}.OperatorMessage"
     assert rpc.output_type == f".{PACKAGE}.ShardMessage"
     assert rpc.client_streaming and rpc.server_streaming
-    # The path grpclib dials (betterproto stub) is the one protocol.md names.
+    # The path grpclib dials (betterproto stub) is the one a real shard serves.
     assert "/bigfleet.v1alpha1.Shard/Session" in Path(pb.__file__).read_text()
 
 
