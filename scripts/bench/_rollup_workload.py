@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Roll-up benchmark (seed 000 "Building the roll-up": a cycle costs O(needs), ~2 KB roll-ups).
+"""Roll-up benchmark: a cycle should cost O(needs), not O(CRs), and the roll-up size stay flat.
 
 For 1K / 10K / 100K CapacityRequests (~500 profiles, ~10% co-located) it measures:
 

@@ -1,6 +1,6 @@
 """``bench.py nodestate``: a NodeStateUpdate burst through the real Session into the real
-:class:`~bigfleet_trio.operator.upcoming.UpcomingNodeHandler` (issue 8 "NodeStateUpdate burst";
-seed 000 "NodeStateUpdate coalescing", "UpcomingNode").
+:class:`~bigfleet_trio.operator.upcoming.UpcomingNodeHandler` (BENCHMARKS.md "NodeStateUpdate
+burst"; coalescing: docs/wire.md#the-session; phases: docs/rules.md#upcomingnode-phases).
 
 Set-up per measurement: a fresh embedded apiserver (:class:`~bigfleet_trio.sim.apiserver.ApiServer`)
 in a child process over loopback HTTP (``--server fast``, default: it has its own CPU and real

@@ -1,5 +1,5 @@
 """``bench.py reclaim``: draining ``nodes x pods`` with PodDisruptionBudgets on the embedded
-apiserver (issue 8 "reclaim"; seed 000 "Handling reclaim", reference §7).
+apiserver (BENCHMARKS.md "reclaim" rows; the flow: docs/rules.md#reclaim).
 
 Cluster (built before the clock starts, on an apiserver child process with its PDB status
 controller on, so PDB status follows the Pods as kube-controller-manager would): ``--nodes``

@@ -245,7 +245,7 @@ def _measure(args: argparse.Namespace, frames: int, rounds: int, payload: str) -
         "frames": frames,
         "raw_rates": [frames / t for t in raw_times],
         "session_rates": [frames / t for t in session_times],
-        # frames per client CPU-second: robust when the machine is shared/noisy
+        # frames per client CPU-second: robust when the machine is shared or noisy
         "raw_cpu_rates": [frames / t for t in raw_cpu],
         "session_cpu_rates": [frames / t for t in session_cpu],
         "session_stats_last_round": stats,
