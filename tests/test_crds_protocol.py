@@ -25,7 +25,7 @@ VERSION = "v1alpha1"
 QUANTITY = "quantity"  # int-or-string quantity (x-kubernetes-int-or-string + quantity pattern)
 QUANTITY_MAP = "map of quantity"
 
-# kind -> what protocol.md says. Property tables: name -> type ("string", "integer/int32",
+# kind -> upstream's CRD facts. Property tables: name -> type ("string", "integer/int32",
 # "date-time", QUANTITY, QUANTITY_MAP, "map", "list", "object").
 EXPECTED: dict[str, dict[str, Any]] = {
     "CapacityRequest": {

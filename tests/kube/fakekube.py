@@ -1,6 +1,6 @@
 """A tiny in-memory apiserver behind ``httpx.MockTransport`` for the kube layer's tests.
 
-Semantics follow ../shared/notes/kube-testserver.md §2 closely enough for the client:
+Semantics follow a real apiserver (and bigfleet_trio.sim.apiserver) closely enough for the client:
 one global integer resourceVersion, list pagination with opaque continue tokens, watches that
 replay retained history after ``resourceVersion`` then stream live events one JSON line at a
 time (bodies fed from Trio memory channels), ERROR 410 for a compacted history, Status bodies

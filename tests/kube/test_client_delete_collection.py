@@ -1,4 +1,4 @@
-"""KubeClient.delete_collection (deletecollection verb; issue 4 "Client").
+"""KubeClient.delete_collection (deletecollection verb).
 
 The request shape is checked against a recording ``httpx.MockTransport`` (as in test_client.py);
 the selector semantics against the embedded apiserver over the in-process ASGI transport (as in

@@ -1,4 +1,4 @@
-"""Kubeconfig / in-cluster resolution (issue 4 "Config")."""
+"""Kubeconfig / in-cluster resolution (docs/kube-api.md, "Config")."""
 
 import base64
 import os

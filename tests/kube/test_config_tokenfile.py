@@ -1,4 +1,4 @@
-"""Kubeconfig ``users[].user.tokenFile`` (issue 4 "Config").
+"""Kubeconfig ``users[].user.tokenFile`` (docs/kube-api.md, "Config").
 
 What the code does (bigfleet_trio/kube/config.py): ``tokenFile`` is stored as ``token_file``
 (``~`` expanded, relative paths joined to the kubeconfig's directory, not the working directory);

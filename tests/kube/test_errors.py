@@ -1,4 +1,4 @@
-"""Status-body → exception mapping (issue 4 "Errors mapped from Status bodies")."""
+"""Status-body → exception mapping (docs/kube-api.md, "Errors")."""
 
 import json
 

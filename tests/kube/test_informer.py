@@ -1,4 +1,4 @@
-"""Informer: list+watch, resume, bookmarks, 410 relist diff, inactivity, backoff (issue 4)."""
+"""Informer: list+watch, resume, bookmarks, 410 relist diff, inactivity, backoff."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The kube layer against the embedded apiserver (bigfleet_trio.sim.apiserver, issue 3).
+"""The kube layer against the embedded apiserver (bigfleet_trio.sim.apiserver).
 
 One test goes over a real loopback socket (serve + write_kubeconfig + load_kubeconfig, real
 clock, short); the rest use the in-process ASGI transport so ``autojump_clock`` drives time.

@@ -1,4 +1,4 @@
-"""Lease leader election: acquire, renew, hand-over, expiry, release (issue 4)."""
+"""Lease leader election: acquire, renew, hand-over, expiry, release."""
 
 from __future__ import annotations
 

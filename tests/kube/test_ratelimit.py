@@ -1,4 +1,4 @@
-"""Token bucket bookkeeping (issue 4 "Client-side rate limit")."""
+"""Token bucket bookkeeping (the client's ``qps``/``burst``)."""
 
 import pytest
 

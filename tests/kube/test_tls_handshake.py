@@ -1,5 +1,5 @@
 """The kube client over real TLS on loopback: kubeconfig CA data and client certificate data
-(issue 4 "Config": CA file/data, client cert/key file/data) end in a verified mutual handshake,
+(docs/kube-api.md: CA file/data, client cert/key file/data) end in a verified mutual handshake,
 and a server the CA did not sign is refused.
 
 The server is a few lines of Trio: a TLS listener that requires a client certificate signed by

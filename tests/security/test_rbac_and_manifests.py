@@ -1,5 +1,5 @@
 """RBAC in ``config/rbac`` against what the code really calls, and the Deployments'
-security context (issue 9 "Security").
+security context (FAULTS.md, "Security").
 
 The calls are recorded, not guessed: each component runs through its whole lifecycle on the
 embedded apiserver behind a recording transport, and every HTTP request is mapped to its RBAC

@@ -1,7 +1,8 @@
 """grpclib transport over loopback (real sockets, real time bounded by trio.fail_after).
 
-Seed 000 "The single outbound stream"; ecosystem.md §2.1. These tests cannot use the autojump
-clock (real I/O), so each is wrapped in a generous ``fail_after`` and finishes in well under 1 s.
+The agent dials, the shard never does (docs/wire.md#shardsession-and-its-messages); grpclib is
+asyncio-only, so it runs through trio-asyncio. These tests cannot use the autojump clock (real
+I/O), so each is wrapped in a generous ``fail_after`` and finishes in well under 1 s.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Shard transport defaults: 256 MiB message limit and HTTP/2 keepalive wiring into grpclib.
 
-reference-behavior.md §2.3 (256 MiB dial limits); ecosystem.md §2.1 (keepalive only through
-grpclib's underscore ``Configuration`` fields). No network: the grpclib ``Channel`` is the real
+The Go reference dials with 256 MiB limits; grpclib offers keepalive only through the underscore
+fields of its ``Configuration``. No network: the grpclib ``Channel`` is the real
 class with only its socket dial replaced, so the test sees the configuration grpclib itself would
 hand to the HTTP/2 protocol object that schedules the pings.
 """
