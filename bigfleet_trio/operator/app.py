@@ -68,6 +68,7 @@ __all__ = [
     "PROVIDER_ID_INDEX",
     "Operator",
     "OperatorStatistics",
+    "Unauthenticated",
     "run_operator",
     "serve_operator",
 ]
@@ -78,6 +79,15 @@ NODE_REF_INDEX = "nodeRef"
 """Index name of the UpcomingNode informer: Node name -> UpcomingNodes pointing at it."""
 PROVIDER_ID_INDEX = "providerID"
 """Index name of the Node informer: ``spec.providerID`` -> Nodes (reclaim by machine id)."""
+
+
+class Unauthenticated(SyncTimeout):
+    """The apiserver answered 401 Unauthorized while the informers were syncing.
+
+    A subclass of :class:`SyncTimeout` (callers that report a failed sync report this too), but
+    raised as soon as the 401 is seen: credentials do not heal by waiting out the deadline. The
+    pod controller raises its own of the same name and message for the same reason.
+    """
 
 
 @dataclass
@@ -392,6 +402,8 @@ class Operator:
             RuntimeError: the operator is already running.
             SyncTimeout: the informer caches did not sync within ``cfg.sync_timeout`` seconds
                 (nothing was written and the shard was never dialled).
+            Unauthenticated: (a SyncTimeout) the apiserver answered 401 before they synced;
+                raised at the first 401, not at the deadline.
         """
         if self._running:
             raise RuntimeError("Operator.run is already running")
@@ -399,6 +411,9 @@ class Operator:
         self._synced = False
         rt = self._rt = _Runtime(self)
         cluster = self.cfg.cluster_id
+        # A 401 from before this run (an earlier leadership term, a token since rotated) says
+        # nothing about the credentials now; only one that arrives during this run fails it.
+        stale_401 = self.client.unauthorized is not None
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(rt.source.run)
@@ -406,7 +421,7 @@ class Operator:
                     await nursery.start(inf.run)
                 log.info("operator: waiting for informers to sync",
                          extra={"cluster": cluster, "timeout_s": self.cfg.sync_timeout})
-                await wait_all_synced(rt.informers, self.cfg.sync_timeout)
+                await self._wait_synced(rt, stale_401=stale_401)
                 self._synced = True
                 log.info(
                     "operator: informers synced",
@@ -424,6 +439,42 @@ class Operator:
             self._synced = False
             log.info("operator: stopped", extra={"cluster": cluster})
             self._publish(kinds.OPERATOR_STOPPED, cluster=cluster)
+
+    async def _wait_synced(self, rt: _Runtime, *, stale_401: bool) -> None:
+        """Return once every informer synced; raise at the deadline or at the first 401.
+
+        Raises:
+            SyncTimeout: ``cfg.sync_timeout`` passed with an informer unsynced.
+            Unauthenticated: the client's first 401 arrived during this run (``stale_401``:
+                it had one before the run started, so only the deadline applies).
+        """
+        failed: SyncTimeout | None = None
+        async with trio.open_nursery() as race:
+
+            async def synced() -> None:
+                nonlocal failed
+                try:
+                    await wait_all_synced(rt.informers, self.cfg.sync_timeout)
+                except SyncTimeout as exc:
+                    failed = exc
+                race.cancel_scope.cancel()
+
+            async def refused() -> None:
+                nonlocal failed
+                if stale_401:  # the client only remembers its first 401: the deadline decides
+                    await trio.sleep_forever()
+                exc = await self.client.wait_unauthorized()
+                failed = Unauthenticated(
+                    f"401 Unauthorized: the apiserver refused this process's credentials "
+                    f"({exc.message or 'no message'}); check the kubeconfig's token or client "
+                    f"certificate"
+                )
+                race.cancel_scope.cancel()
+
+            race.start_soon(synced)
+            race.start_soon(refused)
+        if failed is not None:
+            raise failed
 
 
 # ---------------------------------------------------------------------- the process

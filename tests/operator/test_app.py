@@ -439,6 +439,42 @@ def test_run_operator_unwraps_sync_timeout_for_a_one_line_error(
         run_operator(cfg)
 
 
+def test_cli_operator_401_at_start_exits_1_with_one_line_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The apiserver refuses the credentials: the process must end with one line naming the 401
+    # as soon as it is seen, not "timed out after 3s ..." once --sync-timeout has passed.
+    from bigfleet_trio.cli import main
+    from bigfleet_trio.operator import app
+
+    seen: list[str] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        return httpx.Response(401, json={"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                         "message": "Unauthorized", "reason": "Unauthorized",
+                                         "code": 401})
+
+    def refusing_client(cfg: KubeConfig, **kw: Any) -> KubeClient:
+        return KubeClient(cfg, transport=httpx.MockTransport(refuse), **kw)
+
+    monkeypatch.setattr(app, "KubeClient", refusing_client)
+    kc = tmp_path / "kc"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: wrong}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    rc = main(["operator", "--cluster-id", "c1", "--shard-addr", "127.0.0.1:1",
+               "--kubeconfig", str(kc), "--metrics-addr", "127.0.0.1:0",
+               "--sync-timeout", "3", "--log-level", "error"])
+    assert rc == 1
+    assert seen  # the informers did ask
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("operator: 401 Unauthorized: "), err[-3:]
+
+
 async def test_send_timeout_reaches_the_session_config() -> None:
     from bigfleet_trio.operator import app
 

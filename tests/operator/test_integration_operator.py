@@ -35,10 +35,10 @@ from bigfleet_trio.kube import (
     KubeClient,
     KubeConfig,
 )
-from bigfleet_trio.kube.errors import NotFound
+from bigfleet_trio.kube.errors import NotFound, Unauthorized
 from bigfleet_trio.kube.informer import SyncTimeout
 from bigfleet_trio.observability.events import EventFeed
-from bigfleet_trio.operator.app import Operator
+from bigfleet_trio.operator.app import Operator, Unauthenticated
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import MemoryConnector, ShardStream
 from bigfleet_trio.sim.apiserver import ApiServer
@@ -523,3 +523,45 @@ async def test_informers_that_never_sync_end_run_with_sync_timeout_and_no_dial(
         )
         assert h.shard_ends == []  # never dialled
         assert h.operator.ready() == (False, ["operator not running"])
+
+
+async def test_401_during_sync_is_reported_at_once_not_after_the_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A wrong token or client certificate does not heal by waiting: the first 401 ends the
+    # start-up with "401 Unauthorized: ..." instead of retrying until --sync-timeout.
+    async with harness(sync_timeout=600.0) as h:
+        h.server.faults.fail_next(10**6, code=401, verb="list", resource="capacityrequests")
+        t0 = trio.current_time()
+        try:
+            with trio.fail_after(1200):
+                await h.operator.run()
+        except BaseExceptionGroup as group:
+            matched, rest = group.split(SyncTimeout)
+            assert rest is None
+            assert matched is not None
+            [exc] = matched.exceptions
+        else:  # pragma: no cover - the assertion below explains
+            raise AssertionError("Operator.run returned although every CR LIST was a 401")
+        assert isinstance(exc, Unauthenticated)  # a SyncTimeout: callers report it too
+        assert str(exc).startswith("401 Unauthorized: ")
+        assert "\n" not in str(exc)
+        assert trio.current_time() - t0 < 5  # at the first 401, not at the 600 s deadline
+        assert h.shard_ends == []  # never dialled
+        assert h.operator.ready() == (False, ["operator not running"])
+
+
+async def test_a_401_from_before_the_run_does_not_fail_its_sync(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The client remembers its first 401 (e.g. from an earlier leadership term, the token since
+    # rotated); a later run whose informers sync must start, not fail on that old answer.
+    async with harness(sync_timeout=600.0) as h:
+        h.server.faults.fail_next(1, code=401, verb="get", resource="nodes")
+        try:
+            await h.client.get(NODES, "n1")
+        except Unauthorized:
+            pass
+        assert h.client.unauthorized is not None
+        await h.nursery.start(h.operator.run)
+        assert h.operator.statistics().running
