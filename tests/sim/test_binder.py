@@ -1,4 +1,4 @@
-"""The simulation's minimal binder (kube-scheduler stand-in, issue 7): filters, scoring, binding
+"""The simulation's minimal binder (kube-scheduler stand-in): filters, scoring, binding
 through the embedded apiserver. Expected placements are worked out by hand from the rules in the
 module docstring."""
 

@@ -1,14 +1,14 @@
-"""End to end (issue 7 "Tests"): the demo scenario headless, real sockets (apiserver over HTTP,
+"""End to end: the demo scenario headless, real sockets (apiserver over HTTP,
 the shard stream over grpclib on loopback), real time with a generous bound, then the final
 state checked against the specs:
 
-- every live Pod has exactly one CapacityRequest (pod controller, seed 000 / ADR-0039);
-- the shard's last roll-up equals ``build_from_scratch`` over the CRs (operator roll-up, §5);
-- the machines serving the demand are Configured and their UpcomingNodes Ready (§6 phase table:
-  CONFIGURED -> Ready), one Ready Node per machine, every Pod bound;
+- every live Pod has exactly one CapacityRequest (docs/rules.md#pod-translation, ADR-0039);
+- the shard's last roll-up equals ``build_from_scratch`` over the CRs (docs/rules.md#roll-up);
+- the machines serving the demand are Configured and their UpcomingNodes Ready (CONFIGURED -> Ready,
+  docs/rules.md#upcomingnode-phases), one Ready Node per machine, every Pod bound;
 - after the scale-down the shard reclaimed machines, the operator acknowledged every instruction,
   the machines walked back to the pool, their UpcomingNodes were deleted (Draining -> Launched is
-  inferred Drained and deleted, §6 items 4-5) and their Nodes removed.
+  inferred Drained and deleted, same table) and their Nodes removed.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``bigfleet-trio demo --workloads DIR --quiet --json`` in-process through the CLI entry point
-(issue 7 "Demo"): the demo applies the manifests of DIR instead of the bundled ones, prints only
+the demo applies the manifests of DIR instead of the bundled ones, prints only
 the JSON summary, and exits 0 once the scale-up and the scale-down converged.
 
 The demo runs its own ``trio.run`` with real sockets (apiserver over HTTP, the shard stream over
@@ -7,10 +7,10 @@ grpclib on loopback), so this is a synchronous test in real time, as test_demo_e
 demo's own ``--timeout`` bounds it.
 
 Expected values worked out by hand from the manifest below: one Deployment ``web`` in namespace
-``default`` with 3 replicas of one container requesting cpu 100m -> 3 Pods (seed 000: one CR
-per Pod -> 3 CRs, one CapacityNeed since their specs are identical), all bound on one machine
-(300m fits the smallest shape); the only workload is the one scaled down (3 Pods deleted), so
-afterwards no Pod is left and that machine is reclaimed, drained and released.
+``default`` with 3 replicas of one container requesting cpu 100m -> 3 Pods -> 3 CRs (one per
+Pod, docs/rules.md#pod-translation), one CapacityNeed since their specs are identical, all bound
+on one machine (300m fits the smallest shape); the only workload is the one scaled down (3 Pods
+deleted), so afterwards no Pod is left and that machine is reclaimed, drained and released.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests of the simulated shard's catalog files (issue 7: "a configurable catalog of shapes").
+"""Tests of the simulated shard's catalog files (a configurable catalog of shapes).
 
 Covers :func:`load_catalog` (happy path, defaults, one-line errors naming file and field), the
 shipped example (== :func:`default_catalog`, and shipped as package data), and how

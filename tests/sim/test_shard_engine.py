@@ -1,4 +1,4 @@
-"""Unit tests of the simulated shard's sans-IO engine (issue 7 "Simulated shard").
+"""Unit tests of the simulated shard's sans-IO engine.
 
 Expected values are worked out by hand from the test catalog below and the rules in
 ``bigfleet_trio/sim/shard/engine.py``'s docstring (cheapest price first, then spread load, then
@@ -164,7 +164,7 @@ def test_same_requires_one_shared_value_across_the_set() -> None:
 
 
 def test_profile_fingerprint_matches_reference_format() -> None:
-    # reference-behavior §5.3 example
+    # the Go reference's format (docs/rules.md#roll-up-profile), on one of its own examples
     assert profile_fingerprint([req(IT, Op.OPERATOR_IN, "a3-highgpu-8g")], priority=1000000,
                                interruption_bucket=16) == (
         "p=1000000|ipb=16|rpb=0|reqs=node.kubernetes.io/instance-type:1:a3-highgpu-8g;|spr=")

@@ -1,5 +1,5 @@
-"""The simulated shard over real grpclib on localhost (issue 7: "a grpclib server speaking the real
-protocol"). Skipped when the grpclib transport modules are not present."""
+"""The simulated shard over real grpclib on localhost: a grpclib server speaking the real
+protocol. Skipped when the grpclib transport modules are not present."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Node registration hooks of the simulated shard (issue 7: "register a Node for each Configured
-machine through the Kubernetes API")."""
+"""Node registration hooks of the simulated shard: a Node is registered for each Configured
+machine through the Kubernetes API."""
 
 from __future__ import annotations
 

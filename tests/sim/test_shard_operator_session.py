@@ -1,6 +1,6 @@
 """The simulated shard against the agent's real session tasks (bigfleet_trio.operator.session),
 over the in-memory pair: roll-up -> pull -> Configured, then a withdrawn roll-up -> reclaim ->
-ack -> Draining -> Idle (issue 7 "Simulated shard"). Handlers here are recording stand-ins for
+ack -> Draining -> Idle. Handlers here are recording stand-ins for
 the apiserver-writing ones."""
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Session tests of the simulated shard over the in-memory stream pair (issue 7 "Simulated shard").
+"""Session tests of the simulated shard over the in-memory stream pair.
 
-Shard-side rules from reference-behavior §2 item 4 (Hello first, Ack "hello", Ack "rollup",
-replacement, replay on reconnect) and §9 (bootstrap pull, error -> shortfall). Catalog: one shape,
-3 machines of which 1 warm, so a 1-cpu need takes the warm machine straight to the pull.
+Shard-side rules as bigfleet_trio/sim/shard/session.py states them (Hello first, Ack "hello", Ack
+"rollup", replacement, replay on reconnect) and the bootstrap pull (error -> shortfall). Catalog:
+one shape, 3 machines of which 1 warm, so a 1-cpu need takes the warm machine straight to the
+pull.
 """
 
 from __future__ import annotations
