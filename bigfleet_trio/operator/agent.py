@@ -17,8 +17,10 @@ Backoff rule (documented deviation from the Go code, which never resets):
 Why an explicit loop instead of tenacity: a session never "succeeds" (every return is a reason
 to reconnect), and the reset rule makes the next wait depend on the last session's uptime, not
 on an attempt counter. Both fight tenacity's attempt/stop model; the loop below is ten lines and
-the delay arithmetic (:class:`Backoff`) is a plain, unit-tested object. It also catches only
-``Exception``, so ``trio.Cancelled`` can never be retried (tenacity#529).
+the delay arithmetic is the package's one rule, :class:`bigfleet_trio.kube.retry.Backoff` in its
+``"down"`` jitter mode, behind the small :class:`Backoff` adapter (reset on a healthy session).
+The loop also catches only ``Exception``, so ``trio.Cancelled`` can never be retried
+(tenacity#529).
 
 Session changes: the optional ``on_session_change`` hook gets a :class:`SessionChange` when a
 session is established (Hello sent), after every session end or failed connect (with the error
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 import trio
 
 from bigfleet_trio.config import ReconnectSettings
+from bigfleet_trio.kube.retry import Backoff as RetryBackoff
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.operator.session import (
     Handlers,
@@ -52,7 +55,11 @@ log = logging.getLogger(__name__)
 
 
 class Backoff:
-    """Exponential reconnect backoff with subtractive jitter and reset-after-healthy.
+    """The reconnect rule as an adapter over :class:`bigfleet_trio.kube.retry.Backoff`.
+
+    The delay arithmetic is the package's one rule (``jitter_mode="down"``, no clock-based
+    reset); this adapter adds the agent's reset condition, which depends on the last session's
+    uptime rather than on the time since the last failure.
 
     Args:
         initial: first nominal wait, seconds (> 0).
@@ -60,6 +67,9 @@ class Backoff:
         jitter: fraction in [0, 1); each wait is ``base * (1 - jitter * rng.random())``.
         healthy_after: a session up at least this long resets the nominal wait to ``initial``.
         rng: random source (inject a seeded ``random.Random`` in tests).
+
+    Raises:
+        ValueError: a parameter out of range.
     """
 
     def __init__(
@@ -70,16 +80,16 @@ class Backoff:
         healthy_after: float = 60.0,
         rng: random.Random | None = None,
     ) -> None:
-        if not 0 < initial <= maximum:
-            raise ValueError(f"need 0 < initial <= maximum, got {initial}, {maximum}")
-        if not 0 <= jitter < 1:
-            raise ValueError(f"jitter must be in [0, 1), got {jitter}")
-        self.initial = initial
-        self.maximum = maximum
-        self.jitter = jitter
+        self.policy = RetryBackoff(
+            initial,
+            factor=2.0,
+            cap=maximum,
+            jitter=jitter,
+            jitter_mode="down",
+            reset_after=None,
+            rng=(rng or random.Random()).random,
+        )
         self.healthy_after = healthy_after
-        self._rng = rng or random.Random()
-        self._base = initial
 
     def next_delay(self, uptime: float | None) -> float:
         """Wait before the next connect attempt.
@@ -91,10 +101,8 @@ class Backoff:
             Seconds to sleep, in ``(base * (1 - jitter), base]``.
         """
         if uptime is not None and uptime >= self.healthy_after:
-            self._base = self.initial
-        base = self._base
-        self._base = min(base * 2, self.maximum)
-        return base * (1 - self.jitter * self._rng.random())
+            self.policy.reset()
+        return self.policy.next_delay()
 
 
 @dataclass(frozen=True)
@@ -190,8 +198,11 @@ class Agent:
         self._source = source
         self._handlers = handlers
         self._backoff = Backoff(
-            config.initial_backoff, config.max_backoff, config.backoff_jitter,
-            config.healthy_after, rng,
+            config.initial_backoff,
+            config.max_backoff,
+            config.backoff_jitter,
+            config.healthy_after,
+            rng,
         )
 
     def state(self) -> AgentState:

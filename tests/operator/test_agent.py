@@ -77,6 +77,17 @@ def test_backoff_resets_only_after_healthy_session() -> None:
     assert b.next_delay(None) == 1
 
 
+def test_backoff_is_the_kube_retry_rule_in_down_mode() -> None:
+    # one delay rule in the package (docs/kube-api.md): the agent adapts kube.retry.Backoff,
+    # jitter down (never above the cap), reset only by a healthy session, not by the clock
+    from bigfleet_trio.kube import retry
+
+    b = Backoff(0.5, 30.0, jitter=0.2, healthy_after=60.0)
+    assert isinstance(b.policy, retry.Backoff)
+    assert (b.policy.initial, b.policy.cap, b.policy.factor) == (0.5, 30.0, 2.0)
+    assert (b.policy.jitter, b.policy.jitter_mode, b.policy.reset_after) == (0.2, "down", None)
+
+
 def test_backoff_validation() -> None:
     with pytest.raises(ValueError):
         Backoff(0, 30)
