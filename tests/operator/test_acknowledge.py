@@ -1,4 +1,4 @@
-"""CapacityRequest acknowledgement (ref §5.8; issue 5 "Roll-up", acknowledgement bullet)."""
+"""CapacityRequest acknowledgement (docs/rules.md#acknowledgement)."""
 
 from __future__ import annotations
 
@@ -186,9 +186,9 @@ def _sample(name: str) -> float:
 async def test_metrics_acknowledged_total_and_batch_duration(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    # ref §15: acknowledged_total counts successful patches; acknowledge_duration_seconds
-    # observes one Pending->Acknowledged batch (one submit), here 3 patches of 0.01 s each
-    # in parallel -> one observation of 0.01 s.
+    # docs/reference.md#metric-names: acknowledged_total counts successful patches;
+    # acknowledge_duration_seconds observes one Pending->Acknowledged batch (one submit), here
+    # 3 patches of 0.01 s each in parallel -> one observation of 0.01 s.
     client = FakeClient()
     client.errors = {"gone": NotFound(404, "NotFound", "gone")}
     ack = Acknowledger(client, now=lambda: T0)

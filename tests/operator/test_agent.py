@@ -1,4 +1,7 @@
-"""Reconnect loop (reference §2; backoff reset rule documented in bigfleet_trio.operator.agent)."""
+"""Reconnect loop (docs/reference.md#session-and-reconnect).
+
+Backoff reset: docs/reference.md#backoff-never-resets.
+"""
 
 from __future__ import annotations
 

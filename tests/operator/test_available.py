@@ -1,4 +1,4 @@
-"""AvailableCapacityUpdate -> AvailableCapacity (ref §8, §18.6)."""
+"""AvailableCapacityUpdate -> AvailableCapacity (docs/reference.md#availablecapacity-gaps)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bootstrap renderers and handler (seed 000 "Bootstrap"; ref §9)."""
+"""Bootstrap renderers and handler (docs/rules.md#bootstrap)."""
 
 from __future__ import annotations
 

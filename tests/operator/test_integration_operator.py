@@ -1,7 +1,7 @@
 """The composed Operator on the embedded apiserver (in-process ASGI, autojump clock) against the
-simulated shard over the in-memory connector (issue 5 integration, issue 7 operator parts).
+simulated shard over the in-memory connector.
 
-Expected values are worked out from seed 000 / reference §5 by hand:
+Expected values are worked out by hand from docs/rules.md#roll-up:
 
 * CRs a (cpu 1, memory 1Gi) and b (cpu 500m, memory 1Gi), both priority 100 with no
   requirements, share one profile -> one need: aggregate cpu 1 + 0.5 = "1500m", memory 2Gi =

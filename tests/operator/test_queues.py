@@ -1,5 +1,5 @@
-"""Sans-IO queue rules (seed 000 "Two send queues, two drop policies"; "NodeStateUpdate
-coalescing")."""
+"""Sans-IO queue rules: the two send queues (docs/wire.md#send-queues) and NodeStateUpdate
+coalescing (docs/wire.md#the-session)."""
 
 from __future__ import annotations
 

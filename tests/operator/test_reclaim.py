@@ -1,5 +1,5 @@
-"""Reclaim: cordon-then-ack and background drain (seed 000 "Handling reclaim"; ref §7, §18.2-4;
-peers.md N1-N5, P1-P5)."""
+"""Reclaim: cordon-then-ack and background drain (docs/rules.md#reclaim; known bugs 2-4 and our
+other differences: docs/deviations.md#5-reclaim-and-drain-operatorreclaimpy)."""
 
 from __future__ import annotations
 
@@ -1057,11 +1057,11 @@ def test_operator_nodes_for_provider_id_reads_the_node_informer_index() -> None:
     assert [n["metadata"]["name"] for n in op.nodes_for_provider_id("sim://1")] == ["d"]
 
 
-# --------------------------------------------------------------------------- P3: eviction timeout
+# ------------------------------------------------------------------------------- eviction timeout
 
 
 async def test_eviction_waits_for_a_slow_disruption_webhook(autojump_clock: trio.abc.Clock) -> None:
-    # peers.md P3: a Podseidon-style webhook may take up to 10 s (its timeoutSeconds); the
+    # A Podseidon-style disruption webhook may take up to 10 s (its timeoutSeconds); the
     # eviction call must wait longer than that. KubeClient's default request_timeout (30 s)
     # applies to evict(), which is never retried: a 12 s answer is a success.
     import httpx
@@ -1088,7 +1088,7 @@ async def test_eviction_waits_for_a_slow_disruption_webhook(autojump_clock: trio
 
 
 async def test_multi_node_cordons_all_then_acks_then_drains(autojump_clock: trio.abc.Clock) -> None:
-    """Seed 000 "Handling reclaim": cordon every named node, ack, and only then drain; no
+    """docs/rules.md#reclaim-cordon: cordon every named node, ack, and only then drain; no
     eviction may start while a later node of the same instruction is still being cordoned."""
     c = FakeCluster()
     for n in ("n-1", "n-2", "n-3"):

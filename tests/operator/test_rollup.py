@@ -1,6 +1,6 @@
-"""Roll-up pure core (seed 000 "Building the roll-up", ref §5.2–5.7).
+"""Roll-up pure core (docs/rules.md#roll-up).
 
-Every expected value below is worked out by hand from the reference notes.
+Every expected value below is worked out by hand from those rules.
 """
 
 from __future__ import annotations

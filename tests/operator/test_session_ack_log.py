@@ -1,8 +1,8 @@
 """The session logs each shard Acknowledgement (echo, term, epoch) and otherwise ignores it.
 
-protocol.md: Acknowledgement = 1 echo, 2 coordinator_term (int64), 3 shard_epoch (int64),
-"informational: log it, never act on it". bigfleet_trio/operator/session.py logs the hello ack at
-INFO (once per session) and the per-roll-up acks at DEBUG, one line each:
+Acknowledgement = 1 echo, 2 coordinator_term (int64), 3 shard_epoch (int64); it is informational,
+logged and never acted on (docs/wire.md#shardsession-and-its-messages). The session logs the
+hello ack at INFO (once per session) and the per-roll-up acks at DEBUG, one line each:
 ``shard ack echo=<echo> term=<term> epoch=<epoch> cluster=<cluster_id>``.
 """
 

@@ -1,4 +1,4 @@
-"""Operator metric names (reference-behavior.md §15) plus the session extras are registered."""
+"""Operator metric names (docs/reference.md#metric-names) plus the session extras are registered."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def _names() -> set[str]:
 @pytest.mark.parametrize(
     "name",
     [
-        # §15 (counters are registered without the _total suffix by prometheus_client)
+        # the Go reference's (counters registered without the _total suffix by prometheus_client)
         "bigfleet_operator_rollup_duration_seconds",
         "bigfleet_operator_rollup_phase_duration_seconds",
         "bigfleet_operator_acknowledge_duration_seconds",

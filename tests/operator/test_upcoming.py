@@ -1,4 +1,7 @@
-"""NodeStateUpdate -> UpcomingNode (seed 000 "UpcomingNode"; ref §6, §18.5, §18.7, §18.15)."""
+"""NodeStateUpdate -> UpcomingNode (docs/rules.md#upcomingnode-phases; known bugs 5, 7, 15).
+
+Bug numbers: docs/reference.md#item-numbers-used-in-test-names.
+"""
 
 from __future__ import annotations
 
@@ -619,8 +622,8 @@ def _metric_delta(before: dict[str, float]) -> dict[str, float]:
 
 
 async def test_metrics_writes_and_duration(autojump_clock: trio.abc.Clock) -> None:
-    # ref §6 metrics: writes_total{op,outcome} per apiserver write attempt (conflict =
-    # AlreadyExists or Conflict), status_update/noop when nothing changed; the duration
+    # docs/reference.md#metric-names: writes_total{op,outcome} per apiserver write attempt
+    # (conflict = AlreadyExists or Conflict), status_update/noop when nothing changed; the duration
     # histogram once per update, labelled with the phase before Drained inference.
     before = _metric_snapshot()
     kube = FakeKube()
