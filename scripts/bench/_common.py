@@ -65,7 +65,7 @@ def figure(
         ratio: explicit ratio; default: with a baseline, the median of the per-round ratios
             when both have the same number (>1) of samples (rounds are paired: a shared
             machine's load changes between rounds), else median / baseline median.
-        target: the issue's target, as text.
+        target: the figure's target (BENCHMARKS.md's target column), as text.
         met: a bool, or ``f(median, ratio) -> bool``, or None (no target).
     """
     s = stats([samples] if isinstance(samples, (int, float)) else list(samples))
