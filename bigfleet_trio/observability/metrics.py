@@ -178,3 +178,12 @@ BOOTSTRAP_RENDER_FAILURES = Counter(
     "BootstrapRequests whose template render failed (answered with an error; the shard turns "
     "it into a shortfall).",
 )
+
+# --- operator: downlink enums (ours; shard/enums.py) ------------------------------------------
+
+UNKNOWN_ENUM_VALUES = Counter(
+    "bigfleet_operator_unknown_enum_values",
+    "Enum values on the downlink this build does not know (a newer shard), by enum; the frame "
+    "is skipped (a BootstrapRequest is answered with an error).",
+    ["enum"],
+)

@@ -47,6 +47,7 @@ OPERATOR = [
     "bigfleet_operator_rollup_phase_duration_seconds",
     "bigfleet_operator_session_reconnects",
     "bigfleet_operator_session_up",
+    "bigfleet_operator_unknown_enum_values",
     "bigfleet_operator_upcoming_node_writes",
 ]
 
