@@ -32,6 +32,7 @@ from bigfleet_trio.operator.queues import (
 )
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame
+from bigfleet_trio.shard.enums import REPORTER, UnknownEnum, describe, unknown_enum_values
 from bigfleet_trio.shard.transport import OperatorStream, PriorityReceive, StreamClosed
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,7 @@ class SessionStats:
     node_states_coalesced: int = 0
     handler_errors: int = 0
     rollup_errors: int = 0
+    unknown_enum_frames: int = 0
 
 
 _current: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
@@ -503,6 +505,10 @@ class Session:
         self.stats.frames_in += 1
         value: Any
         kind, value = betterproto.which_one_of(msg, "payload")
+        unknown = unknown_enum_values(kind, value)
+        if unknown:
+            self._refuse_unknown_enums(kind, value, unknown)
+            return
         if kind == "node_state_update":
             _FRAMES_IN[kind].inc()
             before = self.node_states.coalesced
@@ -535,6 +541,25 @@ class Session:
             _FRAMES_IN["unknown"].inc()
             log.warning("unknown ShardMessage payload ignored cluster=%s",
                         self.config.cluster_id)
+
+    def _refuse_unknown_enums(self, kind: str, value: Any, unknown: list[UnknownEnum]) -> None:
+        """A frame carrying enum values this build does not know never reaches its handler.
+
+        Mapping an unknown value to a known one would write a wrong phase or availability
+        (docs/wire.md#unknown-enum-values); the frame is skipped instead, and the shard's next
+        frame for the same key supersedes it. A BootstrapRequest is answered with an error so
+        the shard falls back at once instead of waiting out its deadline.
+        """
+        _FRAMES_IN[kind].inc()
+        self.stats.unknown_enum_frames += 1
+        if kind == "bootstrap_request":
+            REPORTER.report(kind, unknown, "answered with an error")
+            self.enqueue(pb.OperatorMessage(bootstrap_response=pb.BootstrapBlobResponse(
+                request_id=value.request_id,
+                error=f"operator: unknown enum values: {describe(unknown)}",
+            )))
+        else:
+            REPORTER.report(kind, unknown, "frame skipped")
 
     async def _admit(self) -> None:
         """Take an admission token; blocks (backpressure on the recv pump) only when full."""
