@@ -1,9 +1,10 @@
 """The repository explains itself: doc references resolve, and nothing cites files users never get.
 
-(a) every ``docs/<file>.md`` or ``docs/<file>.md#<anchor>`` written anywhere in the package, tests,
-scripts, docs, README.md or CONTRIBUTING.md names an existing file and, if given, an existing
+(a) every ``docs/<file>.md`` or ``docs/<file>.md#<anchor>`` written anywhere in the scanned files
+(:data:`SCANNED_DIRS`, :data:`SCANNED_FILES`) names an existing file and, if given, an existing
 heading anchor (GitHub slug rules, see :func:`github_slugs`).
-(b) no such file cites a path outside the repository, a spec file name or an issue number.
+(b) no scanned file cites a path outside the repository, a spec or note file, a section of the
+reference notes or an issue number (:data:`FORBIDDEN`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,28 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCANNED_DIRS = ("bigfleet_trio", "tests", "scripts", "docs")
-SCANNED_FILES = ("README.md", "CONTRIBUTING.md")
-TEXT_SUFFIXES = {".py", ".md", ".txt", ".toml", ".yaml", ".yml", ".cfg", ".ini", ".sh", ""}
+SCANNED_DIRS = ("bigfleet_trio", "tests", "scripts", "docs", "config", "proto")
+SCANNED_FILES = (
+    "README.md",
+    "CONTRIBUTING.md",
+    "BENCHMARKS.md",
+    "FAULTS.md",
+    "Dockerfile",
+    "pyproject.toml",
+)
+TEXT_SUFFIXES = {
+    ".py",
+    ".md",
+    ".txt",
+    ".toml",
+    ".yaml",
+    ".yml",
+    ".cfg",
+    ".ini",
+    ".sh",
+    ".proto",
+    "",
+}
 
 DOC_REF = re.compile(r"docs/([A-Za-z0-9_.-]+?\.md)(?:#([A-Za-z0-9_-]+))?")
 FENCE = re.compile(r"^\s*(```|~~~)")
@@ -111,7 +131,8 @@ MD_LINK = re.compile(r"\]\((?!https?:|mailto:)([^)#\s]*?)(?:#([^)\s]+))?\)")
 def _broken_relative_links(anchors: dict[str, set[str]]) -> list[str]:
     """Markdown links ``[text](file.md#anchor)`` / ``(#anchor)`` in docs/ and the root documents."""
     broken: list[str] = []
-    docs = sorted((ROOT / "docs").glob("*.md")) + [ROOT / n for n in SCANNED_FILES]
+    roots = [ROOT / n for n in SCANNED_FILES if n.endswith(".md")]
+    docs = sorted((ROOT / "docs").glob("*.md")) + roots
     for path in docs:
         if not path.is_file():
             continue
@@ -139,21 +160,83 @@ def _broken_relative_links(anchors: dict[str, set[str]]) -> list[str]:
     return broken
 
 
+#: Citations of things users of the repository never get: paths outside it (``../shared``,
+#: ``/work/shared``, ``shared/notes/...``), the seed files and "seed 000", the reference notes and
+#: their sections ("reference-behavior", "ref §6", "reference §2", "§18.5"), the spec and note
+#: files (design.md, protocol.md, peers.md, ...), and issue numbers ("issue 4", "issue #4", "(#4)").
 FORBIDDEN = re.compile(
-    r"\.\./shared|/work/shared|\b\d{3}_[0-9a-f]{16}\.txt|[Ss]eed 00\d|reference-behavior"
-    r"|ref §|\b[Ii]ssue \d+"
+    r"\.\./shared|/work/shared|(?<![\w-])shared/[\w.-]"
+    r"|\b\d{3}_[0-9a-f]{16}\.txt|\bseeds? 00\d"
+    r"|reference-behavio|\bref(?:erence)? §|§\s?\d"
+    r"|\b(?:design|peers|protocol|ecosystem|kube-testserver)\.md|kube-testserver notes"
+    r"|\bissue #?\d+|\(#\d+\)",
+    re.IGNORECASE,
 )
 
+#: Being rewritten by its owner right now; its citations are checked separately (xfail) until then.
+IN_PROGRESS = "bigfleet_trio/operator/"
 
-@pytest.mark.xfail(strict=False, reason="citation rewrite in progress")
-def test_no_citations_outside_the_repository() -> None:
+
+def test_forbidden_patterns() -> None:
+    cited = [
+        "see ../shared/notes/x",
+        "/work/shared/seeds",
+        "shared/notes/peers.md",
+        "Seed 000",
+        "seeds 004",
+        "000_efb82487ae4f5ee3.txt",
+        "reference-behaviour.md",
+        "ref §6",
+        "reference §2-4",
+        "§18.5",
+        "design.md",
+        "protocol.md",
+        "peers.md N1",
+        "issue 4",
+        "Issue #12",
+        "fixed (#7)",
+        "kube-testserver notes §2",
+    ]
+    fine = [
+        "machine is shared or noisy",
+        "docs/reference.md#known-bugs-we-fix",
+        "ADR-0039",
+        "test_18_7_missing_label",
+        "reclaims_issued = 3",
+        "shared_settings/x",
+        "[a](#anchor)",
+    ]
+    assert [c for c in cited if not FORBIDDEN.search(c)] == []
+    assert [c for c in fine if FORBIDDEN.search(c)] == []
+
+
+def _citations(*, in_progress: bool) -> list[str]:
     me = Path(__file__).resolve()
     found: list[str] = []
     for path in _files():
-        if path.resolve() == me:
+        rel = path.relative_to(ROOT).as_posix()
+        if path.resolve() == me or rel.startswith(IN_PROGRESS) != in_progress:
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
         for lineno, line in enumerate(text.splitlines(), 1):
             if FORBIDDEN.search(line):
-                found.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()[:100]}")
+                found.append(f"{rel}:{lineno}: {line.strip()[:100]}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "in_progress",
+    [
+        pytest.param(False, id="repository"),
+        pytest.param(
+            True,
+            id="operator",
+            marks=pytest.mark.xfail(
+                strict=False, reason=f"{IN_PROGRESS} citations are being rewritten by its owner"
+            ),
+        ),
+    ],
+)
+def test_no_citations_outside_the_repository(in_progress: bool) -> None:
+    found = _citations(in_progress=in_progress)
     assert not found, f"{len(found)} citations outside the repository:\n" + "\n".join(found)
