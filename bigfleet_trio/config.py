@@ -191,6 +191,10 @@ class OperatorConfig(ProcessSettings):
         30.0, "on SIGTERM, how long running drains may continue", unit=DURATION,
         check=non_negative,
     )
+    failed_retention: float = knob(
+        600.0, "delete an UpcomingNode once it has been Failed this long; 0 = keep forever",
+        unit=DURATION, check=non_negative,
+    )
     session: SessionSettings = nested(SessionSettings, title="shard session")
     reconnect: ReconnectSettings = nested(ReconnectSettings, prefix="reconnect-",
                                           title="reconnect")

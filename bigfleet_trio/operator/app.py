@@ -52,6 +52,7 @@ from bigfleet_trio.operator.bootstrap import (
 )
 from bigfleet_trio.operator.crview import slim
 from bigfleet_trio.operator.reclaim import DrainManager, ReclaimHandler
+from bigfleet_trio.operator.retention import FailedRetention
 from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler
 from bigfleet_trio.operator.wiring import (
     DEFAULT_CONSISTENCY_INTERVAL,
@@ -197,6 +198,10 @@ class _Runtime:
             client, NODES, transform=slim_node, indexers={PROVIDER_ID_INDEX: provider_id_index}
         )
         self.informers = (self.cr_informer, self.un_informer, self.node_informer)
+        self.retention = FailedRetention(
+            client, self.un_informer.store.list, retention=cfg.failed_retention,
+            cluster=cfg.cluster_id,
+        )
         self.handlers = OperatorHandlers(
             bootstrap=BootstrapHandler(
                 op.watched_renderer, cfg.cluster_id, ttl_seconds=int(cfg.bootstrap_ttl)
@@ -392,6 +397,7 @@ class Operator:
                 replacement, so one built from a half-listed cache would withdraw real demand
             DrainManager.run            operator-owned: a reconnect never cancels a drain
             Acknowledger.run            Pending -> Acknowledged, never delays a tick
+            FailedRetention.run         deletes long-Failed UpcomingNodes (from the cache)
             Agent.run                   reconnect loop; one Session nursery per stream
 
         On cancellation the shard stream closes at once; running drains continue for up to
@@ -431,6 +437,7 @@ class Operator:
                 )
                 await nursery.start(rt.drains.run)
                 await nursery.start(rt.acknowledger.run)
+                await nursery.start(rt.retention.run)
                 self._publish(kinds.OPERATOR_STARTED, cluster=cluster)
                 task_status.started()
                 await rt.agent.run()
