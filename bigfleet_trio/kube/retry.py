@@ -4,8 +4,8 @@
 controller's work queue; the shard reconnect loop can use it too). :class:`RetryPolicy` is the
 one place that retries *transient* apiserver failures (429, 5xx, transport errors) of a request;
 :func:`write_retry_on` says which of them a given write may repeat. Callers above the client
-never retry those again: a handler only re-plans on a conflict (409), see
-:func:`conflict_retrying`. Contract: docs/kube-api.md.
+never retry those again on their own: a handler's read-plan-write loop runs under the one
+re-plan policy, :func:`conflict_retrying`. Contract: docs/kube-api.md#retries.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ __all__ = [
     "RetryPolicy",
     "TRANSIENT",
     "NOT_PROCESSED",
+    "Replan",
     "conflict_retrying",
     "write_retry_on",
 ]
@@ -234,18 +235,31 @@ class RetryPolicy:
                 attempt += 1
 
 
+class Replan(Exception):
+    """The object changed under us (created or deleted concurrently): read it again and re-plan.
+
+    A handler raises it from inside a :func:`conflict_retrying` attempt, which repeats it.
+    """
+
+
 def conflict_retrying(
     attempts: int = 8,
     *,
     backoff: Backoff | None = None,
     also: tuple[type[Exception], ...] = (),
 ) -> tenacity.AsyncRetrying:
-    """Tenacity policy for a handler's read-plan-write loop: re-plan on a conflict only.
+    """Tenacity policy for a handler's read-plan-write loop: the one handler retry policy.
 
     The client already repeated transient failures (:class:`RetryPolicy`); what is left for a
-    handler is "the object changed under us": 409 Conflict / AlreadyExists, plus the caller's
-    own re-plan signals in ``also``. Waits follow ``backoff`` (default 0.1 s doubling to 5 s,
-    up to 50 % shorter); after ``attempts`` tries the last error is re-raised.
+    handler is "the object changed under us": 409 Conflict / AlreadyExists and :class:`Replan`,
+    plus the caller's classes in ``also``. Waits follow ``backoff`` (default 0.1 s doubling to
+    5 s, up to 50 % shorter); after ``attempts`` tries the last error is re-raised.
+
+    The operator's handlers (UpcomingNode, AvailableCapacity, reclaim) pass ``also=TRANSIENT``:
+    the client does not repeat a non-idempotent write (a create) after a 5xx or a transport
+    error, and gives up after its own attempts; the shard never resends the update, so the
+    handler re-plans from a fresh read instead (AlreadyExists / NotFound there tell it the first
+    attempt landed). See docs/reference.md#retry-budget.
 
     Usage::
 
@@ -260,7 +274,7 @@ def conflict_retrying(
         return b.delay(state.attempt_number - 1)
 
     return tenacity.AsyncRetrying(
-        retry=tenacity.retry_if_exception_type((Conflict, AlreadyExists, *also)),
+        retry=tenacity.retry_if_exception_type((Conflict, AlreadyExists, Replan, *also)),
         stop=tenacity.stop_after_attempt(attempts),
         wait=wait,
         sleep=trio.sleep,

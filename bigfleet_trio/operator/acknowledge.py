@@ -29,19 +29,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
-from bigfleet_trio.kube.client import PatchType
+from bigfleet_trio.kube.api import KubeAPI
 from bigfleet_trio.kube.errors import KubeError, NotFound
-from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, Resource
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
 from bigfleet_trio.observability import metrics
 
 __all__ = [
     "DEFAULT_ACK_CONCURRENCY",
     "Acknowledger",
-    "PatchClient",
     "acknowledge_patch",
     "format_acknowledged_at",
     "needs_acknowledgement",
@@ -54,21 +53,6 @@ DEFAULT_ACK_CONCURRENCY = 16
 
 CRKey = tuple[str, str]
 """(namespace, name) of a CapacityRequest."""
-
-
-class PatchClient(Protocol):
-    """The one KubeClient method the acknowledger uses (see docs/kube-api.md)."""
-
-    async def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Any,
-        namespace: str | None = None,
-        *,
-        patch_type: PatchType = "merge",
-        subresource: str | None = None,
-    ) -> dict[str, Any]: ...
 
 
 def format_acknowledged_at(when: datetime) -> str:
@@ -125,7 +109,7 @@ class Acknowledger:
 
     def __init__(
         self,
-        client: PatchClient,
+        client: KubeAPI,
         *,
         concurrency: int = DEFAULT_ACK_CONCURRENCY,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),

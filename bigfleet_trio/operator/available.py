@@ -37,9 +37,11 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, Final
 
+from bigfleet_trio.kube.api import KubeAPI
 from bigfleet_trio.kube.errors import AlreadyExists, KubeError, NotFound
+from bigfleet_trio.kube.mergepatch import merge_diff
 from bigfleet_trio.kube.resources import AVAILABLE_CAPACITIES
-from bigfleet_trio.operator.upcoming import KubeLike, Replan, kube_retrying, merge_diff
+from bigfleet_trio.kube.retry import TRANSIENT, Replan, conflict_retrying
 from bigfleet_trio.proto import pb
 from bigfleet_trio.quantity import Quantity, QuantityError
 
@@ -171,7 +173,7 @@ class AvailableCapacityHandler:
         attempts: tries per update for transient errors.
     """
 
-    def __init__(self, client: KubeLike, *, attempts: int = 8) -> None:
+    def __init__(self, client: KubeAPI, *, attempts: int = 8) -> None:
         self._client = client
         self._attempts = attempts
 
@@ -183,7 +185,7 @@ class AvailableCapacityHandler:
         name = available_capacity_name(u.supersedes_key)
         spec = spec_from_update(u)
         try:
-            async for attempt in kube_retrying(self._attempts):
+            async for attempt in conflict_retrying(self._attempts, also=TRANSIENT):
                 with attempt:
                     await self._upsert_once(name, u.supersedes_key, spec)
         except (KubeError, Replan) as exc:

@@ -1,0 +1,38 @@
+"""JSON merge-patch (RFC 7386) diffs for the operator's writes.
+
+:func:`merge_diff` computes the body of a ``patch_type="merge"`` PATCH that carries only the
+changed fields (UpcomingNode and AvailableCapacity spec refreshes). Pure, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["merge_diff"]
+
+
+def merge_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386 merge-patch turning ``old`` into ``new`` (like Go's ``client.MergeFrom``).
+
+    Keys of ``new`` that differ are set (nested mappings recursively), keys only in ``old`` become
+    ``None`` (JSON null); lists are replaced wholesale. Equal inputs give ``{}``; ``old=None``
+    counts as ``{}``.
+    """
+    old = old or {}
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = value
+            continue
+        before = old[key]
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_diff(before, value)
+            if sub:
+                patch[key] = sub
+        elif before != value:
+            patch[key] = value
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    return patch

@@ -1,0 +1,409 @@
+"""The drains of reclaim: :class:`DrainManager`, one Trio task per node being drained.
+
+Owned by the operator's nursery (not the session's), each drain evicts a cordoned Node's Pods
+in rounds under its own deadline and records Drained or Failed on the node's UpcomingNode.
+The rules it applies are the pure functions of :mod:`.plan`; :mod:`.handler` starts drains.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import trio
+
+from bigfleet_trio.kube.api import KubeAPI
+from bigfleet_trio.kube.errors import KubeError
+from bigfleet_trio.kube.resources import PODS
+from bigfleet_trio.observability import metrics
+from bigfleet_trio.operator.upcoming.handler import delete_upcoming, patch_upcoming_status
+from bigfleet_trio.operator.upcoming.plan import PHASE_DRAINED, PHASE_FAILED, DrainMemory
+
+from .plan import (
+    DEFAULT_SHUTDOWN_TIMEOUT,
+    FAST_POLL_SECONDS,
+    FINAL_CHECK_TIMEOUT,
+    RETRY_INTERVAL_SECONDS,
+    STATUS_WRITE_TIMEOUT,
+    DrainResult,
+    EvictionOutcome,
+    classify_eviction_error,
+    drain_failure_message,
+    error_text,
+    eviction_grace_seconds,
+    eviction_result_label,
+    pod_key,
+    skip_reason,
+)
+
+__all__ = ["DrainManager"]
+
+# The package's logger: log lines keep the logger name they had before the package was split.
+log = logging.getLogger(__package__)
+
+
+@dataclass
+class _Job:
+    node: str
+    un_name: str | None
+    grace: float
+    instruction_id: str
+    pods_left: dict[str, str] = field(default_factory=dict)
+
+
+class DrainManager:
+    """Runs node drains in a nursery owned by the operator (not by any session).
+
+    Started by the operator (``await operator_nursery.start(drains.run)``), never by the
+    session, so a reconnect does not cancel a drain. One task per node, each under a cancel scope
+    whose deadline is its own grace period (the reference drained nodes in sequence under one
+    shared deadline: docs/reference.md#drain-deadline-shared-and-detached). A drain lists the
+    node's Pods, skips those :func:`.plan.skip_reason` names and evicts the rest (outcomes by
+    :func:`.plan.classify_eviction_error`) in rounds until none is left -> Drained (the
+    UpcomingNode is deleted, the memory keeps a tombstone), or until the deadline -> one last
+    listing, then Drained if the Pods are gone by now, else Failed with ``lastError`` naming the
+    Pods left and why.
+
+    Metrics: ``bigfleet_operator_drains_total{outcome=drained|failed|abandoned}``,
+    ``bigfleet_operator_drains_active``, ``bigfleet_operator_evictions_total{result=evicted|gone|
+    blocked|refused}`` (one per eviction call), and the cumulative ``completed_total``,
+    ``failed_total``, ``abandoned_total`` attributes (not bounded by the :attr:`results` ring).
+
+    Usage::
+
+        drains = DrainManager(client, memory)
+        await operator_nursery.start(drains.run)   # long-lived; cancel it to shut down
+        drains.start("node-1", un_name="un-m-1", grace_seconds=30, instruction_id="r-1")
+
+    Args:
+        client: a KubeClient.
+        memory: the DrainMemory shared with the UpcomingNode handler.
+        retry_interval: nominal seconds between eviction rounds (~2 s).
+        fast_poll: first re-check delay (seconds) while only Terminating Pods remain; doubles
+            each round up to ``retry_interval``.
+        jitter: fraction of ``retry_interval`` added or removed at random (0.25 -> 1.5..2.5 s).
+        shutdown_timeout: seconds running drains may continue after :meth:`run` is cancelled.
+        rng: random source for the jitter (injectable for tests).
+        results_capacity: how many finished :class:`DrainResult` to keep in :attr:`results`.
+    """
+
+    def __init__(
+        self,
+        client: KubeAPI,
+        memory: DrainMemory,
+        *,
+        retry_interval: float = RETRY_INTERVAL_SECONDS,
+        fast_poll: float = FAST_POLL_SECONDS,
+        jitter: float = 0.25,
+        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+        rng: random.Random | None = None,
+        results_capacity: int = 1024,
+    ) -> None:
+        self._client = client
+        self.memory = memory
+        self._interval = retry_interval
+        self._fast_poll = fast_poll
+        self._jitter = jitter
+        self.shutdown_timeout = shutdown_timeout
+        self._rng = rng or random.Random()
+        self._active: dict[str, _Job] = {}
+        self._nursery: trio.Nursery | None = None
+        self._scope: trio.CancelScope | None = None
+        self._stop = trio.Event()
+        self._closing = False
+        self._idle = trio.Event()
+        self._idle.set()
+        self.results: OrderedDict[str, DrainResult] = OrderedDict()
+        self._results_capacity = results_capacity
+        self.completed_total = 0
+        """Drains that ended Drained since construction (cumulative)."""
+        self.failed_total = 0
+        """Drains that ended Failed (deadline) since construction (cumulative)."""
+        self.abandoned_total = 0
+        """Drains abandoned at shutdown since construction (cumulative)."""
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the drains until cancelled; then let them run up to ``shutdown_timeout``.
+
+        Bounded so an operator shutdown neither waits forever on a PodDisruptionBudget nor
+        drops a drain that is about to finish; what is still running then is abandoned and
+        counted.
+        """
+        async with trio.open_nursery() as top:
+            await top.start(self._host)
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._closing = True
+                if self._scope is not None:
+                    self._scope.deadline = trio.current_time() + self.shutdown_timeout
+                if self._active:
+                    log.info(
+                        "drain: shutting down, waiting up to %gs for nodes=%s",
+                        self.shutdown_timeout,
+                        sorted(self._active),
+                    )
+                self._stop.set()
+
+    async def _host(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # Shielded: cancelling run() does not reach the drains; only our own deadline does.
+        with trio.CancelScope(shield=True) as scope:
+            self._scope = scope
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await self._stop.wait()
+            self._nursery = None
+        if scope.cancelled_caught:
+            log.warning("drain: shutdown timeout reached, remaining drains abandoned")
+
+    @property
+    def active(self) -> frozenset[str]:
+        """Nodes with a drain running."""
+        return frozenset(self._active)
+
+    def is_draining(self, node: str) -> bool:
+        """True while a drain of ``node`` runs."""
+        return node in self._active
+
+    async def wait_idle(self) -> None:
+        """Return once no drain is running (for tests and orderly shutdown)."""
+        while self._active:
+            await self._idle.wait()
+
+    def start(
+        self, node: str, *, un_name: str | None, grace_seconds: float, instruction_id: str
+    ) -> bool:
+        """Start draining ``node`` in the background (non-blocking).
+
+        Args:
+            node: Node name (already cordoned).
+            un_name: its UpcomingNode, or None if there is none.
+            grace_seconds: the drain deadline, seconds from now (> 0).
+            instruction_id: for log lines.
+
+        Returns:
+            True if a drain started; False if one is already running for ``node`` or the
+            manager is shutting down.
+
+        Raises:
+            RuntimeError: :meth:`run` is not running.
+        """
+        if node in self._active:
+            log.info(
+                "drain: already draining, not starting another node=%s instruction_id=%s",
+                node,
+                instruction_id,
+            )
+            return False
+        if self._closing:
+            log.warning("drain: shutting down, not starting node=%s", node)
+            return False
+        if self._nursery is None:
+            raise RuntimeError("DrainManager.run is not running")
+        job = _Job(node, un_name, grace_seconds, instruction_id)
+        self._active[node] = job
+        metrics.DRAINS_ACTIVE.inc()
+        self._idle = trio.Event()
+        self._nursery.start_soon(self._drain, job, name=f"drain {node}")
+        log.info(
+            "drain: started node=%s upcoming=%s grace=%gs instruction_id=%s",
+            node,
+            un_name,
+            grace_seconds,
+            instruction_id,
+        )
+        return True
+
+    def _finish(self, job: _Job, result: DrainResult) -> None:
+        if result.outcome == "drained":
+            self.completed_total += 1
+        elif result.outcome == "failed":
+            self.failed_total += 1
+        else:
+            self.abandoned_total += 1
+        metrics.DRAINS.labels(result.outcome).inc()
+        self.results[job.node] = result
+        self.results.move_to_end(job.node)
+        while len(self.results) > self._results_capacity:
+            self.results.popitem(last=False)
+
+    # ------------------------------------------------------------------ one drain
+    async def _drain(self, job: _Job) -> None:
+        deadline = trio.current_time() + job.grace
+        finished = False
+        recorded = False  # outcome recorded (a cancelled final status write is not abandonment)
+        try:
+            with trio.CancelScope(deadline=deadline):
+                await self._evict_until_empty(job, deadline)
+                finished = True
+            if not finished:
+                finished = await self._final_check(job)
+            recorded = True
+            if finished:
+                self._finish(job, DrainResult(job.node, "drained"))
+                log.info(
+                    "drain: node drained node=%s instruction_id=%s", job.node, job.instruction_id
+                )
+                with trio.move_on_after(STATUS_WRITE_TIMEOUT):
+                    await self._write_drained(job)
+            else:
+                message = drain_failure_message(job.node, job.grace, job.pods_left)
+                self._finish(job, DrainResult(job.node, "failed", dict(job.pods_left), message))
+                log.warning(
+                    "drain: deadline passed node=%s instruction_id=%s error=%s",
+                    job.node,
+                    job.instruction_id,
+                    message,
+                )
+                with trio.move_on_after(STATUS_WRITE_TIMEOUT):
+                    await self._write_failed(job, message)
+        except trio.Cancelled:
+            if not recorded:
+                self._finish(job, DrainResult(job.node, "abandoned", dict(job.pods_left)))
+                log.warning("drain: abandoned at shutdown node=%s", job.node)
+            raise
+        finally:
+            metrics.DRAINS_ACTIVE.dec()
+            del self._active[job.node]
+            if not self._active:
+                self._idle.set()
+
+    async def _write_drained(self, job: _Job) -> None:
+        if job.un_name is None:
+            return
+        try:
+            if await patch_upcoming_status(self._client, job.un_name, {"phase": PHASE_DRAINED}):
+                await delete_upcoming(self._client, job.un_name)
+            self.memory.mark_drained(job.un_name)
+            log.info("drain: upcoming node drained and deleted name=%s", job.un_name)
+        except KubeError as exc:
+            log.error("drain: could not record Drained name=%s error=%s", job.un_name, exc)
+
+    async def _write_failed(self, job: _Job, message: str) -> None:
+        if job.un_name is None:
+            return
+        try:
+            await patch_upcoming_status(
+                self._client, job.un_name, {"phase": PHASE_FAILED, "lastError": message}
+            )
+        except KubeError as exc:
+            log.error("drain: could not record Failed name=%s error=%s", job.un_name, exc)
+
+    async def _pause(self) -> None:
+        spread = self._interval * self._jitter
+        await trio.sleep(max(0.0, self._interval + self._rng.uniform(-spread, spread)))
+
+    async def _final_check(self, job: _Job) -> bool:
+        """One listing at the deadline: True if no evictable Pod is left (the drain succeeded
+        just in time); otherwise ``job.pods_left`` is refreshed from it and False returned."""
+        listing = None
+        with trio.move_on_after(FINAL_CHECK_TIMEOUT):
+            try:
+                listing = await self._client.list(PODS, field_selector=f"spec.nodeName={job.node}")
+            except KubeError as exc:
+                log.warning("drain: final pod listing failed node=%s error=%s", job.node, exc)
+        if listing is None:
+            return False
+        left: dict[str, str] = {}
+        for pod in listing.items:
+            if skip_reason(pod) is not None:
+                continue
+            key = pod_key(pod)
+            terminating = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+            left[key] = job.pods_left.get(key) or ("terminating" if terminating else "not evicted")
+        job.pods_left.clear()
+        job.pods_left.update(left)
+        log.info(
+            "drain: final check at deadline node=%s pods_left=%d", job.node, len(job.pods_left)
+        )
+        return not left
+
+    async def _evict_until_empty(self, job: _Job, deadline: float) -> None:
+        stopped: dict[str, str] = {}
+        fast = self._fast_poll
+        while True:
+            try:
+                listing = await self._client.list(PODS, field_selector=f"spec.nodeName={job.node}")
+            except KubeError as exc:
+                log.warning("drain: listing pods failed node=%s error=%s", job.node, exc)
+                job.pods_left["<pod list>"] = error_text(exc)
+                await self._pause()
+                continue
+            job.pods_left.pop("<pod list>", None)
+            pending: dict[str, str] = {}
+            blocked = evicted_now = terminating = False
+            for pod in listing.items:
+                if skip_reason(pod) is not None:
+                    continue
+                key = pod_key(pod)
+                if key in stopped:
+                    pending[key] = stopped[key]
+                    continue
+                meta = pod.get("metadata") or {}
+                if meta.get("deletionTimestamp"):
+                    pending[key] = "terminating"
+                    terminating = True
+                    continue
+                remaining = deadline - trio.current_time()
+                # No timeout of our own here. A disruption webhook (Podseidon) may take up to 10 s
+                # to answer; KubeClient.request_timeout (30 s default) bounds the call, and so does
+                # the drain deadline (test_eviction_waits_for_a_slow_disruption_webhook).
+                try:
+                    await self._client.evict(
+                        meta.get("name", ""),
+                        meta.get("namespace", ""),
+                        grace_period_seconds=eviction_grace_seconds(pod, remaining),
+                    )
+                except KubeError as exc:
+                    outcome = classify_eviction_error(exc)
+                    metrics.EVICTIONS.labels(eviction_result_label(outcome)).inc()
+                    text = error_text(exc)
+                    if outcome is EvictionOutcome.GONE:
+                        log.info("drain: pod already gone node=%s pod=%s", job.node, key)
+                        continue
+                    if outcome is EvictionOutcome.STOP:
+                        stopped[key] = f"eviction refused, not retried: {text}"
+                        pending[key] = stopped[key]
+                        log.warning(
+                            "drain: eviction refused, giving up on pod node=%s pod=%s error=%s",
+                            job.node,
+                            key,
+                            text,
+                        )
+                        continue
+                    pending[key] = f"eviction blocked: {text}"
+                    blocked = True
+                    log.info(
+                        "drain: eviction blocked, will retry node=%s pod=%s error=%s",
+                        job.node,
+                        key,
+                        text,
+                    )
+                    continue
+                metrics.EVICTIONS.labels("evicted").inc()
+                pending[key] = "evicted, terminating"
+                evicted_now = terminating = True
+                log.info("drain: evicted node=%s pod=%s", job.node, key)
+            job.pods_left.clear()
+            job.pods_left.update(pending)
+            if not pending:
+                return
+            if blocked or not terminating:
+                # an eviction to retry, or only refused Pods: the normal jittered interval
+                fast = self._fast_poll
+                await self._pause()
+                continue
+            # only Terminating (and refused) Pods: re-list soon, backing off to the interval, so
+            # a Pod with a short grace that is gone in a moment does not cost a whole round
+            if evicted_now:
+                fast = self._fast_poll
+            if fast >= self._interval:
+                await self._pause()
+            else:
+                await trio.sleep(fast)
+                fast *= 2

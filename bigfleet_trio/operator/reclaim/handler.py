@@ -1,0 +1,318 @@
+"""Reclaim I/O: :class:`ReclaimHandler`, the session's ``on_reclaim_instruction``.
+
+Resolves each entry of a ReclaimInstruction to a Node, cordons it, walks its UpcomingNode to
+Draining (remembered in the shared :class:`~bigfleet_trio.operator.upcoming.plan.DrainMemory`),
+acks ``nodes_started`` through the outbox, then hands the drains to the operator's
+:class:`~.drain.DrainManager` (docs/rules.md#reclaim).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from bigfleet_trio.kube.api import KubeAPI
+from bigfleet_trio.kube.errors import KubeError, NotFound
+from bigfleet_trio.kube.resources import NODES, UPCOMING_NODES, Resource
+from bigfleet_trio.kube.retry import TRANSIENT, conflict_retrying
+from bigfleet_trio.operator.upcoming.handler import patch_upcoming_status
+from bigfleet_trio.operator.upcoming.plan import PHASE_DRAINING, DrainMemory, upcoming_node_name
+from bigfleet_trio.proto import pb
+
+from .drain import DrainManager
+from .plan import effective_grace
+
+__all__ = ["NodeLookup", "ReclaimHandler", "Reply", "UpcomingLookup"]
+
+# The package's logger: log lines keep the logger name they had before the package was split.
+log = logging.getLogger(__package__)
+
+Reply = Callable[[pb.OperatorMessage], bool]
+UpcomingLookup = Callable[[str], Iterable[Mapping[str, Any]]]
+"""Node name -> UpcomingNodes whose ``status.nodeRef.name`` is that node (e.g. an informer
+index: ``Operator.upcoming_for_node``)."""
+
+
+NodeLookup = Callable[[str], Iterable[Mapping[str, Any]]]
+"""``spec.providerID`` -> Nodes with that providerID (e.g. an informer index:
+``Operator.nodes_for_provider_id``). Each returned Node is re-checked, so a stale index entry is
+harmless."""
+
+
+@dataclass
+class _Instruction:
+    done: trio.Event = field(default_factory=trio.Event)
+    nodes_started: int = 0
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    entry: str
+    node: str | None
+    un_name: str | None
+    how: str
+
+
+class ReclaimHandler:
+    """Handles ReclaimInstruction frames: resolve, cordon, mark Draining, ack, start drains.
+
+    The session's ``on_reclaim_instruction``, inline and bounded (cordons only; drains run in
+    the :class:`~.drain.DrainManager`). The shard sends machine IDs, not Node names
+    (docs/reference.md#reclaim-names-machines-not-nodes), so each entry is resolved: a Node of
+    that name; else the UpcomingNode ``un-<entry>`` and its ``status.nodeRef``; else that
+    UpcomingNode's ``status.providerID`` against ``Node.spec.providerID``. An entry with no
+    Node (already gone) is acked but not counted in ``nodes_started``
+    (docs/reference.md#nodes_started-always-counts-every-entry).
+
+    Idempotent, because the shard re-issues an instruction it saw no ack for: a repeated
+    instruction id is re-acked with the first answer and does nothing else; a node already
+    draining is cordoned again (a no-op), counted, and gets no second drain.
+
+    Args:
+        client: a KubeClient.
+        drains: the operator's :class:`DrainManager` (already running).
+        memory: the DrainMemory shared with the UpcomingNode handler.
+        seen_capacity: how many instruction ids to remember for duplicate detection.
+        upcoming_lookup: Node name -> UpcomingNodes pointing at it (an informer index); None
+            lists every UpcomingNode from the apiserver instead (one list per such entry).
+        node_lookup: providerID -> Nodes with it (an informer index); None lists every Node
+            from the apiserver instead (one list per entry resolved by providerID).
+        cordon_concurrency: entries resolved and cordoned at once (16): an instruction naming
+            100 nodes is acked after ~7 cordon round trips, not 100.
+    """
+
+    def __init__(
+        self,
+        client: KubeAPI,
+        drains: DrainManager,
+        memory: DrainMemory,
+        *,
+        seen_capacity: int = 4096,
+        upcoming_lookup: UpcomingLookup | None = None,
+        node_lookup: NodeLookup | None = None,
+        cordon_concurrency: int = 16,
+    ) -> None:
+        if cordon_concurrency < 1:
+            raise ValueError("cordon_concurrency must be >= 1")
+        self._cordon_concurrency = cordon_concurrency
+        self._client = client
+        self._upcoming_lookup = upcoming_lookup
+        self._node_lookup = node_lookup
+        self._drains = drains
+        self.memory = memory
+        self._seen: OrderedDict[str, _Instruction] = OrderedDict()
+        self._seen_capacity = seen_capacity
+
+    async def on_reclaim_instruction(self, instr: pb.ReclaimInstruction, reply: Reply) -> None:
+        """Cordon inline, hand drains to the DrainManager, ack ``nodes_started`` via ``reply``."""
+        iid = instr.instruction_id
+        log.info(
+            "reclaim: instruction instruction_id=%s nodes=%s grace=%ss preemptor_priority=%s",
+            iid,
+            list(instr.nodes),
+            instr.grace_period_seconds,
+            instr.preemptor_priority,
+        )
+        prior = self._seen.get(iid) if iid else None
+        if prior is not None:
+            await prior.done.wait()
+            log.info(
+                "reclaim: duplicate instruction, re-acking instruction_id=%s nodes_started=%d",
+                iid,
+                prior.nodes_started,
+            )
+            self._ack(iid, prior.nodes_started, reply)
+            return
+        record = _Instruction()
+        if iid:
+            self._seen[iid] = record
+            while len(self._seen) > self._seen_capacity:
+                self._seen.popitem(last=False)
+        try:
+            cordoned = await self._cordon_all(instr)
+        except BaseException:
+            if iid and self._seen.get(iid) is record:
+                del self._seen[iid]  # never completed: a re-issue must do the work again
+            record.done.set()
+            raise
+        record.nodes_started = len(cordoned)
+        record.done.set()
+        # Order: cordon every node, ack, then drain (docs/rules.md#reclaim-cordon): no new Pod
+        # lands on a leaving machine, and no eviction starts before every node is cordoned. The
+        # ack and the drain starts are
+        # all synchronous (no checkpoint between them), so a session cancelled after the ack
+        # cannot lose a drain, and no eviction starts before every node is cordoned.
+        self._ack(iid, len(cordoned), reply)
+        grace = effective_grace(instr.grace_period_seconds)
+        for node, un_name in cordoned:
+            if self._drains.is_draining(node):
+                log.info("reclaim: node already draining node=%s", node)
+                continue
+            self._drains.start(node, un_name=un_name, grace_seconds=grace, instruction_id=iid)
+
+    def _ack(self, iid: str, nodes_started: int, reply: Reply) -> None:
+        msg = pb.OperatorMessage(
+            reclaim_ack=pb.ReclaimAck(instruction_id=iid, nodes_started=nodes_started)
+        )
+        if reply(msg):
+            log.info("reclaim: acked instruction_id=%s nodes_started=%d", iid, nodes_started)
+        else:
+            log.warning(
+                "reclaim: ack not queued (outbox full or session ended), shard will re-issue "
+                "instruction_id=%s",
+                iid,
+            )
+
+    async def _cordon_all(self, instr: pb.ReclaimInstruction) -> list[tuple[str, str | None]]:
+        """Cordon every resolvable node of ``instr`` (walking its UpcomingNode to Draining).
+
+        Entries are resolved and cordoned concurrently, at most ``cordon_concurrency`` at once.
+
+        Returns:
+            ``[(node name, UpcomingNode name or None)]`` for the nodes actually cordoned, in
+            instruction order (duplicates removed): the ack's ``nodes_started`` and the drains.
+        """
+        entries = [e for e in dict.fromkeys(instr.nodes) if e]  # de-duplicated, order kept
+        results: list[tuple[str, str | None] | None] = [None] * len(entries)
+        limiter = trio.CapacityLimiter(self._cordon_concurrency)
+
+        async def one(i: int, entry: str) -> None:
+            async with limiter:
+                results[i] = await self._cordon_entry(entry)
+
+        async with trio.open_nursery() as nursery:
+            for i, entry in enumerate(entries):
+                nursery.start_soon(one, i, entry)
+        cordoned: list[tuple[str, str | None]] = []
+        for item in results:
+            if item is not None and all(node != item[0] for node, _ in cordoned):
+                cordoned.append(item)
+        return cordoned
+
+    async def _cordon_entry(self, entry: str) -> tuple[str, str | None] | None:
+        """Resolve one entry, cordon its Node and mark its UpcomingNode Draining."""
+        r = await self._resolve(entry)
+        if r.node is None:
+            log.info(
+                "reclaim: no Node for entry, nothing to cordon entry=%s upcoming=%s",
+                entry,
+                r.un_name,
+            )
+            if r.un_name is not None:
+                await self._mark_draining(r.un_name)
+            return None
+        if not await self._cordon(r.node):
+            return None
+        if r.un_name is not None:
+            await self._mark_draining(r.un_name)
+        log.info("reclaim: cordoned node=%s entry=%s via=%s", r.node, entry, r.how)
+        return (r.node, r.un_name)
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        """``await fn()`` under the handlers' retry policy (conflicts and transient failures)."""
+        async for attempt in conflict_retrying(also=TRANSIENT):
+            with attempt:
+                return await fn()
+        raise AssertionError("unreachable")
+
+    async def _get(self, res: Resource, name: str) -> dict[str, Any] | None:
+        try:
+            result: dict[str, Any] = await self._call(lambda: self._client.get(res, name))
+        except NotFound:
+            return None
+        return result
+
+    async def _resolve(self, entry: str) -> _Resolved:
+        try:
+            return await self._resolve_inner(entry)
+        except KubeError as exc:
+            log.error("reclaim: resolving entry failed entry=%s error=%s", entry, exc)
+            return _Resolved(entry, None, None, "error")
+
+    async def _resolve_inner(self, entry: str) -> _Resolved:
+        un_name = upcoming_node_name(entry)
+        un = await self._get(UPCOMING_NODES, un_name) if un_name else None
+        node = await self._get(NODES, entry)
+        if node is not None:
+            if un is None:
+                un = await self._upcoming_by_node_ref(entry)
+            return _Resolved(entry, entry, _name(un), "node name")
+        if un is None:
+            return _Resolved(entry, None, None, "unresolved")
+        status = un.get("status") or {}
+        ref = (status.get("nodeRef") or {}).get("name")
+        if ref and await self._get(NODES, ref) is not None:
+            return _Resolved(entry, ref, _name(un), "upcoming nodeRef")
+        provider_id = status.get("providerID")
+        if provider_id and isinstance(provider_id, str):
+            for n in await self._nodes_by_provider_id(provider_id):
+                spec = n.get("spec")
+                if (
+                    isinstance(spec, Mapping)
+                    and spec.get("providerID") == provider_id
+                    and _name(n) is not None
+                ):
+                    return _Resolved(entry, _name(n), _name(un), "upcoming providerID")
+        return _Resolved(entry, None, _name(un), "upcoming without node")
+
+    async def _nodes_by_provider_id(self, provider_id: str) -> list[Mapping[str, Any]]:
+        if self._node_lookup is not None:
+            return sorted(self._node_lookup(provider_id), key=lambda n: _name(n) or "")
+        listing = await self._call(lambda: self._client.list(NODES))
+        return list(listing.items)
+
+    async def _upcoming_by_node_ref(self, node: str) -> dict[str, Any] | None:
+        if self._upcoming_lookup is not None:
+            candidates = list(self._upcoming_lookup(node))
+        else:
+            listing = await self._call(lambda: self._client.list(UPCOMING_NODES))
+            candidates = list(listing.items)
+        found = sorted(
+            (
+                un
+                for un in candidates
+                if ((un.get("status") or {}).get("nodeRef") or {}).get("name") == node
+                and _name(un) is not None
+            ),
+            key=lambda un: _name(un) or "",
+        )
+        if len(found) > 1:
+            log.warning(
+                "reclaim: several upcoming nodes point at node=%s names=%s, using the first",
+                node,
+                [_name(un) for un in found],
+            )
+        return dict(found[0]) if found else None
+
+    async def _cordon(self, node: str) -> bool:
+        try:
+            await self._call(
+                lambda: self._client.patch(NODES, node, {"spec": {"unschedulable": True}})
+            )
+        except NotFound:
+            log.info("reclaim: node gone before cordon node=%s", node)
+            return False
+        except KubeError as exc:
+            log.error("reclaim: cordon failed node=%s error=%s", node, exc)
+            return False
+        return True
+
+    async def _mark_draining(self, un_name: str) -> None:
+        self.memory.mark_draining(un_name)
+        try:
+            if not await patch_upcoming_status(self._client, un_name, {"phase": PHASE_DRAINING}):
+                log.info("reclaim: upcoming node gone name=%s", un_name)
+        except KubeError as exc:
+            log.error("reclaim: marking Draining failed name=%s error=%s", un_name, exc)
+
+
+def _name(obj: Mapping[str, Any] | None) -> str | None:
+    if obj is None:
+        return None
+    name = (obj.get("metadata") or {}).get("name")
+    return name if isinstance(name, str) and name else None
