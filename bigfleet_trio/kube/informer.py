@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from ..observability import metrics
 from .client import KubeClient
 from .errors import (
     ApiError,
@@ -30,7 +31,15 @@ from .errors import (
     error_from_status,
 )
 from .resources import Resource
-from .watch import Backoff, ResourceVersionTracker, WatchEvent, is_expired, object_key, relist_diff
+from .watch import (
+    Backoff,
+    ResourceVersionTracker,
+    WatchEvent,
+    is_expired,
+    object_key,
+    object_rv,
+    relist_diff,
+)
 
 __all__ = ["Store", "Informer", "Transform", "IndexFunc", "SyncTimeout", "wait_all_synced"]
 
@@ -40,6 +49,42 @@ log = logging.getLogger(__name__)
 
 Transform = Callable[[dict[str, Any]], Any]
 IndexFunc = Callable[[Any], list[str]]
+
+_TOO_LARGE_RV = "Too large resource version"
+
+
+def is_too_large_resource_version(exc: ApiError) -> bool:
+    """True when the apiserver refused a watch or list from a resourceVersion it has not reached
+    (it lost state, e.g. an etcd restore; docs/kube-api.md#relist-from-scratch).
+
+    As client-go's ``isTooLargeResourceVersionError``: a ``ResourceVersionTooLarge`` cause in
+    ``Status.details.causes``; or, from apiservers that predate the cause, a 504 whose cause
+    message or Status message says "Too large resource version".
+    """
+    body = exc.body if isinstance(exc.body, dict) else {}
+    details = body.get("details")
+    raw = details.get("causes") if isinstance(details, dict) else None
+    causes = [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
+    if any(c.get("reason") == "ResourceVersionTooLarge" for c in causes):
+        return True
+    if exc.status != 504:
+        return False
+    return any(c.get("message") == _TOO_LARGE_RV for c in causes) or _TOO_LARGE_RV in exc.message
+
+
+def rv_rolled_back(new: str, old: str) -> bool:
+    """True when resourceVersion ``new`` (from the server) is older than ``old`` (ours).
+
+    resourceVersions are opaque in Kubernetes: they are compared only when both are ASCII
+    decimal integers (etcd revisions); anything else is never a rollback.
+    """
+    if not (new.isascii() and new.isdigit() and old.isascii() and old.isdigit()):
+        return False
+    return int(new) < int(old)
+
+
+class _RolledBack(Exception):
+    """A watch event carried a resourceVersion older than the informer's: the server lost state."""
 
 
 class Store:
@@ -213,6 +258,7 @@ class Informer:
         self._rv = ResourceVersionTracker()
         self._handlers: list[_Handler] = []
         self._synced = trio.Event()
+        self._relist_reason = "initial"  # why the next LIST runs (a metric label)
         self.relists = 0
         self.watches = 0
 
@@ -248,9 +294,12 @@ class Informer:
         """Run list+watch forever (until cancelled). Signals started at once, not at sync.
 
         A clean watch end re-watches at once from the last resourceVersion; an idle watch
-        (``inactivity_timeout``) is re-opened from there too; 410 relists. Other failures wait
-        out the exponential backoff with jitter (0.8 s doubling to 30 s, reset after 2 min
-        healthy; at least ``Retry-After`` on 429), then re-watch, or re-list if the list failed.
+        (``inactivity_timeout``) is re-opened from there too; 410 relists. A server that lost
+        state (a watch refused as too new, or a resourceVersion older than ours) gets a LIST
+        from scratch after one backoff step (docs/kube-api.md#relist-from-scratch). Other
+        failures wait out the exponential backoff with jitter (0.8 s doubling to 30 s, reset
+        after 2 min healthy; at least ``Retry-After`` on 429), then re-watch, or re-list if the
+        list failed.
         """
         task_status.started()
         name = self._name()
@@ -278,16 +327,32 @@ class Informer:
                         self._rv.resource_version,
                     )
                     need_list = True
+                    self._relist_reason = "expired"
                     continue
                 await self._sleep_backoff(exc, stage)
+            except _RolledBack as exc:
+                need_list = True
+                self._relist_reason = "rv_rollback"
+                await self._sleep_backoff(exc, stage, logging.INFO)  # the relist logs WARNING
             except (ApiError, KubeTransportError) as exc:
+                if stage == "watch" and isinstance(exc, ApiError):
+                    if is_too_large_resource_version(exc):
+                        need_list = True
+                        self._relist_reason = "too_large_rv"
+                        await self._sleep_backoff(exc, stage, logging.INFO)
+                        continue
                 await self._sleep_backoff(exc, stage)
 
-    async def _sleep_backoff(self, exc: Exception, stage: str) -> None:
+    async def _sleep_backoff(
+        self, exc: Exception, stage: str, level: int = logging.WARNING
+    ) -> None:
+        # One backoff step before a relist from scratch too: apiservers behind one address
+        # that disagree (HA, one lagging) must not make us relist in a hot loop.
         delay = self._backoff.next_delay(trio.current_time())
         if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
             delay = max(delay, min(exc.retry_after, 60.0))
-        log.warning(
+        log.log(
+            level,
             "kube %s failed informer=%s rv=%s retry_in=%.2fs err=%s",
             stage,
             self._name(),
@@ -322,6 +387,11 @@ class Informer:
         Each item is keyed (``"ns/name"`` or ``"name"``) and transformed as its page arrives.
         A relist over a non-empty store is diffed against it: vanished keys get a synthesised
         DELETED, changed ones MODIFIED, new ones ADDED (:func:`.watch.relist_diff`).
+
+        The LIST never carries our resourceVersion: it is a consistent read of the server's
+        current state, so after a server rollback it is the truth. A relist that follows one
+        (or whose resourceVersion is older than ours) is logged once at WARNING with the old and
+        new resourceVersions and the objects dropped (docs/kube-api.md#relist-from-scratch).
         """
         fresh: dict[str, Any] = {}
 
@@ -342,6 +412,10 @@ class Informer:
             limit=self.page_size,
         )
         self.relists += 1
+        old_rv = self._rv.resource_version
+        reason = self._relist_reason
+        if reason in ("initial", "expired") and rv_rolled_back(rv, old_rv):
+            reason = "rv_rollback"
         if len(self.store) == 0:
             self.store._replace_all(fresh)
             for obj in fresh.values():
@@ -357,6 +431,7 @@ class Informer:
                     self.store._set(key, new)
                 self._dispatch(etype, old, new)
         self._rv.listed(rv)
+        metrics.INFORMER_RELISTS.labels(self.res.plural, reason).inc()
         log.info(
             "kube listed informer=%s rv=%s objects=%d diff=%s",
             self._name(),
@@ -364,6 +439,24 @@ class Informer:
             len(self.store),
             counts,
         )
+        if reason in ("too_large_rv", "rv_rollback"):
+            dropped = counts.get("DELETED", 0)
+            log.warning(
+                "kube relisted from scratch after a server rollback informer=%s reason=%s "
+                "old_rv=%s new_rv=%s dropped=%d",
+                self._name(),
+                reason,
+                old_rv,
+                rv,
+                dropped,
+                extra={
+                    "resource": self.res.plural,
+                    "reason": reason,
+                    "old_rv": old_rv,
+                    "new_rv": rv,
+                    "dropped": dropped,
+                },
+            )
         if not self._synced.is_set():
             self._synced.set()
 
@@ -397,6 +490,11 @@ class Informer:
                         )
                     code = event.object.get("code")
                     raise error_from_status(code if isinstance(code, int) else 500, event.object)
+                if rv_rolled_back(object_rv(event.object), self._rv.resource_version):
+                    raise _RolledBack(
+                        f"{event.type} at resourceVersion {object_rv(event.object)}, older than "
+                        f"ours ({self._rv.resource_version}): the server lost state"
+                    )
                 self._rv.observe(event)
                 if event.type != "BOOKMARK":
                     self._apply(event)

@@ -81,6 +81,17 @@ class _Restricted:
                 yield family
 
 
+# --- shared: the Kubernetes layer (ours; kube/informer.py; every binary runs informers) -------
+
+INFORMER_RELISTS = Counter(
+    "bigfleet_informer_relists",
+    "Informer LISTs applied to the cache, by resource plural and reason (initial|expired: a 410 "
+    "on the watch|too_large_rv: a watch refused as newer than the server|rv_rollback: the "
+    "server's resourceVersion went backwards).",
+    ["resource", "reason"],
+)
+
+
 # --- operator: the Go binary's names -----------------------------------------------------------
 
 ROLLUP_DURATION = Histogram(
