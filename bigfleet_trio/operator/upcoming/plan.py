@@ -197,7 +197,9 @@ def _canonical_resources(
             if not quiet:
                 log.warning(
                     "upcoming: malformed quantity skipped %s resource=%s error=%s",
-                    where, key, exc,
+                    where,
+                    key,
+                    exc,
                 )
     return out
 
@@ -216,9 +218,7 @@ def spec_from_update(u: pb.NodeStateUpdate, *, quiet: bool = False) -> dict[str,
     """
     resources = u.resources.resources if u.resources is not None else {}
     spec: dict[str, Any] = {
-        "resources": _canonical_resources(
-            resources, f"machine_id={u.machine_id}", quiet=quiet
-        )
+        "resources": _canonical_resources(resources, f"machine_id={u.machine_id}", quiet=quiet)
     }
     if u.labels:
         spec["labels"] = dict(u.labels)
@@ -252,9 +252,7 @@ def spec_equal(existing: Mapping[str, Any] | None, desired: Mapping[str, Any]) -
     """
     existing = existing or {}
     old_labels = existing.get("labels") or {}
-    if not isinstance(old_labels, Mapping) or dict(old_labels) != dict(
-        desired.get("labels") or {}
-    ):
+    if not isinstance(old_labels, Mapping) or dict(old_labels) != dict(desired.get("labels") or {}):
         return False  # a stored non-map (hand-edited, hostile) is simply "different"
     old_res = existing.get("resources") or {}
     new_res = desired.get("resources") or {}
@@ -411,6 +409,13 @@ def plan_node_state_update(
                 # the object is already gone (deleted at Drained): never recreate it as Launched
                 return UpcomingPlan("ignore", name, PHASE_DRAINED, why + ", already deleted")
             return UpcomingPlan("delete", name, PHASE_DRAINED, why, memory="drained")
+    if phase == PHASE_DRAINING and existing is None and memory == "drained":
+        # Our drain finished and deleted the object before the shard's own DRAINING arrived
+        # (the shard moves the machine to Draining only after the ack): mirroring it would
+        # create the object again just for the IDLE after it to delete it a second time.
+        return UpcomingPlan(
+            "ignore", name, None, "DRAINING after our drain finished and deleted it"
+        )
     if phase in NEW_LIFECYCLE_PHASES:
         mem_op: MemoryOp = "forget" if memory is not None else "keep"
     elif phase == PHASE_DRAINING:
