@@ -38,370 +38,65 @@ Speculative -(create_delay)-> Creating -(boot_delay)-> Idle + BootstrapRequest
 a bootstrap error or no response within ``bootstrap_timeout`` -> Failed (machine back to the
 pool, need short). Reclaim: instruction -(ack)-> wait ``drain_wait`` -> Draining -(drain_step)->
 Idle [hook on_machine_released], machine back to the pool.
+
+Parts: :mod:`.model` (config, effects, machines), :mod:`.matching` (requirements),
+:mod:`.planning` (steps 2-4, pure), :mod:`.lifecycle` (the steps above and the frames).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import random
-import re
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
 from bigfleet_trio.proto import pb
 
-from ._quantity import add_into, covers, parse_resources
-from .catalog import (
-    LABEL_HOSTNAME,
-    LABEL_INSTANCE_TYPE,
-    LABEL_ZONE,
-    Catalog,
-    MachineShape,
-    ShapeTaint,
+from ._quantity import parse_resources
+from .catalog import LABEL_HOSTNAME, LABEL_INSTANCE_TYPE, LABEL_ZONE, Catalog, MachineShape
+from .lifecycle import MachineLifecycle
+from .matching import (
+    labels_match,
+    need_key,
+    profile_fingerprint,
+    req_tuple,
+    requirement_matches,
+    same_keys,
+    same_satisfied,
 )
+from .model import (
+    GRACE_LADDER,
+    GRACE_TOP,
+    Confidence,
+    Effect,
+    EngineConfig,
+    EngineEvent,
+    InvalidRollup,
+    Machine,
+    MachineConfigured,
+    MachineInfo,
+    MachineReleased,
+    NeedStatus,
+    Op,
+    ReclaimRecord,
+    SendFrame,
+    State,
+    build_inventory,
+    grace_for_priority,
+)
+from .planning import SUPPLY_RANK, fill, plan_need, serves_memo
+
+__all__ = [
+    "GRACE_LADDER", "GRACE_TOP", "Effect", "EngineConfig", "EngineEvent", "InvalidRollup",
+    "Machine", "MachineConfigured", "MachineInfo", "MachineReleased", "NeedStatus",
+    "ReclaimRecord", "SendFrame", "ShardEngine", "grace_for_priority", "labels_match",
+    "need_key", "profile_fingerprint", "requirement_matches", "same_keys", "same_satisfied",
+]
 
 log = logging.getLogger(__name__)
 
-State = pb.MachineState
-Op = pb.NodeSelectorRequirementOperator
-Confidence = pb.AvailableCapacityUpdateConfidence
 
-ZERO = Fraction(0)
-
-#: Grace ladder (seconds) by priority, like the real shard's 10 s / 30 s / 2 m / 10 m.
-GRACE_LADDER: tuple[tuple[int, int], ...] = ((0, 10), (1000, 30), (1_000_000, 120))
-GRACE_TOP = 600
-
-
-def grace_for_priority(priority: int) -> int:
-    """Reclaim grace in seconds for a need priority (a real shard's 10 s / 30 s / 2 m / 10 m).
-
-    The sim's mapping: priority < 0 -> 10 s, < 1000 -> 30 s, < 1 000 000 -> 120 s, else 600 s.
-    """
-    for bound, grace in GRACE_LADDER:
-        if priority < bound:
-            return grace
-    return GRACE_TOP
-
-
-# --------------------------------------------------------------------------------------------
-# Config, effects, snapshots
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Timing and policy knobs (seconds). Small defaults so the demo converges in seconds.
-
-    Attributes:
-        seed: seeds machine ids and node names.
-        create_delay: Speculative -> Creating.
-        boot_delay: Creating -> Idle (then the BootstrapRequest is sent).
-        configure_delay: Configuring -> Configured (after a good bootstrap response).
-        bootstrap_timeout: how long the pull waits for a response (one roll-up cycle).
-        reclaim_grace_seconds: grace put in every ReclaimInstruction; None uses
-            :func:`grace_for_priority` of the need the machine last served.
-        reclaim_ack_timeout: re-issue an unacknowledged ReclaimInstruction after this long.
-        drain_wait: after the ack, how long the agent gets to drain before Draining is sent.
-        drain_step: Draining -> Idle.
-        surplus_rollups: a Configured machine must be surplus in this many consecutive roll-ups
-            before it is reclaimed (1 = at once).
-        available_min_interval: at most one AvailableCapacityUpdate per shape per this interval
-            (the real shard uses 5 s); 0 = send every change at once.
-        coordinator_term, shard_epoch: echoed in every Acknowledgement (informational).
-    """
-
-    seed: int = 0
-    create_delay: float = 0.3
-    boot_delay: float = 0.5
-    configure_delay: float = 0.5
-    bootstrap_timeout: float = 10.0
-    reclaim_grace_seconds: int | None = 2
-    reclaim_ack_timeout: float = 10.0
-    drain_wait: float = 1.0
-    drain_step: float = 0.5
-    surplus_rollups: int = 1
-    available_min_interval: float = 0.0
-    coordinator_term: int = 1
-    shard_epoch: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("create_delay", "boot_delay", "configure_delay", "drain_wait", "drain_step",
-                     "available_min_interval"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"EngineConfig.{name} must be >= 0")
-        for name in ("bootstrap_timeout", "reclaim_ack_timeout"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"EngineConfig.{name} must be > 0")
-        if self.surplus_rollups < 1:
-            raise ValueError("EngineConfig.surplus_rollups must be >= 1")
-        if self.reclaim_grace_seconds is not None and self.reclaim_grace_seconds < 0:
-            raise ValueError("EngineConfig.reclaim_grace_seconds must be >= 0 or None")
-
-
-@dataclass(frozen=True)
-class MachineInfo:
-    """Immutable snapshot of a machine handed to node hooks and state views."""
-
-    machine_id: str
-    node_name: str
-    provider_id: str
-    instance_type: str
-    zone: str
-    labels: Mapping[str, str]
-    allocatable: Mapping[str, str]
-    taints: tuple[ShapeTaint, ...]
-    price_per_hour: float
-
-
-@dataclass(frozen=True)
-class SendFrame:
-    """Effect: send this frame on the cluster's current session (dropped when none is up)."""
-
-    frame: pb.ShardMessage
-
-
-@dataclass(frozen=True)
-class MachineConfigured:
-    """Effect: a machine became Configured; register its Node (hook ``on_machine_configured``)."""
-
-    machine: MachineInfo
-
-
-@dataclass(frozen=True)
-class MachineReleased:
-    """Effect: a reclaimed machine went back to the pool; remove its Node."""
-
-    machine: MachineInfo
-
-
-Effect = SendFrame | MachineConfigured | MachineReleased
-
-
-@dataclass(frozen=True)
-class EngineEvent:
-    """One line of the engine's event log: ``time`` (engine clock), ``kind``, identifying fields."""
-
-    time: float
-    kind: str
-    fields: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class NeedStatus:
-    """How one need of the last accepted roll-up was planned.
-
-    ``machines``: ids serving it (bound, any lifecycle state); ``new``: how many were bootstrapped
-    by that roll-up; ``short``: the dimensions still uncovered (empty = satisfied).
-    """
-
-    key: str
-    priority: int
-    group: str
-    requirements: tuple[tuple[str, str, tuple[str, ...]], ...]
-    aggregate: Mapping[str, str]
-    min_unit: Mapping[str, str]
-    machines: tuple[str, ...]
-    new: int
-    short: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ReclaimRecord:
-    """A ReclaimInstruction the engine issued (``acked_at`` None until the ReclaimAck)."""
-
-    instruction_id: str
-    machine_id: str
-    node_name: str
-    grace_seconds: int
-    issued_at: float
-    acked_at: float | None = None
-    nodes_started: int | None = None
-
-
-class InvalidRollup(ValueError):
-    """The roll-up was rejected whole (bad quantity or penalty bucket); the last demand stays."""
-
-
-# --------------------------------------------------------------------------------------------
-# Matching (pure functions)
-# --------------------------------------------------------------------------------------------
-
-
-def requirement_matches(req: pb.NodeSelectorRequirement, labels: Mapping[str, str]) -> bool:
-    """Whether one machine's labels satisfy one requirement (Kubernetes node-affinity semantics).
-
-    In: key present with a listed value. NotIn: key absent or value not listed. Exists: key
-    present. DoesNotExist: key absent. Same: key present (the shared-value rule is a set rule,
-    see :func:`same_keys`). UNSPECIFIED or unknown operators match nothing.
-    """
-    op = req.operator
-    present = req.key in labels
-    if op == Op.OPERATOR_IN:
-        return present and labels[req.key] in req.values
-    if op == Op.OPERATOR_NOT_IN:
-        return not present or labels[req.key] not in req.values
-    if op == Op.OPERATOR_EXISTS:
-        return present
-    if op == Op.OPERATOR_DOES_NOT_EXIST:
-        return not present
-    if op == Op.OPERATOR_SAME:
-        return present
-    return False
-
-
-def labels_match(reqs: Iterable[pb.NodeSelectorRequirement], labels: Mapping[str, str]) -> bool:
-    """All requirements hold for these labels (an empty list matches everything)."""
-    return all(requirement_matches(r, labels) for r in reqs)
-
-
-def same_keys(reqs: Iterable[pb.NodeSelectorRequirement]) -> list[str]:
-    """The keys of the Same requirements, sorted and de-duplicated."""
-    return sorted({r.key for r in reqs if r.operator == Op.OPERATOR_SAME})
-
-
-def same_satisfied(
-    reqs: Sequence[pb.NodeSelectorRequirement], machine_labels: Iterable[Mapping[str, str]]
-) -> bool:
-    """Whether a *set* of machines satisfies every Same requirement (one shared value per key)."""
-    label_list = list(machine_labels)
-    for key in same_keys(reqs):
-        values = {lab.get(key) for lab in label_list}
-        if None in values or len(values) > 1:
-            return False
-    return True
-
-
-def profile_fingerprint(
-    requirements: Iterable[pb.NodeSelectorRequirement],
-    *,
-    priority: int = 0,
-    interruption_bucket: int = 0,
-    reclamation_bucket: int = 0,
-    spread: Iterable[pb.TopologySpread] = (),
-) -> str:
-    """The profile fingerprint (the shard's canonical text of a need's Profile).
-
-    Example: ``p=0|ipb=0|rpb=0|reqs=node.kubernetes.io/instance-type:1:a;|spr=``.
-    """
-    reqs = sorted(
-        ((r.key, int(r.operator), sorted(r.values)) for r in requirements),
-        key=lambda t: (t[0], t[1]),
-    )
-    parts = [f"p={priority}|ipb={interruption_bucket}|rpb={reclamation_bucket}|reqs="]
-    parts += [f"{k}:{op}:{','.join(vals)};" for k, op, vals in reqs]
-    parts.append("|spr=")
-    parts += [
-        f"{s.topology_key}:{s.max_skew}:{int(s.when_unsatisfiable)};"
-        for s in sorted(spread, key=lambda s: s.topology_key)
-    ]
-    return "".join(parts)
-
-
-def need_key(need: pb.CapacityNeed) -> str:
-    """Identity of a need across roll-ups: its profile fingerprint plus its co-location group."""
-    fp = profile_fingerprint(
-        need.requirements,
-        priority=need.priority,
-        interruption_bucket=int(need.interruption_penalty_bucket),
-        reclamation_bucket=int(need.reclamation_penalty_bucket),
-        spread=need.spread,
-    )
-    return f"{fp}|grp={need.group}"
-
-
-_OP_NAMES = {
-    Op.OPERATOR_IN: "In",
-    Op.OPERATOR_NOT_IN: "NotIn",
-    Op.OPERATOR_EXISTS: "Exists",
-    Op.OPERATOR_DOES_NOT_EXIST: "DoesNotExist",
-    Op.OPERATOR_SAME: "Same",
-}
-
-
-def _req_tuple(r: pb.NodeSelectorRequirement) -> tuple[str, str, tuple[str, ...]]:
-    return (r.key, _OP_NAMES.get(r.operator, "Unspecified"), tuple(r.values))
-
-
-# --------------------------------------------------------------------------------------------
-# Machines
-# --------------------------------------------------------------------------------------------
-
-_NAME_BAD = re.compile(r"[^a-z0-9.-]+")
-
-
-@dataclass
-class Machine:
-    """One machine of the inventory (mutable engine state; read it, do not change it).
-
-    ``bound``: it belongs to the cluster (its NodeStateUpdates go to the agent). Unbound machines
-    are the free pool, in state SPECULATIVE (not created yet) or IDLE (created, warm).
-    """
-
-    machine_id: str
-    node_name: str
-    provider_id: str
-    shape: MachineShape
-    state: pb.MachineState
-    bound: bool = False
-    need: str | None = None
-    priority: int = 0
-    due: float | None = None
-    bootstrap_request_id: str | None = None
-    reclaim: ReclaimRecord | None = None
-    surplus_count: int = 0
-    last_error: str = ""
-    seq: int = 0
-    index: int = 0
-    labels: dict[str, str] = field(default_factory=dict)
-    alloc: dict[str, Fraction] = field(default_factory=dict)
-
-    def info(self) -> MachineInfo:
-        """An immutable snapshot for hooks and views."""
-        return MachineInfo(
-            machine_id=self.machine_id,
-            node_name=self.node_name,
-            provider_id=self.provider_id,
-            instance_type=self.shape.instance_type,
-            zone=self.shape.zone,
-            labels=dict(self.labels),
-            allocatable=dict(self.shape.allocatable),
-            taints=self.shape.taints,
-            price_per_hour=self.shape.price_per_hour,
-        )
-
-    @property
-    def free(self) -> bool:
-        """In the free pool and usable for new demand."""
-        return not self.bound and self.state in (State.IDLE, State.SPECULATIVE)
-
-
-_SUPPLY_RANK = {
-    State.CONFIGURED: 0,
-    State.CONFIGURING: 1,
-    State.IDLE: 2,
-    State.CREATING: 3,
-    State.SPECULATIVE: 4,
-}
-
-
-@dataclass
-class _Plan:
-    take: list[Machine]
-    new: list[Machine]
-    short: list[str]
-
-
-# --------------------------------------------------------------------------------------------
-# Engine
-# --------------------------------------------------------------------------------------------
-
-
-class ShardEngine:
+class ShardEngine(MachineLifecycle):
     """The simulated shard's state machine for one cluster (see the module docstring).
 
     Args:
@@ -434,29 +129,7 @@ class ShardEngine:
         self._ac_last: dict[str, float] = {}
         self._ac_due: float | None = None
         self._need_reqs: dict[str, list[pb.NodeSelectorRequirement]] = {}
-        self.machines: list[Machine] = []
-        rng = random.Random(self.config.seed)
-        names: set[str] = set()
-        for shape in catalog:
-            for i in range(shape.count):
-                machine_id = f"i-{rng.getrandbits(56):014x}"
-                while True:
-                    base = _NAME_BAD.sub("-", f"{shape.instance_type}-{shape.zone}".lower())
-                    node_name = f"{base}-{rng.getrandbits(24):06x}"
-                    if node_name not in names:
-                        break
-                names.add(node_name)
-                m = Machine(
-                    machine_id=machine_id,
-                    node_name=node_name,
-                    provider_id=f"sim://{shape.region}/{shape.zone}/{machine_id}",
-                    shape=shape,
-                    state=State(State.IDLE if i < shape.warm else State.SPECULATIVE),
-                    index=len(self.machines),
-                )
-                m.labels = {**shape.labels(), LABEL_HOSTNAME: node_name}
-                m.alloc = shape.allocatable_values
-                self.machines.append(m)
+        self.machines: list[Machine] = build_inventory(catalog, self.config.seed)
         self._by_id = {m.machine_id: m for m in self.machines}
         self._by_shape: dict[str, list[Machine]] = {}
         for m in self.machines:
@@ -640,116 +313,6 @@ class ShardEngine:
         out += self._available(now)
         return out
 
-    # ---------------------------------------------------------------- lifecycle
-
-    def _step(self, m: Machine, now: float) -> list[Effect]:
-        cfg = self.config
-        if m.state == State.SPECULATIVE:
-            return [self._set_state(m, State.CREATING, now, cfg.boot_delay)]
-        if m.state == State.CREATING:
-            out: list[Effect] = [self._set_state(m, State.IDLE, now, None)]
-            return out + self._pull(m, now)
-        if m.state == State.IDLE and m.bootstrap_request_id is not None:
-            self._pulls.pop(m.bootstrap_request_id, None)
-            m.bootstrap_request_id = None
-            return self._fail(m, f"bootstrap: no response within {cfg.bootstrap_timeout:g}s", now)
-        if m.state == State.CONFIGURING:
-            out = [MachineConfigured(m.info())]
-            out.append(self._set_state(m, State.CONFIGURED, now, None))
-            return out
-        if m.state == State.CONFIGURED and m.reclaim is not None:
-            if m.reclaim.acked_at is None:
-                self._event(now, "reclaim_reissued", machine=m.machine_id,
-                            instruction_id=m.reclaim.instruction_id)
-                m.due = now + cfg.reclaim_ack_timeout
-                return [self._reclaim_frame(m)]
-            return [self._set_state(m, State.DRAINING, now, cfg.drain_step)]
-        if m.state == State.DRAINING:
-            frame = self._set_state(m, State.IDLE, now, None)
-            info = m.info()
-            self._event(now, "released", machine=m.machine_id, node=m.node_name)
-            self.released += 1
-            m.bound = False
-            m.need = None
-            m.reclaim = None
-            m.surplus_count = 0
-            return [frame, MachineReleased(info)]
-        log.warning("timer fired for machine %s in state %s with nothing to do",
-                    m.machine_id, m.state.name)
-        return []
-
-    def _pull(self, m: Machine, now: float) -> list[Effect]:
-        m.bootstrap_request_id = f"bootstrap-{next(self._bootstrap_seq):06d}"
-        self._pulls[m.bootstrap_request_id] = m
-        m.due = now + self.config.bootstrap_timeout
-        self._event(now, "bootstrap_requested", machine=m.machine_id, node=m.node_name,
-                    request_id=m.bootstrap_request_id)
-        return [self._bootstrap_frame(m)]
-
-    def _fail(self, m: Machine, error: str, now: float) -> list[Effect]:
-        m.last_error = error
-        frame = self._set_state(m, State.FAILED, now, None)
-        log.warning("machine failed machine=%s node=%s need=%s error=%s",
-                    m.machine_id, m.node_name, m.need, error)
-        ev = self._event(now, "shortfall", machine=m.machine_id, node=m.node_name, need=m.need,
-                         reason=error)
-        self.shortfalls.append(ev)
-        # The machine exists (it was created); it goes back to the pool, warm.
-        m.bound = False
-        m.need = None
-        m.state = State(State.IDLE)
-        m.due = None
-        m.surplus_count = 0
-        return [frame]
-
-    def _set_state(self, m: Machine, new_state: pb.MachineState | int, now: float,
-                   delay: float | None) -> SendFrame:
-        old = m.state
-        state = State(new_state)
-        m.state = state
-        m.due = None if delay is None else now + delay
-        if state != State.FAILED:
-            m.last_error = ""
-        self._event(now, "machine_state", machine=m.machine_id, node=m.node_name,
-                    old=old.name, new=state.name, need=m.need)
-        log.info("machine state machine=%s node=%s %s -> %s", m.machine_id, m.node_name,
-                 old.name, state.name)
-        return self._nsu(m)
-
-    # ---------------------------------------------------------------- frames
-
-    def _nsu(self, m: Machine) -> SendFrame:
-        return SendFrame(pb.ShardMessage(node_state_update=pb.NodeStateUpdate(
-            supersedes_key=f"node:{m.machine_id}",
-            machine_id=m.machine_id,
-            cluster_id=self.cluster_id,
-            state=m.state,
-            node_name=m.node_name,
-            provider_id=m.provider_id,
-            last_error=m.last_error,
-            labels=dict(m.labels),
-            resources=pb.Resources(resources=dict(m.shape.allocatable)),
-            taints=[pb.Taint(key=t.key, value=t.value, effect=t.effect) for t in m.shape.taints],
-        )))
-
-    def _bootstrap_frame(self, m: Machine) -> SendFrame:
-        reqs = self._need_reqs.get(m.need or "", [])
-        return SendFrame(pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(
-            request_id=m.bootstrap_request_id or "",
-            requirements=[pb.NodeSelectorRequirement(key=r.key, operator=r.operator,
-                                                     values=list(r.values)) for r in reqs],
-            cluster_id=self.cluster_id,
-        )))
-
-    def _reclaim_frame(self, m: Machine) -> SendFrame:
-        assert m.reclaim is not None
-        return SendFrame(pb.ShardMessage(reclaim_instruction=pb.ReclaimInstruction(
-            instruction_id=m.reclaim.instruction_id,
-            nodes=[m.node_name],
-            grace_period_seconds=m.reclaim.grace_seconds,
-            preemptor_priority=0,
-        )))
-
     # ---------------------------------------------------------------- planning
 
     def _plan(
@@ -759,7 +322,7 @@ class ShardEngine:
     ) -> list[Effect]:
         order = sorted(range(len(parsed)), key=lambda i: (-parsed[i][0].priority, i))
         supply = [m for m in self.machines
-                  if m.bound and m.reclaim is None and m.state in _SUPPLY_RANK]
+                  if m.bound and m.reclaim is None and m.state in SUPPLY_RANK]
         claimed: set[str] = set()
         pool = [m for m in self.machines if m.free]
         pool_lanes: dict[str, list[list[Machine]]] = {}
@@ -784,7 +347,7 @@ class ShardEngine:
                 key = f"{key}#{i}"
             seen_keys.add(key)
             need_reqs[key] = list(need.requirements)
-            serves = self._serves_memo(need, unit)
+            serves = serves_memo(need, unit)
             plan = None
             if not same_keys(need.requirements):
                 # The machines this need already holds come first in _fill's order; when they
@@ -792,7 +355,7 @@ class ShardEngine:
                 own = [m for m in by_need.get(key, ())
                        if m.machine_id not in claimed and serves(m)]
                 if own:
-                    plan = self._fill(need, key, agg, own, [])
+                    plan = fill(need, key, agg, own, [])
                     if plan.short:
                         plan = None
             if plan is None:
@@ -800,11 +363,11 @@ class ShardEngine:
                 if same_keys(need.requirements) or any(
                         r.key == LABEL_HOSTNAME for r in need.requirements):
                     free = [m for m in pool if m.machine_id not in used_pool and serves(m)]
-                    plan = self._plan_need(need, key, agg, sup, free)
+                    plan = plan_need(need, key, agg, sup, free)
                 else:  # the pool per shape, in pick order, without a scan per need
                     streams = [lane for lanes in pool_lanes.values() if serves(lanes[0][0])
                                for lane in lanes]
-                    plan = self._fill(need, key, agg, sup, [], streams=streams, skip=used_pool)
+                    plan = fill(need, key, agg, sup, [], streams=streams, skip=used_pool)
             for m in plan.take:
                 claimed.add(m.machine_id)
                 m.need = key
@@ -817,7 +380,7 @@ class ShardEngine:
                 key=key,
                 priority=need.priority,
                 group=need.group,
-                requirements=tuple(_req_tuple(r) for r in need.requirements),
+                requirements=tuple(req_tuple(r) for r in need.requirements),
                 aggregate=dict(need.aggregate_resources),
                 min_unit=dict(need.min_unit),
                 machines=tuple(m.machine_id for m in plan.take + plan.new),
@@ -870,167 +433,6 @@ class ShardEngine:
                     short=sum(1 for s in self.needs if s.short),
                     new=sum(s.new for s in self.needs))
         return out + self._available(now)
-
-    def _serves(self, m: Machine, need: pb.CapacityNeed, unit: Mapping[str, Fraction]) -> bool:
-        return labels_match(need.requirements, m.labels) and covers(m.alloc, unit)
-
-    def _serves_memo(self, need: pb.CapacityNeed,
-                     unit: Mapping[str, Fraction]) -> Callable[[Machine], bool]:
-        """:meth:`_serves` for one need, answered once per shape: machines of a shape share
-        every label but the hostname and all their allocatable (a need naming the hostname label
-        is checked per machine)."""
-        reqs = list(need.requirements)
-        if any(r.key == LABEL_HOSTNAME for r in reqs):
-            return lambda m: self._serves(m, need, unit)
-        memo: dict[str, bool] = {}
-
-        def serves(m: Machine) -> bool:
-            hit = memo.get(m.shape.key)
-            if hit is None:
-                hit = memo[m.shape.key] = labels_match(reqs, m.labels) and covers(m.alloc, unit)
-            return hit
-
-        return serves
-
-    def _plan_need(
-        self,
-        need: pb.CapacityNeed,
-        key: str,
-        agg: dict[str, Fraction],
-        sup: list[Machine],
-        free: list[Machine],
-    ) -> _Plan:
-        skeys = same_keys(need.requirements)
-        if not skeys:
-            return self._fill(need, key, agg, sup, free)
-        domains = [
-            sorted({m.labels[k] for m in sup + free}) for k in skeys
-        ]
-        combos = list(itertools.product(*domains))
-        if not combos:
-            return _Plan([], [], sorted(agg) or ["machines"])
-
-        def in_domain(m: Machine, combo: tuple[str, ...]) -> bool:
-            return all(m.labels.get(k) == v for k, v in zip(skeys, combo, strict=True))
-
-        def score(combo: tuple[str, ...]) -> tuple[int, int, float, tuple[str, ...]]:
-            sticky = sum(1 for m in sup if m.need == key and in_domain(m, combo))
-            existing = sum(1 for m in sup if in_domain(m, combo))
-            prices = [m.shape.price_per_hour for m in free if in_domain(m, combo)]
-            return (-sticky, -existing, min(prices) if prices else float("inf"), combo)
-
-        first: _Plan | None = None
-        for combo in sorted(combos, key=score):
-            plan = self._fill(need, key, agg,
-                              [m for m in sup if in_domain(m, combo)],
-                              [m for m in free if in_domain(m, combo)])
-            if not plan.short:
-                return plan
-            if first is None:
-                first = plan
-        assert first is not None
-        return first
-
-    def _fill(
-        self,
-        need: pb.CapacityNeed,
-        key: str,
-        agg: dict[str, Fraction],
-        sup: list[Machine],
-        free: list[Machine],
-        *,
-        streams: list[list[Machine]] | None = None,
-        skip: set[str] | None = None,
-    ) -> _Plan:
-        """Cover ``agg``: ``sup`` first (own machines, then by supply rank), then new machines
-        from ``free`` -- or from ``streams`` (lists each already in pick order and of one shape,
-        machines in ``skip`` or no longer free passed over)."""
-        covered: dict[str, Fraction] = {}
-        take: list[Machine] = []
-
-        def done() -> bool:
-            return bool(take) and covers(covered, agg)
-
-        sup_sorted = sorted(sup, key=lambda m: (m.need != key, _SUPPLY_RANK[m.state], m.seq,
-                                                m.index))
-        for m in sup_sorted:
-            if done():
-                break
-            take.append(m)
-            add_into(covered, m.alloc)
-        spread_keys = [s.topology_key for s in need.spread
-                       if s.when_unsatisfiable != pb.TopologySpreadWhenUnsatisfiable
-                       .WHEN_UNSATISFIABLE_SCHEDULE_ANYWAY]
-        new: list[Machine] = []
-        # The cheapest machine by (price, load of its spread domains, not Idle, inventory index).
-        # A fresh machine's hostname domain always has load 0 (its hostname is its own), so only
-        # the other spread keys split the free machines into domains; within a domain the load
-        # is the same, so each domain's best is the first in (price, not Idle, index) order.
-        dom_keys = [k for k in spread_keys if k != LABEL_HOSTNAME]
-        counts = [Counter(m.labels.get(k) for m in take) for k in dom_keys]
-        lanes: list[tuple[tuple[str | None, ...], list[Machine]]] = []
-        if streams is None:
-            domains: dict[tuple[str | None, ...], list[Machine]] = {}
-            for m in sorted(free, key=lambda m: (m.shape.price_per_hour, m.state != State.IDLE,
-                                                 m.index)):
-                domains.setdefault(tuple(m.labels.get(k) for k in dom_keys), []).append(m)
-            lanes = list(domains.items())
-        else:
-            lanes = [(tuple(lane[0].labels.get(k) for k in dom_keys), lane)
-                     for lane in streams if lane]
-        heads = [0] * len(lanes)
-        while not done():
-            best_i: int | None = None
-            best_key: tuple[Any, ...] | None = None
-            for li, (d, lst) in enumerate(lanes):
-                i = heads[li]
-                if skip is not None:
-                    while i < len(lst) and (lst[i].machine_id in skip or not lst[i].free):
-                        i += 1
-                    heads[li] = i
-                if i >= len(lst):
-                    continue
-                m = lst[i]
-                load = tuple(c[v] for c, v in zip(counts, d, strict=True))
-                key_ = (m.shape.price_per_hour, load, m.state != State.IDLE, m.index)
-                if best_key is None or key_ < best_key:
-                    best_key, best_i = key_, li
-            if best_i is None:
-                break
-            best_d, lane = lanes[best_i]
-            best = lane[heads[best_i]]
-            heads[best_i] += 1
-            for c, v in zip(counts, best_d, strict=True):
-                c[v] += 1
-            new.append(best)
-            take.append(best)
-            add_into(covered, best.alloc)
-        short: list[str] = []
-        if not take:
-            short = ["machines"]
-        elif not covers(covered, agg):
-            short = sorted(d for d, v in agg.items() if covered.get(d, ZERO) < v)
-        return _Plan(take=[m for m in take if m not in new], new=new, short=short)
-
-    def _issue_reclaim(self, m: Machine, now: float) -> list[Effect]:
-        grace = (self.config.reclaim_grace_seconds
-                 if self.config.reclaim_grace_seconds is not None
-                 else grace_for_priority(m.priority))
-        rec = ReclaimRecord(
-            instruction_id=f"reclaim-{next(self._reclaim_seq):06d}",
-            machine_id=m.machine_id,
-            node_name=m.node_name,
-            grace_seconds=grace,
-            issued_at=now,
-        )
-        m.reclaim = rec
-        m.due = now + self.config.reclaim_ack_timeout
-        self.reclaims.append(rec)
-        self._event(now, "reclaim_issued", machine=m.machine_id, node=m.node_name,
-                    instruction_id=rec.instruction_id, grace_seconds=grace)
-        log.info("reclaim issued instruction=%s machine=%s node=%s grace=%ss",
-                 rec.instruction_id, m.machine_id, m.node_name, grace)
-        return [self._reclaim_frame(m)]
 
     # ---------------------------------------------------------------- available capacity
 
@@ -1091,10 +493,3 @@ class ShardEngine:
             confidence=Confidence(conf),
             cost_per_hour=cost,
         )
-
-    # ---------------------------------------------------------------- log
-
-    def _event(self, now: float, kind: str, **fields: Any) -> EngineEvent:
-        ev = EngineEvent(time=now, kind=kind, fields=fields)
-        self.events.append(ev)
-        return ev

@@ -1,0 +1,188 @@
+"""Demand planning of the simulated shard: which machines serve a need, which to bootstrap.
+
+Pure functions over :class:`~.model.Machine` lists (they read machines, never change them):
+:func:`serves_memo` (can a machine serve a need), :func:`plan_need` (Same domains) and
+:func:`fill` (cover an aggregate from supply, then from the free pool in pick order). The policy
+they implement is in :mod:`.engine`'s docstring; :meth:`ShardEngine.on_rollup
+<.engine.ShardEngine.on_rollup>` applies their :class:`Plan`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from bigfleet_trio.proto import pb
+
+from ._quantity import add_into, covers
+from .catalog import LABEL_HOSTNAME
+from .matching import labels_match, same_keys
+from .model import ZERO, Machine, State
+
+SUPPLY_RANK = {
+    State.CONFIGURED: 0,
+    State.CONFIGURING: 1,
+    State.IDLE: 2,
+    State.CREATING: 3,
+    State.SPECULATIVE: 4,
+}
+
+
+@dataclass
+class Plan:
+    """Machines a need takes: ``take`` already bound, ``new`` from the pool; ``short`` dims."""
+
+    take: list[Machine]
+    new: list[Machine]
+    short: list[str]
+
+
+def serves(m: Machine, need: pb.CapacityNeed, unit: Mapping[str, Fraction]) -> bool:
+    """Whether ``m`` can serve ``need``: its labels match and its allocatable holds ``unit``."""
+    return labels_match(need.requirements, m.labels) and covers(m.alloc, unit)
+
+
+def serves_memo(need: pb.CapacityNeed,
+                unit: Mapping[str, Fraction]) -> Callable[[Machine], bool]:
+    """:func:`serves` for one need, answered once per shape: machines of a shape share
+    every label but the hostname and all their allocatable (a need naming the hostname label
+    is checked per machine)."""
+    reqs = list(need.requirements)
+    if any(r.key == LABEL_HOSTNAME for r in reqs):
+        return lambda m: serves(m, need, unit)
+    memo: dict[str, bool] = {}
+
+    def serves_shape(m: Machine) -> bool:
+        hit = memo.get(m.shape.key)
+        if hit is None:
+            hit = memo[m.shape.key] = labels_match(reqs, m.labels) and covers(m.alloc, unit)
+        return hit
+
+    return serves_shape
+
+
+def plan_need(
+    need: pb.CapacityNeed,
+    key: str,
+    agg: dict[str, Fraction],
+    sup: list[Machine],
+    free: list[Machine],
+) -> Plan:
+    """Plan one need over supply ``sup`` and free machines ``free``: without Same
+    requirements :func:`fill`; with them, the first Same domain that covers the whole need
+    (sticky, then existing supply, then cheapest free price, then value), else the best one."""
+    skeys = same_keys(need.requirements)
+    if not skeys:
+        return fill(need, key, agg, sup, free)
+    domains = [
+        sorted({m.labels[k] for m in sup + free}) for k in skeys
+    ]
+    combos = list(itertools.product(*domains))
+    if not combos:
+        return Plan([], [], sorted(agg) or ["machines"])
+
+    def in_domain(m: Machine, combo: tuple[str, ...]) -> bool:
+        return all(m.labels.get(k) == v for k, v in zip(skeys, combo, strict=True))
+
+    def score(combo: tuple[str, ...]) -> tuple[int, int, float, tuple[str, ...]]:
+        sticky = sum(1 for m in sup if m.need == key and in_domain(m, combo))
+        existing = sum(1 for m in sup if in_domain(m, combo))
+        prices = [m.shape.price_per_hour for m in free if in_domain(m, combo)]
+        return (-sticky, -existing, min(prices) if prices else float("inf"), combo)
+
+    first: Plan | None = None
+    for combo in sorted(combos, key=score):
+        plan = fill(need, key, agg,
+                    [m for m in sup if in_domain(m, combo)],
+                    [m for m in free if in_domain(m, combo)])
+        if not plan.short:
+            return plan
+        if first is None:
+            first = plan
+    assert first is not None
+    return first
+
+
+def fill(
+    need: pb.CapacityNeed,
+    key: str,
+    agg: dict[str, Fraction],
+    sup: list[Machine],
+    free: list[Machine],
+    *,
+    streams: list[list[Machine]] | None = None,
+    skip: set[str] | None = None,
+) -> Plan:
+    """Cover ``agg``: ``sup`` first (own machines, then by supply rank), then new machines
+    from ``free`` -- or from ``streams`` (lists each already in pick order and of one shape,
+    machines in ``skip`` or no longer free passed over)."""
+    covered: dict[str, Fraction] = {}
+    take: list[Machine] = []
+
+    def done() -> bool:
+        return bool(take) and covers(covered, agg)
+
+    sup_sorted = sorted(sup, key=lambda m: (m.need != key, SUPPLY_RANK[m.state], m.seq,
+                                            m.index))
+    for m in sup_sorted:
+        if done():
+            break
+        take.append(m)
+        add_into(covered, m.alloc)
+    spread_keys = [s.topology_key for s in need.spread
+                   if s.when_unsatisfiable != pb.TopologySpreadWhenUnsatisfiable
+                   .WHEN_UNSATISFIABLE_SCHEDULE_ANYWAY]
+    new: list[Machine] = []
+    # The cheapest machine by (price, load of its spread domains, not Idle, inventory index).
+    # A fresh machine's hostname domain always has load 0 (its hostname is its own), so only
+    # the other spread keys split the free machines into domains; within a domain the load
+    # is the same, so each domain's best is the first in (price, not Idle, index) order.
+    dom_keys = [k for k in spread_keys if k != LABEL_HOSTNAME]
+    counts = [Counter(m.labels.get(k) for m in take) for k in dom_keys]
+    lanes: list[tuple[tuple[str | None, ...], list[Machine]]] = []
+    if streams is None:
+        domains: dict[tuple[str | None, ...], list[Machine]] = {}
+        for m in sorted(free, key=lambda m: (m.shape.price_per_hour, m.state != State.IDLE,
+                                             m.index)):
+            domains.setdefault(tuple(m.labels.get(k) for k in dom_keys), []).append(m)
+        lanes = list(domains.items())
+    else:
+        lanes = [(tuple(lane[0].labels.get(k) for k in dom_keys), lane)
+                 for lane in streams if lane]
+    heads = [0] * len(lanes)
+    while not done():
+        best_i: int | None = None
+        best_key: tuple[Any, ...] | None = None
+        for li, (d, lst) in enumerate(lanes):
+            i = heads[li]
+            if skip is not None:
+                while i < len(lst) and (lst[i].machine_id in skip or not lst[i].free):
+                    i += 1
+                heads[li] = i
+            if i >= len(lst):
+                continue
+            m = lst[i]
+            load = tuple(c[v] for c, v in zip(counts, d, strict=True))
+            key_ = (m.shape.price_per_hour, load, m.state != State.IDLE, m.index)
+            if best_key is None or key_ < best_key:
+                best_key, best_i = key_, li
+        if best_i is None:
+            break
+        best_d, lane = lanes[best_i]
+        best = lane[heads[best_i]]
+        heads[best_i] += 1
+        for c, v in zip(counts, best_d, strict=True):
+            c[v] += 1
+        new.append(best)
+        take.append(best)
+        add_into(covered, best.alloc)
+    short: list[str] = []
+    if not take:
+        short = ["machines"]
+    elif not covers(covered, agg):
+        short = sorted(d for d, v in agg.items() if covered.get(d, ZERO) < v)
+    return Plan(take=[m for m in take if m not in new], new=new, short=short)
