@@ -1,1 +1,1 @@
-"""The per-cluster operator (seed 000): roll-up, acknowledgement, node state, reclaim, bootstrap."""
+"""The per-cluster operator: roll-up, acknowledgement, node state, reclaim, bootstrap."""

@@ -1,27 +1,13 @@
-"""CapacityRequest acknowledgement (seed 000 "Building the roll-up", acknowledgement; ref §5.8).
+"""CapacityRequest acknowledgement: Pending CRs of an enqueued roll-up become Acknowledged.
 
-After each roll-up has been handed to the pending slot, every CapacityRequest seen with phase ""
-or Pending gets one JSON merge-patch on its ``status`` subresource::
+Each CR gets one JSON merge-patch on its ``status`` subresource::
 
     {"status": {"acknowledgedAt": "<RFC 3339 UTC, second precision, Z>", "phase": "Acknowledged"}}
 
-No resourceVersion precondition, so no conflict loop. "Acknowledged" means "included in a roll-up
-built by the operator", not "received by the shard".
-
-Deviations from the Go reference, on purpose:
-
-* The batch runs in the background (an :class:`Acknowledger` task owned by the operator) instead of
-  inside the roll-up loop, so a slow apiserver never delays the next roll-up tick (ref §16.2).
-* A CR is never in two batches at once: :class:`Acknowledger` keeps an in-flight set and skips
-  keys already being patched.
-* ``acknowledgedAt`` is always UTC with a ``Z`` suffix (Go used the process time zone, §18.16).
-
-Failures other than NotFound are logged and not retried here; the CR stays Pending in the
-informer, so the next roll-up cycle submits it again.
-
-Metrics (ref §15): ``bigfleet_operator_acknowledged_total`` counts successful patches;
-``bigfleet_operator_acknowledge_duration_seconds`` observes each batch (one :meth:`submit` call's
-newly scheduled CRs) from submission until its last patch finished.
+"Acknowledged" means "included in a roll-up built by the operator", not "received by the shard"
+(docs/rules.md#acknowledgement). No resourceVersion precondition, so no conflict loop. Metric
+names as in docs/reference.md#metric-names: ``bigfleet_operator_acknowledged_total`` (successful
+patches), ``bigfleet_operator_acknowledge_duration_seconds`` (one ``Acknowledger.submit`` batch).
 """
 
 from __future__ import annotations
@@ -58,6 +44,8 @@ CRKey = tuple[str, str]
 def format_acknowledged_at(when: datetime) -> str:
     """RFC 3339 UTC timestamp with second precision and a ``Z`` suffix.
 
+    Always UTC, whatever the process time zone (docs/reference.md#acknowledgedat-in-local-time).
+
     Args:
         when: an aware datetime (naive values are taken as UTC).
 
@@ -75,7 +63,7 @@ def acknowledge_patch(when: datetime) -> dict[str, Any]:
 
 
 def needs_acknowledgement(cr: Mapping[str, Any]) -> bool:
-    """True if the CR's ``status.phase`` is missing, "" or "Pending" (ref §5.8)."""
+    """True if the CR's ``status.phase`` is missing, "" or "Pending" (not yet acknowledged)."""
     status = cr.get("status")
     phase = status.get("phase", "") if isinstance(status, Mapping) else ""
     return phase in ("", "Pending", None)
@@ -93,6 +81,12 @@ def _key(cr: Mapping[str, Any]) -> CRKey | None:
 
 class Acknowledger:
     """Background acknowledgement of CapacityRequests, at most ``concurrency`` patches in flight.
+
+    A task of its own, not a step of the roll-up loop, so a slow apiserver never delays the next
+    roll-up tick; an in-flight set keeps a CR out of two batches at once
+    (docs/deviations.md#2-roll-up-and-acknowledgement-operatorrolluppy-wiringpy-acknowledgepy).
+    Failures other than NotFound are logged and not retried here: the CR stays Pending in the
+    informer, so the next roll-up submits it again.
 
     Usage::
 

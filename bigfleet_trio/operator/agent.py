@@ -1,33 +1,11 @@
-"""The reconnect loop around shard sessions (``Operator.Run`` in the reference).
+"""The reconnect loop around shard sessions (``Operator.Run`` in the Go reference).
 
-Seed 000 "The single outbound stream" (first paragraph); facts in reference-behavior.md §2 and the
-decision asked for in §17/§18.1.
-
-Backoff rule (documented deviation from the Go code, which never resets):
-
-* after every session end or failed connect the agent waits ``base * (1 - jitter * U[0,1))``
-  seconds, where ``base`` starts at ``initial_backoff`` (0.5 s) and doubles after each wait up to
-  ``max_backoff`` (30 s): nominal 0.5, 1, 2, 4, 8, 16, 30, 30 ... Jitter only shortens a wait
-  (default up to 20 %), so the cap is never exceeded and reconnecting agents spread out;
-* if the session that just ended had been established (Hello sent) for at least
-  ``healthy_after`` seconds (60 s), ``base`` first resets to ``initial_backoff``: a shard
-  restart after a long healthy session is met with a quick reconnect, while a flapping shard
-  (sessions dying young) still sees the growing backoff.
-
-Why an explicit loop instead of tenacity: a session never "succeeds" (every return is a reason
-to reconnect), and the reset rule makes the next wait depend on the last session's uptime, not
-on an attempt counter. Both fight tenacity's attempt/stop model; the loop below is ten lines and
-the delay arithmetic is the package's one rule, :class:`bigfleet_trio.kube.retry.Backoff` in its
-``"down"`` jitter mode, behind the small :class:`Backoff` adapter (reset on a healthy session).
-The loop also catches only ``Exception``, so ``trio.Cancelled`` can never be retried
-(tenacity#529).
-
-Session changes: the optional ``on_session_change`` hook gets a :class:`SessionChange` when a
-session is established (Hello sent), after every session end or failed connect (with the error
-text, the backoff delay before the next attempt and the uptime), and once when the agent is
-cancelled with a session up (``retry_in`` None). The operator publishes these as
-``session_up`` / ``session_down`` feed events. Each transition is also one log line (the
-session's "session established" INFO, the agent's "shard session ended" WARNING).
+One outbound stream per cluster (docs/reference.md#session-and-reconnect): connect, run a
+:class:`~bigfleet_trio.operator.session.Session`, back off, repeat. The backoff doubles from
+0.5 s to 30 s with subtractive jitter and resets after a healthy session (:class:`Backoff`;
+docs/deviations.md#1-session-stream-and-reconnect-operatoragentpy-sessionpy-queuespy-shard).
+Every transition goes to the optional ``on_session_change`` hook as a :class:`SessionChange`
+and is one log line.
 """
 
 from __future__ import annotations
@@ -56,6 +34,15 @@ log = logging.getLogger(__name__)
 
 class Backoff:
     """The reconnect rule as an adapter over :class:`bigfleet_trio.kube.retry.Backoff`.
+
+    After every session end or failed connect the agent waits ``base * (1 - jitter * U[0,1))``
+    seconds; ``base`` starts at ``initial`` and doubles after each wait up to ``maximum``:
+    nominal 0.5, 1, 2, 4, 8, 16, 30, 30 ... Jitter only shortens a wait, so the cap is never
+    exceeded and reconnecting agents spread out. If the session that just ended had been
+    established for at least ``healthy_after`` seconds, ``base`` first resets to ``initial``: a
+    shard restart after a long healthy session is met with a quick reconnect, while a flapping
+    shard (sessions dying young) still sees the growing backoff. The Go reference never resets
+    (docs/reference.md#backoff-never-resets).
 
     The delay arithmetic is the package's one rule (``jitter_mode="down"``, no clock-based
     reset); this adapter adds the agent's reset condition, which depends on the last session's
@@ -168,8 +155,10 @@ class Agent:
         config: :class:`AgentConfig`.
         rng: random source for the backoff jitter.
         on_session_change: called (synchronously, in the agent task) with a
-            :class:`SessionChange` on every transition; must not block. An exception it raises
-            is logged and ignored.
+            :class:`SessionChange` when a session is established (Hello sent), after every
+            session end or failed connect, and once when the agent is cancelled with a session
+            up (``retry_in`` None); must not block. An exception it raises is logged and
+            ignored. The operator publishes these as ``session_up`` / ``session_down`` events.
 
     Attributes:
         session_up: True while a session is established (Hello sent) -- the /readyz signal.
@@ -214,6 +203,10 @@ class Agent:
 
         With the grpclib connector, call this inside ``async with trio_asyncio.open_loop():``
         (or :func:`bigfleet_trio.shard.grpc.open_loop`) so every session shares one asyncio loop.
+
+        An explicit loop rather than tenacity: a session never "succeeds" (every return is a
+        reason to reconnect), and the next wait depends on the last session's uptime, not on an
+        attempt counter. Only ``Exception`` is caught, so ``trio.Cancelled`` is never retried.
         """
         cluster = self.config.session.cluster_id
         while True:

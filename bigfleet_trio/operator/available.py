@@ -1,31 +1,9 @@
-"""AvailableCapacityUpdate -> AvailableCapacity (seed 000 "UpcomingNode" (AvailableCapacity follows
-the same upsert shape); ref §8; issue 5 "AvailableCapacityUpdate -> AvailableCapacity").
+"""AvailableCapacityUpdate -> AvailableCapacity: the session's ``on_available_capacity`` handler.
 
-One cluster-scoped ``AvailableCapacity`` per ``supersedes_key`` (the shard sets it to
-``available:<profile fingerprint>``), named ``ac-`` + the first 32 hex characters of
-sha256(supersedes_key) because fingerprints contain characters no object name may hold. The raw
-key is kept in the annotation ``bigfleet.lucy.sh/supersedes-key`` so the object can be traced back.
-
-Spec mapping (pure, :func:`spec_from_update`):
-
-* ``availability``: CONFIDENCE_LOW/MEDIUM/HIGH -> Low/Medium/High; NONE, UNSPECIFIED and unknown
-  values -> None.
-* ``availableCount``: ``available_count``.
-* ``cost``: ``cost_per_hour`` (USD per hour) as a canonical Kubernetes quantity -- the shortest
-  decimal that round-trips the double (Python ``repr``), rounded up to nano like Go's parser, in
-  Go's canonical DecimalSI form: 0.0416 -> ``41600u``, 1.5 -> ``1500m``, 2 -> ``2``, 0 -> ``0``.
-  NaN, infinities and negative values are not prices: ``0`` with a log line. (The reference never
-  wrote cost, §18.6.)
-* ``requirements``: standard operators only (In, NotIn, Exists, DoesNotExist); Same and
-  unspecified have no meaning in a core-style requirement and are dropped with a log line (the
-  reference wrote "Same" and "", §18.6). ``values`` is omitted when empty.
-* ``resources``: canonical quantities; malformed ones skipped with a log line.
-
-Upsert: Get; NotFound -> Create (AlreadyExists -> Get again and patch); found -> a JSON merge-patch
-of the changed spec fields only (removed resource keys become null; requirements are replaced
-wholesale), skipped when nothing changed. No resourceVersion guard; Conflict, 429, 5xx and
-transport errors are retried (the reference dropped the update on AlreadyExists and did not retry
-a Conflict, §18.6).
+One cluster-scoped object per ``supersedes_key`` (docs/rules.md#availablecapacity): the pure
+mapping (:func:`spec_from_update`, :func:`available_capacity_name`) and a thin upsert
+(:class:`AvailableCapacityHandler`). Differences from the Go reference (cost written, core
+operators only, upsert retried): docs/deviations.md#4-availablecapacity-operatoravailablepy.
 """
 
 from __future__ import annotations
@@ -90,7 +68,11 @@ def availability_for_confidence(confidence: int) -> str:
 
 
 def cost_quantity(cost_per_hour: float) -> str:
-    """USD/hour double -> canonical quantity string (see module docstring).
+    """USD/hour double -> canonical Kubernetes quantity string.
+
+    The shortest decimal that round-trips the double (Python ``repr``), rounded up to nano like
+    Go's parser, in Go's canonical DecimalSI form. NaN, infinities and negative values are not
+    prices: ``"0"`` with a log line (the Go reference never wrote cost at all).
 
     Examples: 0.0416 -> "41600u", 0.5 -> "500m", 3.0 -> "3", 1e-12 -> "1n", NaN -> "0".
     """
@@ -104,7 +86,11 @@ def cost_quantity(cost_per_hour: float) -> str:
 def requirements_to_spec(
     reqs: list[pb.NodeSelectorRequirement], where: str = ""
 ) -> list[dict[str, Any]]:
-    """Wire requirements -> core-style ``[{key, operator, values?}]`` (standard operators only)."""
+    """Wire requirements -> core-style ``[{key, operator, values?}]`` (standard operators only).
+
+    Same and unspecified mean nothing in a core-style requirement (our CRD's enum has In, NotIn,
+    Exists, DoesNotExist): dropped with a log line. ``values`` is omitted when empty.
+    """
     out: list[dict[str, Any]] = []
     for r in reqs:
         op = _STANDARD_OPERATORS.get(int(r.operator))
@@ -125,6 +111,10 @@ def requirements_to_spec(
 
 def spec_from_update(u: pb.AvailableCapacityUpdate) -> dict[str, Any]:
     """Desired ``spec`` of the AvailableCapacity for ``u`` (pure).
+
+    ``availability`` from the confidence (NONE, UNSPECIFIED, unknown -> "None"), canonical
+    resources (malformed ones skipped with a log line), :func:`cost_quantity`,
+    :func:`requirements_to_spec`.
 
     Returns:
         ``{"availability", "availableCount", "cost", "resources", "requirements"?}``;
@@ -167,6 +157,11 @@ def _spec_patch(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict
 
 class AvailableCapacityHandler:
     """Upserts AvailableCapacity objects (the session's ``on_available_capacity``).
+
+    Get; NotFound -> Create (AlreadyExists -> Get again and patch); found -> a JSON merge-patch of
+    the changed spec fields only (removed resource keys become null; requirements are replaced
+    wholesale), skipped when nothing changed. No resourceVersion guard; Conflict, 429, 5xx and
+    transport errors are retried, each attempt from a fresh Get.
 
     Args:
         client: a KubeClient.

@@ -1,30 +1,12 @@
-"""Bootstrap blob rendering (seed 000 "Bootstrap: a Helm-values text template, not a CRD"; ref §9).
+"""Bootstrap blob rendering: ``BootstrapRequest`` in, ``BootstrapBlobResponse`` out.
 
-The shard pulls a kubelet bootstrap blob with a ``BootstrapRequest``; the operator renders it with
-the configured :class:`Renderer` and answers with a ``BootstrapBlobResponse`` echoing
-``request_id``. A render error goes back in ``BootstrapBlobResponse.error`` (the shard turns it into
-a shortfall) instead of crashing the operator. Rendering is CPU-only, so the session dispatches
-bootstrap requests outside the apiserver semaphore; nothing here awaits I/O.
-
-Two renderers:
-
-* :class:`FileRenderer`: a Jinja2 template (the Helm ``bootstrapTemplate`` values block mounted at
-  e.g. ``/etc/bigfleet/bootstrap.tmpl``), read and parsed **once** at start-up. A read or syntax
-  error raises :class:`BootstrapTemplateError` with a clear message, which stops start-up.
-  The environment is a :class:`jinja2.sandbox.SandboxedEnvironment` with ``StrictUndefined``
-  and no loader: templates cannot reach Python internals (``''.__class__`` …), cannot include or
-  read files, and an undefined name is an error rather than an empty string.
-* :class:`StubRenderer`: used when no template file is configured; emits
-  ``#cloud-config\\n# bigfleet stub bootstrap for <cluster>\\n``.
-
-Template context (mirrors the request; snake_case because Jinja2 is not Go text/template):
-``cluster_id`` (the operator's configured cluster id, like the reference), ``request_id``, and
-``requirements``: a list of :class:`Requirement` (``r.key``, ``r.operator``, ``r.values``),
-operator one of In/NotIn/Exists/DoesNotExist/Same or "" for unspecified.
-
-Deviations from the Go reference (ref §9, §18.12): the template language is Jinja2 (sandboxed),
-not Go text/template; ``request_id`` is also in the context; the TTL is configurable
-(``--bootstrap-ttl``, default 600 s) and applies to file-rendered blobs too (Go sent 0).
+The operator renders the kubelet bootstrap blob the shard pulls with the configured
+:class:`Renderer` (:class:`FileRenderer`, a sandboxed Jinja2 template, or :class:`StubRenderer`)
+and answers echoing ``request_id`` (docs/rules.md#bootstrap-template). Rendering is CPU-only, so
+the session dispatches bootstrap requests outside the apiserver semaphore
+(docs/rules.md#bootstrap-unbounded-path); nothing here awaits I/O. Differences from the Go
+reference (Jinja2, ``request_id`` in the context, the TTL):
+docs/deviations.md#6-bootstrap-operatorbootstrappy.
 """
 
 from __future__ import annotations
@@ -122,7 +104,7 @@ class Renderer(Protocol):
 
 
 class StubRenderer:
-    """Placeholder renderer used when no template file is configured (ref §9 stub)."""
+    """Placeholder renderer used when no template file is configured."""
 
     def render(
         self, cluster_id: str, request_id: str, requirements: Sequence[Requirement]
@@ -136,7 +118,7 @@ _MAX_POWER_EXPONENT = 256
 
 
 class _BoundedSandbox(SandboxedEnvironment):
-    """The Jinja2 sandbox plus bounds on ``*`` and ``**`` (issue 9, hostile templates).
+    """The Jinja2 sandbox plus bounds on ``*`` and ``**`` (hostile templates).
 
     The stock sandbox stops attribute escapes, but ``{{ 'x' * 10**10 }}`` still allocates
     10 GB before our output-size check runs, and ``{{ 10**10**10 }}`` spins forever (even at
@@ -181,7 +163,14 @@ def _sandbox() -> SandboxedEnvironment:
 
 
 class FileRenderer:
-    """Jinja2 template renderer, parsed once (seed 000 "Bootstrap"; ref §9 file renderer).
+    """Jinja2 template renderer, parsed once at start-up (docs/rules.md#bootstrap-template).
+
+    The environment is a :class:`jinja2.sandbox.SandboxedEnvironment` with ``StrictUndefined``
+    and no loader: templates cannot reach Python internals (``''.__class__`` ...), cannot include
+    or read files, and an undefined name is an error rather than an empty string. Context
+    (snake_case, since this is Jinja2 rather than Go text/template): ``cluster_id`` (the
+    operator's configured cluster id), ``request_id``, and ``requirements``, a list of
+    :class:`Requirement` (``r.key``, ``r.operator``, ``r.values``).
 
     Args:
         source: the template text.
@@ -259,7 +248,7 @@ def make_renderer(template_path: str | Path | None) -> Renderer:
 
 
 class BootstrapHandler:
-    """Answers ``BootstrapRequest`` frames (ref §9).
+    """Answers ``BootstrapRequest`` frames (docs/rules.md#bootstrap-template).
 
     Args:
         renderer: the configured renderer.

@@ -1,8 +1,9 @@
-"""Slim informer projection of a CapacityRequest (seed 000 "Building the roll-up").
+"""Slim informer projection of a CapacityRequest, the input of the roll-up.
 
-The roll-up lists every CR from the informer cache each cycle, so the cache holds one object per
-Pod in the cluster (100K at scale). :func:`slim` is the informer ``transform``: it keeps only what
-the roll-up (``spec``) and the acknowledgement (identity + ``status.phase``) read:
+The operator's CR informer caches every CR for the roll-up (docs/architecture.md#data-flow),
+one object per Pod in the cluster (100K at scale). :func:`slim` is the informer
+``transform``: it keeps only what the roll-up (``spec``) and the acknowledgement (identity +
+``status.phase``) read:
 
     {"apiVersion", "kind",
      "metadata": {"name", "namespace", "uid", "resourceVersion"},
@@ -10,9 +11,7 @@ the roll-up (``spec``) and the acknowledgement (identity + ``status.phase``) rea
               interruptionPenalty, reclamationPenalty},
      "status": {"phase"}}
 
-Memory: specs repeat massively (~hundreds of profiles for 100K Pods), so equal specs and equal
-status objects are shared through a bounded intern table, and short strings are interned. The
-projection is therefore **read-only**: never mutate a cached CR in place (patch the apiserver).
+The projection is **read-only** (shared between CRs): never mutate a cached CR in place.
 """
 
 from __future__ import annotations
@@ -34,6 +33,9 @@ SPEC_FIELDS: Final = (
     "reclamationPenalty",
 )
 _METADATA_FIELDS: Final = ("name", "namespace", "uid", "resourceVersion")
+# Memory: specs repeat massively (~hundreds of profiles for 100K Pods), so equal specs and equal
+# status objects are shared through these bounded intern tables, and short strings are interned.
+# Hence the read-only rule: a change is a patch to the apiserver, never an edit of the cache.
 _INTERN_LIMIT: Final = 20_000
 _specs: dict[str, dict[str, Any]] = {}
 _statuses: dict[str, dict[str, Any]] = {}

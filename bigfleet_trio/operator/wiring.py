@@ -1,27 +1,12 @@
 """Glue between the informers, the pure roll-up core and the shard session.
 
-Seed 000 "Building the roll-up" (incremental aggregate, acknowledgement after enqueue, CRs the
-wire cannot carry made visible) and design.md "Data flow"::
+Data flow (docs/architecture.md#data-flow)::
 
     CapacityRequests --informer--> CapacityRequestRollup (RollupAggregator) --build()--> session
                                           \\--after_enqueue()--> Acknowledger (operator-owned)
 
-:class:`CapacityRequestRollup` is the session's
-:class:`~bigfleet_trio.operator.session.RollupSource`:
-
-* informer add/update/delete -> :meth:`RollupAggregator.upsert` / ``delete`` (O(resources) per
-  event), so :meth:`build` costs O(needs), never O(CRs);
-* a CR excluded from the roll-up (:class:`~bigfleet_trio.operator.rollup.UnsupportedRequirement`,
-  a malformed quantity, ...) is reported once per CR *version* (resourceVersion): a Warning
-  Kubernetes Event on the CR, a log line, a metric and an event-feed entry -- never silent lost
-  demand (the Go reference drops it forever, ref §18);
-* every ``consistency_interval`` seconds the aggregate is compared with a from-scratch rebuild
-  over the informer store; a mismatch is logged, counted and repaired by rebuilding;
-* :meth:`after_enqueue` hands the Pending CRs seen by the last build to the operator-owned
-  :class:`~bigfleet_trio.operator.acknowledge.Acknowledger` (non-blocking), so acknowledgement
-  never delays the next roll-up tick.
-
-:class:`OperatorHandlers` composes the four handler objects into the session's
+:class:`CapacityRequestRollup` is the session's roll-up source; :class:`OperatorHandlers`
+composes the four handler objects into the session's
 :class:`~bigfleet_trio.operator.session.Handlers` and publishes one event-feed entry per decision.
 """
 
@@ -152,6 +137,18 @@ def _rv(obj: Mapping[str, Any]) -> str:
 
 class CapacityRequestRollup:
     """The operator's :class:`~bigfleet_trio.operator.session.RollupSource`, fed by the CR informer.
+
+    * informer add/update/delete -> :meth:`RollupAggregator.upsert` / ``delete`` (O(resources)
+      per event), so :meth:`build` costs O(needs), never O(CRs);
+    * a CR excluded from the roll-up (``UnsupportedRequirement``,
+      a malformed quantity, ...) is reported once per CR *version* (resourceVersion): a Warning
+      Kubernetes Event on the CR, a log line, a metric and an event-feed entry -- never silently
+      lost demand (docs/reference.md#unsupported-operators-drop-demand);
+    * every ``consistency_interval`` seconds the aggregate is compared with a from-scratch
+      rebuild over the informer store; a mismatch is logged, counted and repaired by rebuilding;
+    * :meth:`after_enqueue` hands the Pending CRs seen by the last build to the operator-owned
+      :class:`~bigfleet_trio.operator.acknowledge.Acknowledger` (non-blocking), so
+      acknowledgement never delays the next roll-up tick.
 
     Usage::
 
