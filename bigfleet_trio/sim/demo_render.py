@@ -1,0 +1,128 @@
+"""What the demo prints: the live progress line, the summary table, the failure line, the banner.
+
+Pure string building over :mod:`.demo_world`'s :class:`~.demo_world.World` and
+:class:`~.demo_world.DemoSummary` (the banner and :func:`print_summary` write to a given
+stream). Used by the scenario (:mod:`.demo_scenario`) and the CLI entry (:mod:`.demo`), which
+re-exports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TextIO
+
+from bigfleet_trio.sim.demo_options import DemoOptions
+
+from .demo_world import DemoSummary, World
+from .shard import SimShard
+
+
+def progress_line(elapsed: float, world: World, shard: SimShard, stage: str) -> str:
+    """One line of live progress."""
+    snap = world.shard
+    machines = {k: v for k, v in snap["machines"].items() if k != "FREE"}
+    mtxt = " ".join(f"{k.lower()} {v}" for k, v in sorted(machines.items())) or "none"
+    up = world.upcoming_phases()
+    utxt = " ".join(f"{k} {v}" for k, v in sorted(up.items())) or "none"
+    live = world.live_pods
+    return (f"[{elapsed:5.1f}s] {stage:<10} pods {world.bound():>3}/{len(live):<3} bound | "
+            f"CRs {len(world.crs):>3} | needs {snap['needs']:>2} | machines: {mtxt} | "
+            f"upcoming: {utxt} | nodes ready {world.nodes_ready():>2} | "
+            f"reclaims {snap['reclaims_acked']}/{snap['reclaims_issued']} acked, "
+            f"{snap['released']} drained")
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def render_summary(s: DemoSummary) -> str:
+    """The human summary table."""
+    t = s.timings
+    rows: list[tuple[str, str]] = [
+        ("workloads applied", ", ".join(s.workloads) or "-"),
+        ("Pods created", str(s.pods_created)),
+        ("CapacityRequests", str(s.crs)),
+        ("needs in the roll-up", f"{s.needs} ({s.rollup_bytes} bytes on the wire, "
+                                 f"{s.rollups} roll-ups accepted)"),
+        ("machines Configured", f"{s.machines_configured} (${s.hourly_cost:.2f}/h)"),
+        ("UpcomingNodes Ready", str(s.upcoming_ready)),
+        ("Nodes Ready", str(s.nodes_ready)),
+        ("Pods bound", f"{s.pods_bound}/{s.pods_created}"),
+        ("time to all Pods bound", _secs(t.get("all_bound"))),
+        ("scaled down", f"{s.scaled_down or '-'} ({s.pods_deleted} Pods deleted)"),
+        ("reclaims issued / acked", f"{s.reclaims_issued} / {s.reclaims_acked}"),
+        ("machines drained and released", f"{s.machines_released} "
+                                          f"({', '.join(s.reclaimed_nodes) or '-'})"),
+        ("drains finished (operator)", str(s.drains_completed)),
+        ("evicted Pods recreated", str(s.pods_replaced)),
+        ("UpcomingNodes deleted", str(s.upcoming_deleted)),
+        ("time from scale-down to drained", _secs(t.get("reclaim"))),
+        ("after: machines Configured", f"{s.final_machines_configured} "
+                                       f"(${s.final_hourly_cost:.2f}/h)"),
+        ("total wall time", f"{t.get('total', 0):.1f}s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = ["", "BigFleet demo summary" + ("" if s.ok else " (FAILED)"),
+             "-" * (width + 40)]
+    lines += [f"{k:<{width}}  {v}" for k, v in rows]
+    if s.diagnostics:
+        lines.append(f"{'diagnostics':<{width}}  {diagnostics_urls(s.diagnostics)}")
+    if s.failure:
+        lines.append(f"{'did not converge':<{width}}  {s.failure}")
+    return "\n".join(lines)
+
+
+def diagnostics_urls(addr: str) -> str:
+    """The URLs of the diagnostics endpoints served on ``addr`` (``HOST:PORT``)."""
+    return (f"http://{addr}/metrics  http://{addr}/healthz  http://{addr}/readyz  "
+            f"ws://{addr}/events")
+
+
+_STAGE_WORDS = {
+    "apply": "applying the workloads",
+    "scale-up": "waiting for every Pod to get a machine and be bound",
+    "reclaim": "waiting for the scaled-down workload's machines to be reclaimed and drained",
+}
+
+
+def failure_line(timeout: float, stage: str, why: str | None) -> str:
+    """One plain line saying why the demo did not converge (stage, then what was missing)."""
+    doing = _STAGE_WORDS.get(stage, f"in stage {stage}")
+    return f"not done after {timeout:g}s while {doing}: {why or 'no progress observed'}"
+
+
+def print_summary(summary: DemoSummary, opts: DemoOptions, out: TextIO) -> None:
+    """The summary on ``out``: one JSON line with ``--json``, else the table."""
+    if opts.json_summary:
+        print(json.dumps(summary.to_dict(), sort_keys=True), file=out, flush=True)
+    else:
+        print(render_summary(summary), file=out, flush=True)
+
+
+def print_keep_running_banner(summary: DemoSummary, out: TextIO) -> None:
+    """What ``--keep-running`` prints after the summary: kubectl commands and the diagnostics
+    addresses (both with the virtualenv's paths, so they work without an activated venv)."""
+    bin_dir = os.path.dirname(sys.executable)
+    kubectl = os.path.join(bin_dir, "kubectl")
+    kubectl = kubectl if os.path.exists(kubectl) else "kubectl"
+    print("", file=out)
+    print("The simulated cluster keeps running. Explore it with kubectl:", file=out)
+    print(f"  export KUBECONFIG={summary.kubeconfig}", file=out)
+    for cmd in ("get nodes -L node.kubernetes.io/instance-type,topology.kubernetes.io/zone",
+                "get pods -A -o wide",
+                "get capacityrequests -A",
+                "get upcomingnodes",
+                "get availablecapacities"):
+        print(f"  {kubectl} {cmd}", file=out)
+    if summary.diagnostics:
+        addr = summary.diagnostics
+        print("Diagnostics (operator and pod controller):", file=out)
+        print(f"  metrics  http://{addr}/metrics", file=out)
+        print(f"  health   http://{addr}/healthz  http://{addr}/readyz", file=out)
+        cli = os.path.join(bin_dir, "bigfleet-trio")
+        cli = cli if os.path.exists(cli) else "bigfleet-trio"
+        print(f"  events   {cli} events --addr {addr}", file=out)
+    print("Press Ctrl-C to stop.", file=out, flush=True)

@@ -1,0 +1,469 @@
+"""The demo scenario: start the whole loop in one nursery, apply the workloads, scale, converge.
+
+:func:`run_scenario` (the headless entry the end-to-end test drives) starts the apiserver, the
+simulated shard, the pod controller, the operator and the binder, then drives the phases (apply,
+scale-up, reclaim) until :mod:`.demo_world`'s checks pass or the timeout fires. :class:`Workloads`
+stands in for the workload controllers. The CLI entry is :mod:`.demo`, which re-exports this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict
+from functools import partial
+from typing import Any, TextIO
+
+import trio
+
+from bigfleet_trio.config import OperatorConfig
+from bigfleet_trio.kube import (
+    NAMESPACES,
+    PODS,
+    PRIORITY_CLASSES,
+    RUNTIME_CLASSES,
+    KubeClient,
+    load_kubeconfig,
+)
+from bigfleet_trio.kube.errors import AlreadyExists, NotFound
+from bigfleet_trio.observability.events import EventFeed
+from bigfleet_trio.sim.demo_options import DemoOptions
+
+from .binder import Binder
+from .demo_render import diagnostics_urls, failure_line, progress_line
+from .demo_world import (
+    CLUSTER_ID,
+    DemoSummary,
+    DemoTiming,
+    World,
+    add_extended_resource_tolerations,
+    bundled_workloads_dir,
+    converged_down,
+    converged_up,
+    demo_catalog,
+    hourly_cost,
+    manifest_paths,
+    pick_scale_down,
+    pod_body,
+    read_world,
+    workload_of,
+)
+from .shard import Catalog, KubeNodeHooks, SimShard, serve_sim_shard
+
+# The demo's logger (these lines were the demo module's before the split; filters keep matching).
+log = logging.getLogger("bigfleet_trio.sim.demo")
+
+
+async def _create_ignoring_exists(client: KubeClient, res: Any, body: dict[str, Any],
+                                  namespace: str | None = None) -> None:
+    try:
+        await client.create(res, body, namespace)
+    except AlreadyExists:
+        pass
+
+
+class Workloads:
+    """The demo's stand-in for the workload controllers (ReplicaSet, StatefulSet, Job).
+
+    Keeps, per workload, the number of Pods it should have (as expanded at apply time); a Pod
+    that disappears (evicted by a drain, deleted by hand) is replaced by a new one, as its
+    controller would do, and a workload scaled to ``n`` has its surplus Pods deleted.
+
+    Args:
+        client: the demo's :class:`KubeClient`.
+        objects: every manifest object (PriorityClasses/RuntimeClasses are used for admission).
+    """
+
+    def __init__(self, client: KubeClient, objects: list[dict[str, Any]]) -> None:
+        self.client = client
+        self.classes = [o for o in objects if o.get("kind") in ("PriorityClass", "RuntimeClass")]
+        self.sources: dict[str, dict[str, Any]] = {}
+        self.desired: dict[str, int] = {}
+        self.replaced = 0
+        self._gen = 0
+
+    def expand(self, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Pods of one workload object, admitted, with GPU tolerations; fresh names each call."""
+        import random
+
+        from bigfleet_trio.podcontroller.expand import expand_manifests
+
+        self._gen += 1
+        pods = expand_manifests([*self.classes, dict(obj)], daemonset_nodes=(),
+                                rng=random.Random(self._gen))
+        for pod in pods:
+            add_extended_resource_tolerations(pod)
+        return pods
+
+    async def create(self, pods: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Create Pods (16 at a time); returns them as stored."""
+        created: list[dict[str, Any]] = []
+        limiter = trio.CapacityLimiter(16)
+
+        async def one(pod: dict[str, Any]) -> None:
+            async with limiter:
+                with contextlib.suppress(AlreadyExists):
+                    created.append(await self.client.create(
+                        PODS, pod_body(pod), pod["metadata"].get("namespace")))
+
+        async with trio.open_nursery() as nursery:
+            for pod in pods:
+                nursery.start_soon(one, pod)
+        return created
+
+    async def apply(self, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Create the Pods of every workload object; remember how many each should keep."""
+        pods: list[dict[str, Any]] = []
+        for obj in objects:
+            if obj.get("kind") in ("PriorityClass", "RuntimeClass"):
+                continue
+            mine = self.expand(obj)
+            if not mine:
+                continue
+            w = workload_of(mine[0])
+            self.sources[w] = obj
+            self.desired[w] = len(mine)
+            pods += mine
+        namespaces = sorted({p["metadata"].get("namespace") or "default" for p in pods})
+        for ns in namespaces:
+            await _create_ignoring_exists(self.client, NAMESPACES, {"metadata": {"name": ns}})
+        return await self.create(pods)
+
+    async def reconcile(self, live: list[dict[str, Any]]) -> int:
+        """Replace missing Pods and delete surplus ones. Returns Pods created + deleted."""
+        by_w: dict[str, list[dict[str, Any]]] = {}
+        for p in live:
+            by_w.setdefault(workload_of(p), []).append(p)
+        changes = 0
+        for w, want in self.desired.items():
+            have = by_w.get(w, [])
+            if len(have) > want:
+                for p in sorted(have, key=lambda p: p["metadata"]["name"])[want:]:
+                    with contextlib.suppress(NotFound):
+                        await self.client.delete(PODS, p["metadata"]["name"],
+                                                 p["metadata"].get("namespace"))
+                    changes += 1
+            elif len(have) < want:
+                names = {p["metadata"]["name"] for p in have}
+                fresh = [p for p in self.expand(self.sources[w])
+                         if p["metadata"]["name"] not in names][: want - len(have)]
+                created = await self.create(fresh)
+                self.replaced += len(created)
+                changes += len(created)
+                for p in created:
+                    log.info("replaced a missing Pod of %s: %s", w, p["metadata"]["name"],
+                             extra={"workload": str(w), "pod": p["metadata"]["name"]})
+        return changes
+
+
+async def apply_workloads(client: KubeClient, directory: str | os.PathLike[str],
+                          out: Callable[[str], None]) -> tuple[Workloads, list[dict[str, Any]]]:
+    """Apply PriorityClasses/RuntimeClasses, then create the Pods the workloads expand to.
+
+    Returns:
+        The :class:`Workloads` keeping them, and the Pods as created.
+
+    Raises:
+        bigfleet_trio.podcontroller.expand.ExpandError: a manifest cannot be read or expanded.
+    """
+    from bigfleet_trio.podcontroller.expand import load_manifests
+
+    objs = load_manifests(manifest_paths(directory))
+    classes = 0
+    for obj in objs:
+        kind = obj.get("kind")
+        if kind in ("PriorityClass", "RuntimeClass"):
+            res = PRIORITY_CLASSES if kind == "PriorityClass" else RUNTIME_CLASSES
+            await _create_ignoring_exists(client, res, dict(obj))
+            classes += 1
+    workloads = Workloads(client, objs)
+    created = await workloads.apply(objs)
+    out(f"applied {len(objs)} objects from {directory}: {classes} Priority/RuntimeClasses, "
+        f"{len(workloads.desired)} workloads -> {len(created)} Pods")
+    for w, n in sorted(workloads.desired.items()):
+        out(f"  {w:<40} {n:>3} Pods")
+    return workloads, created
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __call__(self) -> float:
+        return time.monotonic() - self.t0
+
+
+async def run_scenario(
+    opts: DemoOptions,
+    *,
+    out: TextIO | None = None,
+    timing: DemoTiming | None = None,
+    keep_running: Callable[[DemoSummary], Any] | None = None,
+    inspect: Callable[[dict[str, Any]], Any] | None = None,
+    catalog: Catalog | None = None,
+) -> DemoSummary:
+    """Run the demo scenario headless-capable; must run inside a trio-asyncio loop or opens one.
+
+    Args:
+        opts: demo options (``workloads_dir``, ``timeout``, ``quiet``, ``seed``,
+            ``kubeconfig_out``).
+        out: where progress lines go (None = nowhere).
+        timing: world speed (default :class:`DemoTiming`).
+        keep_running: called with the summary once the scenario ended; awaited if it returns an
+            awaitable (the CLI prints and waits for Ctrl-C there), with everything still running.
+        inspect: test hook, called with ``{"server", "client", "shard", "operator",
+            "pod_controller", "binder", "summary"}`` after the scenario, before shutdown; awaited
+            if it returns an awaitable.
+        catalog: the shard's inventory (default :func:`demo_catalog`; ``demo --catalog``).
+
+    Returns:
+        The :class:`DemoSummary` (``ok`` False with ``failure`` on timeout).
+    """
+    from bigfleet_trio.shard.grpc import GrpcConnector, open_loop
+    from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
+
+    timing = timing or DemoTiming()
+    clock = _Clock()
+    summary = DemoSummary()
+
+    def say(line: str) -> None:
+        if out is not None and not opts.quiet:
+            print(line, file=out, flush=True)
+
+    workloads_dir = opts.workloads_dir or str(bundled_workloads_dir())
+    with contextlib.ExitStack() as stack:
+        if opts.kubeconfig_out:
+            kubeconfig = os.path.abspath(opts.kubeconfig_out)  # noqa: ASYNC240 - no I/O
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bigfleet-demo-"))
+            kubeconfig = os.path.join(tmp, "kubeconfig")
+        summary.kubeconfig = kubeconfig
+        async with open_loop(), trio.open_nursery() as nursery:
+            server = ApiServer(gc_dangling=False)
+            url = await nursery.start(serve, server)
+            write_kubeconfig(url, kubeconfig)
+            say(f"apiserver      {url}  (kubeconfig {kubeconfig})")
+            kcfg = load_kubeconfig(kubeconfig, env={})
+            client = KubeClient(kcfg, qps=500, burst=1000)
+            op_client = KubeClient(kcfg, qps=200, burst=400)
+            pc_client = KubeClient(kcfg, qps=200, burst=400)
+            stack_clients = [client, op_client, pc_client]
+            try:
+                shard = SimShard(demo_catalog() if catalog is None else catalog,
+                                 timing.engine_config(opts.seed),
+                                 hooks=KubeNodeHooks(client))
+                port = await nursery.start(
+                    partial(serve_sim_shard, shard, host="127.0.0.1", port=0))
+                say(f"sim shard      grpc://127.0.0.1:{port}  "
+                    f"({sum(s.count for s in shard.engine.catalog)} machines in "
+                    f"{len(shard.engine.catalog)} shapes, seed {opts.seed})")
+
+                from bigfleet_trio.podcontroller.controller import PodController
+
+                pod_controller = PodController(pc_client, resync_period=60.0, orphan_grace=5.0)
+                await nursery.start(pod_controller.run)
+                say("pod controller synced")
+
+                from bigfleet_trio.operator.app import Operator
+
+                cfg = OperatorConfig(
+                    cluster_id=CLUSTER_ID, shard_addr=f"127.0.0.1:{port}", kubeconfig=kubeconfig,
+                    rollup_interval=timing.rollup_interval, metrics_addr="0",
+                    drain_shutdown_timeout=1.0, reconnect_initial_backoff=0.2,
+                    reconnect_max_backoff=2.0, log_level=opts.log_level,
+                    log_format=opts.log_format,
+                )
+                cfg.validate()
+                connector = GrpcConnector("127.0.0.1", port, keepalive_time=None)
+                feed = EventFeed()
+                operator = Operator(cfg, client=op_client, connector=connector, feed=feed)
+                await nursery.start(operator.run)
+                say(f"operator       cluster {CLUSTER_ID}, roll-up every "
+                    f"{timing.rollup_interval:g}s, session to the shard over grpclib")
+                summary.diagnostics = await _serve_diagnostics(
+                    nursery, opts.metrics_addr, operator, pod_controller, feed) or ""
+                if summary.diagnostics:
+                    say(f"diagnostics    {diagnostics_urls(summary.diagnostics)}")
+
+                binder = Binder(client, interval=timing.binder_interval)
+                await nursery.start(binder.run)
+                say("binder         (kube-scheduler stand-in) running")
+                say("")
+
+                await _drive(opts, operator, client, shard, binder, workloads_dir, timing,
+                             clock, summary, say)
+                with contextlib.suppress(Exception):
+                    summary.operator = asdict(operator.statistics())
+                if inspect is not None:
+                    ret = inspect({"server": server, "client": client, "shard": shard,
+                                   "operator": operator, "pod_controller": pod_controller,
+                                   "binder": binder, "summary": summary})
+                    if hasattr(ret, "__await__"):
+                        await ret
+                if keep_running is not None:
+                    ret = keep_running(summary)
+                    if hasattr(ret, "__await__"):
+                        await ret
+            finally:
+                nursery.cancel_scope.cancel()
+                with trio.CancelScope(shield=True):
+                    for c in stack_clients:
+                        with contextlib.suppress(Exception):
+                            await c.aclose()
+    return summary
+
+
+async def _serve_diagnostics(nursery: trio.Nursery, addr: str, operator: Any,
+                             pod_controller: Any, feed: EventFeed) -> str | None:
+    """Serve /metrics (both binaries' families), /healthz, /readyz (operator and pod controller
+    ready) and /events (the operator's feed) on ``addr``; the bound ``HOST:PORT`` or None."""
+    from bigfleet_trio.observability.http import serve_observability
+    from bigfleet_trio.observability.metrics import BinaryRegistry
+    from bigfleet_trio.podcontroller.app import pod_controller_readiness
+
+    def readiness() -> tuple[bool, list[str]]:
+        op_ok, op_detail = operator.ready()
+        pc_ok, pc_detail = pod_controller_readiness(pod_controller, leader_elect=False)
+        pc_list = [pc_detail] if isinstance(pc_detail, str) else list(pc_detail)
+        return (op_ok and pc_ok,
+                [f"operator: {d}" for d in op_detail] + [f"pod controller: {d}" for d in pc_list])
+
+    bound: str | None = await nursery.start(partial(
+        serve_observability, addr, readiness=readiness, feed=feed,
+        registry=BinaryRegistry(None)))
+    return bound
+
+
+
+def _drains(operator: Any) -> tuple[int, int]:
+    """(active, completed + failed + abandoned) drains of the operator (0s without one)."""
+    try:
+        st = operator.statistics()
+    except Exception:  # noqa: BLE001 - statistics are informative only
+        return 0, 0
+    return (int(st.drains_active),
+            int(st.drains_completed) + int(st.drains_failed) + int(st.drains_abandoned))
+
+
+def _drains_pending(operator: Any, shard: SimShard, floor: int, drains_floor: int) -> list[str]:
+    active, finished = _drains(operator)
+    recs = len(shard.reclaims_issued) - floor
+    why = []
+    if active:
+        why.append(f"{active} drains still running")
+    if finished - drains_floor < recs:
+        why.append(f"{recs - (finished - drains_floor)} drains not finished")
+    return why
+
+
+async def _drive(opts: DemoOptions, operator: Any, client: KubeClient, shard: SimShard,
+                 binder: Binder,
+                 workloads_dir: str, timing: DemoTiming, clock: _Clock, summary: DemoSummary,
+                 say: Callable[[str], None]) -> None:
+    stage = "apply"
+    last_world: list[World] = []
+
+    async def progress() -> None:
+        while True:
+            await trio.sleep(timing.progress_interval)
+            if last_world:
+                say(progress_line(clock(), last_world[-1], shard, stage))
+
+    async def wait_for(check: Callable[[World], list[str]]) -> World:
+        while True:
+            world = await read_world(client, shard)
+            if await workloads.reconcile(world.live_pods):
+                world = await read_world(client, shard)
+            last_world.append(world)
+            del last_world[:-1]
+            why = check(world)
+            if not why:
+                return world
+            summary.failure = "; ".join(why)
+            await trio.sleep(timing.poll_interval)
+
+    workloads: Workloads
+    floor = drains_floor = 0  # the scale-down's starting counts (read after a timeout too)
+    deadline = trio.current_time() + opts.timeout
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(progress)
+        with trio.move_on_at(deadline) as scope:
+            workloads, created = await apply_workloads(client, workloads_dir, say)
+            summary.workloads = sorted(workloads.desired)
+            summary.pods_created = len(created)
+            summary.timings["applied"] = round(clock(), 2)
+            binder.kick()
+            stage = "scale-up"
+            world = await wait_for(lambda w: converged_up(w, shard))
+            summary.timings["all_bound"] = round(clock(), 2)
+            say(progress_line(clock(), world, shard, stage))
+            _fill_up(summary, world, shard)
+            say(f"converged: {len(world.live_pods)} Pods bound on {summary.machines_configured} "
+                f"machines (${summary.hourly_cost:.2f}/h) in {summary.timings['all_bound']:.1f}s")
+
+            victim = pick_scale_down(world.live_pods)
+            if victim is None:
+                raise RuntimeError("no workload to scale down")
+            victims = [p for p in world.live_pods if workload_of(p) == victim]
+            summary.scaled_down = victim
+            summary.pods_deleted = len(victims)
+            floor = len(shard.reclaims_issued)
+            drains_floor = _drains(operator)[1]
+            t_down = clock()
+            say("")
+            say(f"scaling {victim} down to 0: deleting {len(victims)} Pods")
+            workloads.desired[victim] = 0
+            await workloads.reconcile(world.live_pods)
+            stage = "reclaim"
+            world = await wait_for(lambda w: converged_down(w, shard, floor)
+                                   + _drains_pending(operator, shard, floor, drains_floor))
+            summary.timings["reclaim"] = round(clock() - t_down, 2)
+            say(progress_line(clock(), world, shard, stage))
+            _fill_down(summary, world, shard, floor)
+            summary.pods_replaced = workloads.replaced
+            summary.drains_completed = _drains(operator)[1] - drains_floor
+            summary.failure = None
+            summary.ok = True
+        nursery.cancel_scope.cancel()
+    summary.timings["total"] = round(clock(), 2)
+    if scope.cancelled_caught:
+        summary.ok = False
+        # Keep what was last observed (the live lines showed it) rather than zeros.
+        if last_world and stage == "scale-up":
+            _fill_up(summary, last_world[-1], shard)
+        elif last_world and stage == "reclaim":
+            _fill_down(summary, last_world[-1], shard, floor)
+            summary.drains_completed = _drains(operator)[1] - drains_floor
+        summary.failure = failure_line(opts.timeout, stage, summary.failure)
+
+
+
+def _fill_up(s: DemoSummary, world: World, shard: SimShard) -> None:
+    last = shard.last_rollup
+    s.crs = len(world.crs)
+    s.needs = len(last.needs) if last is not None else 0
+    s.rollup_bytes = len(bytes(last)) if last is not None else 0
+    s.rollups = shard.engine.rollups_accepted
+    s.machines_by_state = {k: v for k, v in world.shard["machines"].items() if k != "FREE"}
+    s.machines_configured = s.machines_by_state.get("CONFIGURED", 0)
+    s.upcoming_ready = world.upcoming_phases().get("Ready", 0)
+    s.nodes_ready = world.nodes_ready()
+    s.pods_bound = world.bound()
+    s.hourly_cost = hourly_cost(shard)
+
+
+def _fill_down(s: DemoSummary, world: World, shard: SimShard, floor: int) -> None:
+    recs = shard.reclaims_issued[floor:]
+    s.reclaims_issued = len(recs)
+    s.reclaims_acked = sum(1 for r in recs if r.acked_at is not None)
+    s.machines_released = shard.engine.released
+    s.reclaimed_nodes = [r.node_name for r in recs]
+    names = {(u.get("metadata") or {}).get("name") for u in world.upcoming}
+    s.upcoming_deleted = sum(1 for r in recs if f"un-{r.machine_id}" not in names)
+    s.final_pods = len(world.live_pods)
+    s.final_machines_configured = world.shard["machines"].get("CONFIGURED", 0)
+    s.final_hourly_cost = hourly_cost(shard)

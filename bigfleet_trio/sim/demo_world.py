@@ -1,0 +1,338 @@
+"""The demo's world: its inventory, timing and summary, the manifests, and the convergence checks.
+
+Plain data and pure functions the ``bigfleet-trio demo`` scenario (:mod:`.demo_scenario`) works
+over: :func:`demo_catalog`, :class:`DemoTiming`, :class:`DemoSummary`, manifest helpers
+(tolerations, owning workload, which one to scale down), :class:`World` (one read of the
+apiserver and the shard) and :func:`converged_up` / :func:`converged_down` (why a phase is not
+done yet). Re-exported by :mod:`bigfleet_trio.sim.demo`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bigfleet_trio.kube import CAPACITY_REQUESTS, NODES, PODS, UPCOMING_NODES, KubeClient
+
+from .binder import is_terminal
+from .shard import Catalog, EngineConfig, ShapeTaint, SimShard, offer
+
+CLUSTER_ID = "demo-cluster"
+OWNED_BY_POD = "bigfleet.lucy.sh/owned-by-pod"
+GPU = "nvidia.com/gpu"
+GPU_TAINT = ShapeTaint(GPU, "present", "NoSchedule")
+
+
+def bundled_workloads_dir() -> Path:
+    """Directory of the real manifests shipped with the package."""
+    return Path(__file__).resolve().parent / "workloads"
+
+
+def demo_catalog() -> Catalog:
+    """The simulated inventory the demo runs against (three zones).
+
+    General-purpose 4- and 8-core machines (two of each 4-core warm per zone), a 1-GPU and a 2-GPU
+    NVIDIA L4 machine family (tainted ``nvidia.com/gpu=present:NoSchedule`` as on GKE) and an
+    H100 family. Prices are illustrative USD/hour.
+    """
+    zones = ("sim-zone-a", "sim-zone-b", "sim-zone-c")
+    pods = {"pods": "110", "ephemeral-storage": "100Gi"}
+    cc = {"cloud.google.com/compute-class": "Balanced"}
+    shapes = []
+    shapes += offer("sim-standard-4", zones, {"cpu": "4", "memory": "16Gi", **pods}, 0.19,
+                    count=12, warm=2, extra_labels=cc)
+    shapes += offer("sim-standard-8", zones, {"cpu": "8", "memory": "32Gi", **pods}, 0.38,
+                    count=6, extra_labels=cc)
+    shapes += offer("g2-standard-8", zones,
+                    {"cpu": "8", "memory": "32Gi", GPU: "1", **pods}, 0.85, count=4,
+                    extra_labels={"cloud.google.com/gke-accelerator": "nvidia-l4"},
+                    taints=[GPU_TAINT])
+    shapes += offer("g2-standard-24", zones,
+                    {"cpu": "24", "memory": "96Gi", GPU: "2", **pods}, 2.0, count=2,
+                    extra_labels={"cloud.google.com/gke-accelerator": "nvidia-l4"},
+                    taints=[GPU_TAINT])
+    shapes += offer("a3-highgpu-8g", zones,
+                    {"cpu": "208", "memory": "1872Gi", GPU: "8", **pods}, 88.49, count=1,
+                    extra_labels={"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
+                    taints=[GPU_TAINT])
+    return Catalog(shapes)
+
+
+@dataclass(frozen=True)
+class DemoTiming:
+    """Speeds of the simulated world (seconds). The defaults are the demo's; tests may shrink."""
+
+    rollup_interval: float = 1.0
+    progress_interval: float = 1.0
+    poll_interval: float = 0.2
+    binder_interval: float = 0.2
+    create_delay: float = 0.3
+    boot_delay: float = 0.5
+    configure_delay: float = 0.5
+    drain_wait: float = 0.5
+    drain_step: float = 0.3
+    # Drain deadline per reclaim. 3 s: the drain re-checks 0.25 s after an admitted eviction and
+    # once more at the deadline, and the sim's Pods vanish at once, so demo drains finish well
+    # inside it (green with 2 s, also 4 demos at once on 2 CPUs); +1 s over the shard's default
+    # is margin for slow CI. It was 10 s while drains only re-listed every 2 s.
+    reclaim_grace_seconds: int = 3
+    surplus_rollups: int = 2
+
+    def engine_config(self, seed: int) -> EngineConfig:
+        """The shard engine knobs for this timing."""
+        return EngineConfig(
+            seed=seed,
+            create_delay=self.create_delay,
+            boot_delay=self.boot_delay,
+            configure_delay=self.configure_delay,
+            drain_wait=self.drain_wait,
+            drain_step=self.drain_step,
+            reclaim_grace_seconds=self.reclaim_grace_seconds,
+            surplus_rollups=self.surplus_rollups,
+        )
+
+
+@dataclass
+class DemoSummary:
+    """What the scenario did. ``ok`` False means ``failure`` says what did not converge."""
+
+    ok: bool = False
+    failure: str | None = None
+    kubeconfig: str = ""
+    workloads: list[str] = field(default_factory=list)
+    pods_created: int = 0
+    crs: int = 0
+    needs: int = 0
+    rollup_bytes: int = 0
+    rollups: int = 0
+    machines_configured: int = 0
+    machines_by_state: dict[str, int] = field(default_factory=dict)
+    upcoming_ready: int = 0
+    nodes_ready: int = 0
+    pods_bound: int = 0
+    hourly_cost: float = 0.0
+    scaled_down: str = ""
+    pods_deleted: int = 0
+    reclaims_issued: int = 0
+    reclaims_acked: int = 0
+    machines_released: int = 0
+    reclaimed_nodes: list[str] = field(default_factory=list)
+    upcoming_deleted: int = 0
+    drains_completed: int = 0
+    pods_replaced: int = 0
+    final_pods: int = 0
+    final_machines_configured: int = 0
+    final_hourly_cost: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    operator: dict[str, Any] = field(default_factory=dict)
+    diagnostics: str = ""
+    """``HOST:PORT`` of the demo's /metrics, /healthz, /readyz and /events ("" = disabled)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready view."""
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------------
+# Manifests
+# ------------------------------------------------------------------------------------------------
+
+
+def manifest_paths(directory: str | os.PathLike[str]) -> list[Path]:
+    """The manifest files of a directory (``*.yaml``, ``*.yml``, ``*.json``), sorted."""
+    base = Path(directory)
+    return sorted(p for p in base.iterdir()
+                  if p.is_file() and p.suffix in (".yaml", ".yml", ".json"))
+
+
+def add_extended_resource_tolerations(pod: dict[str, Any],
+                                      tainted: Iterable[str] = (GPU,)) -> None:
+    """The ExtendedResourceToleration admission plugin: a Pod requesting ``nvidia.com/gpu`` gets
+    ``{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}`` (GKE enables it)."""
+    spec = pod.setdefault("spec", {})
+    wanted: set[str] = set()
+    for c in list(spec.get("containers") or []) + list(spec.get("initContainers") or []):
+        res = c.get("resources") or {}
+        for section in ("requests", "limits"):
+            wanted.update(k for k in (res.get(section) or {}) if k in tainted)
+    tols = spec.setdefault("tolerations", [])
+    for key in sorted(wanted):
+        if not any(t.get("key") == key and t.get("operator") == "Exists" for t in tols):
+            tols.append({"key": key, "operator": "Exists", "effect": "NoSchedule"})
+    if not tols:
+        spec.pop("tolerations")
+
+
+def workload_of(pod: Mapping[str, Any]) -> str:
+    """``"Kind/name"`` of the workload that owns a Pod (Deployment for a ReplicaSet with a
+    pod-template-hash), or ``"Pod/name"``."""
+    meta = pod.get("metadata") or {}
+    refs = meta.get("ownerReferences") or []
+    if not refs:
+        return f"Pod/{meta.get('name')}"
+    kind, name = refs[0].get("kind"), refs[0].get("name", "")
+    h = (meta.get("labels") or {}).get("pod-template-hash")
+    if kind == "ReplicaSet" and h and name.endswith("-" + h):
+        return f"Deployment/{name[: -len(h) - 1]}"
+    return f"{kind}/{name}"
+
+
+def pick_scale_down(pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """The workload to scale down: one whose Pods are the only (non-DaemonSet) Pods on their
+    nodes, so a reclaim of those nodes evicts nobody else; most nodes first, then
+    Deployments before other kinds, then name. Falls back to the workload with the fewest Pods."""
+    by_node: dict[str, set[str]] = {}
+    by_workload: dict[str, set[str]] = {}
+    for pod in pods:
+        if is_terminal(pod):
+            continue
+        w = workload_of(pod)
+        if w.startswith("DaemonSet/"):
+            continue
+        node = (pod.get("spec") or {}).get("nodeName")
+        by_workload.setdefault(w, set())
+        if node:
+            by_node.setdefault(node, set()).add(w)
+            by_workload[w].add(node)
+    if not by_workload:
+        return None
+    isolated = [w for w, nodes in by_workload.items()
+                if nodes and all(by_node[n] == {w} for n in nodes)]
+    if isolated:
+        return min(isolated, key=lambda w: (-len(by_workload[w]),
+                                            not w.startswith("Deployment/"), w))
+    return min(by_workload, key=lambda w: (len(by_workload[w]), w))
+
+
+def pod_body(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What to POST for an expanded Pod (the apiserver assigns uid; status comes later)."""
+    meta = dict(pod.get("metadata") or {})
+    meta.pop("uid", None)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod.get("spec") or {}}
+
+
+# ------------------------------------------------------------------------------------------------
+# State snapshot (read from the apiserver and the shard)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class World:
+    """One consistent-enough read of everything the progress line and the checks need."""
+
+    pods: list[dict[str, Any]]
+    crs: list[dict[str, Any]]
+    upcoming: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]
+    shard: dict[str, Any]
+
+    @property
+    def live_pods(self) -> list[dict[str, Any]]:
+        return [p for p in self.pods if not is_terminal(p)
+                and not (p.get("metadata") or {}).get("deletionTimestamp")]
+
+    def pods_without_cr(self) -> list[str]:
+        owners = {(c.get("metadata") or {}).get("labels", {}).get(OWNED_BY_POD) for c in self.crs}
+        return sorted(f"{p['metadata'].get('namespace')}/{p['metadata']['name']}"
+                      for p in self.live_pods if p["metadata"].get("uid") not in owners)
+
+    def bound(self) -> int:
+        return sum(1 for p in self.live_pods if (p.get("spec") or {}).get("nodeName"))
+
+    def upcoming_phases(self) -> Counter[str]:
+        return Counter((u.get("status") or {}).get("phase") or "New" for u in self.upcoming)
+
+    def nodes_ready(self) -> int:
+        from .binder import node_ready
+
+        return sum(1 for n in self.nodes if node_ready(n))
+
+
+async def read_world(client: KubeClient, shard: SimShard) -> World:
+    """List Pods, CRs, UpcomingNodes and Nodes; snapshot the shard."""
+    pods = (await client.list(PODS)).items
+    crs = (await client.list(CAPACITY_REQUESTS)).items
+    upcoming = (await client.list(UPCOMING_NODES)).items
+    nodes = (await client.list(NODES)).items
+    return World(pods, crs, upcoming, nodes, shard.snapshot())
+
+
+def rollup_matches_crs(shard: SimShard, crs: list[dict[str, Any]]) -> bool:
+    """The shard's last accepted roll-up carries exactly the needs built from scratch over the
+    CRs (as multisets of encoded needs; order is not part of the contract)."""
+    from bigfleet_trio.operator.rollup import build_from_scratch
+
+    last = shard.last_rollup
+    if last is None:
+        return False
+    want = sorted(bytes(n) for n in build_from_scratch(crs))
+    have = sorted(bytes(n) for n in last.needs)
+    return want == have
+
+
+def bound_machines(shard: SimShard) -> list[Any]:
+    """The shard's machines bound to the cluster."""
+    return list(shard.engine.bound_machines())
+
+
+def hourly_cost(shard: SimShard) -> float:
+    """USD/hour of every bound machine."""
+    return round(float(sum(m.shape.price_per_hour for m in bound_machines(shard))), 2)
+
+
+def converged_up(world: World, shard: SimShard) -> list[str]:
+    """Why the scale-up phase is not done yet ([] = converged)."""
+    why: list[str] = []
+    live = world.live_pods
+    if not live:
+        why.append("no Pods yet")
+    missing = world.pods_without_cr()
+    if missing:
+        why.append(f"{len(missing)} Pods without a CapacityRequest (e.g. {missing[0]})")
+    if not rollup_matches_crs(shard, world.crs):
+        why.append("the last roll-up the shard accepted does not match the CapacityRequests yet")
+    short = [n.key for n in shard.engine.needs if n.short]
+    if short:
+        why.append(f"{len(short)} needs short of machines")
+    machines = [m for m in bound_machines(shard) if m.reclaim is None]
+    not_cfg = [m for m in machines if m.state.name != "CONFIGURED"]
+    if not_cfg:
+        why.append(f"{len(not_cfg)} machines not Configured yet")
+    phases = {(u.get("metadata") or {}).get("name"): (u.get("status") or {}).get("phase")
+              for u in world.upcoming}
+    not_ready = [m.machine_id for m in machines if phases.get(f"un-{m.machine_id}") != "Ready"]
+    if not_ready:
+        why.append(f"{len(not_ready)} UpcomingNodes not Ready")
+    unbound = len(live) - world.bound()
+    if unbound:
+        why.append(f"{unbound} Pods not bound to a node")
+    return why
+
+
+def converged_down(world: World, shard: SimShard, reclaim_floor: int) -> list[str]:
+    """Why the scale-down phase is not done yet ([] = converged)."""
+    why: list[str] = []
+    recs = shard.reclaims_issued[reclaim_floor:]
+    if not recs:
+        why.append("the shard has not reclaimed any machine yet")
+    unacked = [r for r in recs if r.acked_at is None]
+    if unacked:
+        why.append(f"{len(unacked)} ReclaimInstructions not acknowledged")
+    upcoming = {(u.get("metadata") or {}).get("name") for u in world.upcoming}
+    node_names = {(n.get("metadata") or {}).get("name") for n in world.nodes}
+    for r in recs:
+        m = shard.engine.machine(r.machine_id)
+        if m is not None and m.bound:
+            why.append(f"machine {r.machine_id} ({r.node_name}) still bound "
+                       f"({str(m.state.name).lower()})")
+        elif f"un-{r.machine_id}" in upcoming:
+            why.append(f"UpcomingNode un-{r.machine_id} not deleted yet")
+        elif r.node_name in node_names:
+            why.append(f"Node {r.node_name} not deleted yet")
+    why += [w for w in converged_up(world, shard) if not w.startswith("no Pods")]
+    return why
+
