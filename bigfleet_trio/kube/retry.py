@@ -3,9 +3,9 @@
 :class:`Backoff` is the delay arithmetic every retry loop uses (the client, informers, the pod
 controller's work queue; the shard reconnect loop can use it too). :class:`RetryPolicy` is the
 one place that retries *transient* apiserver failures (429, 5xx, transport errors) of a request;
-:func:`write_retry_on` says which of them a given write may repeat. Callers above the client
-never retry those again on their own: a handler's read-plan-write loop runs under the one
-re-plan policy, :func:`conflict_retrying`. Contract: docs/kube-api.md#retries.
+:func:`write_retry_on` says which of them a given write may repeat. Above the client, a handler's
+read-plan-write loop runs under the one re-plan policy, :func:`conflict_retrying` (the operator's
+shard-frame handlers also re-plan after a transient failure). Contract: docs/kube-api.md#retries.
 """
 
 from __future__ import annotations

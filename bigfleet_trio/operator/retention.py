@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
+from bigfleet_trio.kube.api import KubeAPI
 from bigfleet_trio.kube.errors import Conflict, KubeError, NotFound
-from bigfleet_trio.kube.resources import UPCOMING_NODES, Resource
+from bigfleet_trio.kube.resources import UPCOMING_NODES
 from bigfleet_trio.observability import metrics
 
 log = logging.getLogger(__name__)
@@ -110,19 +111,6 @@ def plan_retention(
     return plan
 
 
-class _Deleter(Protocol):
-    async def delete(
-        self,
-        res: Resource,
-        name: str,
-        namespace: str | None = None,
-        *,
-        propagation_policy: str | None = None,
-        preconditions: Mapping[str, str] | None = None,
-        grace_period_seconds: int | None = None,
-    ) -> dict[str, Any] | None: ...
-
-
 class FailedRetention:
     """Periodically deletes UpcomingNodes that have stayed Failed for ``retention`` seconds.
 
@@ -136,7 +124,7 @@ class FailedRetention:
 
     def __init__(
         self,
-        kube: _Deleter,
+        kube: KubeAPI,
         cached: Callable[[], Iterable[Mapping[str, Any]]],
         *,
         retention: float = DEFAULT_FAILED_RETENTION,
