@@ -1,0 +1,148 @@
+"""Observation of the ``fleet`` bench: its own watches and the processes' stats and metrics.
+
+:class:`Observed` collects, from the bench's informers (:func:`wire`), when Pods and CRs appeared,
+the CRs' cpu/memory totals over time and UpcomingNode phase events; :func:`read_stats` and
+:func:`read_metrics` read the shard's ``/stats`` and the operator's ``/metrics``. Private to
+:mod:`scripts.bench.fleet` (the leading underscore keeps it out of scenario discovery).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+OWNED_BY_POD = "bigfleet.lucy.sh/owned-by-pod"
+
+
+def _milli(q: Any) -> int:
+    return int(Decimal(q.value) * 1000)
+
+
+@dataclass
+class Observed:
+    phase: str = "start"
+    pod_added: dict[str, tuple[float, str]] = field(default_factory=dict)   # uid -> t, phase
+    cr_added: dict[str, float] = field(default_factory=dict)               # pod uid -> t
+    pod_to_cr: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    cpu: int = 0
+    mem: int = 0
+    contrib: dict[str, tuple[int, int]] = field(default_factory=dict)
+    states: list[tuple[float, int, int, str]] = field(default_factory=list)
+    un_events: dict[str, list[tuple[float, str]]] = field(default_factory=lambda: defaultdict(list))
+    phase_at: list[tuple[float, str]] = field(default_factory=list)
+
+    def set_phase(self, name: str) -> None:
+        self.phase = name
+        self.phase_at.append((time.time(), name))
+
+    def phase_of(self, t: float) -> str:
+        cur = "start"
+        for at, name in self.phase_at:
+            if at <= t:
+                cur = name
+        return cur
+
+
+def pod_view(pod: dict[str, Any]) -> dict[str, Any]:
+    """What the bench keeps of a Pod (its informer's transform)."""
+    meta = pod.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                         "uid": meta.get("uid")},
+            "node": (pod.get("spec") or {}).get("nodeName"),
+            "job": any(r.get("kind") == "Job" for r in meta.get("ownerReferences") or ()),
+            "phase": (pod.get("status") or {}).get("phase")}
+
+
+def cr_view(cr: dict[str, Any]) -> dict[str, Any]:
+    """What the bench keeps of a CapacityRequest (its informer's transform)."""
+    meta = cr.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                         "labels": meta.get("labels") or {}},
+            "spec": cr.get("spec") or {}}
+
+
+def un_view(un: dict[str, Any]) -> dict[str, Any]:
+    """What the bench keeps of an UpcomingNode (its informer's transform)."""
+    return {"metadata": {"name": (un.get("metadata") or {}).get("name")},
+            "phase": (un.get("status") or {}).get("phase") or ""}
+
+
+def wire(obs: Observed, pods: Any, crs: Any, uns: Any) -> None:
+    """Record into ``obs`` from the Pod, CR and UpcomingNode informers' events."""
+    from bigfleet_trio.operator.rollup import CapacityRequestError, contribution_from_cr
+
+    def pod_add(p: dict[str, Any]) -> None:
+        obs.pod_added[str(p["metadata"]["uid"])] = (time.time(), obs.phase)
+
+    def cr_change(key: str, cr: dict[str, Any] | None) -> None:
+        old = obs.contrib.pop(key, (0, 0))
+        new = (0, 0)
+        if cr is not None:
+            try:
+                c = contribution_from_cr(cr)
+                new = (_milli(c.resources["cpu"]) if "cpu" in c.resources else 0,
+                       _milli(c.resources["memory"]) if "memory" in c.resources else 0)
+                obs.contrib[key] = new
+            except CapacityRequestError:
+                pass
+        if old != new:
+            obs.cpu += new[0] - old[0]
+            obs.mem += new[1] - old[1]
+            obs.states.append((time.time(), obs.cpu, obs.mem, obs.phase))
+
+    def cr_add(cr: dict[str, Any]) -> None:
+        now = time.time()
+        uid = cr["metadata"]["labels"].get(OWNED_BY_POD)
+        if uid:
+            obs.cr_added[uid] = now
+            seen = obs.pod_added.get(uid)
+            if seen is not None:
+                obs.pod_to_cr[seen[1]].append(now - seen[0])
+        cr_change(_k(cr), cr)
+
+    def un_event(u: dict[str, Any]) -> None:
+        obs.un_events[str(u["metadata"]["name"]).removeprefix("un-")].append(
+            (time.time(), u["phase"]))
+
+    pods.add_handler(on_add=pod_add)
+    crs.add_handler(on_add=cr_add, on_update=lambda _o, n: cr_change(_k(n), n),
+                    on_delete=lambda o: cr_change(_k(o), None))
+    uns.add_handler(on_add=un_event, on_update=lambda o, n: un_event(n) if o["phase"] != n[
+        "phase"] else None, on_delete=lambda o: un_event({**o, "phase": "Deleted"}))
+
+
+def _k(obj: dict[str, Any]) -> str:
+    return f"{obj['metadata'].get('namespace')}/{obj['metadata'].get('name')}"
+
+
+def read_stats(port: int) -> dict[str, Any]:
+    """The shard's ``/stats`` JSON on ``port``."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=30) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def read_metrics(port: int) -> dict[str, float]:
+    """The operator's ``/metrics`` on ``port``, summed per family name ({} when down)."""
+    import urllib.request
+
+    out: dict[str, float] = defaultdict(float)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        try:
+            out[name] += float(line.rsplit(" ", 1)[1])
+        except ValueError:
+            pass
+    return out

@@ -1,0 +1,142 @@
+"""Process orchestration of the ``fleet`` bench: the five CLI processes, their logs and samples.
+
+:class:`Fleet` spawns the embedded apiserver, ``sim cluster``, ``sim shard``, ``pod-controller``
+and ``operator`` on loopback ports, waits for readiness, samples RSS and CPU from ``/proc``
+(:class:`Proc`) and stops them. Private to :mod:`scripts.bench.fleet` (the leading underscore
+keeps it out of scenario discovery).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from scripts.bench import _common as C
+from scripts.bench._fleet_workload import fleet_catalog
+
+PROCS = ("apiserver", "cluster", "shard", "pod-controller", "operator")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    samples: list[tuple[float, float, float]] = field(default_factory=list)  # t, rss MB, cpu s
+
+    def sample(self, t: float) -> None:
+        try:
+            with open(f"/proc/{self.popen.pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            with open(f"/proc/{self.popen.pid}/status") as fh:
+                rss = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+        except (OSError, StopIteration, ValueError):
+            return
+        self.samples.append((t, rss / 1024, cpu))
+
+
+class Fleet:
+    """The five processes (see the module docstring)."""
+
+    def __init__(self, tmp: Path, machines: int, rollup_interval: str, job_run_seconds: float,
+                 qps: float = 50.0):
+        self.tmp = tmp
+        self.kubeconfig = str(tmp / "kubeconfig")
+        self.api_port = _free_port()
+        self.shard_port = _free_port()
+        self.stats_port = _free_port()
+        self.metrics_port = _free_port()
+        self.probe_ports = {"pod-controller": _free_port(), "operator": _free_port()}
+        self.procs: dict[str, Proc] = {}
+        self.machines = machines
+        self.rollup_interval = rollup_interval
+        self.job_run_seconds = job_run_seconds
+        self.qps = ["--qps", f"{qps:g}", "--burst", f"{2 * qps:g}"]
+
+    def _spawn(self, name: str, *args: str) -> None:
+        out = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - lives with the process
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.procs[name] = Proc(name, subprocess.Popen([sys.executable, *args], stdout=out,
+                                                       stderr=subprocess.STDOUT, env=env,
+                                                       cwd=C.ROOT))
+
+    def start(self) -> None:
+        cat = self.tmp / "catalog.yaml"
+        cat.write_text(yaml.safe_dump(fleet_catalog(self.machines)))
+        self._spawn("apiserver", "-m", "bigfleet_trio.sim.apiserver", str(self.api_port),
+                    self.kubeconfig, "fast")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self.kubeconfig):
+            if time.monotonic() > deadline or self.procs["apiserver"].popen.poll() is not None:
+                raise RuntimeError(f"apiserver did not start:\n{self.log('apiserver')}")
+            time.sleep(0.1)
+        quiet = ["--log-level", "warning"]
+        self._spawn("cluster", "-m", "bigfleet_trio", "sim", "cluster", "--kubeconfig",
+                    self.kubeconfig, "--job-run-seconds", str(self.job_run_seconds), *quiet)
+        self._spawn("shard", "-m", "bigfleet_trio", "sim", "shard", "--port",
+                    str(self.shard_port), "--kubeconfig", self.kubeconfig, "--catalog", str(cat),
+                    "--stats-addr", f"127.0.0.1:{self.stats_port}", *quiet)
+        self._spawn("pod-controller", "-m", "bigfleet_trio", "pod-controller", "--kubeconfig",
+                    self.kubeconfig, "--metrics-addr", f"127.0.0.1:{_free_port()}",
+                    "--health-probe-addr", f"127.0.0.1:{self.probe_ports['pod-controller']}",
+                    *self.qps, *quiet)
+        self._spawn("operator", "-m", "bigfleet_trio", "operator", "--kubeconfig",
+                    self.kubeconfig, "--cluster-id", "fleet", "--shard-addr",
+                    f"127.0.0.1:{self.shard_port}", "--metrics-addr",
+                    f"127.0.0.1:{self.metrics_port}", "--health-probe-addr",
+                    f"127.0.0.1:{self.probe_ports['operator']}", "--rollup-interval",
+                    self.rollup_interval, *self.qps, *quiet)
+
+    def wait_ready(self, limit: float = 120.0) -> None:
+        """Until the pod controller and the operator answer /readyz with 200."""
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + limit
+        for name, port in self.probe_ports.items():
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5):
+                        break
+                except (OSError, urllib.error.URLError):
+                    pass
+                if time.monotonic() > deadline or self.dead():
+                    raise RuntimeError(f"{name} not ready:\n{self.log(name)}")
+                time.sleep(0.2)
+
+    def log(self, name: str, tail: int = 3000) -> str:
+        try:
+            return (self.tmp / f"{name}.log").read_text(errors="replace")[-tail:]
+        except OSError:
+            return ""
+
+    def dead(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.popen.poll() is not None]
+
+    def sample(self) -> None:
+        t = time.time()
+        for p in self.procs.values():
+            p.sample(t)
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.popen.poll() is None:
+                p.popen.terminate()
+        for p in self.procs.values():
+            try:
+                p.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()

@@ -1,0 +1,123 @@
+"""Reporting of the ``fleet`` bench: the result's figures from the observations and shard stats.
+
+:func:`report` turns per-phase latencies (:mod:`._fleet_analysis`), end-of-phase object counts
+and per-process RSS/CPU samples into ``scripts.bench._common`` figures. Private to
+:mod:`scripts.bench.fleet` (the leading underscore keeps it out of scenario discovery).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from scripts.bench import _common as C
+from scripts.bench._fleet_analysis import nsu_latencies, pct, rollup_latencies
+from scripts.bench._fleet_observe import Observed
+from scripts.bench._fleet_procs import Fleet
+
+BOOTSTRAP_DEADLINE = 10.0
+
+
+def _rows(name: str, samples: list[float], unit: str = "s", *, baseline: float | None = None,
+          label: str = "", target: str = "", met: Any = None) -> list[dict[str, Any]]:
+    """Two table rows: the samples (median = p50, min, max, n) and their p99 on its own."""
+    row = C.figure(f"{name} (p50)", unit, samples if samples else [float("nan")],
+                   baseline=baseline, baseline_label=label, target=target, met=met)
+    row["n"] = len(samples)
+    p99 = C.figure(f"{name} (p99)", unit, pct(samples, 0.99), baseline=baseline,
+                   baseline_label=label)
+    return [row, p99]
+
+
+def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
+           result: dict[str, Any]) -> None:
+    """Fill ``result`` (figures and extras) from a finished run."""
+    stats = result["extra"].pop("final_stats", None) or {}
+    figures: list[dict[str, Any]] = []
+    cycle = float(args.rollup_seconds)
+    phases = ("ramp", "churn", "reclaim", "quiesce")
+    roll = rollup_latencies(obs.states, stats.get("rollups") or [])
+    nsu = nsu_latencies(stats.get("nsu") or [], obs.un_events, obs.phase_of)
+    boot: dict[str, list[float]] = defaultdict(list)
+    unanswered = 0
+    for _rid, sent, answered, _err in stats.get("bootstrap") or []:
+        if answered is None:
+            unanswered += 1
+            continue
+        boot[obs.phase_of(sent)].append(answered - sent)
+    rec: dict[str, list[float]] = defaultdict(list)
+    for _iid, _node, issued, acked in stats.get("reclaim") or []:
+        if acked is not None:
+            rec[obs.phase_of(issued)].append(acked - issued)
+    for ph in phases:
+        if obs.pod_to_cr.get(ph):
+            figures += _rows(f"{ph}: Pod created -> CR exists", obs.pod_to_cr[ph],
+                             baseline=cycle, label="one roll-up interval")
+        if roll.get(ph):
+            figures += _rows(f"{ph}: CR change -> roll-up carrying it", roll[ph],
+                             baseline=cycle, label="one roll-up interval")
+        if nsu.get(ph):
+            figures += _rows(f"{ph}: NodeStateUpdate -> UpcomingNode written", nsu[ph],
+                             baseline=cycle, label="one roll-up interval")
+        if boot.get(ph):
+            late = sum(1 for x in boot[ph] if x > BOOTSTRAP_DEADLINE)
+            rows = _rows(f"{ph}: BootstrapRequest -> response", boot[ph],
+                         baseline=BOOTSTRAP_DEADLINE,
+                         label="the shard's one-cycle deadline (10 s)",
+                         target=f"0 past 10 s (here {late})", met=late == 0)
+            figures += rows
+        if rec.get(ph):
+            figures += _rows(f"{ph}: reclaim instruction -> ack", rec[ph],
+                             baseline=cycle, label="one roll-up interval")
+    for c in result["extra"].get("counts") or []:
+        ph = c["end_of"]
+        figures.append(C.figure(f"end of {ph}: UpcomingNodes", "objects", c["upcoming"],
+                                baseline=c["machines_bound"] or 0,
+                                baseline_label="machines bound at the shard (ratio 1 = live set)",
+                                target="= bound machines, 0 stale",
+                                met=c["upcoming"] == c["machines_bound"]
+                                and c["upcoming_stale"] == 0 and c["upcoming_drained"] == 0))
+        figures.append(C.figure(f"end of {ph}: CapacityRequests", "objects", c["crs"],
+                                baseline=c["pods"],
+                                baseline_label="live Pods (ratio 1 = one each)"))
+        figures.append(C.figure(f"end of {ph}: Pods left pending", "pods",
+                                c["pods"] - c["pods_bound"], baseline=c["pods"],
+                                baseline_label="live Pods"))
+        m = c.get("operator_metrics") or {}
+        figures.append(C.figure(f"end of {ph}: outbox drops, reconnects", "count",
+                                sum(v for k, v in m.items() if "outbox_dropped" in k)
+                                + sum(v for k, v in m.items() if "reconnects" in k),
+                                target="0", met=not any(m.values())))
+    churn_t = [t for t, name in obs.phase_at if name in ("churn", "reclaim")]
+    for name, p in fleet.procs.items():
+        if not p.samples:
+            continue
+        peak = max(s[1] for s in p.samples)
+        cpu = p.samples[-1][2]
+        window = [s for s in p.samples if len(churn_t) == 2 and churn_t[0] <= s[0] <= churn_t[1]]
+        growth = float("nan")
+        if len(window) >= 3:
+            xs = [s[0] for s in window]
+            ys = [s[1] for s in window]
+            growth = statistics.linear_regression(xs, ys).slope * 3600
+        ramp_rss = [s[1] for s in p.samples if obs.phase_of(s[0]) == "ramp"]
+        row = C.figure(f"{name}: peak RSS", "MB", peak,
+                       baseline=max(ramp_rss) if ramp_rss else None,
+                       baseline_label="peak RSS during the ramp")
+        figures.append(row)
+        wall = p.samples[-1][0] - p.samples[0][0] if len(p.samples) > 1 else float("nan")
+        figures.append(C.figure(f"{name}: CPU seconds", "s", cpu, baseline=wall,
+                                baseline_label="wall seconds sampled (ratio = cores used)"))
+        figures.append(C.figure(f"{name}: RSS growth over churn", "MB/h", growth,
+                                baseline=peak, baseline_label="peak RSS (ratio = share per hour)"))
+    result["figures"] = figures
+    result["extra"]["bootstrap_unanswered"] = unanswered
+    result["extra"]["bootstrap_past_deadline"] = sum(1 for v in boot.values() for x in v
+                                                     if x > BOOTSTRAP_DEADLINE)
+    result["extra"]["processes"] = {
+        n: {"samples": [[round(t, 1), round(r, 1), round(c, 2)] for t, r, c in p.samples[::6]]}
+        for n, p in fleet.procs.items()}
+    result["extra"]["rollups_received"] = len(stats.get("rollups") or [])
+    result["extra"]["machines_bound_end"] = len(stats.get("bound") or [])
