@@ -19,6 +19,7 @@ import socket
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -51,7 +52,13 @@ from bigfleet_trio.operator.bootstrap import (
     make_renderer,
 )
 from bigfleet_trio.operator.crview import slim
-from bigfleet_trio.operator.reclaim import DrainManager, ReclaimHandler
+from bigfleet_trio.operator.reclaim import (
+    DrainManager,
+    ReclaimHandler,
+    apply_resume,
+    plan_resume,
+    utc_now,
+)
 from bigfleet_trio.operator.retention import FailedRetention
 from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler
 from bigfleet_trio.operator.wiring import (
@@ -212,6 +219,7 @@ class _Runtime:
                 self.memory,
                 upcoming_lookup=op.upcoming_for_node,
                 node_lookup=op.nodes_for_provider_id,
+                wall_clock=op.wall_clock,
             ),
             upcoming=UpcomingNodeHandler(client, self.memory, get_cached=op.cached_upcoming),
             available=AvailableCapacityHandler(client),
@@ -239,6 +247,7 @@ class Operator:
         renderer: bootstrap renderer; None builds it from ``cfg`` (template text or file, else
             the stub).
         consistency_interval: seconds between from-scratch checks of the roll-up aggregate.
+        wall_clock: the wall clock (aware) of recorded drain deadlines (tests inject one).
 
     Raises:
         BootstrapTemplateError: the configured template does not parse (stop start-up).
@@ -253,6 +262,7 @@ class Operator:
         feed: EventFeed | None = None,
         renderer: Renderer | None = None,
         consistency_interval: float = DEFAULT_CONSISTENCY_INTERVAL,
+        wall_clock: Callable[[], datetime] = utc_now,
     ) -> None:
         if not cfg.cluster_id:
             raise ValueError("OperatorConfig.cluster_id is required")
@@ -263,6 +273,7 @@ class Operator:
         self.renderer = renderer if renderer is not None else _renderer_for(cfg)
         self.watched_renderer = _WatchedRenderer(self.renderer)
         self.consistency_interval = consistency_interval
+        self.wall_clock = wall_clock
         self._rt: _Runtime | None = None
         self._running = False
         self._synced = False
@@ -395,7 +406,8 @@ class Operator:
             Informer Nodes              slim view, indexed by spec.providerID
                 ... all three synced before ANY cluster write or roll-up: a roll-up is a full
                 replacement, so one built from a half-listed cache would withdraw real demand
-            DrainManager.run            operator-owned: a reconnect never cancels a drain
+            DrainManager.run            operator-owned: a reconnect never cancels a drain;
+                                        first resumes the Draining UpcomingNodes of the cache
             Acknowledger.run            Pending -> Acknowledged, never delays a tick
             FailedRetention.run         deletes long-Failed UpcomingNodes (from the cache)
             Agent.run                   reconnect loop; one Session nursery per stream
@@ -436,6 +448,14 @@ class Operator:
                            "nodes": len(rt.node_informer.store)},
                 )
                 await nursery.start(rt.drains.run)
+                # before the agent: a re-issued instruction then finds the drain running
+                # (docs/rules.md#reclaim-resume-after-restart)
+                resumed = apply_resume(
+                    rt.drains, plan_resume(rt.un_informer.store.list(), self.wall_clock())
+                )
+                if resumed:
+                    log.info("operator: drains resumed", extra={"cluster": cluster,
+                                                                "drains": resumed})
                 await nursery.start(rt.acknowledger.run)
                 await nursery.start(rt.retention.run)
                 self._publish(kinds.OPERATOR_STARTED, cluster=cluster)

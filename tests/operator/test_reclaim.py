@@ -224,7 +224,15 @@ class FakeCluster:
                 raise NotFound(404, "NotFound", name)
             self.nodes[name]["spec"].update(patch["spec"])
             return self.nodes[name]
-        assert res == UPCOMING_NODES and subresource == "status"
+        assert res == UPCOMING_NODES
+        if subresource is None:  # drain annotations: docs/rules.md#reclaim-resume-after-restart
+            assert set(patch) == {"metadata"}
+            if name not in self.upcoming:
+                raise NotFound(404, "NotFound", name)
+            annotations = self.upcoming[name]["metadata"].setdefault("annotations", {})
+            annotations.update(patch["metadata"]["annotations"])
+            return self.upcoming[name]
+        assert subresource == "status"
         self.un_writes.append(("patch", name, patch["status"], trio.current_time()))
         if name not in self.upcoming:
             raise NotFound(404, "NotFound", name)

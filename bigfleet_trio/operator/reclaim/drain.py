@@ -37,6 +37,7 @@ from .plan import (
     pod_key,
     skip_reason,
 )
+from .resume import RESUMED_INSTRUCTION_ID, expired_drain_message, resumed_failure_message
 
 __all__ = ["DrainManager"]
 
@@ -51,6 +52,7 @@ class _Job:
     grace: float
     instruction_id: str
     pods_left: dict[str, str] = field(default_factory=dict)
+    resumed_deadline: str | None = None  # a drain resumed after a restart: its recorded deadline
 
 
 class DrainManager:
@@ -176,7 +178,13 @@ class DrainManager:
             await self._idle.wait()
 
     def start(
-        self, node: str, *, un_name: str | None, grace_seconds: float, instruction_id: str
+        self,
+        node: str,
+        *,
+        un_name: str | None,
+        grace_seconds: float,
+        instruction_id: str,
+        resumed_deadline: str | None = None,
     ) -> bool:
         """Start draining ``node`` in the background (non-blocking).
 
@@ -185,6 +193,7 @@ class DrainManager:
             un_name: its UpcomingNode, or None if there is none.
             grace_seconds: the drain deadline, seconds from now (> 0).
             instruction_id: for log lines.
+            resumed_deadline: set by :meth:`resume` only (the recorded deadline).
 
         Returns:
             True if a drain started; False if one is already running for ``node`` or the
@@ -205,7 +214,7 @@ class DrainManager:
             return False
         if self._nursery is None:
             raise RuntimeError("DrainManager.run is not running")
-        job = _Job(node, un_name, grace_seconds, instruction_id)
+        job = _Job(node, un_name, grace_seconds, instruction_id, resumed_deadline=resumed_deadline)
         self._active[node] = job
         metrics.DRAINS_ACTIVE.inc()
         self._idle = trio.Event()
@@ -218,6 +227,35 @@ class DrainManager:
             instruction_id,
         )
         return True
+
+    def resume(self, node: str, *, un_name: str, remaining: float, deadline: str) -> bool:
+        """Take up a drain an earlier operator process started.
+
+        The rule: docs/rules.md#reclaim-resume-after-restart.
+
+        Like :meth:`start` (one drain per node: a ReclaimInstruction naming ``node`` later gets
+        no second drain), under the recorded ``deadline``: ``remaining`` seconds from now; if
+        that is <= 0 the drain ends Failed at once, without evicting. ``un_name`` is marked
+        draining in the memory, as the reclaim handler does.
+
+        Returns:
+            True if a drain started (see :meth:`start`).
+        """
+        self.memory.mark_draining(un_name)
+        log.info(
+            "drain: resuming after restart node=%s upcoming=%s deadline=%s remaining=%gs",
+            node,
+            un_name,
+            deadline,
+            remaining,
+        )
+        return self.start(
+            node,
+            un_name=un_name,
+            grace_seconds=remaining,
+            instruction_id=RESUMED_INSTRUCTION_ID,
+            resumed_deadline=deadline,
+        )
 
     def _finish(self, job: _Job, result: DrainResult) -> None:
         if result.outcome == "drained":
@@ -238,11 +276,12 @@ class DrainManager:
         finished = False
         recorded = False  # outcome recorded (a cancelled final status write is not abandonment)
         try:
-            with trio.CancelScope(deadline=deadline):
-                await self._evict_until_empty(job, deadline)
-                finished = True
-            if not finished:
-                finished = await self._final_check(job)
+            if job.grace > 0:  # a resumed drain whose deadline passed fails at once
+                with trio.CancelScope(deadline=deadline):
+                    await self._evict_until_empty(job, deadline)
+                    finished = True
+                if not finished:
+                    finished = await self._final_check(job)
             recorded = True
             if finished:
                 self._finish(job, DrainResult(job.node, "drained"))
@@ -252,7 +291,7 @@ class DrainManager:
                 with trio.move_on_after(STATUS_WRITE_TIMEOUT):
                     await self._write_drained(job)
             else:
-                message = drain_failure_message(job.node, job.grace, job.pods_left)
+                message = self._failure_message(job)
                 self._finish(job, DrainResult(job.node, "failed", dict(job.pods_left), message))
                 log.warning(
                     "drain: deadline passed node=%s instruction_id=%s error=%s",
@@ -272,6 +311,14 @@ class DrainManager:
             del self._active[job.node]
             if not self._active:
                 self._idle.set()
+
+    @staticmethod
+    def _failure_message(job: _Job) -> str:
+        if job.resumed_deadline is None:
+            return drain_failure_message(job.node, job.grace, job.pods_left)
+        if job.grace <= 0:
+            return expired_drain_message(job.node, job.resumed_deadline)
+        return resumed_failure_message(job.node, job.resumed_deadline, job.pods_left)
 
     async def _write_drained(self, job: _Job) -> None:
         if job.un_name is None:

@@ -12,6 +12,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import trio
@@ -26,6 +27,7 @@ from bigfleet_trio.proto import pb
 
 from .drain import DrainManager
 from .plan import effective_grace
+from .resume import drain_annotations, utc_now
 
 __all__ = ["NodeLookup", "ReclaimHandler", "Reply", "UpcomingLookup"]
 
@@ -84,6 +86,8 @@ class ReclaimHandler:
             from the apiserver instead (one list per entry resolved by providerID).
         cordon_concurrency: entries resolved and cordoned at once (16): an instruction naming
             100 nodes is acked after ~7 cordon round trips, not 100.
+        wall_clock: the wall clock (aware) the drain deadline recorded on the UpcomingNode is
+            computed from (docs/rules.md#reclaim-resume-after-restart).
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class ReclaimHandler:
         upcoming_lookup: UpcomingLookup | None = None,
         node_lookup: NodeLookup | None = None,
         cordon_concurrency: int = 16,
+        wall_clock: Callable[[], datetime] = utc_now,
     ) -> None:
         if cordon_concurrency < 1:
             raise ValueError("cordon_concurrency must be >= 1")
@@ -107,6 +112,7 @@ class ReclaimHandler:
         self.memory = memory
         self._seen: OrderedDict[str, _Instruction] = OrderedDict()
         self._seen_capacity = seen_capacity
+        self._wall_clock = wall_clock
 
     async def on_reclaim_instruction(self, instr: pb.ReclaimInstruction, reply: Reply) -> None:
         """Cordon inline, hand drains to the DrainManager, ack ``nodes_started`` via ``reply``."""
@@ -178,12 +184,15 @@ class ReclaimHandler:
             instruction order (duplicates removed): the ack's ``nodes_started`` and the drains.
         """
         entries = [e for e in dict.fromkeys(instr.nodes) if e]  # de-duplicated, order kept
+        deadline = self._wall_clock() + timedelta(
+            seconds=effective_grace(instr.grace_period_seconds)
+        )
         results: list[tuple[str, str | None] | None] = [None] * len(entries)
         limiter = trio.CapacityLimiter(self._cordon_concurrency)
 
         async def one(i: int, entry: str) -> None:
             async with limiter:
-                results[i] = await self._cordon_entry(entry)
+                results[i] = await self._cordon_entry(entry, deadline)
 
         async with trio.open_nursery() as nursery:
             for i, entry in enumerate(entries):
@@ -194,7 +203,7 @@ class ReclaimHandler:
                 cordoned.append(item)
         return cordoned
 
-    async def _cordon_entry(self, entry: str) -> tuple[str, str | None] | None:
+    async def _cordon_entry(self, entry: str, deadline: datetime) -> tuple[str, str | None] | None:
         """Resolve one entry, cordon its Node and mark its UpcomingNode Draining."""
         r = await self._resolve(entry)
         if r.node is None:
@@ -209,7 +218,7 @@ class ReclaimHandler:
         if not await self._cordon(r.node):
             return None
         if r.un_name is not None:
-            await self._mark_draining(r.un_name)
+            await self._mark_draining(r.un_name, drain=(r.node, deadline))
         log.info("reclaim: cordoned node=%s entry=%s via=%s", r.node, entry, r.how)
         return (r.node, r.un_name)
 
@@ -302,9 +311,24 @@ class ReclaimHandler:
             return False
         return True
 
-    async def _mark_draining(self, un_name: str) -> None:
+    async def _mark_draining(
+        self, un_name: str, *, drain: tuple[str, datetime] | None = None
+    ) -> None:
+        """Walk ``un_name`` to Draining; with ``drain`` (node, deadline) record the drain first.
+
+        The annotations come before the phase, both before the ack: a restarted operator
+        resumes a Draining object that has them (docs/rules.md#reclaim-resume-after-restart). A
+        node already draining keeps the deadline its running drain was recorded with.
+        """
         self.memory.mark_draining(un_name)
         try:
+            if drain is not None and not self._drains.is_draining(drain[0]):
+                body = {"metadata": {"annotations": drain_annotations(*drain)}}
+                try:
+                    await self._call(lambda: self._client.patch(UPCOMING_NODES, un_name, body))
+                except NotFound:
+                    log.info("reclaim: upcoming node gone name=%s", un_name)
+                    return
             if not await patch_upcoming_status(self._client, un_name, {"phase": PHASE_DRAINING}):
                 log.info("reclaim: upcoming node gone name=%s", un_name)
         except KubeError as exc:
