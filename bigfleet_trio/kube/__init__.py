@@ -5,30 +5,12 @@ Config (:mod:`.config`), client (:mod:`.client`), errors (:mod:`.errors`), resou
 Lease leader election (:mod:`.leader`).
 """
 
+from . import resources
 from .client import KubeClient, ObjectList, WatchStream
 from .config import KubeConfig, load_incluster_config, load_kubeconfig
 from .informer import Informer, Store
 from .leader import LeaderElector, Leadership
-from .resources import (
-    AVAILABLE_CAPACITIES,
-    CAPACITY_REQUESTS,
-    CRDS,
-    DAEMONSETS,
-    DEPLOYMENTS,
-    EVENTS,
-    JOBS,
-    LEASES,
-    NAMESPACES,
-    NODES,
-    PDBS,
-    PODS,
-    PRIORITY_CLASSES,
-    REPLICASETS,
-    RUNTIME_CLASSES,
-    STATEFULSETS,
-    UPCOMING_NODES,
-    Resource,
-)
+from .resources import *  # noqa: F403
 from .watch import WatchEvent
 
 __all__ = [
@@ -39,27 +21,10 @@ __all__ = [
     "ObjectList",
     "WatchStream",
     "WatchEvent",
-    "Resource",
-    "PODS",
-    "NODES",
-    "EVENTS",
-    "LEASES",
-    "NAMESPACES",
-    "PRIORITY_CLASSES",
-    "RUNTIME_CLASSES",
-    "PDBS",
-    "DAEMONSETS",
-    "DEPLOYMENTS",
-    "REPLICASETS",
-    "STATEFULSETS",
-    "JOBS",
-    "CRDS",
-    "CAPACITY_REQUESTS",
-    "UPCOMING_NODES",
-    "AVAILABLE_CAPACITIES",
     "Informer",
     "Store",
     "LeaderElector",
     "Leadership",
 ]
+__all__ += resources.__all__  # Resource and every descriptor
 

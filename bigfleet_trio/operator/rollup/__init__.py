@@ -7,72 +7,17 @@ No I/O: :mod:`.translate` turns one CR into a contribution (keys from :mod:`.pro
 ``operator/wiring.py``), :mod:`.encoding` writes the wire form. Import from this package.
 """
 
-from __future__ import annotations
+from . import aggregate, encoding, errors, profile, translate
+from .aggregate import *  # noqa: F403
+from .encoding import *  # noqa: F403
+from .errors import *  # noqa: F403
+from .profile import *  # noqa: F403
+from .translate import *  # noqa: F403
 
-from .aggregate import RollupAggregator, build_from_scratch
-from .encoding import (
-    build_rollup_message,
-    encode_need,
-    encode_operator_rollup,
-    encode_rollup,
-    need_to_wire,
-)
-from .errors import CapacityRequestError, InvalidCapacityRequest, UnsupportedRequirement
-from .profile import (
-    OP_DOES_NOT_EXIST,
-    OP_EXISTS,
-    OP_IN,
-    OP_NOT_IN,
-    OP_SAME,
-    PENALTY_HALF_DOLLAR,
-    PENALTY_PINNED,
-    PENALTY_UNSPECIFIED,
-    PENALTY_ZERO,
-    WHEN_DO_NOT_SCHEDULE,
-    WHEN_UNSPECIFIED,
-    Profile,
-    Requirement,
-    Spread,
-    bucket_for_dollars,
-    canonical_label_selector,
-    co_location_group,
-    penalty_bucket,
-    with_same_requirement,
-)
-from .translate import Contribution, contribution_from_cr, cr_key, is_pending
-
-__all__ = [
-    "OP_DOES_NOT_EXIST",
-    "OP_EXISTS",
-    "OP_IN",
-    "OP_NOT_IN",
-    "OP_SAME",
-    "PENALTY_HALF_DOLLAR",
-    "PENALTY_PINNED",
-    "PENALTY_UNSPECIFIED",
-    "PENALTY_ZERO",
-    "WHEN_DO_NOT_SCHEDULE",
-    "WHEN_UNSPECIFIED",
-    "CapacityRequestError",
-    "Contribution",
-    "InvalidCapacityRequest",
-    "Profile",
-    "Requirement",
-    "RollupAggregator",
-    "Spread",
-    "UnsupportedRequirement",
-    "bucket_for_dollars",
-    "build_from_scratch",
-    "build_rollup_message",
-    "canonical_label_selector",
-    "co_location_group",
-    "contribution_from_cr",
-    "encode_need",
-    "encode_operator_rollup",
-    "encode_rollup",
-    "cr_key",
-    "is_pending",
-    "need_to_wire",
-    "penalty_bucket",
-    "with_same_requirement",
-]
+# The public names of the five modules (the public names of the one module before the split).
+__all__: list[str] = []
+__all__ += errors.__all__
+__all__ += profile.__all__
+__all__ += translate.__all__
+__all__ += encoding.__all__
+__all__ += aggregate.__all__

@@ -16,14 +16,11 @@ from bigfleet_trio.quantity import BINARY_SI, DECIMAL_EXPONENT, DECIMAL_SI, Form
 from .profile import Profile
 
 __all__ = [
-    "FORMATS_BY_RANK",
-    "FORMAT_RANK",
     "build_rollup_message",
     "encode_need",
     "encode_operator_rollup",
     "encode_rollup",
     "need_to_wire",
-    "pick_format",
 ]
 
 FORMAT_RANK: Final[dict[str, int]] = {BINARY_SI: 0, DECIMAL_SI: 1, DECIMAL_EXPONENT: 2}
