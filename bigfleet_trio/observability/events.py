@@ -69,7 +69,8 @@ KINDS: Mapping[str, str] = {
     SESSION_DOWN: "shard session ended (cluster, error, retry_in, uptime)",
     ROLLUP: "roll-up built (cluster, needs, crs, excluded, pending)",
     CAPACITYREQUEST_EXCLUDED: "a CapacityRequest left out of the roll-up (cr, reason, field)",
-    CR_ACKNOWLEDGED: "a CapacityRequest went Pending -> Acknowledged (cr)",
+    CR_ACKNOWLEDGED: "a batch of CapacityRequests went Pending -> Acknowledged (count, failed, "
+    "crs: up to 20 ns/name keys of those acknowledged)",
     BOOTSTRAP: "bootstrap blob rendered or refused (request_id, bytes, error)",
     NODE_STATE: "a machine's state reflected into its UpcomingNode (machine_id, node, state)",
     UPCOMING_NODE_WRITTEN: "an UpcomingNode created, updated or deleted (machine_id, "
@@ -77,7 +78,7 @@ KINDS: Mapping[str, str] = {
     RECLAIM: "reclaim instruction received (instruction_id, nodes, grace_seconds)",
     RECLAIM_ACK: "reclaim acknowledged to the shard (instruction_id, nodes_started)",
     DRAIN_STARTED: "a node drain started (node, instruction_id, grace_seconds)",
-    DRAIN_FINISHED: "a node drain ended (node, instruction_id, outcome, error)",
+    DRAIN_FINISHED: "a node drain ended (node, instruction_id, outcome, error, pods_left)",
     AVAILABLE_CAPACITY: "AvailableCapacity upserted (supersedes_key, count)",
     DROPPED: "marker: this follower missed count events (it fell behind)",
 }

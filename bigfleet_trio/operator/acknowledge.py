@@ -22,7 +22,9 @@ import trio
 from bigfleet_trio.kube.api import KubeAPI
 from bigfleet_trio.kube.errors import KubeError, NotFound
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
+from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability import metrics
+from bigfleet_trio.observability.events import EventFeed
 
 __all__ = [
     "DEFAULT_ACK_CONCURRENCY",
@@ -39,6 +41,9 @@ DEFAULT_ACK_CONCURRENCY = 16
 
 CRKey = tuple[str, str]
 """(namespace, name) of a CapacityRequest."""
+
+FEED_SAMPLE = 20
+"""At most this many ``ns/name`` keys listed in one ``cr_acknowledged`` feed event."""
 
 
 def format_acknowledged_at(when: datetime) -> str:
@@ -99,6 +104,8 @@ class Acknowledger:
         client: a KubeClient (anything with its ``patch``).
         concurrency: maximum patches in flight (default 16, ``--ack-concurrency``).
         now: wall clock returning an aware datetime (injectable for tests).
+        feed: optional :class:`EventFeed`: one ``cr_acknowledged`` per batch (count, failed,
+            crs: the first :data:`FEED_SAMPLE` acknowledged keys, sorted), when it did anything.
     """
 
     def __init__(
@@ -107,11 +114,13 @@ class Acknowledger:
         *,
         concurrency: int = DEFAULT_ACK_CONCURRENCY,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        feed: EventFeed | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"ack concurrency must be >= 1, got {concurrency}")
         self._client = client
         self._now = now
+        self._feed = feed
         self._limiter = trio.CapacityLimiter(concurrency)
         self._in_flight: set[CRKey] = set()
         self._nursery: trio.Nursery | None = None
@@ -182,13 +191,21 @@ class Acknowledger:
     async def _batch(self, keys: list[CRKey]) -> None:
         """Patch ``keys`` (each under the shared limiter) and time the whole batch."""
         started = trio.current_time()
+        outcomes: dict[CRKey, str] = {}
         async with trio.open_nursery() as nursery:
             for key in keys:
-                nursery.start_soon(self._acknowledge_one, key)
+                nursery.start_soon(self._acknowledge_one, key, outcomes)
         metrics.ACKNOWLEDGE_DURATION.observe(trio.current_time() - started)
+        done = sorted(f"{ns}/{name}" for (ns, name), o in outcomes.items() if o == "acknowledged")
+        failed = sum(1 for o in outcomes.values() if o == "failed")
+        if self._feed is not None and (done or failed):
+            self._feed.publish(
+                kinds.CR_ACKNOWLEDGED, count=len(done), failed=failed, crs=done[:FEED_SAMPLE]
+            )
 
-    async def _acknowledge_one(self, key: CRKey) -> None:
+    async def _acknowledge_one(self, key: CRKey, outcomes: dict[CRKey, str]) -> None:
         ns, name = key
+        outcomes[key] = "failed"  # until the patch says otherwise (cancelled included)
         try:
             async with self._limiter:
                 await self._client.patch(
@@ -200,6 +217,7 @@ class Acknowledger:
                     subresource="status",
                 )
         except NotFound:
+            outcomes[key] = "gone"
             log.debug("acknowledge: CapacityRequest gone namespace=%s name=%s", ns, name)
         except KubeError as exc:
             self.failed_total += 1
@@ -210,6 +228,7 @@ class Acknowledger:
                 exc,
             )
         else:
+            outcomes[key] = "acknowledged"
             self.acknowledged_total += 1
             metrics.ACKNOWLEDGED.inc()
             log.debug("acknowledge: acknowledged namespace=%s name=%s", ns, name)

@@ -21,7 +21,9 @@ from bigfleet_trio.kube.api import KubeAPI
 from bigfleet_trio.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
 from bigfleet_trio.kube.resources import UPCOMING_NODES
 from bigfleet_trio.kube.retry import TRANSIENT, Replan, conflict_retrying
+from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability import metrics
+from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.proto import pb
 
 from .plan import (
@@ -218,6 +220,10 @@ class UpcomingNodeHandler:
             a live GET.
         overlay_capacity: most overlay entries kept (oldest forgotten first); entries are also
             dropped as soon as the cache catches up.
+        feed: optional :class:`EventFeed`: one ``upcoming_node_written`` per write (machine_id,
+            upcoming_node, op ``create|spec_update|status_update|delete``, phase).
+
+    Log lines of writes carry ``machine_id``, ``upcoming_node`` and ``phase`` as ``extra=`` keys.
     """
 
     def __init__(
@@ -229,6 +235,7 @@ class UpcomingNodeHandler:
         attempts: int = 8,
         get_cached: CachedLookup | None = None,
         overlay_capacity: int = 65536,
+        feed: EventFeed | None = None,
     ) -> None:
         self._client = client
         self.memory = memory
@@ -237,6 +244,7 @@ class UpcomingNodeHandler:
         self._get_cached = get_cached
         self._written: OrderedDict[str, LastWrite] = OrderedDict()
         self._overlay_capacity = overlay_capacity
+        self._feed = feed
 
     async def on_node_state_update(self, u: pb.NodeStateUpdate) -> None:
         """Reflect one update; logs and gives up (never raises) on a permanent error."""
@@ -271,6 +279,13 @@ class UpcomingNodeHandler:
         finally:
             metrics.NODE_STATE_UPDATE_DURATION.labels(duration_phase_label(u.state)).observe(
                 trio.current_time() - started
+            )
+
+    def _written_one(self, machine_id: str, name: str, op: WriteOp, phase: str | None) -> None:
+        if self._feed is not None:
+            self._feed.publish(
+                kinds.UPCOMING_NODE_WRITTEN, machine_id=machine_id, upcoming_node=name, op=op,
+                phase=phase,
             )
 
     async def _get(self, name: str) -> dict[str, Any] | None:
@@ -328,12 +343,14 @@ class UpcomingNodeHandler:
         plan = plan_node_state_update(
             u, existing, self.memory.get(name) if name else None, self._now()
         )
+        keys = {"machine_id": u.machine_id, "upcoming_node": plan.name, "phase": plan.phase}
         if plan.op == "ignore":
             log.info(
                 "upcoming: ignored machine_id=%r name=%s reason=%s",
                 u.machine_id,
                 plan.name,
                 plan.reason,
+                extra=keys,
             )
             apply_memory(self.memory, plan)
             return
@@ -348,7 +365,10 @@ class UpcomingNodeHandler:
                 plan.phase,
                 plan.reason,
                 gone,
+                extra=keys,
             )
+            if not gone:
+                self._written_one(u.machine_id, plan.name, "delete", plan.phase)
             apply_memory(self.memory, plan)
             return
         before_write()
@@ -369,14 +389,17 @@ class UpcomingNodeHandler:
                 raise
             _count_write("create", "success")
             self._remember_obj(plan.name, created)
-            log.info("upcoming: created name=%s phase=%s", plan.name, plan.phase)
+            log.info("upcoming: created name=%s phase=%s", plan.name, plan.phase, extra=keys)
+            self._written_one(u.machine_id, plan.name, "create", plan.phase)
         elif plan.spec_patch is not None:
             await self._patch(plan.name, plan.spec_patch, None)
             log.info(
                 "upcoming: spec updated name=%s fields=%s",
                 plan.name,
                 sorted(plan.spec_patch["spec"]),
+                extra=keys,
             )
+            self._written_one(u.machine_id, plan.name, "spec_update", plan.phase)
         if plan.status_patch is not None:
             await self._patch(plan.name, plan.status_patch, "status")
             log.info(
@@ -384,11 +407,13 @@ class UpcomingNodeHandler:
                 plan.name,
                 plan.phase,
                 sorted(plan.status_patch["status"]),
+                extra=keys,
             )
+            self._written_one(u.machine_id, plan.name, "status_update", plan.phase)
         else:
             _count_write("status_update", "noop")
             if plan.spec_patch is None:
-                log.debug("upcoming: no-op name=%s phase=%s", plan.name, plan.phase)
+                log.debug("upcoming: no-op name=%s phase=%s", plan.name, plan.phase, extra=keys)
         apply_memory(self.memory, plan)
 
     async def _patch(self, name: str, body: dict[str, Any], subresource: str | None) -> None:
