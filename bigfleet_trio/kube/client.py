@@ -699,8 +699,12 @@ class KubeClient:
         message: str,
         type: str = "Normal",
         component: str = "bigfleet-trio",
-    ) -> None:
-        """Record a core/v1 Event about ``involved`` (best effort: errors logged, not raised)."""
+    ) -> bool:
+        """Record a core/v1 Event about ``involved`` (best effort: errors logged, not raised).
+
+        Returns:
+            True when the apiserver stored it, False when it was dropped (logged).
+        """
         meta = _meta(involved)
         ns = meta.get("namespace") or "default"
         now = rfc3339()
@@ -740,6 +744,8 @@ class KubeClient:
                 meta.get("name"),
                 exc,
             )
+            return False
+        return True
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -52,6 +52,7 @@ from bigfleet_trio.operator.bootstrap import (
     make_renderer,
 )
 from bigfleet_trio.operator.crview import slim
+from bigfleet_trio.operator.kubeevents import EventRecorder
 from bigfleet_trio.operator.reclaim import (
     DrainManager,
     ReclaimHandler,
@@ -187,8 +188,14 @@ class _Runtime:
         cfg = op.cfg
         client = op.client
         self.memory = DrainMemory()
-        self.drains = DrainManager(client, self.memory, shutdown_timeout=cfg.drain_shutdown_timeout)
-        self.acknowledger = Acknowledger(client, concurrency=cfg.ack_concurrency or 16)
+        self.kube_events = EventRecorder(client)
+        self.drains = DrainManager(
+            client, self.memory, shutdown_timeout=cfg.drain_shutdown_timeout,
+            events=self.kube_events, feed=op.feed,
+        )
+        self.acknowledger = Acknowledger(
+            client, concurrency=cfg.ack_concurrency or 16, feed=op.feed
+        )
         self.source = CapacityRequestRollup(
             cfg.cluster_id,
             events=client,
@@ -219,9 +226,12 @@ class _Runtime:
                 self.memory,
                 upcoming_lookup=op.upcoming_for_node,
                 node_lookup=op.nodes_for_provider_id,
+                events=self.kube_events,
                 wall_clock=op.wall_clock,
             ),
-            upcoming=UpcomingNodeHandler(client, self.memory, get_cached=op.cached_upcoming),
+            upcoming=UpcomingNodeHandler(
+                client, self.memory, get_cached=op.cached_upcoming, feed=op.feed
+            ),
             available=AvailableCapacityHandler(client),
             feed=op.feed,
         )
@@ -406,6 +416,7 @@ class Operator:
             Informer Nodes              slim view, indexed by spec.providerID
                 ... all three synced before ANY cluster write or roll-up: a roll-up is a full
                 replacement, so one built from a half-listed cache would withdraw real demand
+            EventRecorder.run           Kubernetes Events of reclaims, written in order
             DrainManager.run            operator-owned: a reconnect never cancels a drain;
                                         first resumes the Draining UpcomingNodes of the cache
             Acknowledger.run            Pending -> Acknowledged, never delays a tick
@@ -447,6 +458,7 @@ class Operator:
                            "upcomingnodes": len(rt.un_informer.store),
                            "nodes": len(rt.node_informer.store)},
                 )
+                await nursery.start(rt.kube_events.run)
                 await nursery.start(rt.drains.run)
                 # before the agent: a re-issued instruction then finds the drain running
                 # (docs/rules.md#reclaim-resume-after-restart)

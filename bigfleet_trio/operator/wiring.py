@@ -89,7 +89,7 @@ class EventSink(Protocol):
         message: str,
         type: str = "Normal",  # noqa: A002 - mirrors KubeClient
         component: str = "bigfleet-trio",
-    ) -> None: ...
+    ) -> object: ...
 
 
 class StoreLike(Protocol):

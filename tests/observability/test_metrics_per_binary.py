@@ -36,6 +36,7 @@ OPERATOR = [
     "bigfleet_operator_evictions",
     "bigfleet_operator_frames",
     "bigfleet_operator_handler_errors",
+    "bigfleet_operator_kube_events",
     "bigfleet_operator_malformed_frames",
     "bigfleet_operator_node_state_update_duration_seconds",
     "bigfleet_operator_outbox_dropped",

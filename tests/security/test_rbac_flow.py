@@ -194,6 +194,15 @@ async def test_shipped_rbac_is_enough_for_the_whole_flow(
         assert names == {"a"}  # "stray" was evicted by the drain; "a" is Succeeded
         events = (await w.admin.list(EVENTS, "default")).items
         assert any(e["involvedObject"]["name"] == "stray" for e in events)
+
+        async def operator_events() -> bool:  # the reclaim's story, written with the operator's SA
+            seen = {(e["involvedObject"]["kind"], e["reason"])
+                    for e in (await w.admin.list(EVENTS, "default")).items
+                    if e["source"]["component"] == "bigfleet-operator"}
+            return {("Node", "Reclaim"), ("Node", "Cordoned"), ("Pod", "Evicted"),
+                    ("Node", "Drained")} <= seen
+
+        await w.wait_async(operator_events)
         counted = w.server.counters
         for key in (("create", "pods/eviction"), ("patch", "nodes"), ("create", "upcomingnodes"),
                     ("create", "capacityrequests"), ("deletecollection", "capacityrequests"),

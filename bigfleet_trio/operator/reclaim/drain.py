@@ -11,13 +11,24 @@ import logging
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
 from bigfleet_trio.kube.api import KubeAPI
 from bigfleet_trio.kube.errors import KubeError
 from bigfleet_trio.kube.resources import PODS
+from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability import metrics
+from bigfleet_trio.observability.events import EventFeed
+from bigfleet_trio.operator.kubeevents import (
+    REASON_DRAIN_FAILED,
+    REASON_DRAINED,
+    REASON_EVICTED,
+    REASON_EVICTION_BLOCKED,
+    EventRecorder,
+    pod_object,
+)
 from bigfleet_trio.operator.upcoming.handler import delete_upcoming, patch_upcoming_status
 from bigfleet_trio.operator.upcoming.plan import PHASE_DRAINED, PHASE_FAILED, DrainMemory
 
@@ -52,6 +63,7 @@ class _Job:
     grace: float
     instruction_id: str
     pods_left: dict[str, str] = field(default_factory=dict)
+    blocked_reported: set[str] = field(default_factory=set)  # Pods with an EvictionBlocked Event
     resumed_deadline: str | None = None  # a drain resumed after a restart: its recorded deadline
 
 
@@ -89,6 +101,10 @@ class DrainManager:
         shutdown_timeout: seconds running drains may continue after :meth:`run` is cancelled.
         rng: random source for the jitter (injectable for tests).
         results_capacity: how many finished :class:`DrainResult` to keep in :attr:`results`.
+        events: optional :class:`EventRecorder` for Kubernetes Events: ``Evicted`` and
+            ``EvictionBlocked`` (first refusal per Pod per drain, the apiserver's message) on
+            the Pod, ``Drained`` / ``DrainFailed`` (the ``lastError``) on the Node.
+        feed: optional :class:`EventFeed` for ``drain_started`` / ``drain_finished``.
     """
 
     def __init__(
@@ -102,6 +118,8 @@ class DrainManager:
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         rng: random.Random | None = None,
         results_capacity: int = 1024,
+        events: EventRecorder | None = None,
+        feed: EventFeed | None = None,
     ) -> None:
         self._client = client
         self.memory = memory
@@ -119,6 +137,8 @@ class DrainManager:
         self._idle.set()
         self.results: OrderedDict[str, DrainResult] = OrderedDict()
         self._results_capacity = results_capacity
+        self._events = events
+        self._feed = feed
         self.completed_total = 0
         """Drains that ended Drained since construction (cumulative)."""
         self.failed_total = 0
@@ -226,6 +246,11 @@ class DrainManager:
             grace_seconds,
             instruction_id,
         )
+        if self._feed is not None:
+            self._feed.publish(
+                kinds.DRAIN_STARTED, node=node, instruction_id=instruction_id,
+                grace_seconds=grace_seconds,
+            )
         return True
 
     def resume(self, node: str, *, un_name: str, remaining: float, deadline: str) -> bool:
@@ -269,6 +294,33 @@ class DrainManager:
         self.results.move_to_end(job.node)
         while len(self.results) > self._results_capacity:
             self.results.popitem(last=False)
+        if self._feed is not None:
+            self._feed.publish(
+                kinds.DRAIN_FINISHED, node=job.node, instruction_id=job.instruction_id,
+                outcome=result.outcome, error=result.message, pods_left=len(result.pods_left),
+            )
+        if self._events is None:
+            return
+        if result.outcome == "drained":
+            self._events.record(
+                self._events.node(job.node), reason=REASON_DRAINED,
+                message=f"Drained for reclaim {job.instruction_id}: no evictable Pod left",
+            )
+        elif result.outcome == "failed":
+            self._events.record(
+                self._events.node(job.node), reason=REASON_DRAIN_FAILED, message=result.message,
+                type="Warning",
+            )
+
+    def _eviction_blocked(self, job: _Job, pod: dict[str, Any], key: str, text: str) -> None:
+        """The first refused eviction of ``pod`` in this drain becomes a Warning Event."""
+        if self._events is None or key in job.blocked_reported:
+            return
+        job.blocked_reported.add(key)
+        self._events.record(
+            pod_object(pod), reason=REASON_EVICTION_BLOCKED, type="Warning",
+            message=f"Eviction to drain node {job.node} refused: {text}",
+        )
 
     # ------------------------------------------------------------------ one drain
     async def _drain(self, job: _Job) -> None:
@@ -413,6 +465,7 @@ class DrainManager:
                     if outcome is EvictionOutcome.GONE:
                         log.info("drain: pod already gone node=%s pod=%s", job.node, key)
                         continue
+                    self._eviction_blocked(job, pod, key, text)
                     if outcome is EvictionOutcome.STOP:
                         stopped[key] = f"eviction refused, not retried: {text}"
                         pending[key] = stopped[key]
@@ -436,6 +489,12 @@ class DrainManager:
                 pending[key] = "evicted, terminating"
                 evicted_now = terminating = True
                 log.info("drain: evicted node=%s pod=%s", job.node, key)
+                if self._events is not None:
+                    self._events.record(
+                        pod_object(pod), reason=REASON_EVICTED,
+                        message=f"Evicted to drain node {job.node} "
+                        f"(reclaim {job.instruction_id})",
+                    )
             job.pods_left.clear()
             job.pods_left.update(pending)
             if not pending:

@@ -21,6 +21,7 @@ from bigfleet_trio.kube.api import KubeAPI
 from bigfleet_trio.kube.errors import KubeError, NotFound
 from bigfleet_trio.kube.resources import NODES, UPCOMING_NODES, Resource
 from bigfleet_trio.kube.retry import TRANSIENT, conflict_retrying
+from bigfleet_trio.operator.kubeevents import REASON_CORDONED, REASON_RECLAIM, EventRecorder
 from bigfleet_trio.operator.upcoming.handler import patch_upcoming_status
 from bigfleet_trio.operator.upcoming.plan import PHASE_DRAINING, DrainMemory, upcoming_node_name
 from bigfleet_trio.proto import pb
@@ -86,6 +87,8 @@ class ReclaimHandler:
             from the apiserver instead (one list per entry resolved by providerID).
         cordon_concurrency: entries resolved and cordoned at once (16): an instruction naming
             100 nodes is acked after ~7 cordon round trips, not 100.
+        events: optional :class:`EventRecorder`: ``Reclaim`` and ``Cordoned`` Events on each
+            Node cordoned (with its uid, from the cordon's answer, for later Events too).
         wall_clock: the wall clock (aware) the drain deadline recorded on the UpcomingNode is
             computed from (docs/rules.md#reclaim-resume-after-restart).
     """
@@ -100,6 +103,7 @@ class ReclaimHandler:
         upcoming_lookup: UpcomingLookup | None = None,
         node_lookup: NodeLookup | None = None,
         cordon_concurrency: int = 16,
+        events: EventRecorder | None = None,
         wall_clock: Callable[[], datetime] = utc_now,
     ) -> None:
         if cordon_concurrency < 1:
@@ -112,6 +116,7 @@ class ReclaimHandler:
         self.memory = memory
         self._seen: OrderedDict[str, _Instruction] = OrderedDict()
         self._seen_capacity = seen_capacity
+        self._events = events
         self._wall_clock = wall_clock
 
     async def on_reclaim_instruction(self, instr: pb.ReclaimInstruction, reply: Reply) -> None:
@@ -148,6 +153,7 @@ class ReclaimHandler:
             raise
         record.nodes_started = len(cordoned)
         record.done.set()
+        self._record_cordons(instr, cordoned)
         # Order: cordon every node, ack, then drain (docs/rules.md#reclaim-cordon): no new Pod
         # lands on a leaving machine, and no eviction starts before every node is cordoned. The
         # ack and the drain starts are
@@ -160,6 +166,25 @@ class ReclaimHandler:
                 log.info("reclaim: node already draining node=%s", node)
                 continue
             self._drains.start(node, un_name=un_name, grace_seconds=grace, instruction_id=iid)
+
+    def _record_cordons(
+        self, instr: pb.ReclaimInstruction, cordoned: list[tuple[str, str | None]]
+    ) -> None:
+        """``Reclaim`` then ``Cordoned`` on each Node cordoned (queued: no checkpoint)."""
+        if self._events is None:
+            return
+        grace = effective_grace(instr.grace_period_seconds)
+        for node, _ in cordoned:
+            ref = self._events.node(node)
+            self._events.record(
+                ref, reason=REASON_RECLAIM,
+                message=f"Reclaim instruction {instr.instruction_id} from the BigFleet shard: "
+                f"cordon and drain within {grace:g}s",
+            )
+            self._events.record(
+                ref, reason=REASON_CORDONED,
+                message=f"Cordoned (unschedulable) for reclaim {instr.instruction_id}",
+            )
 
     def _ack(self, iid: str, nodes_started: int, reply: Reply) -> None:
         msg = pb.OperatorMessage(
@@ -300,9 +325,11 @@ class ReclaimHandler:
 
     async def _cordon(self, node: str) -> bool:
         try:
-            await self._call(
+            patched = await self._call(
                 lambda: self._client.patch(NODES, node, {"spec": {"unschedulable": True}})
             )
+            if self._events is not None:
+                self._events.note_node(patched)
         except NotFound:
             log.info("reclaim: node gone before cordon node=%s", node)
             return False
