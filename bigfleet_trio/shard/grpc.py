@@ -1,48 +1,19 @@
 """grpclib transport for the ``Shard.Session`` stream, run from Trio through trio-asyncio.
 
-The agent dials and holds one bidirectional stream; dial options as the Go agent's (256 MiB
-message limits both ways, optional mTLS). Frame-level behaviour (decoding, malformed frames,
-the bootstrap lane, what the send timeout bounds): ``docs/wire.md``.
-
-How it works. grpclib is asyncio-only and ties cancellation and deadlines to the *current
-asyncio task*, and each ``aio_as_trio`` call runs in a fresh task. So one session = ONE
-asyncio-flavoured coroutine (:meth:`GrpcConnector._aio_call`), entered once via
-``trio_asyncio.aio_as_trio``: it creates the :class:`grpclib.client.Channel` inside the loop,
-opens the stream, runs a send loop (reads a Trio memory channel) and a receive loop (writes a
-Trio memory channel) as asyncio tasks, and closes everything on the way out. The Trio side only
-sees :class:`OperatorBridge` (an :class:`~bigfleet_trio.shard.transport.OperatorStream`).
-
-Crossing the bridge is cheap on the fast path: the asyncio side calls the channels'
-``send_nowait``/``receive_nowait`` directly (same thread, same Trio run) and only falls back to a
-``trio_as_aio`` call when it would block; a full downlink lane therefore stops grpclib from
-reading, which back-pressures the shard through HTTP/2 flow control. On the agent side
-(:class:`OperatorBridge`) downlink frames cross as raw bytes, sorted into a BootstrapRequest lane
-and an ordered lane, and uplink ``send`` waits until grpclib has written its frame.
-
-Who opens the asyncio loop. Wrap the program (or the agent's ``run()``) in
-``async with trio_asyncio.open_loop():`` -- or :func:`open_loop`, which reuses a loop that is
-already open. If no loop is open, :meth:`GrpcConnector.connect` opens one for the lifetime of
-that stream, which works but costs a loop per session.
-
-Liveness. HTTP/2 keepalive pings through grpclib's underscore ``Configuration`` fields
-(``_keepalive_time`` default 60 s here, ``_keepalive_timeout`` 20 s). A Go shard's default
-enforcement policy (MinTime 5 min) tolerates this while it sends data (the roll-up Acks every
-10 s reset its ping strikes); lower the interval only if the shard permits it.
-
-Message limits. grpclib has none of its own; :class:`LimitedProtoCodec` refuses to encode or
-decode a message above ``max_message_bytes`` (256 MiB default, as the Go dial options).
+The agent dials and holds one bidirectional stream (:class:`GrpcConnector`); dial options as the
+Go agent's (256 MiB message limits both ways, optional mTLS, HTTP/2 keepalive). The Trio side
+sees an :class:`~bigfleet_trio.shard.downlink.OperatorBridge`; the asyncio plumbing is in
+:mod:`bigfleet_trio.shard.bridge`. Frame-level behaviour (decoding, malformed frames, the
+bootstrap lane, what the send timeout bounds): docs/wire.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import trio
 import trio_asyncio  # type: ignore[import-untyped]
@@ -53,12 +24,18 @@ from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from bigfleet_trio.proto import pb
-from bigfleet_trio.shard.codec import (
-    EncodedFrame,
-    MalformedFrame,
-    decode_shard_message,
-    is_bootstrap_frame,
+from bigfleet_trio.shard.bridge import (
+    BridgedStream,
+    BridgeState,
+    aio_get,
+    cancel_and_wait,
+    describe_error,
+    open_loop,
+    unwrap_single_group,
+    wait_first,
 )
+from bigfleet_trio.shard.codec import EncodedFrame
+from bigfleet_trio.shard.downlink import OperatorBridge, Outgoing, read_downlink
 from bigfleet_trio.shard.tls import TLSFiles, client_ssl_context
 from bigfleet_trio.shard.transport import StreamClosed
 
@@ -67,16 +44,15 @@ log = logging.getLogger(__name__)
 SESSION_METHOD = "/bigfleet.v1alpha1.Shard/Session"
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
-S = TypeVar("S")
-R = TypeVar("R")
-
-
 class MessageTooLarge(ValueError):
     """An outbound message exceeds the configured limit."""
 
 
 class LimitedProtoCodec(ProtoCodec):
     """grpclib's protobuf codec (works with betterproto messages) with a size limit both ways.
+
+    grpclib has no message limit of its own; this one refuses to encode or decode a message
+    above ``max_message_bytes`` (256 MiB default, as the Go agent's dial options).
 
     Also writes pre-encoded :class:`~bigfleet_trio.shard.codec.EncodedFrame` bytes as they are.
     """
@@ -119,362 +95,26 @@ class OperatorCodec(LimitedProtoCodec):
         return bytes(data)
 
 
-@asynccontextmanager
-async def open_loop() -> AsyncIterator[None]:
-    """Make sure a trio-asyncio loop is open for the block (reuse the current one if any)."""
-    if trio_asyncio.current_loop.get() is not None:
-        yield
-    else:
-        # trio_asyncio wraps exceptions from the block in groups; callers expect them bare.
-        async with unwrap_single_group(), trio_asyncio.open_loop():
-            yield
-
-
-# ---- the bridge (shared with bigfleet_trio.shard.server) ---------------------------------------
-
-
-@dataclass
-class BridgeState:
-    """Why the asyncio side ended (read by the Trio side to explain :class:`StreamClosed`)."""
-
-    reason: str = "stream closed"
-    open_error: BaseException | None = None
-    opened: trio.Event = field(default_factory=trio.Event)
-
-
-class BridgedStream(Generic[S, R]):
-    """Trio end of a bridged stream: sends ``S`` frames, receives ``R`` frames.
-
-    Implements :class:`~bigfleet_trio.shard.transport.OperatorStream` (``S`` = OperatorMessage)
-    and :class:`~bigfleet_trio.shard.transport.ShardStream` (``S`` = ShardMessage).
-    """
-
-    def __init__(
-        self,
-        out_send: trio.MemorySendChannel[S],
-        in_recv: trio.MemoryReceiveChannel[R],
-        state: BridgeState,
-    ) -> None:
-        self._out = out_send
-        self._in = in_recv
-        self._state = state
-        self.closed = False
-
-    # Both directions take a fast path when the channel is ready: a cancel point but no
-    # schedule point (like trio's own fast paths), bounded by the channel size, so a burst of
-    # frames is consumed without a scheduler round trip per frame.
-
-    async def send(self, msg: S) -> None:
-        if self.closed:
-            raise StreamClosed("closed locally")
-        try:
-            await trio.lowlevel.checkpoint_if_cancelled()
-            try:
-                self._out.send_nowait(msg)
-            except trio.WouldBlock:
-                await self._out.send(msg)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise StreamClosed(self._state.reason) from exc
-
-    async def receive(self) -> R:
-        try:
-            await trio.lowlevel.checkpoint_if_cancelled()
-            try:
-                return self._in.receive_nowait()
-            except trio.WouldBlock:
-                return await self._in.receive()
-        except trio.EndOfChannel as exc:
-            raise StreamClosed(self._state.reason) from exc
-        except trio.ClosedResourceError as exc:
-            raise StreamClosed("closed locally") from exc
-
-    async def aclose(self) -> None:
-        self.close()
-        await trio.lowlevel.checkpoint()
-
-    def close(self) -> None:
-        """Synchronous close (idempotent): end the outgoing side, stop receiving."""
-        if self.closed:
-            return
-        self.closed = True
-        self._out.close()
-        self._in.close()
-
-
-@dataclass(eq=False)
-class _Outgoing:
-    """One uplink frame handed to the asyncio side; ``written`` is set once it is settled."""
-
-    msg: Any
-    written: trio.Event = field(default_factory=trio.Event)
-    ok: bool = False  # True when grpclib wrote it to the transport
-
-
-class OperatorBridge:
-    """The agent's end of one grpclib ``Shard.Session`` stream (an ``OperatorStream``).
-
-    Uplink: :meth:`send` returns once grpclib has written the frame to the transport (the
-    shard's HTTP/2 window and the transport's write buffer allowing), so a timeout around it
-    bounds how long a frame waits at the wire, not in a buffer (``docs/wire.md#send-timeout``).
-
-    Downlink: the asyncio reader takes frames off the connection as raw bytes as fast as grpclib
-    reads them and sorts them by their first byte into two lanes: BootstrapRequests, and every
-    other frame in arrival order. Frames are decoded on the Trio side when taken
-    (:meth:`receive`, :meth:`receive_priority`); a frame that is not a valid ShardMessage is
-    logged, counted and skipped (``docs/wire.md#malformed-frames``).
-    """
-
-    def __init__(
-        self,
-        out_send: trio.MemorySendChannel[_Outgoing],
-        ordered: trio.MemoryReceiveChannel[bytes],
-        bootstrap: trio.MemoryReceiveChannel[bytes],
-        state: BridgeState,
-        *,
-        yield_every: int = 64,
-    ) -> None:
-        self._out = out_send
-        self._ordered = ordered
-        self._bootstrap = bootstrap
-        self._state = state
-        self._yield_every = max(1, yield_every)
-        self._fast = 0
-        self.malformed = 0
-        self.closed = False
-        #: set by the first :meth:`receive_priority` call; until then the reader keeps
-        #: BootstrapRequests in the ordered lane, so a caller that only uses :meth:`receive`
-        #: still gets every frame
-        self.priority_consumer = False
-
-    async def send(self, msg: pb.OperatorMessage | EncodedFrame) -> None:
-        """Hand one frame over and wait until it is written to the transport.
-
-        Raises:
-            StreamClosed: the stream ended before the frame was written.
-        """
-        if self.closed:
-            raise StreamClosed("closed locally")
-        item = _Outgoing(msg)
-        try:
-            await trio.lowlevel.checkpoint_if_cancelled()
-            try:
-                self._out.send_nowait(item)
-            except trio.WouldBlock:
-                await self._out.send(item)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise StreamClosed(self._state.reason) from exc
-        await item.written.wait()
-        if not item.ok:
-            raise StreamClosed(self._state.reason)
-
-    async def receive(self) -> pb.ShardMessage:
-        """The next frame in arrival order (BootstrapRequests excepted, see the class doc).
-
-        Takes ready frames without a schedule point, but yields to the scheduler once per
-        ``yield_every`` frames so a deep backlog cannot starve other tasks.
-        """
-        while True:
-            await trio.lowlevel.checkpoint_if_cancelled()
-            self._fast += 1
-            if self._fast >= self._yield_every:
-                self._fast = 0
-                await trio.lowlevel.cancel_shielded_checkpoint()
-            try:
-                try:
-                    data = self._ordered.receive_nowait()
-                except trio.WouldBlock:
-                    self._fast = 0
-                    data = await self._ordered.receive()
-            except trio.EndOfChannel as exc:
-                raise StreamClosed(self._state.reason) from exc
-            except trio.ClosedResourceError as exc:
-                raise StreamClosed("closed locally") from exc
-            msg = self._decode(data)
-            if msg is not None:
-                return msg
-
-    async def receive_priority(self) -> pb.ShardMessage:
-        """The next BootstrapRequest frame, ahead of any backlog of other frames.
-
-        From the first call on, BootstrapRequests are delivered only here, not by
-        :meth:`receive`.
-        """
-        self.priority_consumer = True
-        while True:
-            try:
-                data = await self._bootstrap.receive()
-            except trio.EndOfChannel as exc:
-                raise StreamClosed(self._state.reason) from exc
-            except trio.ClosedResourceError as exc:
-                raise StreamClosed("closed locally") from exc
-            msg = self._decode(data)
-            if msg is not None:
-                return msg
-
-    def _decode(self, data: bytes) -> pb.ShardMessage | None:
-        try:
-            return decode_shard_message(data)
-        except MalformedFrame as exc:
-            self.malformed += 1
-            if self.malformed <= MALFORMED_LOG_FIRST or self.malformed % MALFORMED_LOG_EVERY == 0:
-                log.warning(
-                    "downlink frame skipped: %s; first bytes %s (%d malformed on this stream)",
-                    exc, data[:16].hex(" "), self.malformed,
-                    extra={"problem": exc.problem, "frame_bytes": exc.size},
-                )
-            return None
-
-    async def aclose(self) -> None:
-        self.close()
-        await trio.lowlevel.checkpoint()
-
-    def close(self) -> None:
-        """Synchronous close (idempotent): end the outgoing side, stop receiving."""
-        if self.closed:
-            return
-        self.closed = True
-        self._out.close()
-        self._ordered.close()
-        self._bootstrap.close()
-
-
-MALFORMED_LOG_FIRST = 10
-"""Malformed frames logged one by one per stream; after that one line per MALFORMED_LOG_EVERY."""
-MALFORMED_LOG_EVERY = 1000
-
-
-class _BulkReader:
-    """asyncio-flavoured: reads the gRPC messages of one client stream in bulk.
-
-    grpclib's ``Stream.recv_message`` costs ~30 µs per message (two buffer reads through an
-    asyncio queue, one flow-control acknowledgement per DATA frame); at tens of thousands of
-    frames per second that is the largest cost of the whole downlink. This reader takes every
-    DATA chunk grpclib has buffered at once, acknowledges them together and splits the gRPC
-    length-prefixed messages itself. It reaches into grpclib's stream buffer (``_stream``,
-    ``buffer``); where those are not as expected it falls back to ``recv_message``.
-    """
-
-    def __init__(self, stream: Any, max_message_bytes: int) -> None:
-        self._stream = stream
-        self._max = max_message_bytes
-        self._pending = bytearray()
-        self._ready: deque[bytes] = deque()
-        proto = getattr(stream, "_stream", None)
-        buf = getattr(proto, "buffer", None)
-        queue = getattr(getattr(buf, "_unacked", None), "_queue", None)
-        self._buf = buf if hasattr(buf, "_acked_size") and queue is not None else None
-        self._proto: Any = proto
-
-    async def next(self) -> bytes | None:
-        """The next message's bytes, or None at the end of the stream."""
-        if self._buf is None:
-            data: bytes | None = await self._stream.recv_message()
-            return data
-        while not self._ready:
-            if not await self._fill():
-                if self._pending:
-                    raise ProtocolError("stream ended inside a gRPC message")
-                return None
-        return self._ready.popleft()
-
-    async def _fill(self) -> bool:
-        stream, buf = self._stream, self._buf
-        assert buf is not None
-        if not stream._recv_initial_metadata_done:  # noqa: SLF001 - see the class docstring
-            await stream.recv_initial_metadata()
-        with stream._wrapper:  # noqa: SLF001 - grpclib's error translation for this stream
-            first = await buf.read(1)  # waits for data; b"" at the end of the stream
-            if not first:
-                return False
-            more = buf._acked_size + sum(  # noqa: SLF001
-                item.data_size for item in buf._unacked._queue  # noqa: SLF001
-            )
-            rest = await buf.read(more) if more else b""
-        self._proto.connection.last_message_received = time.monotonic()
-        pending = self._pending
-        pending += first
-        pending += rest
-        pos, end, out = 0, len(pending), self._ready
-        while end - pos >= 5:
-            if pending[pos]:
-                raise GRPCError(Status.UNIMPLEMENTED, "compressed messages are not supported")
-            size = int.from_bytes(pending[pos + 1 : pos + 5], "big")
-            if size > self._max:
-                raise GRPCError(
-                    Status.RESOURCE_EXHAUSTED,
-                    f"received message of {size} bytes exceeds {self._max}",
-                )
-            if end - pos - 5 < size:
-                break
-            out.append(bytes(pending[pos + 5 : pos + 5 + size]))
-            pos += 5 + size
-        del pending[:pos]
-        return True
-
-
-async def aio_put(send: trio.MemorySendChannel[Any], item: Any) -> None:
-    """asyncio-flavoured: put ``item`` into a Trio channel (fast path without a task switch)."""
-    try:
-        send.send_nowait(item)
-    except trio.WouldBlock:
-        await trio_asyncio.trio_as_aio(send.send)(item)
-
-
-async def aio_get(recv: trio.MemoryReceiveChannel[Any]) -> Any:
-    """asyncio-flavoured: take one item from a Trio channel (fast path without a task switch)."""
-    try:
-        return recv.receive_nowait()
-    except trio.WouldBlock:
-        return await trio_asyncio.trio_as_aio(recv.receive)()
-
-
-@asynccontextmanager
-async def unwrap_single_group() -> AsyncIterator[None]:
-    """Re-raise a one-exception group from an inner nursery as that bare exception.
-
-    The nursery around a yielded stream would otherwise wrap the *caller's* exception (e.g. the
-    session's StreamClosed) in an ExceptionGroup; callers expect the plain exception.
-    """
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        inner: BaseException = group
-        while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
-            inner = inner.exceptions[0]
-        if inner is group:
-            raise
-        raise inner from None
-
-
-def describe_error(exc: BaseException) -> str:
-    """Short reason for a transport failure, e.g. ``grpc: UNAVAILABLE ...``."""
-    if isinstance(exc, GRPCError):
-        return f"grpc: {exc.status.name} {exc.message or ''}".strip()
-    if isinstance(exc, StreamTerminatedError):
-        return f"stream terminated: {exc}"
-    if isinstance(exc, OSError):
-        return f"connection error: {exc}"
-    return f"{type(exc).__name__}: {exc}"
-
-
-async def wait_first(*tasks: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
-    """asyncio-flavoured: wait until one task is done; returns the done set."""
-    done, _ = await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
-    return done
-
-
-async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
-    """asyncio-flavoured: cancel ``tasks`` and wait for them to finish (errors swallowed)."""
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
 # ---- client connector ------------------------------------------------------------------------
 
 
 class GrpcConnector:
     """A :class:`~bigfleet_trio.shard.transport.Connector` over grpclib + trio-asyncio.
+
+    grpclib is asyncio-only and ties cancellation and deadlines to the *current asyncio task*,
+    and each ``aio_as_trio`` call runs in a fresh task. So one session = ONE asyncio-flavoured
+    coroutine (:meth:`_aio_call`), entered once via ``trio_asyncio.aio_as_trio``: it creates the
+    :class:`grpclib.client.Channel` inside the loop, opens the stream, runs a send loop (reads a
+    Trio memory channel) and a receive loop (:func:`~bigfleet_trio.shard.downlink.read_downlink`,
+    writes Trio memory channels) as asyncio tasks, and closes everything on the way out. The
+    asyncio side calls the channels' ``send_nowait``/``receive_nowait`` directly (same thread,
+    same Trio run) and only falls back to a ``trio_as_aio`` call when it would block; a full
+    downlink lane therefore stops grpclib from reading, which back-pressures the shard through
+    HTTP/2 flow control.
+
+    Wrap the program (or the agent's ``run()``) in :func:`open_loop` (or
+    ``trio_asyncio.open_loop()``); without an open loop :meth:`connect` opens one for the
+    lifetime of that stream, which works but costs a loop per session.
 
     Args:
         host: shard host name or address.
@@ -526,6 +166,9 @@ class GrpcConnector:
         self.bootstrap_lane = bootstrap_lane
 
     def _config(self) -> Configuration:
+        # HTTP/2 keepalive through grpclib's underscore fields. A Go shard's default enforcement
+        # policy (MinTime 5 min) tolerates 60 s pings while it sends data (the roll-up Acks
+        # every 10 s reset its ping strikes); lower the interval only if the shard permits it.
         return Configuration(
             _keepalive_time=self.keepalive_time,
             _keepalive_timeout=self.keepalive_timeout,
@@ -544,7 +187,7 @@ class GrpcConnector:
         ssl_ctx = client_ssl_context(self.tls)
         async with open_loop():
             state = BridgeState()
-            up_send, up_recv = trio.open_memory_channel[_Outgoing](self.uplink_buffer)
+            up_send, up_recv = trio.open_memory_channel[Outgoing](self.uplink_buffer)
             ord_send, ord_recv = trio.open_memory_channel[bytes](self.downlink_buffer)
             boot_send, boot_recv = trio.open_memory_channel[bytes](self.bootstrap_buffer)
             end = OperatorBridge(up_send, ord_recv, boot_recv, state)
@@ -578,7 +221,7 @@ class GrpcConnector:
     async def _aio_call(
         self,
         ssl_ctx: Any,
-        up_recv: trio.MemoryReceiveChannel[_Outgoing],
+        up_recv: trio.MemoryReceiveChannel[Outgoing],
         ord_send: trio.MemorySendChannel[bytes],
         boot_send: trio.MemorySendChannel[bytes],
         state: BridgeState,
@@ -612,26 +255,16 @@ class GrpcConnector:
                         finally:
                             item.written.set()
 
-                async def recv_loop() -> None:
-                    # Raw frames, sorted by their first byte: read-ahead costs no decoding.
-                    lanes = self.bootstrap_lane
-                    reader = _BulkReader(stream, self.max_message_bytes)
-                    while True:
-                        data = await reader.next()
-                        if data is None:
-                            return
-                        lane = (
-                            boot_send
-                            if lanes and end.priority_consumer and is_bootstrap_frame(data)
-                            else ord_send
-                        )
-                        try:
-                            await aio_put(lane, data)
-                        except (trio.BrokenResourceError, trio.ClosedResourceError):
-                            return  # the Trio side closed its end
-
                 sender = asyncio.ensure_future(send_loop())
-                receiver = asyncio.ensure_future(recv_loop())
+                receiver = asyncio.ensure_future(
+                    read_downlink(
+                        stream,
+                        self.max_message_bytes,
+                        ord_send,
+                        boot_send if self.bootstrap_lane else None,
+                        end,
+                    )
+                )
                 try:
                     done = await wait_first(sender, receiver)
                     if sender in done and sender.exception() is None:

@@ -32,12 +32,9 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 
 from bigfleet_trio.proto import pb
-from bigfleet_trio.shard.grpc import (
-    MAX_MESSAGE_BYTES,
-    SESSION_METHOD,
+from bigfleet_trio.shard.bridge import (
     BridgedStream,
     BridgeState,
-    LimitedProtoCodec,
     aio_get,
     aio_put,
     cancel_and_wait,
@@ -45,6 +42,7 @@ from bigfleet_trio.shard.grpc import (
     open_loop,
     wait_first,
 )
+from bigfleet_trio.shard.grpc import MAX_MESSAGE_BYTES, SESSION_METHOD, LimitedProtoCodec
 from bigfleet_trio.shard.transport import ShardStream
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ import pytest
 import trio
 
 from bigfleet_trio.proto import pb
-from bigfleet_trio.shard.grpc import GrpcConnector, _BulkReader, open_loop
+from bigfleet_trio.shard.downlink import _BulkReader
+from bigfleet_trio.shard.grpc import GrpcConnector, open_loop
 from bigfleet_trio.shard.server import serve_shard
 from bigfleet_trio.shard.transport import ShardStream, StreamClosed
 
