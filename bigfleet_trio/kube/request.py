@@ -1,0 +1,303 @@
+"""The request core of :class:`~bigfleet_trio.kube.client.KubeClient`: one HTTP exchange, safely.
+
+Every request waits on the client-side token bucket (:mod:`.ratelimit`), carries the current
+credentials, runs under a Trio deadline (``request_timeout``) and maps error answers to
+:mod:`.errors`. Transient failures are repeated here and only here (:class:`.retry.RetryPolicy`,
+for the retry classes the caller names; docs/kube-api.md#retries). The typed verbs are in
+:mod:`.client`, the watch stream in :mod:`.watchstream`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import ssl
+from collections.abc import Mapping
+from typing import Any, Self
+from urllib.parse import quote, urlencode
+
+import httpx
+import orjson
+import trio
+
+from .config import KubeConfig
+from .errors import ApiError, KubeTransportError, Unauthorized, error_from_status
+from .ratelimit import AsyncRateLimiter
+from .retry import RetryPolicy
+from .transport import KeepAlivePool
+
+__all__ = ["RequestCore", "authorization", "clean_params", "describe_cause"]
+
+log = logging.getLogger(__name__)
+
+
+def authorization(config: KubeConfig) -> str | None:
+    """The ``Authorization`` header for ``config``'s credentials, or None without any.
+
+    Read at every request: a bearer token file is re-read when it changes (rotated tokens).
+    """
+    token = config.bearer_token()
+    if token:
+        return f"Bearer {token}"
+    if config.username is not None:
+        raw = f"{config.username}:{config.password or ''}".encode()
+        return "Basic " + base64.b64encode(raw).decode()
+    return None
+
+
+class _Auth(httpx.Auth):
+    """:func:`authorization` for requests sent through an ``httpx.AsyncClient`` (watches)."""
+
+    def __init__(self, config: KubeConfig):
+        self._config = config
+
+    def auth_flow(self, request: httpx.Request):  # type: ignore[no-untyped-def]
+        header = authorization(self._config)
+        if header:
+            request.headers["Authorization"] = header
+        yield request
+
+
+def describe_cause(exc: BaseException) -> str:
+    """``repr`` of a transport error plus its root cause.
+
+    httpx over Trio wraps the real reason in layers (``ConnectError('')`` <- ``ConnectError(
+    BrokenResourceError())`` <- ``BrokenResourceError()`` <- ``SSLCertVerificationError(...
+    CERTIFICATE_VERIFY_FAILED ...)``), so the log line names the innermost exception too, e.g.
+    ``ConnectError('') (root cause: SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED]
+    ...'))``. Follows ``__cause__``/``__context__`` for at most 16 links.
+    """
+    root, seen = exc, {id(exc)}
+    for _ in range(16):
+        nxt = root.__cause__ or root.__context__
+        if nxt is None or id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        root = nxt
+    if root is exc:
+        return repr(exc)
+    return f"{exc!r} (root cause: {root!r})"
+
+
+class RequestCore:
+    """Connection pools, credentials, rate limit, deadline, error mapping and retries.
+
+    :class:`~bigfleet_trio.kube.client.KubeClient` is this plus the typed verbs; its docstring
+    lists the constructor's arguments.
+    """
+
+    def __init__(
+        self,
+        config: KubeConfig,
+        *,
+        qps: float = 50,
+        burst: int = 100,
+        transport: httpx.AsyncBaseTransport | None = None,
+        request_timeout: float = 30.0,
+        max_attempts: int = 5,
+        max_retry_after: float = 60.0,
+        user_agent: str = "bigfleet-trio",
+    ):
+        self.config = config
+        self.request_timeout = request_timeout
+        self.max_attempts = max(1, max_attempts)
+        self.max_retry_after = max_retry_after
+        self.retry = RetryPolicy(self.max_attempts, max_retry_after)
+        self.unauthorized: Unauthorized | None = None
+        """The first 401 answer this client got (None: never), see :meth:`wait_unauthorized`."""
+        self._unauthorized_seen = trio.Event()
+        self._limiter = AsyncRateLimiter(qps, burst)
+        verify: Any = True
+        if transport is None and config.is_https:
+            verify = config.ssl_context()
+        headers = {"User-Agent": user_agent, "Accept": "application/json"}
+        if config.tls_server_name and transport is None:
+            # httpx has no SNI override; the Host header is what certificate checks use.
+            log.warning(
+                "tls-server-name %s ignored (not supported by httpx)", config.tls_server_name
+            )
+        def http_client(
+            keepalive: int, transport: httpx.AsyncBaseTransport | None
+        ) -> httpx.AsyncClient:
+            return httpx.AsyncClient(
+                base_url=config.server,
+                transport=transport,
+                verify=verify,
+                http1=True,
+                http2=False,
+                auth=_Auth(config),
+                headers=headers,
+                timeout=httpx.Timeout(None),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=keepalive),
+                trust_env=False,
+            )
+
+        # Requests run on our keep-alive pool (kube.transport): httpx's default pool walks every
+        # connection, with a syscall each, on every request. Watches hold a connection for
+        # minutes and stream, so they keep httpx's default transport in a client of their own.
+        # An injected transport (tests) serves both.
+        request_transport = transport or KeepAlivePool(
+            ssl_context=verify if isinstance(verify, ssl.SSLContext) else None)
+        self._http = http_client(20, request_transport)
+        self._transport: httpx.AsyncBaseTransport = request_transport
+        self._watch_http = self._http if transport is not None else http_client(4, None)
+        self._base = config.server.rstrip("/")
+        self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
+        self._user_agent = user_agent
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close pooled connections."""
+        with trio.CancelScope(shield=True):
+            await self._http.aclose()
+            if self._watch_http is not self._http:
+                await self._watch_http.aclose()
+
+    # -- low level ---------------------------------------------------------------------------
+
+    def _error(self, status: int, body: bytes, headers: Mapping[str, str]) -> ApiError:
+        err = error_from_status(status, body, headers)
+        if isinstance(err, Unauthorized) and self.unauthorized is None:
+            self.unauthorized = err
+            self._unauthorized_seen.set()
+        return err
+
+    async def wait_unauthorized(self) -> Unauthorized:
+        """Block until the apiserver answers any request of this client with 401 Unauthorized.
+
+        A 401 does not heal by waiting (the token or certificate is wrong), so start-up code
+        races this against its cache sync and fails at once with "401 Unauthorized" instead of
+        retrying until its sync deadline.
+
+        Returns:
+            The first :class:`~.errors.Unauthorized` error seen.
+        """
+        await self._unauthorized_seen.wait()
+        assert self.unauthorized is not None
+        return self.unauthorized
+
+    async def _request_once(
+        self, method: str, path: str, params: Mapping[str, Any] | None, body: Any, ctype: str
+    ) -> Any:
+        await self._limiter.acquire()
+        headers = dict(self._headers)
+        auth = authorization(self.config)
+        if auth:
+            headers["Authorization"] = auth
+        content: bytes | None = None
+        if body is not None:
+            content = body if isinstance(body, bytes) else json.dumps(body).encode()
+            headers["Content-Type"] = ctype
+        url = self._base + path
+        cleaned = clean_params(params)
+        if cleaned:
+            url = f"{url}?{urlencode(cleaned, quote_via=quote)}"
+        # straight to the transport: AsyncClient.send's layers (auth flow, redirects, cookies,
+        # URL merging) cost more than the request itself and none applies to the apiserver
+        request = httpx.Request(method, url, headers=headers, content=content)
+        response: httpx.Response | None = None
+        data = b""
+        with trio.move_on_after(self.request_timeout):
+            try:
+                response = await self._transport.handle_async_request(request)
+                data = await response.aread()
+            except httpx.TransportError as exc:
+                raise KubeTransportError(f"{method} {path}: {describe_cause(exc)}") from exc
+            finally:
+                if response is not None:
+                    await response.aclose()
+        if response is None:
+            raise KubeTransportError(f"{method} {path}: no answer within {self.request_timeout:g}s")
+        if response.status_code >= 400:
+            raise self._error(response.status_code, data, response.headers)
+        if not data:
+            return None
+        try:
+            return orjson.loads(data)
+        except ValueError as exc:
+            raise KubeTransportError(
+                f"{method} {path}: invalid JSON in {response.status_code} answer"
+            ) from exc
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        retry_on: tuple[type[BaseException], ...] = (),
+    ) -> Any:
+        """Send one request (rate-limited, mapped errors, optional retries).
+
+        Args:
+            method: HTTP method.
+            path: absolute URL path, e.g. "/api/v1/pods".
+            params: query parameters (None values dropped; bools as "true"/"false").
+            body: JSON-serialisable body or raw bytes.
+            content_type: body media type.
+            retry_on: exception classes (ours) that trigger a retry; empty = no retry.
+
+        Returns:
+            Decoded JSON body, or None for an empty body.
+
+        Raises:
+            ApiError subclasses, KubeTransportError.
+        """
+        if not retry_on or self.max_attempts == 1:
+            return await self._request_once(method, path, params, body, content_type)
+        return await self.retry.call(
+            lambda: self._request_once(method, path, params, body, content_type),
+            retry_on,
+            f"{method} {path}",
+        )
+
+    async def _request_obj(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        """:meth:`request` for calls whose answer must be a JSON object."""
+        out = await self.request(method, path, **kw)
+        if not isinstance(out, dict):
+            raise KubeTransportError(f"{method} {path}: expected a JSON object in the answer")
+        return out
+
+    async def _open_stream(self, path: str, params: dict[str, Any]) -> httpx.Response:
+        await self._limiter.acquire()
+        request = self._watch_http.build_request("GET", path, params=params)
+        response: httpx.Response | None = None
+        with trio.move_on_after(self.request_timeout):
+            try:
+                response = await self._watch_http.send(request, stream=True)
+            except httpx.TransportError as exc:
+                raise KubeTransportError(f"WATCH {path}: {describe_cause(exc)}") from exc
+        if response is None:
+            raise KubeTransportError(f"WATCH {path}: no answer within {self.request_timeout:g}s")
+        if response.status_code >= 400:
+            body = b""
+            try:
+                with trio.move_on_after(self.request_timeout):
+                    body = await response.aread()
+            except httpx.HTTPError:
+                pass
+            finally:
+                await response.aclose()
+            raise self._error(response.status_code, body, response.headers)
+        return response
+
+
+def clean_params(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not params:
+        return None
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        if v is None:
+            continue
+        out[k] = ("true" if v else "false") if isinstance(v, bool) else v
+    return out or None
