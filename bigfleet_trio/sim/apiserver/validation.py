@@ -427,76 +427,34 @@ def _check_bounds(
     excl_max: bool,
 ) -> None:
     val = _fmt_value(v)
+
+    def bad(reason: str, message: str) -> None:
+        causes.append(field_cause(reason, path, message))
+
+    should = f"Invalid value: {val}: {path} in body should be"
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         if "minimum" in b and (v < b["minimum"] or (excl_min and v == b["minimum"])):
             op = "greater than" if excl_min else "greater than or equal to"
-            causes.append(
-                field_cause(
-                    "FieldValueInvalid",
-                    path,
-                    f"Invalid value: {val}: {path} in body should be {op} {b['minimum']}",
-                )
-            )
+            bad("FieldValueInvalid", f"{should} {op} {b['minimum']}")
         if "maximum" in b and (v > b["maximum"] or (excl_max and v == b["maximum"])):
             op = "less than" if excl_max else "less than or equal to"
-            causes.append(
-                field_cause(
-                    "FieldValueInvalid",
-                    path,
-                    f"Invalid value: {val}: {path} in body should be {op} {b['maximum']}",
-                )
-            )
+            bad("FieldValueInvalid", f"{should} {op} {b['maximum']}")
     if isinstance(v, str):
         if "minLength" in b and len(v) < b["minLength"]:
-            causes.append(
-                field_cause(
-                    "FieldValueInvalid",
-                    path,
-                    f"Invalid value: {val}: {path} in body should be at least "
-                    f"{b['minLength']} chars long",
-                )
-            )
+            bad("FieldValueInvalid", f"{should} at least {b['minLength']} chars long")
         if "maxLength" in b and len(v) > b["maxLength"]:
-            causes.append(
-                field_cause(
-                    "FieldValueTooLong",
-                    path,
-                    f"Too long: may not be more than {b['maxLength']} bytes",
-                )
+            bad("FieldValueTooLong", f"Too long: may not be more than {b['maxLength']} bytes")
+    # Collections: the count is the value the messages show.
+    for kind, lo, hi, unit in (
+        (list, "minItems", "maxItems", "items"),
+        (dict, "minProperties", "maxProperties", "properties"),
+    ):
+        if not isinstance(v, kind):
+            continue
+        if lo in b and len(v) < b[lo]:
+            bad(
+                "FieldValueInvalid",
+                f"Invalid value: {len(v)}: {path} in body should have at least {b[lo]} {unit}",
             )
-    if isinstance(v, list):
-        if "minItems" in b and len(v) < b["minItems"]:
-            causes.append(
-                field_cause(
-                    "FieldValueInvalid",
-                    path,
-                    f"Invalid value: {len(v)}: {path} in body should have at least "
-                    f"{b['minItems']} items",
-                )
-            )
-        if "maxItems" in b and len(v) > b["maxItems"]:
-            causes.append(
-                field_cause(
-                    "FieldValueTooMany",
-                    path,
-                    f"Too many: {len(v)}: must have at most {b['maxItems']} items",
-                )
-            )
-    if isinstance(v, dict):
-        if "minProperties" in b and len(v) < b["minProperties"]:
-            causes.append(
-                field_cause(
-                    "FieldValueInvalid",
-                    path,
-                    f"Invalid value: {len(v)}: {path} in body should have at least "
-                    f"{b['minProperties']} properties",
-                )
-            )
-        if "maxProperties" in b and len(v) > b["maxProperties"]:
-            causes.append(
-                field_cause(
-                    "FieldValueTooMany",
-                    path,
-                    f"Too many: {len(v)}: must have at most {b['maxProperties']} items",
-                )
-            )
+        if hi in b and len(v) > b[hi]:
+            bad("FieldValueTooMany", f"Too many: {len(v)}: must have at most {b[hi]} items")
