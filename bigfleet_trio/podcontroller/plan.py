@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from bigfleet_trio.kube.mergepatch import merge_diff as merge_patch_diff
+
 from .defaults import PriorityClassDefaults
 from .translate import (
     CRD_REQUIREMENT_OPERATORS,
@@ -33,7 +35,7 @@ __all__ = [
     "REASON_UNSUPPORTED",
     "REASON_WARNING",
     "REASONS",
-    "merge_patch_diff",
+    "merge_patch_diff",  # kube.mergepatch.merge_diff under the name the controller used
     "plan_pod",
     "plan_rejected",
 ]
@@ -109,33 +111,6 @@ class PodPlan:
     clear: tuple[str, ...] = ()
     detail: str = ""
     phase: str = ""
-
-
-def merge_patch_diff(old: Any, new: Any) -> Any:
-    """The RFC 7386 JSON merge patch turning ``old`` into ``new``.
-
-    Objects are diffed key by key (keys missing from ``new`` become ``null``, equal keys are left
-    out); anything else (lists, scalars) is replaced wholesale, which is how merge patch treats
-    lists in CRDs. ``new`` must not contain ``null`` values (they would mean "delete").
-
-    Returns:
-        A dict patch when both are objects (``{}`` when equal), else ``new``.
-    """
-    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
-        return new
-    patch: dict[str, Any] = {}
-    for k in old:
-        if k not in new:
-            patch[k] = None
-    for k, v in new.items():
-        if k not in old:
-            patch[k] = v
-        elif old[k] != v:
-            if isinstance(old[k], Mapping) and isinstance(v, Mapping):
-                patch[k] = merge_patch_diff(old[k], v)
-            else:
-                patch[k] = v
-    return patch
 
 
 def _describe_unsupported(unsupported: Sequence[Mapping[str, Any]]) -> str:
