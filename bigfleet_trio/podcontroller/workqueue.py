@@ -23,6 +23,7 @@ a waiting :meth:`~WorkQueue.get` sleeps until the earliest parked moment or the 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -265,15 +266,11 @@ class WorkQueue(QueueCore[K]):
     All methods but :meth:`get` are synchronous and safe to call from informer handlers.
     """
 
-    def __init__(
-        self,
-        *,
-        base_delay: float = DEFAULT_BASE_DELAY,
-        max_delay: float = DEFAULT_MAX_DELAY,
-        metrics: QueueMetrics | None = None,
-    ) -> None:
-        super().__init__(base_delay=base_delay, max_delay=max_delay, metrics=metrics)
-        self._lot = trio.lowlevel.ParkingLot()
+    # The constructor is QueueCore's; the one thing added, the workers' parking lot, is made on
+    # first use.
+    @functools.cached_property
+    def _lot(self) -> trio.lowlevel.ParkingLot:
+        return trio.lowlevel.ParkingLot()
 
     def _wake(self, n: int = 1) -> None:
         if self._lot.statistics().tasks_waiting:

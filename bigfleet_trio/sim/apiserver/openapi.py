@@ -13,7 +13,7 @@ import gzip
 import hashlib
 import importlib.resources
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .resources import ResourceType
@@ -59,18 +59,29 @@ def collect_refs(node: Any, acc: set[str]) -> None:
             collect_refs(v, acc)
 
 
-def _closure(names: Iterable[str], schemas: dict[str, Any]) -> dict[str, Any]:
-    """``names`` and every built-in schema they reference, transitively."""
+def ref_closure(names: Iterable[str], schema: Callable[[str], Any]) -> set[str]:
+    """``names`` and every component name their schemas reference, transitively.
+
+    Args:
+        names: the roots.
+        schema: a component name -> its schema (None: unknown, references nothing).
+    """
     todo, seen = list(names), set()
-    builtin = builtin_schemas()
     while todo:
         name = todo.pop()
         if name in seen:
             continue
         seen.add(name)
         acc: set[str] = set()
-        collect_refs(schemas.get(name) or builtin.get(name), acc)
+        collect_refs(schema(name), acc)
         todo.extend(acc - seen)
+    return seen
+
+
+def _closure(names: Iterable[str], schemas: dict[str, Any]) -> dict[str, Any]:
+    """``names`` and every built-in schema they reference, transitively."""
+    builtin = builtin_schemas()
+    seen = ref_closure(names, lambda name: schemas.get(name) or builtin.get(name))
     return {n: schemas.get(n) or builtin[n] for n in sorted(seen) if n in schemas or n in builtin}
 
 

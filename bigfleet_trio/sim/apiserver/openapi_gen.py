@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .openapi import collect_refs
+from .openapi import ref_closure
 from .resources import builtin_resources
 
 VERSION = "v1.37.0"
@@ -106,15 +106,7 @@ def build() -> dict[str, Any]:
     wanted = [(r.group, r.version, r.kind) for r in builtin_resources()] + EXTRA_GVKS
     todo = [by_gvk[gvk] for gvk in wanted]
     todo.append("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta")  # for CRD schemas
-    seen: set[str] = set()
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        acc: set[str] = set()
-        collect_refs(defs[name], acc)
-        todo.extend(acc - seen)
+    seen = ref_closure(todo, defs.__getitem__)
     out = {
         name: _convert(defs[name], top_kind="x-kubernetes-group-version-kind" in defs[name])
         for name in sorted(seen)
