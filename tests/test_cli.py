@@ -658,8 +658,10 @@ def test_bad_catalog_file_is_one_line_exit_1(
     ]
     assert captured.out == ""
     bad = tmp_path / "bad.yaml"
-    bad.write_text("shapes:\n  - instanceType: t\n    zones: [z]\n    allocatable: {memory: 1GB}\n"
-                   "    pricePerHour: 1\n")
+    bad.write_text(
+        "shapes:\n  - instanceType: t\n    zones: [z]\n    allocatable: {memory: 1GB}\n"
+        "    pricePerHour: 1\n"
+    )
     assert cli.main([*command, "--catalog", str(bad)]) == 1
     captured = capsys.readouterr()
     assert captured.err.splitlines() == [
@@ -697,3 +699,23 @@ def test_readme_commands_parse_and_use_venv_paths() -> None:
     assert len(commands) >= 5
     for argv in commands:
         cli.parse_args(argv)  # raises UsageError on an unknown flag or command
+
+
+def test_ci_runs_the_readme_first_block_verbatim() -> None:
+    """.ci/run takes the README's first two commands from the README itself and runs them as
+    written (set up + demo, then the tests), so the newcomer's path is what CI proves."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    ci = (root / ".ci" / "run").read_text(encoding="utf-8")
+    assert 'bash -c "${FIRST[0]}"' in ci and 'bash -c "${FIRST[1]}"' in ci
+    extract = ci.split("readarray -t FIRST < <(", 1)[1].split(")\n", 1)[0]
+    out = subprocess.run(
+        ["bash", "-c", extract], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out == [
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[test]'"
+        " && .venv/bin/bigfleet-trio demo",
+        ".venv/bin/python -m pytest -q",
+    ]
