@@ -17,8 +17,7 @@ import os
 import signal
 import socket
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -27,49 +26,22 @@ import trio
 
 from bigfleet_trio.config import OperatorConfig
 from bigfleet_trio.excgroups import find_in_group
-from bigfleet_trio.kube import (
-    CAPACITY_REQUESTS,
-    NODES,
-    UPCOMING_NODES,
-    Informer,
-    KubeClient,
-    KubeConfig,
-    LeaderElector,
-    load_kubeconfig,
-)
+from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
 from bigfleet_trio.kube.informer import SyncTimeout, wait_all_synced
 from bigfleet_trio.observability import events as kinds
-from bigfleet_trio.observability import metrics
 from bigfleet_trio.observability.events import EventFeed
-from bigfleet_trio.operator.acknowledge import Acknowledger
 from bigfleet_trio.operator.agent import Agent, SessionChange
-from bigfleet_trio.operator.available import AvailableCapacityHandler
-from bigfleet_trio.operator.bootstrap import (
-    BootstrapHandler,
-    FileRenderer,
-    Renderer,
-    Requirement,
-    make_renderer,
+from bigfleet_trio.operator.bootstrap import Renderer
+from bigfleet_trio.operator.reclaim import DrainManager, apply_resume, plan_resume, utc_now
+from bigfleet_trio.operator.runtime import (
+    NODE_REF_INDEX,
+    PROVIDER_ID_INDEX,
+    OperatorRuntime,
+    OperatorStatistics,
+    WatchedRenderer,
+    renderer_for,
 )
-from bigfleet_trio.operator.crview import slim
-from bigfleet_trio.operator.kubeevents import EventRecorder
-from bigfleet_trio.operator.reclaim import (
-    DrainManager,
-    ReclaimHandler,
-    apply_resume,
-    plan_resume,
-    utc_now,
-)
-from bigfleet_trio.operator.retention import FailedRetention
-from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler
-from bigfleet_trio.operator.wiring import (
-    DEFAULT_CONSISTENCY_INTERVAL,
-    CapacityRequestRollup,
-    OperatorHandlers,
-    node_ref_index,
-    provider_id_index,
-    slim_node,
-)
+from bigfleet_trio.operator.wiring import DEFAULT_CONSISTENCY_INTERVAL, CapacityRequestRollup
 from bigfleet_trio.shard.transport import Connector
 
 __all__ = [
@@ -84,10 +56,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-NODE_REF_INDEX = "nodeRef"
-"""Index name of the UpcomingNode informer: Node name -> UpcomingNodes pointing at it."""
-PROVIDER_ID_INDEX = "providerID"
-"""Index name of the Node informer: ``spec.providerID`` -> Nodes (reclaim by machine id)."""
+_Runtime = OperatorRuntime  # the name this module gave it before runtime.py held it
 
 
 class Unauthenticated(SyncTimeout):
@@ -97,151 +66,6 @@ class Unauthenticated(SyncTimeout):
     raised as soon as the 401 is seen: credentials do not heal by waiting out the deadline. The
     pod controller raises its own of the same name and message for the same reason.
     """
-
-
-@dataclass
-class OperatorStatistics:
-    """Snapshot from :meth:`Operator.statistics` (the demo's progress view, debugging).
-
-    Attributes:
-        running: :meth:`Operator.run` is past start-up (informers synced).
-        informers_synced: plural -> synced.
-        session_up: a shard session is established (Hello sent).
-        sessions / reconnects: shard sessions opened / ended.
-        last_session_error: why the last session ended ("" before any).
-        rollups_built: roll-ups handed to the session.
-        rollups_sent: roll-up frames written to the stream (older unsent ones are replaced).
-        needs_last_rollup: CapacityNeeds in the last roll-up (None before the first).
-        crs_contributing / crs_excluded: CapacityRequests in / left out of the aggregate.
-        crs_acknowledged / ack_failures: Pending -> Acknowledged patches done / failed.
-        drains_active: nodes draining now.
-        drains_completed / drains_failed / drains_abandoned: finished drains by outcome
-            (cumulative over this run's DrainManager).
-        frames_in / frames_out: shard frames received / sent.
-        handler_errors: inbound handlers that raised.
-        outbox_dropped: responses dropped because the outbox was full.
-    """
-
-    running: bool = False
-    informers_synced: dict[str, bool] = field(default_factory=dict)
-    session_up: bool = False
-    sessions: int = 0
-    reconnects: int = 0
-    last_session_error: str = ""
-    rollups_built: int = 0
-    rollups_sent: int = 0
-    needs_last_rollup: int | None = None
-    crs_contributing: int = 0
-    crs_excluded: int = 0
-    crs_acknowledged: int = 0
-    ack_failures: int = 0
-    drains_active: int = 0
-    drains_completed: int = 0
-    drains_failed: int = 0
-    drains_abandoned: int = 0
-    frames_in: int = 0
-    frames_out: int = 0
-    handler_errors: int = 0
-    outbox_dropped: int = 0
-
-
-def _renderer_for(cfg: OperatorConfig) -> Renderer:
-    if cfg.bootstrap_template is not None:
-        return FileRenderer(
-            cfg.bootstrap_template, name=cfg.bootstrap_template_file or "<bootstrap template>"
-        )
-    return make_renderer(cfg.bootstrap_template_file)
-
-
-class _WatchedRenderer:
-    """A renderer that counts its failures and remembers whether the last render failed.
-
-    The start-up test render catches templates that can never render, but a template may
-    still fail on some requests (a filter on an unexpected value); each failure only becomes a
-    shortfall on the shard, so it is counted here and ``/readyz`` reports it until a render
-    succeeds again.
-    """
-
-    def __init__(self, inner: Renderer) -> None:
-        self.inner = inner
-        self.failures = 0
-        self.last_error = ""
-
-    def render(
-        self, cluster_id: str, request_id: str, requirements: Sequence[Requirement]
-    ) -> bytes:
-        try:
-            data = self.inner.render(cluster_id, request_id, requirements)
-        except Exception as exc:
-            self.failures += 1
-            self.last_error = " ".join(str(exc).split()) or type(exc).__name__
-            metrics.BOOTSTRAP_RENDER_FAILURES.inc()
-            raise
-        self.last_error = ""
-        return data
-
-
-class _Runtime:
-    """Everything one :meth:`Operator.run` owns (rebuilt per run, e.g. per leadership term)."""
-
-    def __init__(self, op: Operator) -> None:
-        cfg = op.cfg
-        client = op.client
-        self.memory = DrainMemory()
-        self.kube_events = EventRecorder(client)
-        self.drains = DrainManager(
-            client, self.memory, shutdown_timeout=cfg.drain_shutdown_timeout,
-            events=self.kube_events, feed=op.feed,
-        )
-        self.acknowledger = Acknowledger(
-            client, concurrency=cfg.ack_concurrency or 16, feed=op.feed
-        )
-        self.source = CapacityRequestRollup(
-            cfg.cluster_id,
-            events=client,
-            acknowledger=self.acknowledger,
-            feed=op.feed,
-            consistency_interval=op.consistency_interval,
-        )
-        self.cr_informer = Informer(client, CAPACITY_REQUESTS, transform=slim)
-        self.source.attach(self.cr_informer)
-        self.un_informer = Informer(
-            client, UPCOMING_NODES, indexers={NODE_REF_INDEX: node_ref_index}
-        )
-        self.node_informer = Informer(
-            client, NODES, transform=slim_node, indexers={PROVIDER_ID_INDEX: provider_id_index}
-        )
-        self.informers = (self.cr_informer, self.un_informer, self.node_informer)
-        self.retention = FailedRetention(
-            client, self.un_informer.store.list, retention=cfg.failed_retention,
-            cluster=cfg.cluster_id,
-        )
-        self.handlers = OperatorHandlers(
-            bootstrap=BootstrapHandler(
-                op.watched_renderer, cfg.cluster_id, ttl_seconds=int(cfg.bootstrap_ttl)
-            ),
-            reclaim=ReclaimHandler(
-                client,
-                self.drains,
-                self.memory,
-                upcoming_lookup=op.upcoming_for_node,
-                node_lookup=op.nodes_for_provider_id,
-                events=self.kube_events,
-                wall_clock=op.wall_clock,
-            ),
-            upcoming=UpcomingNodeHandler(
-                client, self.memory, get_cached=op.cached_upcoming, feed=op.feed
-            ),
-            available=AvailableCapacityHandler(client),
-            feed=op.feed,
-        )
-        self.agent = Agent(
-            op.connector,
-            self.source,
-            self.handlers,
-            cfg.agent_config(),
-            on_session_change=op._on_session_change,
-        )
 
 
 class Operator:
@@ -280,17 +104,17 @@ class Operator:
         self.client = client
         self.connector = connector
         self.feed = feed
-        self.renderer = renderer if renderer is not None else _renderer_for(cfg)
-        self.watched_renderer = _WatchedRenderer(self.renderer)
+        self.renderer = renderer if renderer is not None else renderer_for(cfg)
+        self.watched_renderer = WatchedRenderer(self.renderer)
         self.consistency_interval = consistency_interval
         self.wall_clock = wall_clock
-        self._rt: _Runtime | None = None
+        self._rt: OperatorRuntime | None = None
         self._running = False
         self._synced = False
 
     # ------------------------------------------------------------------ views
     @property
-    def runtime(self) -> _Runtime | None:
+    def runtime(self) -> OperatorRuntime | None:
         """Components of the current (or last) run: informers, agent, drains, source..."""
         return self._rt
 
@@ -438,7 +262,7 @@ class Operator:
             raise RuntimeError("Operator.run is already running")
         self._running = True
         self._synced = False
-        rt = self._rt = _Runtime(self)
+        rt = self._rt = OperatorRuntime(self)
         cluster = self.cfg.cluster_id
         # A 401 from before this run (an earlier leadership term, a token since rotated) says
         # nothing about the credentials now; only one that arrives during this run fails it.
@@ -479,7 +303,7 @@ class Operator:
             log.info("operator: stopped", extra={"cluster": cluster})
             self._publish(kinds.OPERATOR_STOPPED, cluster=cluster)
 
-    async def _wait_synced(self, rt: _Runtime, *, stale_401: bool) -> None:
+    async def _wait_synced(self, rt: OperatorRuntime, *, stale_401: bool) -> None:
         """Return once every informer synced; raise at the deadline or at the first 401.
 
         Raises:
@@ -604,7 +428,7 @@ async def serve_operator(
 
     kcfg = kube_config if kube_config is not None else load_kubeconfig(cfg.kubeconfig)
     conn = connector if connector is not None else _grpc_connector(cfg)
-    rend = renderer if renderer is not None else _renderer_for(cfg)
+    rend = renderer if renderer is not None else renderer_for(cfg)
     events = feed if feed is not None else EventFeed()
     with contextlib.ExitStack() as stack:
         sigs: Any = (
@@ -692,7 +516,7 @@ def run_operator(cfg: OperatorConfig) -> int:
     # Fail fast, before any task starts: bad kubeconfig, TLS files, address, template.
     kcfg = load_kubeconfig(cfg.kubeconfig)
     connector = _grpc_connector(cfg)
-    renderer = _renderer_for(cfg)
+    renderer = renderer_for(cfg)
     try:
         trio.run(
             partial(serve_operator, cfg, kube_config=kcfg, connector=connector, renderer=renderer)
