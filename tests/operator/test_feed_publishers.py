@@ -18,7 +18,8 @@ from bigfleet_trio.observability.logs import JsonFormatter
 from bigfleet_trio.operator.acknowledge import Acknowledger
 from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler
 from tests.operator.test_acknowledge import T0, FakeClient, _cr
-from tests.operator.test_upcoming import MS, NOW, FakeKube, nsu
+from tests.operator.test_upcoming import MS, NOW, nsu
+from tests.support.kube import RecordingKube
 
 
 def drain(sub: EventSubscription) -> list[dict[str, Any]]:
@@ -53,8 +54,10 @@ async def test_acknowledger_publishes_one_event_per_batch(autojump_clock: trio.a
     assert sorted(set(event) - {"seq", "ts", "kind"}) == sorted(fields_of(kinds.CR_ACKNOWLEDGED))
 
 
-async def test_upcoming_handler_publishes_each_write(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
+async def test_upcoming_handler_publishes_each_write(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
     feed = EventFeed()
     h = UpcomingNodeHandler(kube, DrainMemory(), now=lambda: NOW, feed=feed)
     async with feed.subscribe(kinds=[kinds.UPCOMING_NODE_WRITTEN]) as sub:
@@ -78,9 +81,9 @@ async def test_upcoming_handler_publishes_each_write(autojump_clock: trio.abc.Cl
 
 
 async def test_upcoming_write_log_lines_carry_machine_id_as_json_keys(
-    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    kube = FakeKube()
+    kube = RecordingKube.over_sim(nursery)
     h = UpcomingNodeHandler(kube, DrainMemory(), now=lambda: NOW)
     with caplog.at_level(logging.INFO, logger="bigfleet_trio.operator.upcoming"):
         await h.on_node_state_update(nsu(MS.CREATING, machine_id="m-7"))

@@ -15,15 +15,12 @@ import pytest
 import trio
 from prometheus_client import REGISTRY
 
+from bigfleet_trio.kube.api import KubeAPI
 from bigfleet_trio.kube.errors import (
-    AlreadyExists,
-    Conflict,
-    Forbidden,
     KubeTransportError,
     NotFound,
-    ServerError,
 )
-from bigfleet_trio.kube.resources import UPCOMING_NODES, Resource
+from bigfleet_trio.kube.resources import UPCOMING_NODES
 from bigfleet_trio.operator.upcoming import (
     DELETE,
     DrainMemory,
@@ -36,6 +33,7 @@ from bigfleet_trio.operator.upcoming import (
     upcoming_node_name,
 )
 from bigfleet_trio.proto import pb
+from tests.support.kube import RecordingKube
 
 MS = pb.MachineState
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -319,96 +317,19 @@ def test_drain_memory_bounded() -> None:
 # --------------------------------------------------------------------------- handler
 
 
-def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
-    for k, v in patch.items():
-        if v is None:
-            target.pop(k, None)
-        elif isinstance(v, dict) and isinstance(target.get(k), dict):
-            _merge(target[k], v)
-        else:
-            target[k] = copy.deepcopy(v)
+def _un(kube: RecordingKube) -> dict[str, Any]:
+    """The stored ``un-m-1`` (read from the sim apiserver)."""
+    return kube.objects(UPCOMING_NODES)["un-m-1"]
 
 
-class FakeKube:
-    """In-memory cluster-scoped objects with status-subresource semantics and error injection."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.calls: list[tuple[str, str, Any]] = []
-        self.fail: dict[str, list[Exception]] = {}
-
-    def _maybe_fail(self, op: str) -> None:
-        errs = self.fail.get(op)
-        if errs:
-            raise errs.pop(0)
-
-    async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
-        await trio.lowlevel.checkpoint()
-        self._maybe_fail("get")
-        if name not in self.objects:
-            raise NotFound(404, "NotFound", name)
-        return copy.deepcopy(self.objects[name])
-
-    async def create(
-        self, res: Resource, body: dict[str, Any], namespace: str | None = None
-    ) -> dict[str, Any]:
-        await trio.lowlevel.checkpoint()
-        self.calls.append(("create", body["metadata"]["name"], copy.deepcopy(body)))
-        self._maybe_fail("create")
-        name = body["metadata"]["name"]
-        if name in self.objects:
-            raise AlreadyExists(409, "AlreadyExists", name)
-        stored = copy.deepcopy(body)
-        stored.pop("status", None)
-        self.objects[name] = stored
-        return copy.deepcopy(stored)
-
-    async def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Any,
-        namespace: str | None = None,
-        *,
-        patch_type: str = "merge",
-        subresource: str | None = None,
-    ) -> dict[str, Any]:
-        await trio.lowlevel.checkpoint()
-        assert res == UPCOMING_NODES and patch_type == "merge"
-        self.calls.append(("patch/" + (subresource or "main"), name, copy.deepcopy(patch)))
-        self._maybe_fail("patch")
-        if name not in self.objects:
-            raise NotFound(404, "NotFound", name)
-        part = (
-            {"status": patch["status"]}
-            if subresource == "status"
-            else {k: v for k, v in patch.items() if k != "status"}
-        )
-        _merge(self.objects[name], part)
-        return copy.deepcopy(self.objects[name])
-
-    async def delete(
-        self, res: Resource, name: str, namespace: str | None = None, **kw: Any
-    ) -> None:
-        await trio.lowlevel.checkpoint()
-        self.calls.append(("delete", name, None))
-        self._maybe_fail("delete")
-        if name not in self.objects:
-            raise NotFound(404, "NotFound", name)
-        del self.objects[name]
-
-    def writes(self) -> list[tuple[str, str, Any]]:
-        out = list(self.calls)
-        self.calls.clear()
-        return out
-
-
-def handler(kube: FakeKube, memory: DrainMemory | None = None) -> UpcomingNodeHandler:
+def handler(kube: KubeAPI, memory: DrainMemory | None = None) -> UpcomingNodeHandler:
     return UpcomingNodeHandler(kube, memory or DrainMemory(), now=lambda: NOW)
 
 
-async def test_lifecycle_to_drained_deleted(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
+async def test_lifecycle_to_drained_deleted(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
     h = handler(kube)
     await h.on_node_state_update(nsu(MS.CREATING, labels={"zone": "a"}))
     assert kube.writes() == [
@@ -443,7 +364,7 @@ async def test_lifecycle_to_drained_deleted(autojump_clock: trio.abc.Clock) -> N
     # rebroadcast on reconnect: nothing written
     await h.on_node_state_update(nsu(MS.CONFIGURED, labels={"zone": "a"}))
     assert kube.writes() == []
-    assert kube.objects["un-m-1"]["status"] == {
+    assert _un(kube)["status"] == {
         "phase": "Ready",
         "provisioningStartTime": NOW_S,
         "providerID": "p-1",
@@ -454,84 +375,84 @@ async def test_lifecycle_to_drained_deleted(autojump_clock: trio.abc.Clock) -> N
     assert h.memory.get("un-m-1") == "draining"
     await h.on_node_state_update(nsu(MS.IDLE, labels={"zone": "a"}))
     assert kube.writes() == [("delete", "un-m-1", None)]
-    assert kube.objects == {}
+    assert kube.objects(UPCOMING_NODES) == {}
     # a replayed Idle does not resurrect the object
     await h.on_node_state_update(nsu(MS.IDLE, labels={"zone": "a"}))
     assert kube.writes() == []
-    assert kube.objects == {}
+    assert kube.objects(UPCOMING_NODES) == {}
 
 
-async def test_coalesced_draining_idle_deletes(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
-    kube.objects["un-m-1"] = obj("Ready")
+async def test_coalesced_draining_idle_deletes(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    kube.seed(UPCOMING_NODES, obj("Ready"))
     await handler(kube).on_node_state_update(nsu(MS.IDLE))
     assert kube.writes() == [("delete", "un-m-1", None)]
 
 
-async def test_reclaim_drained_then_idle(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
+async def test_reclaim_drained_then_idle(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
     memory = DrainMemory()
     memory.mark_drained("un-m-1")  # the reclaim path wrote Drained and deleted the object
     await handler(kube, memory).on_node_state_update(nsu(MS.IDLE))
     assert kube.writes() == []
-    assert kube.objects == {}
+    assert kube.objects(UPCOMING_NODES) == {}
 
 
-async def test_conflict_and_transient_errors_retried(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
-    kube.objects["un-m-1"] = obj("Launched")
-    kube.fail = {
-        "patch": [Conflict(409, "Conflict", "x"), ServerError(503, "ServiceUnavailable", "y")],
-        "get": [KubeTransportError("reset")],
-    }
+async def test_conflict_and_transient_errors_retried(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    kube.seed(UPCOMING_NODES, obj("Launched"))
+    kube.server.faults.fail_next(code=409, verb="patch", resource="upcomingnodes/status")
+    kube.server.faults.fail_next(code=503, verb="patch", resource="upcomingnodes/status")
+    kube.fail = {"get": [KubeTransportError("reset")]}  # not an HTTP status: the wrapper's hook
     await handler(kube).on_node_state_update(nsu(MS.CONFIGURING))
-    assert kube.objects["un-m-1"]["status"]["phase"] == "Registered"
+    assert _un(kube)["status"]["phase"] == "Registered"
     assert [c[0] for c in kube.writes()] == ["patch/status"] * 3
 
 
-async def test_permanent_error_gives_up_without_raising(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
-    kube.objects["un-m-1"] = obj("Launched")
-    kube.fail = {"patch": [Forbidden(403, "Forbidden", "rbac")]}
+async def test_permanent_error_gives_up_without_raising(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    kube.seed(UPCOMING_NODES, obj("Launched"))
+    kube.server.faults.fail_next(code=403, verb="patch", resource="upcomingnodes/status")
     await handler(kube).on_node_state_update(nsu(MS.CONFIGURING))
     assert len(kube.writes()) == 1
-    assert kube.objects["un-m-1"]["status"]["phase"] == "Launched"
+    assert _un(kube)["status"]["phase"] == "Launched"
 
 
-async def test_transient_forever_gives_up(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
-    kube.objects["un-m-1"] = obj("Launched")
-    kube.fail = {"patch": [ServerError(500, "InternalError", "x") for _ in range(20)]}
+async def test_transient_forever_gives_up(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    kube.seed(UPCOMING_NODES, obj("Launched"))
+    kube.server.faults.fail_next(20, code=500, verb="patch", resource="upcomingnodes/status")
     await handler(kube).on_node_state_update(nsu(MS.CONFIGURING))
     assert len(kube.writes()) == 8
 
 
-async def test_concurrent_create_replans(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
-    real_get = kube.get
-    first = True
-
-    async def get_then_race(
-        res: Resource, name: str, namespace: str | None = None
-    ) -> dict[str, Any]:
-        nonlocal first
-        if first:
-            first = False
-            kube.objects[name] = obj("Provisioning")  # someone creates it right after our Get
-            raise NotFound(404, "NotFound", name)
-        return await real_get(res, name, namespace)
-
-    kube.get = get_then_race  # type: ignore[method-assign]
+async def test_concurrent_create_replans(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    # someone creates it right after our Get: the first Get says NotFound, the object exists
+    kube.seed(UPCOMING_NODES, obj("Provisioning"))
+    kube.fail = {"get": [NotFound(404, "NotFound", "un-m-1")]}
     await handler(kube).on_node_state_update(nsu(MS.IDLE))
     assert [c[0] for c in kube.writes()] == ["create", "patch/status"]
-    assert kube.objects["un-m-1"]["status"]["phase"] == "Launched"
+    assert _un(kube)["status"]["phase"] == "Launched"
 
 
 async def test_unspecified_writes_nothing_and_deleting_deletes(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    kube = FakeKube()
-    kube.objects["un-m-1"] = obj("Ready")
+    kube = RecordingKube.over_sim(nursery)
+    kube.seed(UPCOMING_NODES, obj("Ready"))
     h = handler(kube)
     await h.on_node_state_update(nsu(MS.UNSPECIFIED))
     assert kube.writes() == []
@@ -550,10 +471,10 @@ def _upcoming_lines(caplog: pytest.LogCaptureFixture, word: str) -> list[logging
 
 
 async def test_invalid_machine_id_sanitised_and_logged_once_per_update(
-    caplog: pytest.LogCaptureFixture, autojump_clock: trio.abc.Clock
+    caplog: pytest.LogCaptureFixture, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
     caplog.set_level(logging.INFO, logger="bigfleet_trio.operator.upcoming")
-    kube = FakeKube()
+    kube = RecordingKube.over_sim(nursery)
     h = handler(kube)
     # "Pool/M_7": upper case, "/" and "_" are not allowed in an object name
     name = "un-pool-m-7-" + hashlib.sha256(b"Pool/M_7").hexdigest()[:8]
@@ -572,13 +493,13 @@ async def test_invalid_machine_id_sanitised_and_logged_once_per_update(
 
 
 async def test_unusable_machine_id_rejected_and_logged(
-    caplog: pytest.LogCaptureFixture, autojump_clock: trio.abc.Clock
+    caplog: pytest.LogCaptureFixture, nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
     caplog.set_level(logging.INFO, logger="bigfleet_trio.operator.upcoming")
-    kube = FakeKube()
+    kube = RecordingKube.over_sim(nursery)
     await handler(kube).on_node_state_update(nsu(MS.CREATING, machine_id="_/_"))
     assert kube.writes() == []
-    assert kube.objects == {}
+    assert kube.objects(UPCOMING_NODES) == {}
     [rec] = _upcoming_lines(caplog, "rejected")
     assert rec.levelno == logging.WARNING
     assert rec.getMessage() == (
@@ -621,22 +542,24 @@ def _metric_delta(before: dict[str, float]) -> dict[str, float]:
     return {k: after[k] - before[k] for k in after if after[k] != before[k]}
 
 
-async def test_metrics_writes_and_duration(autojump_clock: trio.abc.Clock) -> None:
+async def test_metrics_writes_and_duration(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
     # docs/reference.md#metric-names: writes_total{op,outcome} per apiserver write attempt
     # (conflict = AlreadyExists or Conflict), status_update/noop when nothing changed; the duration
     # histogram once per update, labelled with the phase before Drained inference.
     before = _metric_snapshot()
-    kube = FakeKube()
+    kube = RecordingKube.over_sim(nursery)
     h = handler(kube)
     await h.on_node_state_update(nsu(MS.CREATING, labels={"zone": "a"}))  # create + status
     await h.on_node_state_update(nsu(MS.CREATING, labels={"zone": "a"}))  # no-op
-    kube.fail = {"patch": [Conflict(409, "Conflict", "x")]}
+    kube.server.faults.fail_next(code=409, verb="patch", resource="upcomingnodes")
     # spec patch conflicts, retried: spec + status written
     await h.on_node_state_update(nsu(MS.CONFIGURING, labels={"zone": "b"}))
     await h.on_node_state_update(nsu(MS.IDLE, labels={"zone": "b"}))  # left the cluster: delete
-    assert kube.objects == {}
-    kube.objects["un-m-1"] = obj("Ready")
-    kube.fail = {"delete": [Forbidden(403, "Forbidden", "rbac")]}
+    assert kube.objects(UPCOMING_NODES) == {}
+    kube.seed(UPCOMING_NODES, obj("Ready"))
+    kube.server.faults.fail_next(code=403, verb="delete", resource="upcomingnodes")
     await h.on_node_state_update(nsu(MS.DELETING))  # delete refused (permanent)
     assert _metric_delta(before) == {
         "create/success": 1,
@@ -653,23 +576,14 @@ async def test_metrics_writes_and_duration(autojump_clock: trio.abc.Clock) -> No
     }
 
 
-async def test_metrics_create_conflict(autojump_clock: trio.abc.Clock) -> None:
+async def test_metrics_create_conflict(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
     before = _metric_snapshot()
-    kube = FakeKube()
-    real_get = kube.get
-    first = True
-
-    async def get_then_race(
-        res: Resource, name: str, namespace: str | None = None
-    ) -> dict[str, Any]:
-        nonlocal first
-        if first:
-            first = False
-            kube.objects[name] = obj("Provisioning")
-            raise NotFound(404, "NotFound", name)
-        return await real_get(res, name, namespace)
-
-    kube.get = get_then_race  # type: ignore[method-assign]
+    kube = RecordingKube.over_sim(nursery)
+    # someone creates it right after our Get: the first Get says NotFound, the object exists
+    kube.seed(UPCOMING_NODES, obj("Provisioning"))
+    kube.fail = {"get": [NotFound(404, "NotFound", "un-m-1")]}
     await handler(kube).on_node_state_update(nsu(MS.IDLE))
     assert _metric_delta(before) == {
         "create/conflict": 1,
@@ -678,13 +592,16 @@ async def test_metrics_create_conflict(autojump_clock: trio.abc.Clock) -> None:
     }
 
 
-async def test_spec_refresh_written_once(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
-    kube.objects["un-m-1"] = obj("Launched", spec={"resources": {"cpu": "2"}, "labels": {"a": "1"}})
+async def test_spec_refresh_written_once(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    spec = {"resources": {"cpu": "2"}, "labels": {"a": "1"}}
+    kube.seed(UPCOMING_NODES, obj("Launched", spec=spec))
     h = handler(kube)
     u = nsu(MS.IDLE, labels={"a": "2"}, resources=pb.Resources(resources={"cpu": "2"}))
     await h.on_node_state_update(u)
-    assert kube.writes() == [("patch/main", "un-m-1", {"spec": {"labels": {"a": "2"}}})]
+    assert kube.writes() == [("patch", "un-m-1", {"spec": {"labels": {"a": "2"}}})]
     await h.on_node_state_update(u)
     assert kube.writes() == []
 
