@@ -1,11 +1,12 @@
 """One shard session: Hello, then the send, receive and roll-up Trio tasks over one stream.
 
 Sits between the agent's reconnect loop (:mod:`.agent`), which opens a stream and runs one
-:class:`Session` on it, and the injected roll-up source and handlers. The queue and coalescing
-rules are sans-IO in :mod:`bigfleet_trio.operator.queues`; this module wires them to Trio tasks,
-all in one nursery owned by :meth:`Session.run`: send, receive (plus the bootstrap lane when the
-stream has one), roll-up, the node-state worker pool, one task per other dispatched frame, and
-the acknowledgement hook. The first failure of send/receive/roll-up ends the session. Task
+:class:`Session` on it, and the injected roll-up source and handlers (those types, the config
+and the counters: :mod:`.sessiontypes`). The queue and coalescing rules are sans-IO in
+:mod:`bigfleet_trio.operator.queues`; this module wires them to Trio tasks, all in one nursery
+owned by :meth:`Session.run`: send, receive (plus the bootstrap lane when the stream has one),
+roll-up, the node-state worker pool, one task per other dispatched frame, and the
+acknowledgement hook. The first failure of send/receive/roll-up ends the session. Task
 layout, send timeout, dispatch and backpressure: ``docs/wire.md#the-session``.
 """
 
@@ -16,169 +17,46 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 import betterproto
 import trio
 
-from bigfleet_trio.config import SessionSettings
 from bigfleet_trio.observability import metrics
-from bigfleet_trio.operator.queues import (
-    NODE_STATE_PENDING_CAP,
-    OUTBOX_CAPACITY,
-    NodeStateCoalescer,
-    SendQueues,
+from bigfleet_trio.operator.queues import NodeStateCoalescer, SendQueues
+from bigfleet_trio.operator.sessiontypes import (
+    DEFAULT_DROP_LOG_INTERVAL,
+    DEFAULT_SEND_TIMEOUT,
+    PROTOCOL_VERSION,
+    Frame,
+    Handlers,
+    Reply,
+    RollupSource,
+    SendStalled,
+    SessionConfig,
+    SessionStats,
 )
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame
 from bigfleet_trio.shard.enums import REPORTER, UnknownEnum, describe, unknown_enum_values
 from bigfleet_trio.shard.transport import OperatorStream, PriorityReceive, StreamClosed
 
+__all__ = [
+    "DEFAULT_DROP_LOG_INTERVAL",
+    "DEFAULT_SEND_TIMEOUT",
+    "PROTOCOL_VERSION",
+    "Frame",
+    "Handlers",
+    "Reply",
+    "RollupSource",
+    "SendStalled",
+    "Session",
+    "SessionConfig",
+    "SessionStats",
+    "current_session",
+]
+
 log = logging.getLogger(__name__)
-
-PROTOCOL_VERSION = "v1alpha1"
-
-Frame = pb.OperatorMessage | EncodedFrame
-"""An uplink frame: a message, or one already serialized (the roll-up from cached encodings)."""
-
-Reply = Callable[[pb.OperatorMessage], bool]
-"""Enqueue one frame into the session's outbox without blocking; False when it was dropped."""
-
-
-DEFAULT_SEND_TIMEOUT: float = SessionSettings.send_timeout
-"""Seconds one frame may wait to be written to the connection (``docs/wire.md#send-timeout``)."""
-DEFAULT_DROP_LOG_INTERVAL = 10.0
-"""Seconds between outbox-drop summary log lines."""
-
-
-class SendStalled(StreamClosed):
-    """A frame was not written to the connection within ``send_timeout``: the shard stopped reading.
-
-    A :class:`StreamClosed`, so the reconnect loop treats it as "stream gone" (reconnect with
-    backoff). ``reason`` names the frame kind and the timeout.
-    """
-
-
-class RollupSource(Protocol):
-    """Builds the cluster's complete desired state: every roll-up is the whole demand."""
-
-    async def build(self) -> pb.ClusterCapacityNeeds:
-        """Return the full roll-up (never a delta). Errors are logged; the session goes on."""
-        ...
-
-    # Optional: ``def build_encoded(self) -> EncodedRollup`` -- the same roll-up, serialized
-    # (an ``OperatorMessage{rollup}``) from the source's cached per-need encodings. When the
-    # source has it, the session sends those bytes and never re-encodes the roll-up.
-
-    async def after_enqueue(self) -> None:
-        """Post-enqueue hook (Pending->Acknowledged walk of the CRs seen by the last build).
-
-        Runs in a background task of the session, never delaying the next tick, and never
-        overlapping itself: if roll-ups are enqueued while it runs, it runs exactly once more
-        afterwards. Cancelled when the session ends.
-        """
-        ...
-
-
-class Handlers(Protocol):
-    """Inbound frame handlers, dispatched by cost (``docs/wire.md#the-session``).
-
-    Every handler runs in its own task inside the session nursery and is cancelled when the
-    session ends. Exceptions are logged and counted; they never end the session.
-    """
-
-    async def on_bootstrap_request(self, req: pb.BootstrapRequest) -> pb.BootstrapBlobResponse:
-        """Render the bootstrap blob; the session enqueues the response (request_id echoed)."""
-        ...
-
-    async def on_reclaim_instruction(self, instr: pb.ReclaimInstruction, reply: Reply) -> None:
-        """Cordon, then ``reply(OperatorMessage(reclaim_ack=...))``; hand the drain elsewhere."""
-        ...
-
-    async def on_node_state_update(self, u: pb.NodeStateUpdate) -> None:
-        """Reflect the (latest) machine state; called by at most one worker per machine_id."""
-        ...
-
-    async def on_available_capacity(self, u: pb.AvailableCapacityUpdate) -> None:
-        """Upsert the AvailableCapacity object for ``u.supersedes_key``."""
-        ...
-
-
-@dataclass(frozen=True)
-class SessionConfig:
-    """Per-session knobs.
-
-    Attributes:
-        cluster_id: sent in Hello and filled into roll-ups that lack it. Required.
-        rollup_interval: seconds between roll-up ticks (first tick at connect). Default 10.
-        dispatch_concurrency: semaphore size for apiserver-writing handlers. Default 32.
-        dispatch_backlog: Reclaim/AvailableCapacity frames that may wait for a slot before the
-            recv pump blocks (node-state frames do not count; see node_state_pending_cap).
-        node_state_pending_cap: machines with a NodeStateUpdate waiting for a worker at which
-            the recv pump pauses until a worker takes one (>= 1). Default 100,000.
-        node_state_read_ahead: while the recv pump has frames ready, at most one new machine is
-            started per this many frames read (>= 0; 0 disables the gate). Default 256.
-        outbox_capacity: bound of the response outbox (drop-newest). Default 256.
-        protocol_version: Hello.protocol_version. Default "v1alpha1".
-        send_timeout: seconds one ``stream.send`` may block before the session ends with
-            :class:`SendStalled` (> 0; ``math.inf`` disables). Default 30.
-        drop_log_interval: seconds between outbox-drop summary lines (>= 0). Default 10.
-    """
-
-    cluster_id: str
-    # The knobs the command line sets take their one default from the operator's settings.
-    rollup_interval: float = SessionSettings.rollup_interval
-    dispatch_concurrency: int = SessionSettings.dispatch_concurrency
-    dispatch_backlog: int = 1024
-    node_state_pending_cap: int = NODE_STATE_PENDING_CAP
-    node_state_read_ahead: int = 256
-    outbox_capacity: int = OUTBOX_CAPACITY
-    protocol_version: str = PROTOCOL_VERSION
-    send_timeout: float = DEFAULT_SEND_TIMEOUT
-    drop_log_interval: float = DEFAULT_DROP_LOG_INTERVAL
-
-    def __post_init__(self) -> None:
-        if not self.cluster_id:
-            raise ValueError("SessionConfig.cluster_id is required")
-        if not self.rollup_interval > 0:
-            raise ValueError(f"rollup_interval must be > 0, got {self.rollup_interval}")
-        if self.dispatch_concurrency < 1:
-            raise ValueError(f"dispatch_concurrency must be >= 1, got {self.dispatch_concurrency}")
-        if self.dispatch_backlog < 0:
-            raise ValueError(f"dispatch_backlog must be >= 0, got {self.dispatch_backlog}")
-        if self.node_state_pending_cap < 1:
-            raise ValueError(
-                f"node_state_pending_cap must be >= 1, got {self.node_state_pending_cap}"
-            )
-        if self.node_state_read_ahead < 0:
-            raise ValueError(
-                f"node_state_read_ahead must be >= 0, got {self.node_state_read_ahead}"
-            )
-        if self.outbox_capacity < 1:
-            raise ValueError(f"outbox_capacity must be >= 1, got {self.outbox_capacity}")
-        if not self.send_timeout > 0:
-            raise ValueError(f"send_timeout must be > 0, got {self.send_timeout}")
-        if not self.drop_log_interval >= 0:
-            raise ValueError(f"drop_log_interval must be >= 0, got {self.drop_log_interval}")
-
-
-@dataclass
-class SessionStats:
-    """Counters, cumulative over every session that shares the object (the agent keeps one)."""
-
-    sessions: int = 0
-    reconnects: int = 0
-    frames_in: int = 0
-    frames_out: int = 0
-    rollups_built: int = 0
-    rollups_replaced: int = 0
-    outbox_dropped: int = 0
-    node_states_coalesced: int = 0
-    handler_errors: int = 0
-    rollup_errors: int = 0
-    unknown_enum_frames: int = 0
-
 
 _current: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
     "bigfleet_current_session", default=None
