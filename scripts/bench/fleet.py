@@ -70,7 +70,13 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
         KubeClient,
         load_kubeconfig,
     )
-    from bigfleet_trio.kube.errors import AlreadyExists, NotFound
+    from bigfleet_trio.kube.errors import (
+        AlreadyExists,
+        KubeTransportError,
+        NotFound,
+        ServerError,
+        TooManyRequests,
+    )
 
     res_of = {"Deployment": DEPLOYMENTS, "StatefulSet": STATEFULSETS, "Job": JOBS}
     classes, workloads = fleet_workloads(args.pods, args.per_profile, args.seed, args.job_share)
@@ -117,12 +123,29 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                       f"bound | CRs {s['crs']:>6} | upcoming {s['upcoming']:>5} | "
                       f"cpu {obs.cpu / 1000:9.1f}", file=sys.stderr, flush=True)
 
+        async def write(what: str, fn: Any, *a: Any, **kw: Any) -> None:
+            """One of the bench's own writes. The single-threaded sim apiserver can stop
+            answering for 30 s at 50K Pods; the bench retries (and counts) instead of ending
+            the run, and gives a write up after 5 tries (noted in the result)."""
+            last: Exception | None = None
+            for attempt in range(5):
+                try:
+                    await fn(*a, **kw)
+                    return
+                except (KubeTransportError, ServerError, TooManyRequests) as exc:
+                    result["extra"]["bench_write_retries"] = (
+                        result["extra"].get("bench_write_retries", 0) + 1)
+                    last = exc
+                    await trio.sleep(2 ** attempt)
+            result["notes"].append(f"{obs.phase}: bench write gave up: {what}: {last}")
+
         async def create(w: Workload) -> None:
             body = copy.deepcopy(w.body)
             if w.kind == "Job" and w.gen:
                 body["metadata"]["name"] = f"{w.name}-{w.gen}"
             try:
-                await client.create(res_of[w.kind], body, w.namespace)
+                await write(f"create {w.kind} {w.namespace}/{body['metadata']['name']}",
+                            client.create, res_of[w.kind], body, w.namespace)
             except AlreadyExists:
                 pass
 
@@ -145,8 +168,8 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 w = rng.choice(scalable)
                 n = max(1, int(w.replicas * rng.uniform(0.7, 1.3)))
                 try:
-                    await client.patch(res_of[w.kind], w.name, {"spec": {"replicas": n}},
-                                       w.namespace)
+                    await write(f"scale {w.namespace}/{w.name}", client.patch, res_of[w.kind],
+                                w.name, {"spec": {"replicas": n}}, w.namespace)
                 except NotFound:
                     pass
 
@@ -246,12 +269,13 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
             t_reclaim = time.time()
             victims = [w for w in workloads if w.scalable][::4]
             for w in victims:
-                await client.patch(res_of[w.kind], w.name, {"spec": {"replicas": 0}}, w.namespace)
+                await write(f"scale {w.namespace}/{w.name} to 0", client.patch, res_of[w.kind],
+                            w.name, {"spec": {"replicas": 0}}, w.namespace)
             # back to base size for the others, so the quiesced state is known
             for w in workloads:
                 if w.scalable and w not in victims:
-                    await client.patch(res_of[w.kind], w.name, {"spec": {"replicas": w.replicas}},
-                                       w.namespace)
+                    await write(f"scale {w.namespace}/{w.name}", client.patch, res_of[w.kind],
+                                w.name, {"spec": {"replicas": w.replicas}}, w.namespace)
             await wait_until("the fleet to settle after the reclaim", quiet, args.phase_timeout)
             result["extra"]["reclaim_seconds"] = round(time.time() - t_reclaim, 1)
             await end_phase("reclaim")
@@ -293,7 +317,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise KeyboardInterrupt  # stop the child processes on the way out
 
     signal.signal(signal.SIGTERM, _term)
-    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp_dir:
+        tmp = args.keep_logs or tmp_dir
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         fleet = Fleet(Path(tmp), args.machines, args.rollup_interval, args.job_run_seconds,
                       args.qps)
         obs = Observed()
@@ -340,6 +366,9 @@ def register(sub: Any) -> None:
     p.add_argument("--quiesce", type=float, default=20.0, help="quiesce hold seconds")
     p.add_argument("--progress-interval", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--keep-logs", metavar="DIR", default="",
+                   help="write the five processes' logs to DIR and keep them (default: a "
+                        "temporary directory, removed at the end)")
     p.add_argument("--unbound-ok", type=float, default=0.05,
                    help="share of Pods that may stay pending for a phase to count as settled "
                    "(the scheduler packs across Profiles, the shard plans per Profile: a few "
