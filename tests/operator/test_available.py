@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from typing import Any
 
 import pytest
 import trio
 
-from bigfleet_trio.kube.errors import AlreadyExists, Conflict, Invalid, NotFound
-from bigfleet_trio.kube.resources import AVAILABLE_CAPACITIES, Resource
+from bigfleet_trio.kube.errors import NotFound
+from bigfleet_trio.kube.resources import AVAILABLE_CAPACITIES
 from bigfleet_trio.operator.available import (
     AvailableCapacityHandler,
     availability_for_confidence,
@@ -20,6 +19,7 @@ from bigfleet_trio.operator.available import (
     spec_from_update,
 )
 from bigfleet_trio.proto import pb
+from tests.support.kube import RecordingKube
 
 Conf = pb.AvailableCapacityUpdateConfidence
 Op = pb.NodeSelectorRequirementOperator
@@ -120,72 +120,18 @@ def test_spec_from_update() -> None:
     }
 
 
-class FakeKube:
-    def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.calls: list[tuple[str, Any]] = []
-        self.fail: dict[str, list[Exception]] = {}
-
-    def _maybe_fail(self, op: str) -> None:
-        if self.fail.get(op):
-            raise self.fail[op].pop(0)
-
-    async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
-        await trio.lowlevel.checkpoint()
-        self._maybe_fail("get")
-        if name not in self.objects:
-            raise NotFound(404, "NotFound", name)
-        return copy.deepcopy(self.objects[name])
-
-    async def create(
-        self, res: Resource, body: dict[str, Any], namespace: str | None = None
-    ) -> dict[str, Any]:
-        await trio.lowlevel.checkpoint()
-        assert res == AVAILABLE_CAPACITIES
-        self.calls.append(("create", copy.deepcopy(body)))
-        self._maybe_fail("create")
-        if body["metadata"]["name"] in self.objects:
-            raise AlreadyExists(409, "AlreadyExists", "exists")
-        self.objects[body["metadata"]["name"]] = copy.deepcopy(body)
-        return body
-
-    async def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Any,
-        namespace: str | None = None,
-        *,
-        patch_type: str = "merge",
-        subresource: str | None = None,
-    ) -> dict[str, Any]:
-        await trio.lowlevel.checkpoint()
-        assert patch_type == "merge" and subresource is None
-        self.calls.append(("patch", copy.deepcopy(patch)))
-        self._maybe_fail("patch")
-        spec = self.objects[name]["spec"]
-        for k, v in patch["spec"].items():
-            if v is None:
-                spec.pop(k, None)
-            elif isinstance(v, dict) and isinstance(spec.get(k), dict):
-                for k2, v2 in v.items():
-                    if v2 is None:
-                        spec[k].pop(k2, None)
-                    else:
-                        spec[k][k2] = v2
-            else:
-                spec[k] = v
-        return self.objects[name]
-
-    async def delete(self, *a: Any, **kw: Any) -> None:
-        raise AssertionError("AvailableCapacity is never deleted")
+def _writes(kube: RecordingKube) -> list[tuple[str, Any]]:
+    """``(op, body)`` of the writes since the last call."""
+    return [(op, body) for op, _name, body in kube.writes()]
 
 
-async def test_create_then_patch_changed_fields(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
+async def test_create_then_patch_changed_fields(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
     h = AvailableCapacityHandler(kube)
     await h.on_available_capacity(acu(resources=pb.Resources(resources={"cpu": "2", "gpu": "1"})))
-    assert kube.calls == [
+    assert _writes(kube) == [
         (
             "create",
             {
@@ -204,7 +150,6 @@ async def test_create_then_patch_changed_fields(autojump_clock: trio.abc.Clock) 
             },
         )
     ]
-    kube.calls.clear()
     await h.on_available_capacity(
         acu(
             confidence=Conf.CONFIDENCE_MEDIUM,
@@ -212,13 +157,12 @@ async def test_create_then_patch_changed_fields(autojump_clock: trio.abc.Clock) 
             resources=pb.Resources(resources={"cpu": "2000m"}),
         )
     )
-    assert kube.calls == [
+    assert _writes(kube) == [
         (
             "patch",
             {"spec": {"availability": "Medium", "availableCount": 0, "resources": {"gpu": None}}},
         )
     ]
-    kube.calls.clear()
     # same content again: no write
     await h.on_available_capacity(
         acu(
@@ -227,29 +171,25 @@ async def test_create_then_patch_changed_fields(autojump_clock: trio.abc.Clock) 
             resources=pb.Resources(resources={"cpu": "2"}),
         )
     )
-    assert kube.calls == []
+    assert _writes(kube) == []
 
 
-async def test_already_exists_becomes_patch(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
-    real_get = kube.get
-    n = 0
-
-    async def racing_get(res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
-        nonlocal n
-        n += 1
-        if n == 1:
-            kube.objects[name] = {
-                "metadata": {"name": name},
-                "spec": {"availability": "None", "availableCount": 0, "cost": "0", "resources": {}},
-            }
-            raise NotFound(404, "NotFound", name)
-        return await real_get(res, name, namespace)
-
-    kube.get = racing_get  # type: ignore[method-assign]
+async def test_already_exists_becomes_patch(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    # someone creates it right after our Get: the first Get says NotFound, the object exists
+    kube.seed(
+        AVAILABLE_CAPACITIES,
+        {
+            "metadata": {"name": NAME},
+            "spec": {"availability": "None", "availableCount": 0, "cost": "0", "resources": {}},
+        },
+    )
+    kube.fail = {"get": [NotFound(404, "NotFound", NAME)]}
     await AvailableCapacityHandler(kube).on_available_capacity(acu())
-    assert [c[0] for c in kube.calls] == ["create", "patch"]
-    assert kube.objects[NAME]["spec"] == {
+    assert [c[0] for c in kube.writes()] == ["create", "patch"]
+    assert kube.objects(AVAILABLE_CAPACITIES)[NAME]["spec"] == {
         "availability": "High",
         "availableCount": 3,
         "cost": "41600u",
@@ -257,26 +197,32 @@ async def test_already_exists_becomes_patch(autojump_clock: trio.abc.Clock) -> N
     }
 
 
-async def test_conflict_retried(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
-    kube.objects[NAME] = {"metadata": {"name": NAME}, "spec": {"availability": "None"}}
-    kube.fail = {"patch": [Conflict(409, "Conflict", "x")]}
+async def test_conflict_retried(nursery: trio.Nursery, autojump_clock: trio.abc.Clock) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    spec = {"availability": "None", "availableCount": 0, "cost": "0", "resources": {}}
+    kube.seed(AVAILABLE_CAPACITIES, {"metadata": {"name": NAME}, "spec": spec})
+    kube.server.faults.fail_next(code=409, verb="patch", resource="availablecapacities")
     await AvailableCapacityHandler(kube).on_available_capacity(acu())
-    assert [c[0] for c in kube.calls] == ["patch", "patch"]
-    assert kube.objects[NAME]["spec"]["availability"] == "High"
+    assert [c[0] for c in kube.writes()] == ["patch", "patch"]
+    assert kube.objects(AVAILABLE_CAPACITIES)[NAME]["spec"]["availability"] == "High"
 
 
-async def test_invalid_gives_up_without_raising(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
-    kube.fail = {"create": [Invalid(422, "Invalid", "bad")]}
+async def test_invalid_gives_up_without_raising(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    kube.server.faults.fail_next(code=422, verb="create", resource="availablecapacities")
     await AvailableCapacityHandler(kube).on_available_capacity(acu())
-    assert [c[0] for c in kube.calls] == ["create"]
+    assert [c[0] for c in kube.writes()] == ["create"]
+    assert kube.objects(AVAILABLE_CAPACITIES) == {}
 
 
-async def test_empty_supersedes_key_ignored(autojump_clock: trio.abc.Clock) -> None:
-    kube = FakeKube()
+async def test_empty_supersedes_key_ignored(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
     await AvailableCapacityHandler(kube).on_available_capacity(acu(supersedes_key=""))
-    assert kube.calls == []
+    assert kube.writes() == []
 
 
 async def test_apiserver_upsert(nursery: trio.Nursery, autojump_clock: trio.abc.Clock) -> None:
