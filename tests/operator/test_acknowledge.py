@@ -9,14 +9,15 @@ import pytest
 import trio
 from prometheus_client import REGISTRY
 
-from bigfleet_trio.kube.errors import NotFound, ServerError
-from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, Resource
+from bigfleet_trio.kube.errors import ServerError
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
 from bigfleet_trio.operator.acknowledge import (
     Acknowledger,
     acknowledge_patch,
     format_acknowledged_at,
     needs_acknowledgement,
 )
+from tests.support.kube import Record, RecordingKube, sim_kube
 
 T0 = datetime(2026, 3, 1, 12, 0, 5, 987654, tzinfo=UTC)
 
@@ -28,37 +29,21 @@ def _cr(ns: str, name: str, phase: str | None = "Pending") -> dict[str, Any]:
     return cr
 
 
-class FakeClient:
-    def __init__(self) -> None:
-        self.calls: list[tuple[Resource, str, Any, str | None, str, str | None]] = []
-        self.gate: trio.Event | None = None
-        self.errors: dict[str, Exception] = {}
-        self.active = 0
-        self.max_active = 0
+def ack_kube(nursery: trio.Nursery, *crs: dict[str, Any]) -> RecordingKube:
+    """The sim apiserver holding ``crs`` (``_cr`` shapes; a valid spec filled in), every PATCH
+    taking 0.01 s (the sim's latency rule)."""
+    kube = RecordingKube.over_sim(nursery)
+    kube.server.faults.add_latency(0.01, verb="patch")
+    for cr in crs:
+        body = {"metadata": dict(cr["metadata"]), "spec": {"priority": 1, "resources": {}}}
+        if cr.get("status"):
+            body["status"] = cr["status"]
+        kube.seed(CAPACITY_REQUESTS, body)
+    return kube
 
-    async def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Any,
-        namespace: str | None = None,
-        *,
-        patch_type: str = "merge",
-        subresource: str | None = None,
-    ) -> dict[str, Any]:
-        self.active += 1
-        self.max_active = max(self.max_active, self.active)
-        try:
-            self.calls.append((res, name, patch, namespace, patch_type, subresource))
-            if self.gate is not None:
-                await self.gate.wait()
-            else:
-                await trio.sleep(0.01)
-            if name in self.errors:
-                raise self.errors[name]
-            return {}
-        finally:
-            self.active -= 1
+
+def _patches(kube: RecordingKube) -> list[Record]:
+    return kube.of("patch/status", "capacityrequests")
 
 
 @pytest.mark.parametrize(
@@ -96,52 +81,61 @@ def test_needs_acknowledgement(cr: dict[str, Any], expected: bool) -> None:
     assert needs_acknowledgement(cr) is expected
 
 
-async def test_submit_patches_pending_only(autojump_clock: trio.abc.Clock) -> None:
-    client = FakeClient()
-    ack = Acknowledger(client, now=lambda: T0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(ack.run)
-        n = ack.submit([_cr("ns1", "a"), _cr("ns1", "b", "Acknowledged"), _cr("ns2", "c", None)])
+async def test_submit_patches_pending_only(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    crs = [_cr("ns1", "a"), _cr("ns1", "b", "Acknowledged"), _cr("ns2", "c", None)]
+    kube = ack_kube(nursery, *crs)
+    ack = Acknowledger(kube, now=lambda: T0)
+    async with trio.open_nursery() as inner:
+        await inner.start(ack.run)
+        n = ack.submit(crs)
         assert n == 2
         await trio.sleep(1)
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     body = {"status": {"acknowledgedAt": "2026-03-01T12:00:05Z", "phase": "Acknowledged"}}
-    assert sorted(client.calls, key=lambda c: c[1]) == [
-        (CAPACITY_REQUESTS, "a", body, "ns1", "merge", "status"),
-        (CAPACITY_REQUESTS, "c", body, "ns2", "merge", "status"),
+    seen = [(r.plural, r.name, r.body, r.namespace, r.patch_type) for r in _patches(kube)]
+    assert sorted(seen) == [
+        (CAPACITY_REQUESTS.plural, "a", body, "ns1", "merge"),
+        (CAPACITY_REQUESTS.plural, "c", body, "ns2", "merge"),
     ]
+    for ns, name in (("ns1", "a"), ("ns2", "c")):
+        assert kube.objects(CAPACITY_REQUESTS, ns)[name]["status"] == body["status"]
     assert ack.acknowledged_total == 2
     assert ack.in_flight == frozenset()
 
 
 async def test_at_most_16_in_flight_and_submit_does_not_block(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    client = FakeClient()
+    crs = [_cr("ns", f"cr{i}") for i in range(40)]
+    client = ack_kube(nursery, *crs)
     client.gate = trio.Event()
     ack = Acknowledger(client, now=lambda: T0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(ack.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(ack.run)
         before = trio.current_time()
-        assert ack.submit([_cr("ns", f"cr{i}") for i in range(40)]) == 40
+        assert ack.submit(crs) == 40
         assert trio.current_time() == before  # submit returned without waiting
         await trio.sleep(1)
         assert client.active == 16
         assert len(ack.in_flight) == 40
         client.gate.set()
         await trio.sleep(1)
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert client.max_active == 16
-    assert len(client.calls) == 40
+    assert len(_patches(client)) == 40
     assert ack.in_flight == frozenset()
 
 
-async def test_never_in_two_batches_at_once(autojump_clock: trio.abc.Clock) -> None:
-    client = FakeClient()
+async def test_never_in_two_batches_at_once(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    client = ack_kube(nursery, _cr("ns", "a"), _cr("ns", "b"), _cr("ns", "c"))
     client.gate = trio.Event()
     ack = Acknowledger(client, now=lambda: T0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(ack.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(ack.run)
         assert ack.submit([_cr("ns", "a"), _cr("ns", "b")]) == 2
         await trio.sleep(1)
         # next roll-up tick still sees them Pending: not scheduled again while in flight
@@ -151,32 +145,31 @@ async def test_never_in_two_batches_at_once(autojump_clock: trio.abc.Clock) -> N
         # finished: a later cycle may submit again (e.g. informer still stale)
         assert ack.submit([_cr("ns", "a")]) == 1
         await trio.sleep(1)
-        nursery.cancel_scope.cancel()
-    assert [c[1] for c in client.calls].count("a") == 2
-    assert len(client.calls) == 4
+        inner.cancel_scope.cancel()
+    assert [r.name for r in _patches(client)].count("a") == 2
+    assert len(_patches(client)) == 4
 
 
 async def test_notfound_ignored_other_errors_retried_next_cycle(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    client = FakeClient()
-    client.errors = {
-        "gone": NotFound(404, "NotFound", "gone"),
-        "flaky": ServerError(500, "InternalError", "boom"),
-    }
+    client = ack_kube(nursery, _cr("ns", "flaky"), _cr("ns", "ok"))  # "gone": a real 404
+    # a 500 for that one CR: the sim's fault rules match verb/resource, not a name
+    client.fail = {("patch", "flaky"): [ServerError(500, "InternalError", "boom")]}
     ack = Acknowledger(client, now=lambda: T0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(ack.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(ack.run)
         ack.submit([_cr("ns", "gone"), _cr("ns", "flaky"), _cr("ns", "ok")])
         await trio.sleep(1)
         assert ack.acknowledged_total == 1
         assert ack.failed_total == 1
         assert ack.in_flight == frozenset()
-        del client.errors["flaky"]
+        assert client.objects(CAPACITY_REQUESTS, "ns")["flaky"]["status"]["phase"] == "Pending"
         assert ack.submit([_cr("ns", "flaky")]) == 1
         await trio.sleep(1)
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert ack.acknowledged_total == 2
+    assert client.objects(CAPACITY_REQUESTS, "ns")["flaky"]["status"]["phase"] == "Acknowledged"
 
 
 def _sample(name: str) -> float:
@@ -184,22 +177,21 @@ def _sample(name: str) -> float:
 
 
 async def test_metrics_acknowledged_total_and_batch_duration(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
     # docs/reference.md#metric-names: acknowledged_total counts successful patches;
     # acknowledge_duration_seconds observes one Pending->Acknowledged batch (one submit), here
     # 3 patches of 0.01 s each in parallel -> one observation of 0.01 s.
-    client = FakeClient()
-    client.errors = {"gone": NotFound(404, "NotFound", "gone")}
+    client = ack_kube(nursery, _cr("ns", "a"), _cr("ns", "b"))  # "gone": a real 404
     ack = Acknowledger(client, now=lambda: T0)
     acked = _sample("bigfleet_operator_acknowledged_total")
     count = _sample("bigfleet_operator_acknowledge_duration_seconds_count")
     total = _sample("bigfleet_operator_acknowledge_duration_seconds_sum")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(ack.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(ack.run)
         ack.submit([_cr("ns", "a"), _cr("ns", "b"), _cr("ns", "gone")])
         await trio.sleep(1)
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert _sample("bigfleet_operator_acknowledged_total") - acked == 2
     assert _sample("bigfleet_operator_acknowledge_duration_seconds_count") - count == 1
     assert _sample("bigfleet_operator_acknowledge_duration_seconds_sum") - total == pytest.approx(
@@ -207,15 +199,15 @@ async def test_metrics_acknowledged_total_and_batch_duration(
     )
 
 
-def test_submit_without_run_is_an_error() -> None:
-    ack = Acknowledger(FakeClient())
+async def test_submit_without_run_is_an_error(nursery: trio.Nursery) -> None:
+    ack = Acknowledger(sim_kube(nursery)[1])
     with pytest.raises(RuntimeError):
         ack.submit([_cr("a", "b")])
 
 
-def test_concurrency_must_be_positive() -> None:
+async def test_concurrency_must_be_positive(nursery: trio.Nursery) -> None:
     with pytest.raises(ValueError):
-        Acknowledger(FakeClient(), concurrency=0)
+        Acknowledger(sim_kube(nursery)[1], concurrency=0)
 
 
 async def test_apiserver_acknowledges_pending(

@@ -17,7 +17,7 @@ from bigfleet_trio.observability.events import EventFeed, EventSubscription
 from bigfleet_trio.observability.logs import JsonFormatter
 from bigfleet_trio.operator.acknowledge import Acknowledger
 from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler
-from tests.operator.test_acknowledge import T0, FakeClient, _cr
+from tests.operator.test_acknowledge import T0, _cr, ack_kube
 from tests.operator.test_upcoming import MS, NOW, nsu
 from tests.support.kube import RecordingKube
 
@@ -37,17 +37,21 @@ def fields_of(kind: str) -> list[str]:
     return [f.split(":")[0].strip() for f in text[text.rindex("(") + 1 : -1].split(",")]
 
 
-async def test_acknowledger_publishes_one_event_per_batch(autojump_clock: trio.abc.Clock) -> None:
-    client = FakeClient()
-    client.errors["b"] = ServerError(500, "InternalError", "boom")
+async def test_acknowledger_publishes_one_event_per_batch(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    # "d" is not Pending (the CRD allows only Pending and Acknowledged): no patch for it
+    crs = [_cr("ns", "a"), _cr("ns", "b"), _cr("ns", "c"), _cr("ns", "d", "Acknowledged")]
+    client = ack_kube(nursery, *crs)
+    client.fail = {("patch", "b"): [ServerError(500, "InternalError", "boom")]}
     feed = EventFeed()
     ack = Acknowledger(client, now=lambda: T0, feed=feed)
     async with feed.subscribe(kinds=[kinds.CR_ACKNOWLEDGED]) as sub:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(ack.run)
-            ack.submit([_cr("ns", "a"), _cr("ns", "b"), _cr("ns", "c"), _cr("ns", "d", "Bound")])
+        async with trio.open_nursery() as inner:
+            await inner.start(ack.run)
+            ack.submit(crs)
             await trio.sleep(1)
-            nursery.cancel_scope.cancel()
+            inner.cancel_scope.cancel()
         (event,) = drain(sub)
     assert event["kind"] == "cr_acknowledged"
     assert (event["count"], event["failed"], event["crs"]) == (2, 1, ["ns/a", "ns/c"])

@@ -66,6 +66,7 @@ class Record(NamedTuple):
     name: str
     body: Any
     at: float
+    patch_type: str | None = None
 
 
 class RecordingKube:
@@ -153,10 +154,13 @@ class RecordingKube:
     # ---- recording and injection -------------------------------------------------------------
 
     async def _enter(
-        self, op: str, res: Resource, namespace: str | None, name: str, body: Any
+        self, op: str, res: Resource, namespace: str | None, name: str, body: Any,
+        patch_type: str | None,
     ) -> None:
         await trio.lowlevel.checkpoint()
-        rec = Record(op, res.plural, namespace, name, copy.deepcopy(body), trio.current_time())
+        rec = Record(
+            op, res.plural, namespace, name, copy.deepcopy(body), trio.current_time(), patch_type
+        )
         self.history.append(rec)
         if op not in ("get", "list"):
             self.calls.append((op, name, rec.body))
@@ -169,12 +173,13 @@ class RecordingKube:
             await self.gate.wait()
 
     async def _call(
-        self, op: str, res: Resource, namespace: str | None, name: str, body: Any, fn: Any
+        self, op: str, res: Resource, namespace: str | None, name: str, body: Any, fn: Any,
+        patch_type: str | None = None,
     ) -> Any:
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
-            await self._enter(op, res, namespace, name, body)
+            await self._enter(op, res, namespace, name, body, patch_type)
             return await fn()
         finally:
             self.active -= 1
@@ -237,6 +242,7 @@ class RecordingKube:
             lambda: self.client.patch(
                 res, name, patch, namespace, patch_type=patch_type, subresource=subresource
             ),
+            patch_type,
         )
 
     async def delete(
