@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import trio
+
 from bigfleet_trio.kube import NODES
-from bigfleet_trio.kube.errors import AlreadyExists, NotFound
 from bigfleet_trio.sim.shard import KubeNodeHooks, MachineInfo, ShapeTaint, node_manifest
+from tests.support.kube import RecordingKube
 
 MACHINE = MachineInfo(
     machine_id="i-1",
@@ -43,44 +45,36 @@ def test_node_manifest() -> None:
     assert st["conditions"][0]["lastHeartbeatTime"] == "2026-01-02T03:04:05Z"
 
 
-class FakeClient:
-    def __init__(self, exists: bool = False, gone: bool = False) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-        self.exists = exists
-        self.gone = gone
-
-    async def create(self, res: Any, body: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(("create", res.plural, body["metadata"]["name"]))
-        if self.exists:
-            raise AlreadyExists(409, "AlreadyExists", "exists", None)
-        return body
-
-    async def patch(self, res: Any, name: str, patch: Any, namespace: str | None = None, *,
-                    subresource: str | None = None) -> dict[str, Any]:
-        self.calls.append(("patch", res.plural, name, subresource, sorted(patch)))
-        return {}
-
-    async def delete(self, res: Any, name: str) -> None:
-        self.calls.append(("delete", res.plural, name))
-        if self.gone:
-            raise NotFound(404, "NotFound", "gone", None)
+def _calls(kube: RecordingKube) -> list[tuple[Any, ...]]:
+    """Writes as ``(op, plural, name)``; a patch as ``(patch, plural, name, subresource, keys)``."""
+    out: list[tuple[Any, ...]] = []
+    for r in kube.history:
+        if r.op.startswith("patch"):
+            out.append(("patch", r.plural, r.name, r.op.partition("/")[2] or None, sorted(r.body)))
+        else:
+            out.append((r.op, r.plural, r.name))
+    return out
 
 
-async def test_kube_hooks_create_then_status_patch() -> None:
-    client = FakeClient()
-    await KubeNodeHooks(client).on_machine_configured(MACHINE)
-    assert client.calls == [("create", NODES.plural, "gpu-z-a-abc"),
+async def test_kube_hooks_create_then_status_patch(nursery: trio.Nursery) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    await KubeNodeHooks(kube).on_machine_configured(MACHINE)
+    assert _calls(kube) == [("create", NODES.plural, "gpu-z-a-abc"),
                             ("patch", "nodes", "gpu-z-a-abc", "status", ["status"])]
+    node = kube.objects(NODES)["gpu-z-a-abc"]
+    assert node["status"]["allocatable"] == {"cpu": "16", "nvidia.com/gpu": "4"}
 
 
-async def test_kube_hooks_existing_node_is_patched() -> None:
-    client = FakeClient(exists=True)
-    await KubeNodeHooks(client).on_machine_configured(MACHINE)
-    assert [c[0] for c in client.calls] == ["create", "patch", "patch"]
-    assert client.calls[1] == ("patch", "nodes", "gpu-z-a-abc", None, ["metadata", "spec"])
+async def test_kube_hooks_existing_node_is_patched(nursery: trio.Nursery) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    kube.seed(NODES, {"metadata": {"name": "gpu-z-a-abc"}})
+    await KubeNodeHooks(kube).on_machine_configured(MACHINE)
+    assert [c[0] for c in _calls(kube)] == ["create", "patch", "patch"]
+    assert _calls(kube)[1] == ("patch", "nodes", "gpu-z-a-abc", None, ["metadata", "spec"])
+    assert kube.objects(NODES)["gpu-z-a-abc"]["spec"]["providerID"] == "sim://r/z-a/i-1"
 
 
-async def test_kube_hooks_delete_ignores_not_found() -> None:
-    client = FakeClient(gone=True)
-    await KubeNodeHooks(client).on_machine_released(MACHINE)
-    assert client.calls == [("delete", "nodes", "gpu-z-a-abc")]
+async def test_kube_hooks_delete_ignores_not_found(nursery: trio.Nursery) -> None:
+    kube = RecordingKube.over_sim(nursery)  # no such Node: a real 404
+    await KubeNodeHooks(kube).on_machine_released(MACHINE)
+    assert _calls(kube) == [("delete", "nodes", "gpu-z-a-abc")]
