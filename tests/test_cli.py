@@ -489,38 +489,6 @@ spec: {group: bigfleet.lucy.sh, v: 3}
 """
 
 
-class _FakeClient:
-    def __init__(self, live: dict[str, dict[str, Any]], conflicts: int = 0) -> None:
-        self.live = live
-        self.calls: list[tuple[str, str]] = []
-        self.conflicts = conflicts
-        self.updated: list[dict[str, Any]] = []
-
-    async def create(self, res: Any, body: dict[str, Any], namespace: str | None = None) -> Any:
-        from bigfleet_trio.kube.errors import AlreadyExists
-
-        name = body["metadata"]["name"]
-        self.calls.append(("create", name))
-        if name in self.live:
-            raise AlreadyExists(409, "AlreadyExists", f"{name} exists", None)
-        self.live[name] = body
-        return body
-
-    async def get(self, res: Any, name: str, namespace: str | None = None) -> Any:
-        self.calls.append(("get", name))
-        return self.live[name]
-
-    async def update(self, res: Any, body: dict[str, Any], namespace: str | None = None) -> Any:
-        from bigfleet_trio.kube.errors import Conflict
-
-        self.calls.append(("update", body["metadata"]["name"]))
-        if self.conflicts:
-            self.conflicts -= 1
-            raise Conflict(409, "Conflict", "stale", None)
-        self.updated.append(body)
-        return body
-
-
 def test_load_crds_rejects_non_crd() -> None:
     with pytest.raises(ValueError, match="expected CustomResourceDefinition, got ConfigMap"):
         load_crds("kind: ConfigMap\nmetadata: {name: x}\n")
@@ -531,34 +499,34 @@ def test_load_crds_rejects_non_crd() -> None:
     ]
 
 
-async def test_apply_crds_create_update_unchanged() -> None:
-    crds = load_crds(CRD_YAML)
-    client = _FakeClient(
-        {
-            "upcomingnodes.bigfleet.lucy.sh": {
-                "metadata": {"name": "upcomingnodes.bigfleet.lucy.sh", "resourceVersion": "42"},
-                "spec": {"group": "bigfleet.lucy.sh", "v": 1},
-            },
-            "availablecapacities.bigfleet.lucy.sh": {
-                "metadata": {
-                    "name": "availablecapacities.bigfleet.lucy.sh",
-                    "resourceVersion": "7",
-                },
-                "spec": {"group": "bigfleet.lucy.sh", "v": 3},
-            },
-        },
-        conflicts=1,
-    )
-    result = await apply_crds(client, crds, object())
+async def test_apply_crds_create_update_unchanged(nursery: Any) -> None:
+    import copy
+
+    from bigfleet_trio.kube.resources import CRDS
+    from bigfleet_trio.sim.apiserver import ApiServer
+    from tests.support.kube import RecordingKube
+
+    crds = load_crds()  # the project's three CRDs
+    kube = RecordingKube.over_sim(nursery, ApiServer(crd_paths=[]))
+    older = copy.deepcopy(crds[1])  # upcomingnodes: an older spec is installed
+    older["spec"]["names"]["shortNames"] = ["unold"]
+    rv = kube.seed(CRDS, older)["metadata"]["resourceVersion"]
+    kube.seed(CRDS, copy.deepcopy(crds[2]))  # availablecapacities: as in the files
+    kube.server.faults.fail_next(code=409, verb="update", resource="customresourcedefinitions")
+    result = await apply_crds(kube, crds, CRDS)
     assert result == [
         ("capacityrequests.bigfleet.lucy.sh", "created"),
         ("upcomingnodes.bigfleet.lucy.sh", "configured"),
         ("availablecapacities.bigfleet.lucy.sh", "unchanged"),
     ]
-    (body,) = client.updated
-    assert body["metadata"]["resourceVersion"] == "42"
-    assert body["spec"] == {"group": "bigfleet.lucy.sh", "v": 2}
-    assert client.calls.count(("update", "upcomingnodes.bigfleet.lucy.sh")) == 2  # one conflict
+    updates = kube.of("update")
+    assert [r.name for r in updates] == ["upcomingnodes.bigfleet.lucy.sh"] * 2  # one conflict
+    body = updates[-1].body
+    assert body["metadata"]["resourceVersion"] == rv
+    assert body["spec"] == crds[1]["spec"]
+    live = kube.objects(CRDS)
+    assert live["upcomingnodes.bigfleet.lucy.sh"]["spec"] == crds[1]["spec"]
+    assert live["capacityrequests.bigfleet.lucy.sh"]["spec"] == crds[0]["spec"]
 
 
 def test_install_crds_bad_kubeconfig_one_line(
