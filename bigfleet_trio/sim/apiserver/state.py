@@ -2,19 +2,18 @@
 update / patch / delete / deletecollection / watch over the :class:`~.store.Store`, with the
 status-subresource split, generation, finalizers and resourceVersion preconditions.
 
-Garbage collection (:mod:`.gc`), eviction (:mod:`.eviction`) and CRD acceptance (:mod:`.crds`)
-are separate modules this one applies; the HTTP side is :mod:`.app`, joined in :mod:`.server`.
-Everything here is synchronous (no awaits), so every verb is atomic under Trio.
+Write planning (:mod:`.writes`), garbage collection (:mod:`.gc`), eviction (:mod:`.eviction`) and
+CRD acceptance (:mod:`.crds`) are separate modules this one applies; the HTTP side is
+:mod:`.app`, joined in :mod:`.server`. Everything here is synchronous (no awaits), so every verb
+is atomic under Trio.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import secrets
-import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Unpack
 
 from . import errors as E
 from .access import AccessControl, bootstrap_policy
@@ -23,10 +22,6 @@ from .errors import ApiError
 from .eviction import check_eviction_body, matching_pdbs, plan_eviction
 from .faults import Counters, Faults
 from .gc import GarbageCollector
-from .metadata import (
-    metadata_type_error,
-    validate_labels,
-)
 from .objects import (
     INITIAL_NAMESPACES,
     PROTECTED_NAMESPACES,
@@ -36,8 +31,6 @@ from .objects import (
     content,
     create_defaults,
     filter_objects,
-    merge_write,
-    name_causes,
     now_rfc3339,
     requested_rv,
     same,
@@ -49,12 +42,21 @@ from .resources import ResourceType, builtin_resources
 from .scale import scale_of, scaled
 from .selectors import parse_field_selector, parse_label_selector
 from .store import Store, Watcher
+from .writes import (
+    CreateOptions,
+    WriteOptions,
+    committed_object,
+    create_options,
+    marked_deleted,
+    new_object,
+    stamp_created,
+)
 
 log = logging.getLogger(__name__)
 
 _List = list  # the ApiState.list method shadows the builtin inside the class body
 
-__all__ = ["ApiState", "ListResult", "now_rfc3339"]
+__all__ = ["ApiState", "CreateOptions", "ListResult", "WriteOptions", "now_rfc3339"]
 
 
 class ApiState:
@@ -218,44 +220,24 @@ class ApiState:
         res: ResourceType,
         namespace: str | None,
         body: Any,
-        *,
-        field_validation: str = "Warn",
-        dry_run: bool = False,
-        warnings: _List[str] | None = None,
+        **opts: Unpack[CreateOptions],
     ) -> dict[str, Any]:
-        """Create an object (POST). Returns the stored object.
+        """Create an object (POST). Returns the stored object. ``opts``: :class:`CreateOptions`.
 
         Raises:
             ApiError: 404 missing namespace, 409 AlreadyExists, 422 Invalid, 400 BadRequest.
         """
         namespace = self._check_scope(res, namespace)
-        meta: dict[str, Any] = dict(check_body_meta(res, namespace, body))
-        obj: dict[str, Any] = {"apiVersion": res.api_version, "kind": res.kind}
-        obj.update((k, v) for k, v in body.items() if k not in ("apiVersion", "kind"))
-        if not meta.get("name") and meta.get("generateName"):
-            gen = str(meta["generateName"])
-            for _ in range(100):
-                cand = gen + secrets.token_hex(3)[:5]
-                if self.store.get(res, namespace, cand) is None:
-                    break
-            meta["name"] = cand
+        obj, meta = new_object(
+            res, namespace, body, lambda cand: self.store.get(res, namespace, cand) is not None
+        )
         name = meta.get("name", "")
-        causes = name_causes(res, name) + validate_labels(meta)
-        if causes:
-            raise E.invalid(res.kind, res.group, str(name), causes)
         if namespace:
             self._require_namespace(namespace)
-            meta["namespace"] = namespace
-        else:
-            meta.pop("namespace", None)
-        meta["uid"] = str(uuid.uuid4())
-        meta["creationTimestamp"] = now_rfc3339()
-        meta["generation"] = 1
-        for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
-            meta.pop(k, None)
-        obj["metadata"] = meta
+        stamp_created(obj, meta, namespace)
         create_defaults(res, obj)
-        obj, warns = validate_schema(res, obj, field_validation)
+        obj, warns = validate_schema(res, obj, opts.get("field_validation", "Warn"))
+        warnings = opts.get("warnings")
         if warnings is not None:
             warnings.extend(warns)
         new_res: ResourceType | None = None
@@ -263,7 +245,7 @@ class ApiState:
             obj, new_res = accept_crd(obj)
         if self.store.get(res, namespace, name) is not None:
             raise E.already_exists(res.plural, res.group, name)
-        if dry_run:
+        if opts.get("dry_run", False):
             return obj
         if new_res is not None:
             self._register(new_res)
@@ -328,13 +310,11 @@ class ApiState:
         namespace: str | None,
         name: str,
         body: Any,
-        *,
-        subresource: str | None = None,
-        field_validation: str = "Warn",
-        dry_run: bool = False,
-        warnings: _List[str] | None = None,
+        **opts: Unpack[WriteOptions],
     ) -> dict[str, Any]:
         """Replace an object (PUT), honouring the status split and RV preconditions.
+
+        ``opts``: :class:`WriteOptions` (``subresource="status"`` writes only the status).
 
         Raises:
             ApiError: 404, 409 Conflict (stale metadata.resourceVersion), 422, 400.
@@ -346,16 +326,7 @@ class ApiState:
                 f"the name of the object ({meta.get('name')}) does not match the name on the URL "
                 f"({name})"
             )
-        old = self.get(res, namespace, name)
-        return self._commit(
-            res,
-            old,
-            dict(body),
-            subresource=subresource,
-            field_validation=field_validation,
-            dry_run=dry_run,
-            warnings=warnings,
-        )
+        return self._commit(res, self.get(res, namespace, name), dict(body), opts)
 
     def patch(
         self,
@@ -364,13 +335,9 @@ class ApiState:
         name: str,
         patch: Any,
         content_type: str,
-        *,
-        subresource: str | None = None,
-        field_validation: str = "Warn",
-        dry_run: bool = False,
-        warnings: _List[str] | None = None,
+        **opts: Unpack[WriteOptions],
     ) -> dict[str, Any]:
-        """Apply a merge / JSON / strategic / apply patch.
+        """Apply a merge / JSON / strategic / apply patch. ``opts``: :class:`WriteOptions`.
 
         Raises:
             ApiError: 415 strategic patch on a custom resource or unknown type; 422 failed JSON
@@ -386,67 +353,32 @@ class ApiState:
                 patch = dict(patch)
                 patch.setdefault("metadata", {})
                 patch["metadata"] = dict(patch["metadata"], name=name)
-                return self.create(
-                    res,
-                    namespace,
-                    patch,
-                    field_validation=field_validation,
-                    dry_run=dry_run,
-                    warnings=warnings,
-                )
+                return self.create(res, namespace, patch, **create_options(opts))
         if ct == "application/strategic-merge-patch+json" and res.custom:
             raise E.unsupported_media_type(ct)
         old = self.get(res, namespace, name)
-        new = apply_patch(res, old, patch, ct)
-        return self._commit(
-            res,
-            old,
-            new,
-            subresource=subresource,
-            field_validation=field_validation,
-            dry_run=dry_run,
-            warnings=warnings,
-        )
+        return self._commit(res, old, apply_patch(res, old, patch, ct), opts)
 
     def _commit(
-        self,
-        res: ResourceType,
-        old: dict[str, Any],
-        new: dict[str, Any],
-        *,
-        subresource: str | None,
-        field_validation: str,
-        dry_run: bool,
-        warnings: _List[str] | None,
+        self, res: ResourceType, old: dict[str, Any], new: dict[str, Any], opts: WriteOptions
     ) -> dict[str, Any]:
         ometa = old["metadata"]
         name = ometa["name"]
-        nmeta_raw = new.get("metadata")
-        nmeta_in: dict[str, Any] = nmeta_raw if isinstance(nmeta_raw, dict) else {}
-        err = metadata_type_error(nmeta_in)
-        if err:
-            raise E.bad_request(err)
-        causes = validate_labels(nmeta_in)
-        if causes:
-            raise E.invalid(res.kind, res.group, name, causes)
-        want_rv = nmeta_in.get("resourceVersion")
-        if want_rv not in (None, "") and str(want_rv) != ometa["resourceVersion"]:
-            raise E.conflict(res.plural, res.group, name)
-        obj, meta = merge_write(res, old, new, nmeta_in, subresource)
-        meta["resourceVersion"] = ometa["resourceVersion"]
-        obj["metadata"] = meta
+        subresource = opts.get("subresource")
+        obj, meta = committed_object(res, old, new, subresource)
         if res is self.crds and subresource is None:
             obj, new_res = accept_crd(obj)
         else:
             new_res = None
-        obj, warns = validate_schema(res, obj, field_validation)
+        obj, warns = validate_schema(res, obj, opts.get("field_validation", "Warn"))
+        warnings = opts.get("warnings")
         if warnings is not None:
             warnings.extend(warns)
         if same(obj, old):
             return old
         if subresource != "status" and content(obj) != content(old):
             meta["generation"] = int(ometa.get("generation", 1)) + 1
-        if dry_run:
+        if opts.get("dry_run", False):
             return obj
         if new_res is not None:
             self._register(new_res)
@@ -456,7 +388,6 @@ class ApiState:
             self._after_delete(res, final, "Background")
             return final
         return self.store.put(res, obj, old)
-
 
     def write_scale(
         self, res: ResourceType, namespace: str | None, name: str, scale: Any, *, dry_run: bool
@@ -469,10 +400,7 @@ class ApiState:
         """
         old = self.get(res, self._check_scope(res, namespace), name)
         new = scaled(res, old, scale)
-        stored = self._commit(
-            res, old, new, subresource=None, field_validation="Ignore", dry_run=dry_run,
-            warnings=None,
-        )
+        stored = self._commit(res, old, new, {"field_validation": "Ignore", "dry_run": dry_run})
         return scale_of(stored)
 
     # ---- delete ------------------------------------------------------------------------------
@@ -510,17 +438,12 @@ class ApiState:
         if meta.get("finalizers"):
             if meta.get("deletionTimestamp"):
                 return obj
-            new = dict(obj)
-            nmeta = dict(meta)
-            nmeta["deletionTimestamp"] = now_rfc3339()
-            nmeta["deletionGracePeriodSeconds"] = 0
-            nmeta["generation"] = int(meta.get("generation", 1)) + 1
-            new["metadata"] = nmeta
-            return self.store.put(res, new, obj)
+            return self.store.put(res, marked_deleted(obj), obj)
         final = self.store.remove(res, obj)
         log.debug("deleted %s %s/%s", res.key, meta.get("namespace", ""), meta["name"])
         self._after_delete(res, final, policy)
         return final
+
     def _after_delete(self, res: ResourceType, final: dict[str, Any], policy: str) -> None:
         meta = final["metadata"]
         if res is self.crds:
