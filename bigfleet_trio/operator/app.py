@@ -27,7 +27,8 @@ import trio
 from bigfleet_trio.config import OperatorConfig
 from bigfleet_trio.excgroups import find_in_group
 from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
-from bigfleet_trio.kube.informer import SyncTimeout, wait_all_synced
+from bigfleet_trio.kube.informer import SyncTimeout
+from bigfleet_trio.kube.startup import Unauthenticated, sync_or_refused
 from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.agent import Agent, SessionChange
@@ -57,15 +58,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _Runtime = OperatorRuntime  # the name this module gave it before runtime.py held it
-
-
-class Unauthenticated(SyncTimeout):
-    """The apiserver answered 401 Unauthorized while the informers were syncing.
-
-    A subclass of :class:`SyncTimeout` (callers that report a failed sync report this too), but
-    raised as soon as the 401 is seen: credentials do not heal by waiting out the deadline. The
-    pod controller raises its own of the same name and message for the same reason.
-    """
 
 
 class Operator:
@@ -311,31 +303,9 @@ class Operator:
             Unauthenticated: the client's first 401 arrived during this run (``stale_401``:
                 it had one before the run started, so only the deadline applies).
         """
-        failed: SyncTimeout | None = None
-        async with trio.open_nursery() as race:
-
-            async def synced() -> None:
-                nonlocal failed
-                try:
-                    await wait_all_synced(rt.informers, self.cfg.sync_timeout)
-                except SyncTimeout as exc:
-                    failed = exc
-                race.cancel_scope.cancel()
-
-            async def refused() -> None:
-                nonlocal failed
-                if stale_401:  # the client only remembers its first 401: the deadline decides
-                    await trio.sleep_forever()
-                exc = await self.client.wait_unauthorized()
-                failed = Unauthenticated(
-                    f"401 Unauthorized: the apiserver refused this process's credentials "
-                    f"({exc.message or 'no message'}); check the kubeconfig's token or client "
-                    f"certificate"
-                )
-                race.cancel_scope.cancel()
-
-            race.start_soon(synced)
-            race.start_soon(refused)
+        failed = await sync_or_refused(
+            rt.informers, self.cfg.sync_timeout, self.client, stale_401=stale_401
+        )
         if failed is not None:
             raise failed
 

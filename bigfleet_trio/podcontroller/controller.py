@@ -25,7 +25,8 @@ from bigfleet_trio.kube.errors import (
     KubeTransportError,
     NotFound,
 )
-from bigfleet_trio.kube.informer import SyncTimeout, wait_all_synced
+from bigfleet_trio.kube.informer import SyncTimeout
+from bigfleet_trio.kube.startup import Unauthenticated, sync_or_refused
 
 from . import metrics
 from . import projections as proj
@@ -72,14 +73,6 @@ OWNER_POD_INDEX = "owner-pod"
 POD_UID_INDEX = "uid"
 """Pod index: ``metadata.uid``."""
 
-
-
-class Unauthenticated(SyncTimeout):
-    """The apiserver answered 401 Unauthorized while the caches were syncing.
-
-    A subclass of :class:`SyncTimeout` (callers that report a failed sync report this too), but
-    raised as soon as the 401 is seen: credentials do not heal by waiting out the deadline.
-    """
 
 # --------------------------------------------------------------------------------------------
 # the controller
@@ -266,30 +259,7 @@ class PodController(PlanApplier):
 
     async def _wait_synced(self) -> SyncTimeout | None:
         """Both caches synced (None), or why not: the deadline passed, or a 401 came first."""
-        failed: SyncTimeout | None = None
-        async with trio.open_nursery() as race:
-
-            async def synced() -> None:
-                nonlocal failed
-                try:
-                    await wait_all_synced((self.pods, self.crs), self.sync_timeout)
-                except SyncTimeout as exc:
-                    failed = exc
-                race.cancel_scope.cancel()
-
-            async def refused() -> None:
-                nonlocal failed
-                exc = await self.client.wait_unauthorized()
-                failed = Unauthenticated(
-                    f"401 Unauthorized: the apiserver refused this process's credentials "
-                    f"({exc.message or 'no message'}); check the kubeconfig's token or client "
-                    f"certificate"
-                )
-                race.cancel_scope.cancel()
-
-            race.start_soon(synced)
-            race.start_soon(refused)
-        return failed
+        return await sync_or_refused((self.pods, self.crs), self.sync_timeout, self.client)
 
     async def _synced_run(
         self, elector: LeaderElector | None, task_status: trio.TaskStatus[None]
