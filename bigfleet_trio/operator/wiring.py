@@ -25,6 +25,7 @@ from prometheus_client import Counter, Gauge
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.acknowledge import Acknowledger
+from bigfleet_trio.operator.kubeevents import KubeEventSink
 from bigfleet_trio.operator.rollup import (
     CapacityRequestError,
     RollupAggregator,
@@ -78,18 +79,8 @@ EVENT_QUEUE_CAPACITY = 1024
 EVENT_COMPONENT = "bigfleet-operator"
 
 
-class EventSink(Protocol):
-    """The one KubeClient method used to record exclusions (docs/kube-api.md ``create_event``)."""
-
-    async def create_event(
-        self,
-        involved: Mapping[str, Any],
-        *,
-        reason: str,
-        message: str,
-        type: str = "Normal",  # noqa: A002 - mirrors KubeClient
-        component: str = "bigfleet-trio",
-    ) -> object: ...
+EventSink = KubeEventSink
+"""The one KubeClient method used to record exclusions (``create_event``), as kubeevents has it."""
 
 
 class StoreLike(Protocol):

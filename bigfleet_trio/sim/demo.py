@@ -32,6 +32,7 @@ import trio
 from bigfleet_trio.config import yaml_error_line
 from bigfleet_trio.sim.demo_options import DemoOptions
 
+from . import demo_world
 from .demo_render import (
     failure_line,
     print_keep_running_banner,
@@ -40,38 +41,15 @@ from .demo_render import (
     render_summary,
 )
 from .demo_scenario import Workloads, apply_workloads, run_scenario
-from .demo_world import (
-    CLUSTER_ID,
-    GPU,
-    GPU_TAINT,
-    OWNED_BY_POD,
-    DemoSummary,
-    DemoTiming,
-    World,
-    add_extended_resource_tolerations,
-    bound_machines,
-    bundled_workloads_dir,
-    converged_down,
-    converged_up,
-    demo_catalog,
-    hourly_cost,
-    manifest_paths,
-    pick_scale_down,
-    pod_body,
-    read_world,
-    rollup_matches_crs,
-    workload_of,
-)
+from .demo_world import *  # noqa: F403 - every demo_world name, re-exported (see __all__)
+from .demo_world import DemoSummary, bundled_workloads_dir, manifest_paths
 from .shard import Catalog, CatalogError, load_catalog
 
-__all__ = ["DemoSummary", "DemoTiming", "demo_catalog", "run_demo", "run_scenario",
-           "bundled_workloads_dir",
+__all__ = ["run_demo", "run_scenario", "check_workloads",
            # re-exported from the demo_* modules, where they live
-           "CLUSTER_ID", "GPU", "GPU_TAINT", "OWNED_BY_POD", "World", "Workloads",
-           "add_extended_resource_tolerations", "apply_workloads", "bound_machines",
-           "check_workloads", "converged_down", "converged_up", "failure_line", "hourly_cost",
-           "manifest_paths", "pick_scale_down", "pod_body", "print_keep_running_banner",
-           "progress_line", "read_world", "render_summary", "rollup_matches_crs", "workload_of"]
+           "Workloads", "apply_workloads", "failure_line", "print_keep_running_banner",
+           "progress_line", "render_summary"]
+__all__ += demo_world.__all__
 
 
 def check_workloads(directory: str) -> str | None:

@@ -21,6 +21,13 @@ from bigfleet_trio.kube import CAPACITY_REQUESTS, NODES, PODS, UPCOMING_NODES, K
 from .binder import is_terminal
 from .shard import Catalog, EngineConfig, ShapeTaint, SimShard, offer
 
+__all__ = [
+    "CLUSTER_ID", "GPU", "GPU_TAINT", "OWNED_BY_POD", "DemoSummary", "DemoTiming", "World",
+    "add_extended_resource_tolerations", "bound_machines", "bundled_workloads_dir",
+    "converged_down", "converged_up", "demo_catalog", "hourly_cost", "manifest_paths",
+    "pick_scale_down", "pod_body", "read_world", "rollup_matches_crs", "workload_of",
+]
+
 CLUSTER_ID = "demo-cluster"
 OWNED_BY_POD = "bigfleet.lucy.sh/owned-by-pod"
 GPU = "nvidia.com/gpu"

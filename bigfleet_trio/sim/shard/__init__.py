@@ -9,6 +9,7 @@
 - :mod:`.cli`: :func:`run_cli` for ``bigfleet-trio sim shard``.
 """
 
+from . import engine
 from .catalog import (
     EXAMPLE_CATALOG,
     Catalog,
@@ -21,37 +22,15 @@ from .catalog import (
     parse_catalog,
 )
 from .cli import run_cli, serve_sim_shard
-from .engine import (
-    Effect,
-    EngineConfig,
-    EngineEvent,
-    InvalidRollup,
-    Machine,
-    MachineConfigured,
-    MachineInfo,
-    MachineReleased,
-    NeedStatus,
-    ReclaimRecord,
-    SendFrame,
-    ShardEngine,
-    grace_for_priority,
-    labels_match,
-    need_key,
-    profile_fingerprint,
-    requirement_matches,
-    same_satisfied,
-)
+from .engine import *  # noqa: F403 - engine.__all__: ShardEngine, its model and effects
 from .nodes import KubeNodeHooks, node_manifest
 from .session import NodeHooks, NoopNodeHooks, SessionRejected, SimShard
 
 __all__ = [
     "Catalog", "MachineShape", "ShapeTaint", "default_catalog", "offer",
     "CatalogError", "EXAMPLE_CATALOG", "load_catalog", "parse_catalog",
-    "Effect", "EngineConfig", "EngineEvent", "InvalidRollup", "Machine", "MachineConfigured",
-    "MachineInfo", "MachineReleased", "NeedStatus", "ReclaimRecord", "SendFrame", "ShardEngine",
-    "grace_for_priority", "labels_match", "need_key", "profile_fingerprint",
-    "requirement_matches", "same_satisfied",
     "KubeNodeHooks", "node_manifest",
     "NodeHooks", "NoopNodeHooks", "SessionRejected", "SimShard",
     "run_cli", "serve_sim_shard",
 ]
+__all__ += engine.__all__
