@@ -198,3 +198,8 @@ UNKNOWN_ENUM_VALUES = Counter(
     "is skipped (a BootstrapRequest is answered with an error).",
     ["enum"],
 )
+BOOTSTRAP_ANSWERS_EXPIRED = Counter(
+    "bigfleet_operator_bootstrap_answers_expired",
+    "Bootstrap answers dropped unsent because their deadline (request read + 10 s) passed "
+    "while they waited to be written.",
+)

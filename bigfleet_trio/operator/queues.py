@@ -1,6 +1,6 @@
 """Sans-IO queue and coalescing state of one shard session.
 
-Two send queues with two drop policies, and NodeStateUpdate coalescing
+Three send queues with their drop policies, and NodeStateUpdate coalescing
 (``docs/wire.md#the-session``). Nothing here awaits or touches Trio: the Trio tasks in
 :mod:`bigfleet_trio.operator.session` call these objects and do the waking/sleeping themselves,
 so every rule below is unit-tested without an event loop.
@@ -8,6 +8,7 @@ so every rule below is unit-tested without an event loop.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
@@ -93,21 +94,67 @@ class Outbox(Generic[T]):
         return len(self._items)
 
 
-class SendQueues:
-    """The send task's two sources (roll-up slot + outbox) and the order it drains them in.
+#: How long a bootstrap answer is worth sending, in seconds after its request was read: the
+#: shard waits one scheduling cycle (docs/rules.md#bootstrap-one-cycle-deadline).
+BOOTSTRAP_ANSWER_DEADLINE = 10.0
 
-    Go's ``select`` picks randomly among ready cases; we alternate deterministically instead: when
-    both have something, the source not served last goes first (the roll-up before anything was
-    served), so neither can starve the other.
+
+class BootstrapLane(Generic[T]):
+    """FIFO of bootstrap answers, each dropped only once it is too late to matter.
+
+    The outbox's count cap is the wrong rule for these: a burst of a few hundred machines pulls
+    its blobs at once, and a response refused for being the 257th is a machine sure to fail,
+    while one that waits a little is still on time. So answers are kept until their deadline
+    (request read + :data:`BOOTSTRAP_ANSWER_DEADLINE`) and dropped when popped after it. The
+    lane cannot grow without bound: each answer is one shard request, and the shard stops
+    waiting (and pulling for that machine) at the same deadline.
+
+    Attributes:
+        expired: answers dropped because their deadline had passed when their turn came.
+    """
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[float, T]] = deque()
+        self.expired = 0
+
+    def offer(self, item: T, deadline: float) -> None:
+        """Append ``item``, worth sending until ``deadline`` (the session's clock, seconds)."""
+        self._items.append((deadline, item))
+
+    def pop(self, now: float) -> T | None:
+        """The oldest answer still on time at ``now``; the expired ones before it are dropped."""
+        while self._items:
+            deadline, item = self._items.popleft()
+            if now <= deadline:
+                return item
+            self.expired += 1
+        return None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class SendQueues:
+    """The send task's three sources and the order it drains them in.
+
+    Bootstrap answers go first (they have a deadline measured in seconds and are tiny in number
+    against the stream's rate). Between the roll-up slot and the outbox, Go's ``select`` picks
+    randomly among ready cases; we alternate deterministically instead: when both have
+    something, the source not served last goes first (the roll-up before anything was served),
+    so neither can starve the other.
     """
 
     def __init__(self, outbox_capacity: int = OUTBOX_CAPACITY) -> None:
         self.rollup: PendingRollupSlot[pb.OperatorMessage | EncodedFrame] = PendingRollupSlot()
         self.outbox: Outbox[pb.OperatorMessage] = Outbox(outbox_capacity)
+        self.bootstrap: BootstrapLane[pb.OperatorMessage] = BootstrapLane()
         self._last_was_rollup = False
 
-    def next_frame(self) -> pb.OperatorMessage | EncodedFrame | None:
-        """Pop the next frame to send, or None when both queues are empty."""
+    def next_frame(self, now: float = -math.inf) -> pb.OperatorMessage | EncodedFrame | None:
+        """Pop the next frame to send at time ``now`` (seconds), or None when all are empty."""
+        answer = self.bootstrap.pop(now)
+        if answer is not None:
+            return answer
         if self._last_was_rollup or not self.rollup:
             msg = self.outbox.pop()
             if msg is not None:
@@ -120,7 +167,7 @@ class SendQueues:
         return self.outbox.pop()
 
     def __bool__(self) -> bool:
-        return bool(self.rollup) or len(self.outbox) > 0
+        return bool(self.rollup) or len(self.outbox) > 0 or len(self.bootstrap) > 0
 
 
 #: Default bound on machines with a frame waiting for a worker (see :class:`NodeStateCoalescer`).

@@ -23,7 +23,7 @@ import betterproto
 import trio
 
 from bigfleet_trio.observability import metrics
-from bigfleet_trio.operator.queues import NodeStateCoalescer, SendQueues
+from bigfleet_trio.operator.queues import BOOTSTRAP_ANSWER_DEADLINE, NodeStateCoalescer, SendQueues
 from bigfleet_trio.operator.sessiontypes import (
     DEFAULT_DROP_LOG_INTERVAL,
     DEFAULT_SEND_TIMEOUT,
@@ -156,6 +156,35 @@ class Session:
             return False
         self._wakeup.set()
         return True
+
+    def enqueue_bootstrap(self, msg: pb.OperatorMessage, received: float) -> bool:
+        """Queue a bootstrap answer in its own lane, ahead of other frames, without blocking.
+
+        Kept until ``received`` (when the request was read; the session's clock, seconds) plus
+        :data:`~bigfleet_trio.operator.queues.BOOTSTRAP_ANSWER_DEADLINE`, then dropped unsent:
+        never dropped for being behind other answers (docs/wire.md#send-queues).
+
+        Returns:
+            False when the session has already ended.
+        """
+        if self.closing.is_set():
+            log.debug("reply after the session ended ignored cluster=%s", self.config.cluster_id)
+            return False
+        self.queues.bootstrap.offer(msg, received + BOOTSTRAP_ANSWER_DEADLINE)
+        self._wakeup.set()
+        return True
+
+    def _note_expired(self, before: int) -> None:
+        """Count and log bootstrap answers the send task found past their deadline."""
+        n = self.queues.bootstrap.expired - before
+        if n <= 0:
+            return
+        self.stats.bootstrap_answers_expired += n
+        metrics.BOOTSTRAP_ANSWERS_EXPIRED.inc(n)
+        log.warning("%d bootstrap answer(s) dropped unsent: their %gs deadline passed while "
+                    "queued (the shard has given up on those machines) cluster=%s", n,
+                    BOOTSTRAP_ANSWER_DEADLINE, self.config.cluster_id,
+                    extra={"cluster": self.config.cluster_id, "expired": n})
 
     def _log_drop(self, msg: pb.OperatorMessage) -> None:
         """First drop of an episode: one WARNING; later ones wait for the summary task."""
@@ -293,7 +322,9 @@ class Session:
 
     async def _send_loop(self) -> NoReturn:
         while True:
-            msg = self.queues.next_frame()
+            expired = self.queues.bootstrap.expired
+            msg = self.queues.next_frame(trio.current_time())
+            self._note_expired(expired)
             if msg is None:
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
@@ -409,7 +440,7 @@ class Session:
             nursery.start_soon(self._bounded, kind, self._handlers.on_available_capacity, value)
         elif kind == "bootstrap_request":
             _FRAMES_IN[kind].inc()
-            nursery.start_soon(self._bootstrap, value)
+            nursery.start_soon(self._bootstrap, value, trio.current_time())
         elif kind == "ack":
             _FRAMES_IN[kind].inc()
             level = logging.INFO if value.echo == "hello" else logging.DEBUG
@@ -432,10 +463,12 @@ class Session:
         self.stats.unknown_enum_frames += 1
         if kind == "bootstrap_request":
             REPORTER.report(kind, unknown, "answered with an error")
-            self.enqueue(pb.OperatorMessage(bootstrap_response=pb.BootstrapBlobResponse(
+            answer = pb.BootstrapBlobResponse(
                 request_id=value.request_id,
                 error=f"operator: unknown enum values: {describe(unknown)}",
-            )))
+            )
+            self.enqueue_bootstrap(pb.OperatorMessage(bootstrap_response=answer),
+                                   trio.current_time())
         else:
             REPORTER.report(kind, unknown, "frame skipped")
 
@@ -530,7 +563,7 @@ class Session:
                     if not clean:
                         self.node_states.abandon(machine_id)
 
-    async def _bootstrap(self, req: pb.BootstrapRequest) -> None:
+    async def _bootstrap(self, req: pb.BootstrapRequest, received: float) -> None:
         metrics.DISPATCH_INFLIGHT.inc()
         try:
             try:
@@ -546,6 +579,6 @@ class Session:
                 )
             if not resp.request_id:
                 resp.request_id = req.request_id
-            self.enqueue(pb.OperatorMessage(bootstrap_response=resp))
+            self.enqueue_bootstrap(pb.OperatorMessage(bootstrap_response=resp), received)
         finally:
             metrics.DISPATCH_INFLIGHT.dec()

@@ -172,3 +172,4 @@ class SessionStats:
     handler_errors: int = 0
     rollup_errors: int = 0
     unknown_enum_frames: int = 0
+    bootstrap_answers_expired: int = 0

@@ -26,6 +26,7 @@ SHARED = [
 OPERATOR = [
     "bigfleet_operator_acknowledge_duration_seconds",
     "bigfleet_operator_acknowledged",
+    "bigfleet_operator_bootstrap_answers_expired",
     "bigfleet_operator_bootstrap_render_failures",
     "bigfleet_operator_capacityrequests_excluded",
     "bigfleet_operator_capacityrequests_excluded_current",

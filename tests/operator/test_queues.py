@@ -178,3 +178,29 @@ def test_coalescer_claim_skips_abandoned_queued_key() -> None:
     c.abandon("a")  # never claimed: its ready entry is stale
     assert c.claim() == "b"
     assert c.claim() is None
+
+
+def test_bootstrap_lane_keeps_answers_until_their_deadline() -> None:
+    from bigfleet_trio.operator.queues import BootstrapLane
+
+    lane: BootstrapLane[str] = BootstrapLane()
+    for i in range(300):  # no count cap: a burst beyond the outbox's 256 is kept whole
+        lane.offer(f"a{i}", deadline=10.0 + i)
+    assert len(lane) == 300
+    assert lane.pop(now=10.0) == "a0"  # exactly at the deadline: still on time
+    assert lane.pop(now=15.5) == "a6"  # a1..a5 expired while waiting
+    assert lane.expired == 5
+    assert lane.pop(now=1000.0) is None and lane.expired == 298 and len(lane) == 0
+
+
+def test_send_queues_serve_bootstrap_answers_first() -> None:
+    q = SendQueues(outbox_capacity=4)
+    ack = pb.OperatorMessage(reclaim_ack=pb.ReclaimAck(instruction_id="r"))
+    boot = pb.OperatorMessage(bootstrap_response=pb.BootstrapBlobResponse(request_id="b"))
+    q.outbox.offer(ack)
+    q.rollup.put(pb.OperatorMessage(rollup=pb.ClusterCapacityNeeds()))
+    q.bootstrap.offer(boot, deadline=10.0)
+    assert q.next_frame(now=0.0) is boot
+    assert betterproto.which_one_of(q.next_frame(now=0.0), "payload")[0] == "rollup"
+    assert q.next_frame(now=0.0) is ack
+    assert q.next_frame(now=0.0) is None and not q

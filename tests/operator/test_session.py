@@ -181,24 +181,70 @@ async def test_257th_outbox_item_dropped_and_counted_session_lives(autojump_cloc
         await shard.receive()  # hello; roll-up 1 now blocks the send task
         for i in range(257):
             await shard.send(
-                pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id=f"b{i}"))
+                pb.ShardMessage(
+                    reclaim_instruction=pb.ReclaimInstruction(instruction_id=f"r{i}", nodes=["n"])
+                )
             )
         await trio.testing.wait_all_tasks_blocked()
         assert len(session.queues.outbox) == 256
         assert session.stats.outbox_dropped == 1
         assert dropped_metric() - before == 1
-        # The session is alive: roll-up 1, then the 256 responses in order (b256 was dropped).
+        # The session is alive: roll-up 1, then the 256 acks (one was dropped).
         assert payload(await shard.receive())[0] == "rollup"
-        ids = []
+        ids = set()
         for _ in range(256):
-            kind, resp = payload(await shard.receive())
-            assert kind == "bootstrap_response"
-            ids.append(resp.request_id)
-        assert ids == [f"b{i}" for i in range(256)]
+            kind, ack = payload(await shard.receive())
+            assert kind == "reclaim_ack"
+            ids.add(ack.instruction_id)
+        assert len(ids) == 256 and ids < {f"r{i}" for i in range(257)}
         # ...and keeps going: the next roll-up and a new request's answer arrive.
         await shard.send(pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id="late")))
         got = {payload(await shard.receive())[0] for _ in range(2)}
         assert got == {"rollup", "bootstrap_response"}
+        n.cancel_scope.cancel()
+
+
+async def test_a_bootstrap_burst_beyond_the_outbox_is_answered_in_full(autojump_clock: Any) -> None:
+    """300 pulls while the shard is not reading: none is dropped for being behind the others
+    (docs/wire.md#send-queues); all are sent, in order, once the shard reads again."""
+    before = dropped_metric()
+    async with trio.open_nursery() as n:
+        session, shard, _, _ = await start_session(n, buffer=0)
+        await shard.receive()  # hello; roll-up 1 now blocks the send task
+        for i in range(300):
+            await shard.send(
+                pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id=f"b{i}"))
+            )
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(session.queues.bootstrap) == 300
+        assert session.stats.outbox_dropped == 0 and dropped_metric() == before
+        assert payload(await shard.receive())[0] == "rollup"
+        ids = []
+        for _ in range(300):
+            kind, resp = payload(await shard.receive())
+            assert kind == "bootstrap_response"
+            ids.append(resp.request_id)
+        assert ids == [f"b{i}" for i in range(300)]
+        n.cancel_scope.cancel()
+
+
+async def test_a_bootstrap_answer_past_its_deadline_is_dropped_unsent(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with trio.open_nursery() as n:
+        # The send watchdog above the stall, so the session outlives it.
+        session, shard, _, _ = await start_session(n, buffer=0, send_timeout=60.0)
+        await shard.receive()  # hello; roll-up 1 now blocks the send task
+        await shard.send(pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id="old")))
+        await trio.sleep(6)
+        await shard.send(pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id="new")))
+        await trio.sleep(5)  # "old" is 11 s old, "new" 5 s: only "new" is still worth sending
+        with caplog.at_level(logging.WARNING, logger="bigfleet_trio.operator.session"):
+            assert payload(await shard.receive())[0] == "rollup"
+            kind, resp = payload(await shard.receive())
+        assert (kind, resp.request_id) == ("bootstrap_response", "new")
+        assert session.stats.bootstrap_answers_expired == 1
+        assert any("1 bootstrap answer(s) dropped unsent" in r.getMessage() for r in caplog.records)
         n.cancel_scope.cancel()
 
 
@@ -622,8 +668,9 @@ async def test_send_task_stall_after_hello_ends_session(autojump_clock: Any) -> 
 async def test_slow_but_progressing_shard_is_not_killed(autojump_clock: Any) -> None:
     # every frame waits 4 s for the shard (< send_timeout 5 s), for 60 s in a row
     async with trio.open_nursery() as n:
-        session, shard, _, _ = await start_session(n, buffer=0, send_timeout=5.0,
-                                                    rollup_interval=1.0)
+        session, shard, _, _ = await start_session(
+            n, buffer=0, send_timeout=5.0, rollup_interval=1.0
+        )
         t0 = trio.current_time()
         frames = 0
         while trio.current_time() - t0 < 60:
@@ -660,8 +707,13 @@ async def test_outbox_drops_log_first_then_one_summary_per_interval(
 
         async def burst(tag: str, count: int) -> None:
             for i in range(count):
-                await shard.send(pb.ShardMessage(
-                    bootstrap_request=pb.BootstrapRequest(request_id=f"{tag}{i}")))
+                await shard.send(
+                    pb.ShardMessage(
+                        reclaim_instruction=pb.ReclaimInstruction(
+                            instruction_id=f"{tag}{i}", nodes=["n"]
+                        )
+                    )
+                )
             await trio.testing.wait_all_tasks_blocked()
 
         await burst("a", 101)  # t=0: 1 fills the outbox, 100 dropped
@@ -673,9 +725,9 @@ async def test_outbox_drops_log_first_then_one_summary_per_interval(
         drops = [r for r in caplog.records if "dropped" in r.getMessage()]
         assert [r.levelno for r in drops] == [logging.WARNING] * 4
         msgs = [r.getMessage() for r in drops]
-        assert "kind=bootstrap_response id=a" in msgs[0]
+        assert "kind=reclaim_ack id=a" in msgs[0]
         assert "149 more" in msgs[1] and "in the last 10s" in msgs[1]
-        assert "kind=bootstrap_response id=c" in msgs[2]
+        assert "kind=reclaim_ack id=c" in msgs[2]
         assert "2 more" in msgs[3]
         assert session.stats.outbox_dropped == 100 + 50 + 3
         assert dropped_metric() - before == 153
@@ -693,8 +745,11 @@ async def test_drops_not_yet_summarised_are_logged_when_the_session_ends(
         )
         await shard.receive()  # hello
         for i in range(6):  # 1 queued, 5 dropped: first logged, 4 pending a summary
-            await shard.send(pb.ShardMessage(
-                bootstrap_request=pb.BootstrapRequest(request_id=f"x{i}")))
+            await shard.send(
+                pb.ShardMessage(
+                    reclaim_instruction=pb.ReclaimInstruction(instruction_id=f"x{i}", nodes=["n"])
+                )
+            )
         await trio.testing.wait_all_tasks_blocked()
         await trio.sleep(3)
         n.cancel_scope.cancel()
