@@ -31,6 +31,7 @@ from bigfleet_trio.kube.informer import SyncTimeout
 from bigfleet_trio.kube.startup import Unauthenticated, sync_or_refused
 from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability.events import EventFeed
+from bigfleet_trio.observability.looplag import watch_loop_lag
 from bigfleet_trio.operator.agent import Agent, SessionChange
 from bigfleet_trio.operator.bootstrap import Renderer
 from bigfleet_trio.operator.reclaim import DrainManager, apply_resume, plan_resume, utc_now
@@ -429,6 +430,8 @@ async def serve_operator(
                 return ok, (["leader", *detail] if ok and elector is not None else detail)
 
             async with trio.open_nursery() as nursery:
+                # Runs until the nursery is cancelled, like the diagnostics listeners.
+                await nursery.start(watch_loop_lag)
                 bound = [
                     await nursery.start(
                         partial(serve_observability, cfg.metrics_addr, readiness=readiness,

@@ -25,6 +25,7 @@ from bigfleet_trio.excgroups import find_in_group
 from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
 from bigfleet_trio.kube.errors import KubeConfigError
 from bigfleet_trio.observability.http import serve_observability
+from bigfleet_trio.observability.looplag import watch_loop_lag
 from bigfleet_trio.observability.metrics import BinaryRegistry
 
 from .controller import CONTROLLER_NAME, PodController, SyncTimeout
@@ -94,6 +95,8 @@ async def serve_pod_controller(
                                     identity=leader_identity())
         readiness = partial(pod_controller_readiness, ctl, leader_elect=elector is not None)
         async with trio.open_nursery() as nursery:
+            # Runs until the nursery is cancelled, like the diagnostics listeners.
+            await nursery.start(watch_loop_lag)
             addrs = [cfg.metrics_addr]
             if cfg.health_probe_addr and cfg.health_probe_addr != cfg.metrics_addr:
                 addrs.append(cfg.health_probe_addr)
