@@ -49,7 +49,7 @@ import os
 import random
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import yaml
 
@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "BUILTIN_PRIORITY_CLASSES",
     "ExpandError",
+    "ExpandOptions",
     "admit_pod",
     "apply_pod_defaults",
     "expand_manifests",
@@ -306,6 +307,25 @@ def _pod_from_template(
     }
 
 
+class ExpandOptions(TypedDict, total=False):
+    """Keyword options of :func:`expand_manifests` and :func:`expand_object`.
+
+    Attributes:
+        namespace: the namespace for objects that name none (default ``"default"``).
+        daemonset_nodes: node names; a DaemonSet gets one Pod per name (default ``("node-0",)``).
+        include_suspended: expand suspended Jobs as if they were resumed (default False).
+        rng: source of random name suffixes and UIDs; ``random.Random(0)`` when None, so the
+            output is deterministic.
+        uid_factory: makes object UIDs; defaults to version-4 UUIDs drawn from ``rng``.
+    """
+
+    namespace: str
+    daemonset_nodes: Sequence[str]
+    include_suspended: bool
+    rng: random.Random | None
+    uid_factory: Callable[[], str] | None
+
+
 def _daemonset_affinity(spec: dict[str, Any], node: str) -> None:
     term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
     affinity = spec.setdefault("affinity", {})
@@ -314,13 +334,7 @@ def _daemonset_affinity(spec: dict[str, Any], node: str) -> None:
 
 
 def expand_object(
-    obj: Mapping[str, Any],
-    *,
-    namespace: str = "default",
-    daemonset_nodes: Sequence[str] = ("node-0",),
-    include_suspended: bool = False,
-    rng: random.Random | None = None,
-    uid_factory: Callable[[], str] | None = None,
+    obj: Mapping[str, Any], **opts: Unpack[ExpandOptions]
 ) -> list[dict[str, Any]]:
     """The Pods one workload object produces, BEFORE defaulting and admission.
 
@@ -329,6 +343,11 @@ def expand_object(
     Raises:
         ExpandError: the object is malformed.
     """
+    namespace = opts.get("namespace", "default")
+    daemonset_nodes = opts.get("daemonset_nodes", ("node-0",))
+    include_suspended = opts.get("include_suspended", False)
+    uid_factory = opts.get("uid_factory")
+    rng = opts.get("rng")
     rng = rng if rng is not None else random.Random(0)
     new_uid = (
         uid_factory
@@ -465,13 +484,7 @@ def expand_object(
 
 
 def expand_manifests(
-    objects: Iterable[Mapping[str, Any]],
-    *,
-    namespace: str = "default",
-    daemonset_nodes: Sequence[str] = ("node-0",),
-    include_suspended: bool = False,
-    rng: random.Random | None = None,
-    uid_factory: Callable[[], str] | None = None,
+    objects: Iterable[Mapping[str, Any]], **opts: Unpack[ExpandOptions]
 ) -> list[dict[str, Any]]:
     """Every Pod the given manifests produce, defaulted and admitted.
 
@@ -480,12 +493,8 @@ def expand_manifests(
 
     Args:
         objects: parsed manifests (e.g. from :func:`load_manifests`), any kinds, any order.
-        namespace: the namespace for objects that name none.
-        daemonset_nodes: node names; a DaemonSet gets one Pod per name.
-        include_suspended: expand suspended Jobs as if they were resumed.
-        rng: source of random name suffixes and UIDs; ``random.Random(0)`` when None, so the
-            output is deterministic.
-        uid_factory: makes object UIDs; defaults to version-4 UUIDs drawn from ``rng``.
+        opts: :class:`ExpandOptions` (namespace, daemonset_nodes, include_suspended, rng,
+            uid_factory).
 
     Returns:
         Pods as JSON dicts with ``metadata.{name,namespace,uid,labels,ownerReferences}``,
@@ -496,19 +505,13 @@ def expand_manifests(
         ExpandError: a manifest is malformed, or admission would reject a Pod.
     """
     objs = list(objects)
-    rng = rng if rng is not None else random.Random(0)
+    if opts.get("rng") is None:  # one generator across all objects: deterministic output
+        opts["rng"] = random.Random(0)
     priority_classes, global_default = _priority_classes(objs)
     runtime_classes = _runtime_classes(objs)
     pods: list[dict[str, Any]] = []
     for obj in objs:
-        for pod in expand_object(
-            obj,
-            namespace=namespace,
-            daemonset_nodes=daemonset_nodes,
-            include_suspended=include_suspended,
-            rng=rng,
-            uid_factory=uid_factory,
-        ):
+        for pod in expand_object(obj, **opts):
             apply_pod_defaults(pod)
             admit_pod(pod, priority_classes, runtime_classes, global_default)
             pods.append(pod)

@@ -62,6 +62,21 @@ def _path_str(path: list[Any]) -> str:
     return s
 
 
+def _type_cause(val: str, path: str, want: object) -> dict[str, str]:
+    """The apiserver's FieldValueTypeInvalid cause (``want``: a type, or "integer or string")."""
+    return field_cause(
+        "FieldValueTypeInvalid", path, f"Invalid value: {val}: {path} in body must be of type "
+        f"{want}: {val}"
+    )
+
+
+def _unsupported_cause(val: str, path: str, allowed: str) -> dict[str, str]:
+    """The apiserver's FieldValueNotSupported cause (an enum value not in ``allowed``)."""
+    return field_cause(
+        "FieldValueNotSupported", path, f"Unsupported value: {val}: supported values: {allowed}"
+    )
+
+
 def _fmt_value(v: Any) -> str:
     if isinstance(v, str):
         return f'"{v}"'
@@ -133,23 +148,11 @@ class SchemaValidator:
             val = _fmt_value(err.instance)
             if err.validator == "enum":
                 allowed = ", ".join(_fmt_value(v) for v in err.validator_value)
-                causes.append(
-                    field_cause(
-                        "FieldValueNotSupported",
-                        path,
-                        f"Unsupported value: {val}: supported values: {allowed}",
-                    )
-                )
+                causes.append(_unsupported_cause(val, path, allowed))
             elif err.validator == "type":
                 want = err.validator_value
                 want = want[0] if isinstance(want, list) else want
-                causes.append(
-                    field_cause(
-                        "FieldValueTypeInvalid",
-                        path,
-                        f"Invalid value: {val}: {path} in body must be of type {want}: {val}",
-                    )
-                )
+                causes.append(_type_cause(val, path, want))
             elif err.validator == "pattern":
                 causes.append(
                     field_cause(
@@ -160,14 +163,7 @@ class SchemaValidator:
                     )
                 )
             elif err.validator == "anyOf":
-                causes.append(
-                    field_cause(
-                        "FieldValueTypeInvalid",
-                        path,
-                        f"Invalid value: {val}: {path} in body must be of type integer or "
-                        f"string: {val}",
-                    )
-                )
+                causes.append(_type_cause(val, path, "integer or string"))
             else:
                 causes.append(
                     field_cause("FieldValueInvalid", path, f"Invalid value: {val}: {err.message}")
@@ -255,6 +251,17 @@ _IGNORED = {
     "x-kubernetes-list-map-keys",
     "x-kubernetes-embedded-resource",
 }
+_BOUNDS = (
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+)
+"""The numeric bound keywords (checked by one loop over value, length and size)."""
 _HANDLED = {
     "type",
     "enum",
@@ -264,16 +271,9 @@ _HANDLED = {
     "additionalProperties",
     "items",
     "anyOf",
-    "minimum",
-    "maximum",
     "exclusiveMinimum",
     "exclusiveMaximum",
-    "minLength",
-    "maxLength",
-    "minItems",
-    "maxItems",
-    "minProperties",
-    "maxProperties",
+    *_BOUNDS,
 }
 
 
@@ -338,20 +338,7 @@ def _compile(schema: Any, top: bool = False) -> _Check:
     items_check = _compile(items) if isinstance(items, dict) else None
     if isinstance(items, list):
         raise _Unsupported
-    bounds = {
-        k: schema[k]
-        for k in (
-            "minimum",
-            "maximum",
-            "minLength",
-            "maxLength",
-            "minItems",
-            "maxItems",
-            "minProperties",
-            "maxProperties",
-        )
-        if k in schema
-    }
+    bounds = {k: schema[k] for k in _BOUNDS if k in schema}
     excl_min = bool(schema.get("exclusiveMinimum"))
     excl_max = bool(schema.get("exclusiveMaximum"))
 
@@ -361,34 +348,15 @@ def _compile(schema: Any, top: bool = False) -> _Check:
         if int_or_string:
             if not (_is_type(v, "integer") or isinstance(v, str)):
                 val = _fmt_value(v)
-                causes.append(
-                    field_cause(
-                        "FieldValueTypeInvalid",
-                        path,
-                        f"Invalid value: {val}: {path} in body must be of type integer or "
-                        f"string: {val}",
-                    )
-                )
+                causes.append(_type_cause(val, path, "integer or string"))
                 return
         elif typ is not None and not _is_type(v, typ):
             val = _fmt_value(v)
-            causes.append(
-                field_cause(
-                    "FieldValueTypeInvalid",
-                    path,
-                    f"Invalid value: {val}: {path} in body must be of type {typ}: {val}",
-                )
-            )
+            causes.append(_type_cause(val, path, typ))
             return
         if enum is not None and v not in enum:
             allowed = ", ".join(_fmt_value(e) for e in enum)
-            causes.append(
-                field_cause(
-                    "FieldValueNotSupported",
-                    path,
-                    f"Unsupported value: {_fmt_value(v)}: supported values: {allowed}",
-                )
-            )
+            causes.append(_unsupported_cause(_fmt_value(v), path, allowed))
         if pattern is not None and isinstance(v, str) and not pattern.search(v):
             causes.append(
                 field_cause(
