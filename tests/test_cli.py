@@ -687,3 +687,28 @@ def test_ci_runs_the_readme_first_block_verbatim() -> None:
         " && .venv/bin/bigfleet-trio demo",
         ".venv/bin/python -m pytest -q",
     ]
+
+
+def test_readme_development_commands() -> None:
+    """The README's Development lines: the dev extra has the tools it names, and the bench's
+    --help runs."""
+    import subprocess
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert "`.venv/bin/pip install -e '.[dev]'` adds ruff, mypy and pyinstrument." in readme
+    dev = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {d.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip() for d in dev["dev"]}
+    assert {"ruff", "mypy", "pyinstrument"} <= names
+    assert "`.venv/bin/python -m scripts.bench --help`" in readme
+    out = subprocess.run(
+        [sys.executable, "-m", "scripts.bench", "--help"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "fleet" in out

@@ -644,3 +644,10 @@ spec:
               properties:
                 size: {type: integer, description: Size in millimetres.}
 """
+
+
+async def test_readme_get_cr_upn_avc_all_namespaces(kube: Kube) -> None:
+    """The README's exploration command after `demo --keep-running`, as written."""
+    await kube.out("create", "-f", "-", stdin=CR_YAML)
+    out = await kube.out("get", "cr,upn,avc", "-A")
+    assert "capacityrequest.bigfleet.lucy.sh/req1" in out
