@@ -23,14 +23,12 @@ import betterproto
 import trio
 
 from bigfleet_trio.observability import metrics
+from bigfleet_trio.operator import sessiontypes
 from bigfleet_trio.operator.queues import BOOTSTRAP_ANSWER_DEADLINE, NodeStateCoalescer, SendQueues
+from bigfleet_trio.operator.sessiontypes import *  # noqa: F403 - re-exported (see __all__)
 from bigfleet_trio.operator.sessiontypes import (
-    DEFAULT_DROP_LOG_INTERVAL,
-    DEFAULT_SEND_TIMEOUT,
-    PROTOCOL_VERSION,
     Frame,
     Handlers,
-    Reply,
     RollupSource,
     SendStalled,
     SessionConfig,
@@ -41,20 +39,8 @@ from bigfleet_trio.shard.codec import EncodedFrame
 from bigfleet_trio.shard.enums import REPORTER, UnknownEnum, describe, unknown_enum_values
 from bigfleet_trio.shard.transport import OperatorStream, PriorityReceive, StreamClosed
 
-__all__ = [
-    "DEFAULT_DROP_LOG_INTERVAL",
-    "DEFAULT_SEND_TIMEOUT",
-    "PROTOCOL_VERSION",
-    "Frame",
-    "Handlers",
-    "Reply",
-    "RollupSource",
-    "SendStalled",
-    "Session",
-    "SessionConfig",
-    "SessionStats",
-    "current_session",
-]
+__all__ = ["Session", "current_session"]
+__all__ += sessiontypes.__all__  # the types live there; this is their usual import path
 
 log = logging.getLogger(__name__)
 
