@@ -230,3 +230,30 @@ def _citations(*, operator: bool) -> list[str]:
 def test_no_citations_outside_the_repository(operator: bool) -> None:
     found = _citations(operator=operator)
     assert not found, f"{len(found)} citations outside the repository:\n" + "\n".join(found)
+
+
+def test_readme_layout_names_existing_paths() -> None:
+    """Every path the README's Layout bullet names exists (the section matches the tree)."""
+    import re
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = text.split("- Layout", 1)[1].split("\n- `docs/`", 1)[0]
+    named = re.findall(r"`([\w./+-]+)`", layout)
+    paths = []
+    base = ""
+    for name in named:
+        if name.startswith(("bigfleet_trio/", "tests/", "scripts/", "config/", "proto/")):
+            base = name if name.endswith("/") else name.rsplit("/", 1)[0] + "/"
+            paths.append(name)
+        elif name.endswith((".py", "/")) and base:
+            paths.append(base + name)  # relative to the package named before it
+        elif name in ("Dockerfile", "constraints.txt", "FAULTS.md", "CONTRIBUTING.md"):
+            paths.append(name)
+    missing = [
+        p
+        for p in paths
+        if not (ROOT / p).exists()
+        and not (ROOT / "scripts" / p).exists()
+        and not (ROOT / "tests" / p).exists()
+    ]
+    assert len(paths) > 20 and not missing, missing
