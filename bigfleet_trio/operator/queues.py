@@ -106,8 +106,8 @@ class BootstrapLane(Generic[T]):
     its blobs at once, and a response refused for being the 257th is a machine sure to fail,
     while one that waits a little is still on time. So answers are kept until their deadline
     (request read + :data:`BOOTSTRAP_ANSWER_DEADLINE`) and dropped when popped after it. The
-    lane cannot grow without bound: each answer is one shard request, and the shard stops
-    waiting (and pulling for that machine) at the same deadline.
+    lane cannot grow without bound: expired answers are dropped on every offer too, so it holds
+    at most the answers to the requests read in the last deadline's worth of seconds.
 
     Attributes:
         expired: answers dropped because their deadline had passed when their turn came.
@@ -117,8 +117,16 @@ class BootstrapLane(Generic[T]):
         self._items: deque[tuple[float, T]] = deque()
         self.expired = 0
 
-    def offer(self, item: T, deadline: float) -> None:
-        """Append ``item``, worth sending until ``deadline`` (the session's clock, seconds)."""
+    def offer(self, item: T, deadline: float, now: float = -math.inf) -> None:
+        """Append ``item``, worth sending until ``deadline`` (the session's clock, seconds).
+
+        Answers already past their deadline at ``now`` are dropped from the head first, so a
+        shard that stops reading altogether holds the lane to one deadline's worth of answers
+        (the send task, stuck on the stalled stream, is not there to pop them).
+        """
+        while self._items and self._items[0][0] < now:
+            self._items.popleft()
+            self.expired += 1
         self._items.append((deadline, item))
 
     def pop(self, now: float) -> T | None:

@@ -121,6 +121,8 @@ class Session:
         self._ack_running = False
         self._drops_quiet_until = -math.inf  # drops before this time only add to the summary
         self._drops_unlogged = 0
+        self._expired_unlogged = 0
+        self._expired_quiet_until = -math.inf
         self._drops_pending = trio.Event()  # set when _drops_unlogged becomes > 0
 
     # ---- public, non-blocking ----------------------------------------------------------------
@@ -156,21 +158,30 @@ class Session:
         if self.closing.is_set():
             log.debug("reply after the session ended ignored cluster=%s", self.config.cluster_id)
             return False
-        self.queues.bootstrap.offer(msg, received + BOOTSTRAP_ANSWER_DEADLINE)
+        expired = self.queues.bootstrap.expired
+        self.queues.bootstrap.offer(msg, received + BOOTSTRAP_ANSWER_DEADLINE, trio.current_time())
+        self._note_expired(expired)
         self._wakeup.set()
         return True
 
     def _note_expired(self, before: int) -> None:
-        """Count and log bootstrap answers the send task found past their deadline."""
+        """Count bootstrap answers found past their deadline; log them at most once per
+        ``drop_log_interval`` (a shard that stopped reading would otherwise flood the log)."""
         n = self.queues.bootstrap.expired - before
         if n <= 0:
             return
         self.stats.bootstrap_answers_expired += n
         metrics.BOOTSTRAP_ANSWERS_EXPIRED.inc(n)
+        self._expired_unlogged += n
+        now = trio.current_time()
+        if now < self._expired_quiet_until:
+            return
+        count, self._expired_unlogged = self._expired_unlogged, 0
+        self._expired_quiet_until = now + self.config.drop_log_interval
         log.warning("%d bootstrap answer(s) dropped unsent: their %gs deadline passed while "
-                    "queued (the shard has given up on those machines) cluster=%s", n,
+                    "queued (the shard has given up on those machines) cluster=%s", count,
                     BOOTSTRAP_ANSWER_DEADLINE, self.config.cluster_id,
-                    extra={"cluster": self.config.cluster_id, "expired": n})
+                    extra={"cluster": self.config.cluster_id, "expired": count})
 
     def _log_drop(self, msg: pb.OperatorMessage) -> None:
         """First drop of an episode: one WARNING; later ones wait for the summary task."""

@@ -35,7 +35,8 @@ from .workqueue import WorkQueue
 
 __all__ = ["PlanApplier"]
 
-log = logging.getLogger(__name__)
+# The controller's logger name, as before this module was split out: log filters keep working.
+log = logging.getLogger("bigfleet_trio.podcontroller.controller")
 
 
 class PlanApplier:

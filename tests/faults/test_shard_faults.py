@@ -190,35 +190,44 @@ class _Handlers:
 async def test_shard_that_never_reads_outbox_bounded_memory_flat(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The shard accepts, sends 3 000 BootstrapRequests and never reads: the send task blocks
-    on the stalled stream, the outbox holds 256, the rest are dropped (newest) and counted; the
-    session stays up and the memory it holds does not grow with the number of requests."""
-    # one warning per dropped frame; captured records would themselves grow memory
+    """The shard accepts, sends 1 000 BootstrapRequests every 5 s for 40 s and never reads: the
+    send task blocks on the stalled stream; bootstrap answers wait in their lane only until
+    their 10 s deadline (docs/wire.md#send-queues), so the lane holds at most the last ~10 s of
+    answers and the memory the session holds stops growing once that window is full."""
+    # one summary line per interval at most, but keep captured records out of the measurement
     caplog.set_level(logging.CRITICAL, logger="bigfleet_trio.operator.session")
     op_end, shard_end = memory_stream_pair(1)  # Hello fits in the "window", then it stalls
-    session = Session(op_end, SessionConfig(cluster_id="c1", rollup_interval=1.0), _Source(),
-                      _Handlers())
+    handlers = _Handlers()
+    session = Session(op_end, SessionConfig(cluster_id="c1", rollup_interval=1.0,
+                                            send_timeout=1000.0), _Source(), handlers)
     peaks: list[int] = []
+    sizes: list[int] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(session.run)
         await trio.lowlevel.checkpoint()  # Hello goes into the 1-frame "window"
         tracemalloc.start()
         try:
-            for burst in range(3):
+            for burst in range(8):
                 for i in range(1000):
                     await shard_end.send(pb.ShardMessage(
                         bootstrap_request=pb.BootstrapRequest(request_id=f"r{burst}-{i}")))
+                await trio.testing.wait_all_tasks_blocked()
+                sizes.append(len(session.queues.bootstrap))
+                handlers.seen.clear()  # the test's own record of requests is not the session's
                 await trio.sleep(5)  # five roll-up ticks, all coalesced into one slot
                 cur, _ = tracemalloc.get_traced_memory()
                 peaks.append(cur)
         finally:
             tracemalloc.stop()
-        assert len(session.queues.outbox) == 256
-        assert session.stats.outbox_dropped == 3_000 - 256
+        # Bursts 5 s apart, a 10 s deadline: at most three bursts' answers are ever held.
+        assert sizes[:3] == [1000, 2000, 3000]
+        assert max(sizes) <= 3000 and sizes[-1] <= 3000
+        assert session.stats.bootstrap_answers_expired == 8000 - sizes[-1]
+        assert session.stats.outbox_dropped == 0
         assert session.stats.rollups_replaced >= 10
         assert not session.closing.is_set()
-        # memory flat: the last two bursts (all dropped) add < 256 KiB over the first
-        assert peaks[-1] - peaks[0] < 256 << 10, peaks
+        # memory flat once the window is full: the last bursts add < 256 KiB over burst 3's
+        assert peaks[-1] - peaks[2] < 256 << 10, (peaks, sizes)
         nursery.cancel_scope.cancel()
 
 
