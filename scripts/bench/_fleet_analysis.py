@@ -84,3 +84,32 @@ def nsu_latencies(nsu: list[list[Any]], un_events: dict[str, list[tuple[float, s
                 out[phase_of(t)].append(max(0.0, te - t))
                 break
     return out
+
+
+def cr_readds(readds: list[tuple[float, str, str, float | None]], pod_deleted: dict[str, float],
+              cr_deleted: dict[str, float], grace: float = 30.0) -> dict[str, dict[str, Any]]:
+    """Per phase (when seen): a Pod's CR created again after the first one, split by the Pod.
+
+    ``live``: the Pod was not deleted by ``grace`` seconds after the re-add (the bench's Pod and
+    CR watches are separate streams, so a deletion can show up late). ``pod_deleted``: the Pod
+    was deleted before, or within ``grace`` after, the re-add (a create for a Pod on its way
+    out, which the garbage collector removes). ``pod_delete_to_readd``: re-add minus the Pod's
+    deletion (negative: the deletion was seen after); ``cr_delete_to_readd``: since the earlier
+    CR was deleted; ``readd_lifetime``: until the re-added CR was deleted (NaN: it stayed).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for t, uid, phase, prev_delete in readds:
+        row = out.setdefault(phase, {"live": 0, "pod_deleted": 0, "pod_delete_to_readd": [],
+                                     "cr_delete_to_readd": [], "readd_lifetime": []})
+        gone = pod_deleted.get(uid)
+        if gone is not None and gone <= t + grace:
+            row["pod_deleted"] += 1
+            row["pod_delete_to_readd"].append(t - gone)
+        else:
+            row["live"] += 1
+        if prev_delete is not None:
+            row["cr_delete_to_readd"].append(t - prev_delete)
+        later = cr_deleted.get(uid)
+        row["readd_lifetime"].append(later - t if later is not None and later >= t
+                                     else float("nan"))
+    return out

@@ -28,6 +28,12 @@ class Observed:
     pod_added: dict[str, tuple[float, str]] = field(default_factory=dict)   # uid -> t, phase
     cr_added: dict[str, float] = field(default_factory=dict)               # pod uid -> t
     pod_to_cr: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    # A Pod's CR is named after its UID, so a second on_add for one Pod UID is the same CR
+    # deleted and created again; it is no Pod -> CR latency and is kept apart here.
+    pod_deleted: dict[str, float] = field(default_factory=dict)            # uid -> t
+    cr_deleted: dict[str, float] = field(default_factory=dict)             # pod uid -> last t
+    # t, pod uid, phase, when the CR was last deleted before (None: no delete seen)
+    cr_readds: list[tuple[float, str, str, float | None]] = field(default_factory=list)
     cpu: int = 0
     mem: int = 0
     contrib: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -78,6 +84,9 @@ def wire(obs: Observed, pods: Any, crs: Any, uns: Any) -> None:
     def pod_add(p: dict[str, Any]) -> None:
         obs.pod_added[str(p["metadata"]["uid"])] = (time.time(), obs.phase)
 
+    def pod_delete(p: dict[str, Any]) -> None:
+        obs.pod_deleted[str(p["metadata"]["uid"])] = time.time()
+
     def cr_change(key: str, cr: dict[str, Any] | None) -> None:
         old = obs.contrib.pop(key, (0, 0))
         new = (0, 0)
@@ -98,19 +107,28 @@ def wire(obs: Observed, pods: Any, crs: Any, uns: Any) -> None:
         now = time.time()
         uid = cr["metadata"]["labels"].get(OWNED_BY_POD)
         if uid:
-            obs.cr_added[uid] = now
-            seen = obs.pod_added.get(uid)
-            if seen is not None:
-                obs.pod_to_cr[seen[1]].append(now - seen[0])
+            if uid in obs.cr_added:  # the Pod's CR again: not a Pod -> CR latency
+                obs.cr_readds.append((now, uid, obs.phase, obs.cr_deleted.get(uid)))
+            else:
+                obs.cr_added[uid] = now
+                seen = obs.pod_added.get(uid)
+                if seen is not None:
+                    obs.pod_to_cr[seen[1]].append(now - seen[0])
         cr_change(_k(cr), cr)
+
+    def cr_delete(cr: dict[str, Any]) -> None:
+        uid = cr["metadata"]["labels"].get(OWNED_BY_POD)
+        if uid:
+            obs.cr_deleted[uid] = time.time()
+        cr_change(_k(cr), None)
 
     def un_event(u: dict[str, Any]) -> None:
         obs.un_events[str(u["metadata"]["name"]).removeprefix("un-")].append(
             (time.time(), u["phase"]))
 
-    pods.add_handler(on_add=pod_add)
+    pods.add_handler(on_add=pod_add, on_delete=pod_delete)
     crs.add_handler(on_add=cr_add, on_update=lambda _o, n: cr_change(_k(n), n),
-                    on_delete=lambda o: cr_change(_k(o), None))
+                    on_delete=cr_delete)
     uns.add_handler(on_add=un_event, on_update=lambda o, n: un_event(n) if o["phase"] != n[
         "phase"] else None, on_delete=lambda o: un_event({**o, "phase": "Deleted"}))
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from scripts.bench import _common as C
-from scripts.bench._fleet_analysis import nsu_latencies, pct, rollup_latencies
+from scripts.bench._fleet_analysis import cr_readds, nsu_latencies, pct, rollup_latencies
 from scripts.bench._fleet_observe import Observed
 from scripts.bench._fleet_procs import Fleet
 
@@ -47,6 +47,7 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
             unanswered += 1
             continue
         boot[obs.phase_of(sent)].append(answered - sent)
+    readds = cr_readds(obs.cr_readds, obs.pod_deleted, obs.cr_deleted)
     rec: dict[str, list[float]] = defaultdict(list)
     for _iid, _node, issued, acked in stats.get("reclaim") or []:
         if acked is not None:
@@ -55,6 +56,16 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
         if obs.pod_to_cr.get(ph):
             figures += _rows(f"{ph}: Pod created -> CR exists", obs.pod_to_cr[ph],
                              baseline=cycle, label="one roll-up interval")
+        if ph in readds:
+            r = readds[ph]
+            figures.append(C.figure(
+                f"{ph}: CRs re-created for a live Pod", "CRs", r["live"],
+                baseline=r["live"] + r["pod_deleted"],
+                baseline_label="a Pod's CR created again (Pod live or being deleted)"))
+            figures.append(C.figure(
+                f"{ph}: CRs re-created for a deleted Pod", "CRs", r["pod_deleted"],
+                baseline=len(obs.pod_deleted),
+                baseline_label="Pods deleted in the run"))
         if roll.get(ph):
             figures += _rows(f"{ph}: CR change -> roll-up carrying it", roll[ph],
                              baseline=cycle, label="one roll-up interval")
@@ -113,6 +124,11 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
         figures.append(C.figure(f"{name}: RSS growth over churn", "MB/h", growth,
                                 baseline=peak, baseline_label="peak RSS (ratio = share per hour)"))
     result["figures"] = figures
+    result["extra"]["cr_readds"] = {ph: {
+        k: (v if isinstance(v, int) else
+            {"n": len(v), "p50": pct(v, 0.5), "p99": pct(v, 0.99),
+             "min": min(v, default=float("nan")), "max": max(v, default=float("nan"))})
+        for k, v in r.items()} for ph, r in readds.items()}
     result["extra"]["bootstrap_unanswered"] = unanswered
     result["extra"]["bootstrap_past_deadline"] = sum(1 for v in boot.values() for x in v
                                                      if x > BOOTSTRAP_DEADLINE)
