@@ -32,7 +32,7 @@ from . import metrics
 from . import projections as proj
 from .apply import PlanApplier
 from .defaults import PriorityClassDefaults
-from .keys import OrphanKey, PodKey, QueueKey, StampKey
+from .keys import OrphanKey, PodKey, QueueKey, RecreateKey, StampKey
 from .plan import (
     REASON_FAILED,
     REASON_REJECTED,
@@ -224,9 +224,12 @@ class PodController(PlanApplier):
         # recreate at once if that very Pod is still live (not for GC after a Pod deletion),
         # and not when we deleted it ourselves because that Pod cannot have a CR right now
         # (unsupported requirement / rejected by the apiserver: a Pod change re-checks it)
+        # ... but the cache may lag: a CR deleted by GC after its Pod was deleted can arrive on
+        # the CR watch before the Pod watch delivers the Pod's deletion, and re-creating then
+        # loops (the new CR is collected again at once). So the Pod is confirmed live first.
         if (pod is not None and pod.get("metadata", {}).get("uid") == uid
                 and not is_terminal(pod) and not self._no_cr_wanted(uid)):
-            self._enqueue_pod(key)
+            self.queue.add(RecreateKey.parse(key))
 
     # -- running ------------------------------------------------------------------------------
 
@@ -359,6 +362,8 @@ class PodController(PlanApplier):
         if isinstance(item, StampKey):
             await self.reconcile_stamp(item)
             return None
+        if isinstance(item, RecreateKey):
+            return await self.reconcile_recreate(item)
         log.error("pod controller unknown queue item item=%r", item)
         return None
 
@@ -379,6 +384,25 @@ class PodController(PlanApplier):
         )
         plan = plan_pod(pod, owned, self.defaults)
         return await self._apply(key, pod, owned, plan)
+
+    async def reconcile_recreate(self, key: RecreateKey) -> str:
+        """Re-create a deleted CR only if its Pod is live at the apiserver (a GET), not just in
+        the cache; otherwise leave it to the Pod watch, which will deliver the deletion.
+
+        Raises:
+            ApiError, KubeTransportError: the GET failed (the worker re-queues with backoff).
+        """
+        cached = self.pods.store.get(str(key))
+        uid = (cached or {}).get("metadata", {}).get("uid")
+        try:
+            live = await self.client.get(PODS, key.name, key.namespace)
+        except NotFound:
+            live = None
+        meta = (live or {}).get("metadata") or {}
+        if live is None or meta.get("uid") != uid or meta.get("deletionTimestamp"):
+            log.debug("cr deleted with its pod; not re-created pod=%s", key)
+            return "pod_gone"
+        return await self.reconcile_pod(PodKey(key.namespace, key.name))
 
     async def reconcile_orphan(self, key: OrphanKey | str) -> str | None:
         """Delete the CR ``key`` if its owner Pod is really gone (a live GET confirms)."""

@@ -1,6 +1,6 @@
 """The pod controller's work-queue keys: which object a queued job is about, typed.
 
-Three kinds of job share one de-duplicating queue; a key's type says which, its fields say
+Four kinds of job share one de-duplicating queue; a key's type says which, its fields say
 which object (``str(key)`` is ``"namespace/name"``, as in log lines).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-__all__ = ["OrphanKey", "PodKey", "QueueKey", "StampKey", "split_key"]
+__all__ = ["OrphanKey", "PodKey", "QueueKey", "RecreateKey", "StampKey", "split_key"]
 
 
 def split_key(key: str) -> tuple[str, str]:
@@ -66,4 +66,17 @@ class StampKey(_Key):
         return cls(*split_key(key))
 
 
-QueueKey = PodKey | OrphanKey | StampKey
+@dataclass(frozen=True, slots=True)
+class RecreateKey(_Key):
+    """A CR of this Pod was deleted while the cache still shows the Pod: confirm the Pod is
+    live (a GET) before re-creating it, since the deletion may be garbage collection after a
+    Pod deletion the Pod watch has not delivered yet."""
+
+    kind: ClassVar[str] = "recreate"
+
+    @classmethod
+    def parse(cls, key: str) -> RecreateKey:
+        return cls(*split_key(key))
+
+
+QueueKey = PodKey | OrphanKey | StampKey | RecreateKey

@@ -522,11 +522,18 @@ async def test_pending_stamp_never_overwrites_a_newer_phase(
         stale_rv = (await client.get(CAPACITY_REQUESTS, name, "default"))["metadata"][
             "resourceVersion"
         ]
-        await client.patch(CAPACITY_REQUESTS, name, {"status": {"phase": "Acknowledged"}},
-                           "default", subresource="status")
+        await client.patch(
+            CAPACITY_REQUESTS,
+            name,
+            {"status": {"phase": "Acknowledged"}},
+            "default",
+            subresource="status",
+        )
         await eventually(
-            lambda: (ctl.crs.store.get(f"default/{name}") or {}).get("status")
-            == {"phase": "Acknowledged"}
+            lambda: (
+                (ctl.crs.store.get(f"default/{name}") or {}).get("status")
+                == {"phase": "Acknowledged"}
+            )
         )
         ctl.crs.store._pop(f"default/{name}")
         ctl._stamp_rv[StampKey("default", name)] = stale_rv
@@ -534,8 +541,9 @@ async def test_pending_stamp_never_overwrites_a_newer_phase(
         got = await client.get(CAPACITY_REQUESTS, name, "default")
         assert got["status"]["phase"] == "Acknowledged"
         # a CR that really has no phase yet is stamped even with a stale resourceVersion
-        await client.patch(CAPACITY_REQUESTS, name, {"status": None}, "default",
-                           subresource="status")
+        await client.patch(
+            CAPACITY_REQUESTS, name, {"status": None}, "default", subresource="status"
+        )
         ctl._stamp_rv[StampKey("default", name)] = stale_rv
         await ctl.reconcile(StampKey("default", name))
         got = await client.get(CAPACITY_REQUESTS, name, "default")
@@ -582,7 +590,8 @@ async def test_gt_lt_requirements_are_copied_into_the_cr_verbatim(
     server = ApiServer()  # the shipped CRD: requirements[].operator is any string
     async with running(server) as (ctl, client):
         created = await client.create(
-            PODS, pod("p", affinity=_node_affinity(IN_GEN, GT_GEN, LT_CORES)))
+            PODS, pod("p", affinity=_node_affinity(IN_GEN, GT_GEN, LT_CORES))
+        )
         await eventually(lambda: _pending_count(client, 1))
         cr = await client.get(CAPACITY_REQUESTS, "cr-" + created["metadata"]["uid"], "default")
         assert cr["spec"]["requirements"] == [IN_GEN, GT_GEN, LT_CORES]
@@ -634,9 +643,13 @@ async def test_unknown_operator_is_one_event_no_cr_no_retry_then_fixed(
         await client.patch(
             PODS,
             "gt",
-            {"spec": {"affinity": _node_affinity(
-                {"key": "example.com/cores", "operator": "Far", "values": ["64"]}
-            )}},
+            {
+                "spec": {
+                    "affinity": _node_affinity(
+                        {"key": "example.com/cores", "operator": "Far", "values": ["64"]}
+                    )
+                }
+            },
             "default",
         )
         await eventually(lambda: _count(client, 1))
@@ -750,3 +763,52 @@ async def test_invalid_on_update_is_permanent_and_reported_per_spec_version(
         await eventually(lambda: _pending_count(client, 1))
         assert (await crs(client))[0]["spec"]["priority"] == 50
         assert ctl.outcomes["error"] == 0
+
+
+async def test_cr_gc_before_the_pod_delete_reaches_the_cache_does_not_recreate(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The Pod is deleted, garbage collection deletes its CR, and the CR watch delivers that
+    before the Pod watch delivers the Pod's deletion: the cache still shows the Pod. Found by
+    the fleet soak: the controller re-created the CR, GC deleted it again, and so on until the
+    Pod watch caught up (2,453 creates for one Pod in 2 s with a 4 s Pod-watch lag). A CR
+    deletion the cache cannot explain is now checked against a live GET of the Pod first."""
+    server = ApiServer()
+    async with running(server) as (ctl, client):
+        created = await client.create(PODS, pod("p"))
+        await eventually(lambda: _pending_count(client, 1))
+        [cr] = await crs(client)
+        stale = ctl.pods.store.get("default/p")
+        await client.delete(PODS, "p", "default")
+        await eventually(lambda: _count(client, 0))  # GC removed the CR
+        await eventually(lambda: ctl.pods.store.get("default/p") is None)
+        creates = server.counters[("create", "capacityrequests")]
+        # Replay the order the soak saw: the Pod cache still holds the Pod when the CR's
+        # DELETED arrives.
+        ctl.pods.store._set("default/p", stale)
+        ctl._on_cr_delete(cr)
+        # Without the check the create/GC loop runs at one instant of the mock clock, so watch
+        # it step by step (bounded) before letting time pass.
+        for _ in range(2000):
+            await trio.lowlevel.checkpoint()
+            if server.counters[("create", "capacityrequests")] != creates:
+                break
+        assert server.counters[("create", "capacityrequests")] == creates
+        await trio.sleep(10)
+        assert server.counters[("create", "capacityrequests")] == creates
+        assert await crs(client) == []
+        assert created["metadata"]["uid"] == stale["metadata"]["uid"]
+
+
+async def test_hand_deleted_cr_of_a_live_pod_is_still_recreated_after_the_check(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    server = ApiServer()
+    async with running(server) as (ctl, client):
+        await client.create(PODS, pod("p"))
+        await eventually(lambda: _pending_count(client, 1))
+        [cr] = await crs(client)
+        gets = server.counters[("get", "pods")]
+        await client.delete(CAPACITY_REQUESTS, cr["metadata"]["name"], "default")
+        await eventually(lambda: _pending_count(client, 1))
+        assert server.counters[("get", "pods")] == gets + 1  # the one live check
