@@ -7,7 +7,7 @@ which object (``str(key)`` is ``"namespace/name"``, as in log lines).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Self
 
 __all__ = ["OrphanKey", "PodKey", "QueueKey", "RecreateKey", "StampKey", "split_key"]
 
@@ -28,7 +28,7 @@ class _Key:
         return f"{self.namespace}/{self.name}"
 
     @classmethod
-    def parse(cls, key: str) -> _Key:
+    def parse(cls, key: str) -> Self:
         """From ``"ns/name"``."""
         return cls(*split_key(key))
 
@@ -39,10 +39,6 @@ class PodKey(_Key):
 
     kind: ClassVar[str] = "pod"
 
-    @classmethod
-    def parse(cls, key: str) -> PodKey:
-        return cls(*split_key(key))
-
 
 @dataclass(frozen=True, slots=True)
 class OrphanKey(_Key):
@@ -50,20 +46,12 @@ class OrphanKey(_Key):
 
     kind: ClassVar[str] = "orphan"
 
-    @classmethod
-    def parse(cls, key: str) -> OrphanKey:
-        return cls(*split_key(key))
-
 
 @dataclass(frozen=True, slots=True)
 class StampKey(_Key):
     """Stamp this CapacityRequest (just created by us) ``status.phase: Pending``."""
 
     kind: ClassVar[str] = "stamp"
-
-    @classmethod
-    def parse(cls, key: str) -> StampKey:
-        return cls(*split_key(key))
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +61,6 @@ class RecreateKey(_Key):
     Pod deletion the Pod watch has not delivered yet."""
 
     kind: ClassVar[str] = "recreate"
-
-    @classmethod
-    def parse(cls, key: str) -> RecreateKey:
-        return cls(*split_key(key))
 
 
 QueueKey = PodKey | OrphanKey | StampKey | RecreateKey
