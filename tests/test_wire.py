@@ -289,6 +289,9 @@ def test_generated_code_is_not_stale(tmp_path: Path) -> None:
         timeout=120,
     )
     committed = ROOT / "bigfleet_trio" / "proto"
+    assert (tmp_path / "sources.sha256").read_text() == (
+        committed / "sources.sha256"
+    ).read_text(), "a .proto changed since the code was generated: run scripts/gen-proto and commit"
     assert (tmp_path / "descriptor.binpb").read_bytes() == (
         committed / "descriptor.binpb"
     ).read_bytes(), "descriptor.binpb is stale: run scripts/gen-proto and commit"
