@@ -499,6 +499,20 @@ async def test_session_up_and_down_are_published_on_the_feed(
     assert all(e["cluster"] == "c1" for e in events)
 
 
+async def _start_up_failure(h: Any, *, limit: float) -> SyncTimeout:
+    """Run the operator, which must end its start-up with exactly one SyncTimeout."""
+    try:
+        with trio.fail_after(limit):
+            await h.operator.run()
+    except BaseExceptionGroup as group:
+        matched, rest = group.split(SyncTimeout)
+        assert rest is None and matched is not None
+        [exc] = matched.exceptions
+        assert isinstance(exc, SyncTimeout)
+        return exc
+    raise AssertionError("Operator.run returned although its informers could not sync")
+
+
 async def test_informers_that_never_sync_end_run_with_sync_timeout_and_no_dial(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -507,16 +521,7 @@ async def test_informers_that_never_sync_end_run_with_sync_timeout_and_no_dial(
     async with harness(sync_timeout=30.0) as h:
         h.server.faults.fail_next(10**6, code=403, verb="list", resource="capacityrequests")
         t0 = trio.current_time()
-        try:
-            with trio.fail_after(120):
-                await h.operator.run()
-        except BaseExceptionGroup as group:
-            matched, rest = group.split(SyncTimeout)
-            assert rest is None
-            assert matched is not None
-            [exc] = matched.exceptions
-        else:  # pragma: no cover - the assertion below explains
-            raise AssertionError("Operator.run returned although the CR informer never synced")
+        exc = await _start_up_failure(h, limit=120)
         assert trio.current_time() - t0 == 30.0
         assert str(exc) == (
             "timed out after 30s waiting for informer caches to sync (capacityrequests)"
@@ -533,16 +538,7 @@ async def test_401_during_sync_is_reported_at_once_not_after_the_timeout(
     async with harness(sync_timeout=600.0) as h:
         h.server.faults.fail_next(10**6, code=401, verb="list", resource="capacityrequests")
         t0 = trio.current_time()
-        try:
-            with trio.fail_after(1200):
-                await h.operator.run()
-        except BaseExceptionGroup as group:
-            matched, rest = group.split(SyncTimeout)
-            assert rest is None
-            assert matched is not None
-            [exc] = matched.exceptions
-        else:  # pragma: no cover - the assertion below explains
-            raise AssertionError("Operator.run returned although every CR LIST was a 401")
+        exc = await _start_up_failure(h, limit=1200)
         assert isinstance(exc, Unauthenticated)  # a SyncTimeout: callers report it too
         assert str(exc).startswith("401 Unauthorized: ")
         assert "\n" not in str(exc)
