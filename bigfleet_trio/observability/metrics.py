@@ -151,7 +151,7 @@ FRAMES = Counter(
 )
 COALESCED_FRAMES = Counter(
     "bigfleet_operator_coalesced_frames",
-    "Frames superseded before being processed (kind=rollup|node_state_update).",
+    "Frames superseded before being processed (kind=rollup|node_state_update|available_capacity).",
     ["kind"],
 )
 HANDLER_ERRORS = Counter(

@@ -5,8 +5,9 @@ Sits between the agent's reconnect loop (:mod:`.agent`), which opens a stream an
 and the counters: :mod:`.sessiontypes`). The queue and coalescing rules are sans-IO in
 :mod:`bigfleet_trio.operator.queues`; this module wires them to Trio tasks, all in one nursery
 owned by :meth:`Session.run`: send, receive (plus the bootstrap lane when the stream has one),
-roll-up, the node-state worker pool, one task per other dispatched frame, and the
-acknowledgement hook. The first failure of send/receive/roll-up ends the session. Task
+roll-up, the node-state worker pool, one writer task per supersedes_key with an
+AvailableCapacityUpdate pending, one task per other dispatched frame, and the acknowledgement
+hook. The first failure of send/receive/roll-up ends the session. Task
 layout, send timeout, dispatch and backpressure: ``docs/wire.md#the-session``.
 """
 
@@ -104,6 +105,11 @@ class Session:
         self.node_states: NodeStateCoalescer[str, pb.NodeStateUpdate] = NodeStateCoalescer(
             config.node_state_pending_cap
         )
+        # One writer per supersedes_key, newest pending update next
+        # (docs/rules.md#availablecapacity-ordering). No cap of its own: a key that becomes
+        # ready takes an admission token, so the ready keys are bounded by the admission limit
+        # and further frames for them only replace the pending one.
+        self.available: NodeStateCoalescer[str, pb.AvailableCapacityUpdate] = NodeStateCoalescer()
         #: set as soon as the session starts tearing down (first task ended or cancelled).
         self.closing = trio.Event()
         self._stream = stream
@@ -433,8 +439,15 @@ class Session:
             )
         elif kind == "available_capacity":
             _FRAMES_IN[kind].inc()
-            await self._admit()
-            nursery.start_soon(self._bounded, kind, self._handlers.on_available_capacity, value)
+            # Each update is the whole state for its key, so only the newest one pending matters,
+            # and two writes for one key must never overlap: a retried older write landing after
+            # a newer one would leave the stale value, and the shard sends only on change.
+            if self.available.offer(value.supersedes_key, value):
+                await self._admit()
+                nursery.start_soon(self._bounded, kind, self._drain_available)
+            else:
+                self.stats.available_coalesced += 1
+                metrics.COALESCED_FRAMES.labels("available_capacity").inc()
         elif kind == "bootstrap_request":
             _FRAMES_IN[kind].inc()
             nursery.start_soon(self._bootstrap, value, trio.current_time())
@@ -559,6 +572,23 @@ class Session:
                     metrics.DISPATCH_INFLIGHT.dec()
                     if not clean:
                         self.node_states.abandon(machine_id)
+
+    async def _drain_available(self) -> None:
+        """Own one ready supersedes_key and write its updates, newest pending first, until none
+        is left (one task per ready key, started by the dispatcher with an admission token)."""
+        key = self.available.claim()
+        if key is None:  # pragma: no cover - one task per ready key
+            return
+        clean = False
+        try:
+            while (u := self.available.take_next(key)) is not None:
+                await self._call_handler(
+                    "available_capacity", self._handlers.on_available_capacity, u
+                )
+            clean = True
+        finally:
+            if not clean:
+                self.available.abandon(key)
 
     async def _bootstrap(self, req: pb.BootstrapRequest, received: float) -> None:
         metrics.DISPATCH_INFLIGHT.inc()

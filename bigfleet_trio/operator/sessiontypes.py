@@ -95,7 +95,11 @@ class Handlers(Protocol):
         ...
 
     async def on_available_capacity(self, u: pb.AvailableCapacityUpdate) -> None:
-        """Upsert the AvailableCapacity object for ``u.supersedes_key``."""
+        """Upsert the AvailableCapacity object for ``u.supersedes_key``.
+
+        Called by at most one task per key at a time, newest pending update next
+        (docs/rules.md#availablecapacity-ordering).
+        """
         ...
 
 
@@ -169,6 +173,7 @@ class SessionStats:
     rollups_replaced: int = 0
     outbox_dropped: int = 0
     node_states_coalesced: int = 0
+    available_coalesced: int = 0
     handler_errors: int = 0
     rollup_errors: int = 0
     unknown_enum_frames: int = 0
