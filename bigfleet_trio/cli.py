@@ -5,7 +5,8 @@ Flag names and defaults match the Go binaries, so charts and habits carry over (
 are all accepted); the binaries' and the demo's flags are generated from their settings fields
 (:mod:`bigfleet_trio.config`). Durations take Go style (``10s``, ``500ms``) or plain seconds.
 
-Sub-commands::
+Sub-commands (``sim`` and ``demo`` only where the simulation is installed: they live in
+:mod:`bigfleet_trio.sim.cli`, found by module path)::
 
     bigfleet-trio operator --cluster-id ID --shard-addr HOST:PORT [...]
     bigfleet-trio pod-controller [--kubeconfig PATH] [--priority-class-defaults PATH] [...]
@@ -23,16 +24,17 @@ wrong>`` on stderr and exit 1. The run functions are imported lazily per command
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any, NoReturn
 
 from . import __version__
 from .config import ConfigError, OperatorConfig, PodControllerConfig
 from .durations import format_duration, parse_duration
 from .knobs import DURATION, KnobSpec, Settings, knob_specs
-from .sim.demo_options import DemoOptions
 
 __all__ = ["main", "build_parser", "parse_args", "UsageError", "PROG"]
 
@@ -43,6 +45,23 @@ log = logging.getLogger(__name__)
 # Exceptions whose message is a complete user-facing explanation (no traceback needed).
 _EXPECTED_ERRORS = {"ConfigError", "KubeConfigError", "SyncTimeout", "OSError", "FileNotFoundError",
                     "PermissionError", "ConnectionRefusedError", "HandshakeError"}
+
+
+# The simulation's commands (``sim``, ``demo``) live in the sim package and are found by module
+# path: product code never imports the sim (an import-linter contract in pyproject.toml;
+# docs/architecture.md "Layers"), and the production image has no sim, so there they are absent.
+SIM_COMMANDS = "bigfleet_trio.sim.cli"
+
+
+def sim_commands() -> ModuleType | None:
+    """The sim's command module (``add_sim_command``, ``add_demo_command``, ``run_command``), or
+    None when this install has no simulation (the production image)."""
+    try:
+        return importlib.import_module(SIM_COMMANDS)
+    except ModuleNotFoundError as exc:
+        if exc.name in ("bigfleet_trio.sim", SIM_COMMANDS):
+            return None
+        raise
 
 
 class UsageError(Exception):
@@ -79,14 +98,14 @@ def _duration(text: str) -> float:
     return value
 
 
-def _int(text: str) -> int:
+def int_arg(text: str) -> int:
     try:
         return int(text.strip(), 10)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
 
 
-def _float(text: str) -> float:
+def float_arg(text: str) -> float:
     try:
         value = float(text.strip())
     except ValueError:
@@ -96,8 +115,8 @@ def _float(text: str) -> float:
     return value
 
 
-def _port(text: str) -> int:
-    value = _int(text)
+def port_arg(text: str) -> int:
+    value = int_arg(text)
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"invalid port {text!r}: must be 0..65535")
     return value
@@ -116,7 +135,7 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"invalid boolean {text!r} (use true or false)")
 
 
-def _add_log_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
+def add_log_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
     """The log flags on the root parser (``suppress=False``: default None, so a command's own
     default applies) and on commands without settings (sim, install-crds, events)."""
     for spec in knob_specs(OperatorConfig()):
@@ -154,15 +173,15 @@ def _add_knob(p: Any, spec: KnobSpec, *, suppress: bool = False, root: bool = Fa
         kwargs["type"] = _duration
         kwargs["metavar"] = meta.metavar or "DUR"
     elif isinstance(spec.default, float):
-        kwargs["type"] = _float
+        kwargs["type"] = float_arg
     elif isinstance(spec.default, int):
-        kwargs["type"] = _int
+        kwargs["type"] = int_arg
     if meta.metavar and "metavar" not in kwargs:
         kwargs["metavar"] = meta.metavar
     p.add_argument(spec.flag, **kwargs)
 
 
-def _add_settings_flags(p: argparse.ArgumentParser, defaults: Settings) -> None:
+def add_settings_flags(p: argparse.ArgumentParser, defaults: Settings) -> None:
     """Every knob of ``defaults`` as a flag; nested and embedded groups get a help section."""
     groups: dict[str, Any] = {}
     for spec in knob_specs(defaults):
@@ -177,7 +196,7 @@ def _add_settings_flags(p: argparse.ArgumentParser, defaults: Settings) -> None:
         _add_knob(target, spec)
 
 
-def _settings_from(cls: type[Settings], ns: argparse.Namespace) -> Any:
+def settings_from(cls: type[Settings], ns: argparse.Namespace) -> Any:
     """Build settings of ``cls`` from parsed flags (an empty path flag means "not set")."""
     values: dict[str, Any] = {}
     for spec in knob_specs(cls()):
@@ -202,7 +221,6 @@ def build_parser() -> argparse.ArgumentParser:
     """
     op_d = OperatorConfig()
     pc_d = PodControllerConfig()
-    demo_d = DemoOptions()
 
     root = _Parser(
         prog=PROG,
@@ -211,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         command=PROG,
     )
     root.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    _add_log_flags(root, suppress=False)
+    add_log_flags(root, suppress=False)
     sub = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     # operator ------------------------------------------------------------------------------
@@ -219,66 +237,19 @@ def build_parser() -> argparse.ArgumentParser:
         "operator", command="operator", help="run the per-cluster operator",
         description="Roll CapacityRequests up to a BigFleet shard and act on its instructions.",
     )
-    _add_settings_flags(op, op_d)
+    add_settings_flags(op, op_d)
 
     # pod-controller ------------------------------------------------------------------------
     pc = sub.add_parser(
         "pod-controller", command="pod-controller", help="run the unschedulable-pod controller",
         description="Keep one CapacityRequest per Pod, translated as kube-scheduler sees it.",
     )
-    _add_settings_flags(pc, pc_d)
+    add_settings_flags(pc, pc_d)
 
-    # sim -----------------------------------------------------------------------------------
-    sim = sub.add_parser("sim", command="sim", help="simulation components",
-                         description="Run one simulated component on its own.")
-    sim_sub = sim.add_subparsers(dest="sim_command", metavar="COMPONENT", parser_class=_Parser)
-    api = sim_sub.add_parser(
-        "apiserver", command="sim apiserver", help="embedded Kubernetes test apiserver",
-        description="Serve the test apiserver (CRDs installed) until SIGINT/SIGTERM.",
-    )
-    api.add_argument("--port", type=_port, default=0,
-                     help="listen port; 0 picks a free one (default 0)")
-    api.add_argument("--kubeconfig-out", default=None, metavar="PATH",
-                     help="write a kubeconfig for the server here (required)")
-    api.add_argument("--authorization-mode", default="AlwaysAllow", choices=("AlwaysAllow", "RBAC"),
-                     help="RBAC: authenticate bearer tokens and authorize every request with "
-                     "the stored Roles/bindings; the kubeconfig gets the admin token "
-                     "(default AlwaysAllow)")
-    _add_log_flags(api, suppress=True)
-    shard = sim_sub.add_parser(
-        "shard", command="sim shard", help="simulated BigFleet shard",
-        description="Serve a simulated shard speaking the real protocol.",
-    )
-    shard.add_argument("--port", type=_port, default=0,
-                       help="gRPC listen port; 0 picks a free one (default 0)")
-    shard.add_argument("--kubeconfig", default=None, metavar="PATH",
-                       help="cluster where the shard registers Nodes (optional)")
-    shard.add_argument("--catalog", default=None, metavar="FILE",
-                       help="YAML machine catalog (default: the built-in one; format: "
-                       "bigfleet_trio/sim/shard/catalog.example.yaml)")
-    shard.add_argument("--seed", type=_int, default=None,
-                       help="seed of machine ids and node names (default 0)")
-    shard.add_argument("--stats-addr", default=None, metavar="HOST:PORT",
-                       help="serve shard-side timestamps as JSON at http://HOST:PORT/stats "
-                       "(benchmarks)")
-    _add_log_flags(shard, suppress=True)
-    clu = sim_sub.add_parser(
-        "cluster", command="sim cluster",
-        help="apiserver + workload controllers + scheduler (a small real cluster)",
-        description="Serve the test apiserver with the Deployment/ReplicaSet/StatefulSet/Job "
-        "controllers and a scheduler+kubelet stand-in beside it (--port/--kubeconfig-out), or "
-        "run only the controllers and scheduler against a running apiserver (--kubeconfig).",
-    )
-    clu.add_argument("--port", type=_port, default=0,
-                     help="apiserver listen port; 0 picks a free one (default 0)")
-    clu.add_argument("--kubeconfig-out", default=None, metavar="PATH",
-                     help="serve an apiserver and write its kubeconfig here")
-    clu.add_argument("--kubeconfig", default=None, metavar="PATH",
-                     help="use the apiserver of this kubeconfig instead of serving one")
-    clu.add_argument("--job-run-seconds", type=_float, default=30.0, metavar="SECONDS",
-                     help="how long a Job's Pod runs before it succeeds (default 30; per Pod: "
-                     "annotation sim.bigfleet.lucy.sh/run-seconds)")
-    _add_log_flags(clu, suppress=True)
+    # sim (its components, one at a time) -------------------------------------------------
+    sim_cli = sim_commands()
+    if sim_cli is not None:
+        sim_cli.add_sim_command(sub)
 
     # install-crds --------------------------------------------------------------------------
     inst = sub.add_parser(
@@ -287,18 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inst.add_argument("--kubeconfig", default=None, metavar="PATH",
                       help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
-    _add_log_flags(inst, suppress=True)
+    add_log_flags(inst, suppress=True)
 
-    # demo ----------------------------------------------------------------------------------
-    demo = sub.add_parser(
-        "demo", command="demo", help="run the whole loop on this machine",
-        description="Embedded apiserver, simulated shard, pod controller and operator on real "
-        "workloads; exits 0 with a summary.",
-    )
-    _add_settings_flags(demo, demo_d)
-    demo.add_argument("--catalog", default=None, metavar="FILE",
-                      help="YAML machine catalog for the simulated shard (default: the demo's "
-                      "built-in one)")
+    # demo --------------------------------------------------------------------------------
+    if sim_cli is not None:
+        sim_cli.add_demo_command(sub)
 
     # events --------------------------------------------------------------------------------
     from .observability.events import KINDS
@@ -313,9 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the agent's --metrics-addr (default 127.0.0.1:8770)")
     ev.add_argument("--kind", action="append", default=[], metavar="KIND",
                     help="only this event kind (repeatable)")
-    ev.add_argument("--max-events", type=_int, default=0, metavar="N",
+    ev.add_argument("--max-events", type=int_arg, default=0, metavar="N",
                     help="exit after N events (default 0: until the feed ends)")
-    _add_log_flags(ev, suppress=True)
+    add_log_flags(ev, suppress=True)
 
     return root
 
@@ -359,26 +323,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------- configs
 
 
-def _log_opts(ns: argparse.Namespace, default_level: str = "info") -> tuple[str, str]:
+def log_opts(ns: argparse.Namespace, default_level: str = "info") -> tuple[str, str]:
     return (ns.log_format or "text", ns.log_level or default_level)
 
 
 def operator_config(ns: argparse.Namespace) -> OperatorConfig:
     """Build an :class:`OperatorConfig` from parsed ``operator`` flags (not validated)."""
-    cfg: OperatorConfig = _settings_from(OperatorConfig, ns)
+    cfg: OperatorConfig = settings_from(OperatorConfig, ns)
     return cfg
 
 
 def pod_controller_config(ns: argparse.Namespace) -> PodControllerConfig:
     """Build a :class:`PodControllerConfig` from parsed ``pod-controller`` flags."""
-    cfg: PodControllerConfig = _settings_from(PodControllerConfig, ns)
+    cfg: PodControllerConfig = settings_from(PodControllerConfig, ns)
     return cfg
-
-
-def demo_options(ns: argparse.Namespace) -> DemoOptions:
-    """Build :class:`DemoOptions` from parsed ``demo`` flags."""
-    opts: DemoOptions = _settings_from(DemoOptions, ns)
-    return opts
 
 
 # ---------------------------------------------------------------------------------- running
@@ -390,20 +348,18 @@ def _fail(command: str, message: str) -> int:
     return 1
 
 
-def _setup_logging(fmt: str, level: str) -> None:
-    from .observability.logs import setup_logging
+def setup_logging(fmt: str, level: str) -> None:
+    from .observability import logs
 
     try:
-        setup_logging(fmt, level)
+        logs.setup_logging(fmt, level)
     except ValueError as exc:
         raise ConfigError(str(exc).replace("invalid log level", "--log-level: invalid level"))\
             from None
 
 
-def _load(command: str, module: str, attr: str) -> Callable[..., Any] | int:
+def load_command(command: str, module: str, attr: str) -> Callable[..., Any] | int:
     """Import ``module.attr`` lazily; on failure report ``<command>: not available yet``."""
-    import importlib
-
     try:
         mod = importlib.import_module(module)
         return getattr(mod, attr)  # type: ignore[no-any-return]
@@ -411,7 +367,7 @@ def _load(command: str, module: str, attr: str) -> Callable[..., Any] | int:
         return _fail(command, f"not available yet: {exc}")
 
 
-def _invoke(command: str, fn: Callable[..., Any], *args: Any) -> int:
+def invoke(command: str, fn: Callable[..., Any], *args: Any) -> int:
     try:
         rc = fn(*args)
     except KeyboardInterrupt:
@@ -433,71 +389,30 @@ def _run_command(ns: argparse.Namespace) -> int:
     if command == "operator":
         cfg = operator_config(ns)
         cfg.validate()
-        _setup_logging(cfg.log_format, cfg.log_level)
-        fn = _load(command, "bigfleet_trio.operator.app", "run_operator")
-        return fn if isinstance(fn, int) else _invoke(command, fn, cfg)
+        setup_logging(cfg.log_format, cfg.log_level)
+        fn = load_command(command, "bigfleet_trio.operator.app", "run_operator")
+        return fn if isinstance(fn, int) else invoke(command, fn, cfg)
     if command == "pod-controller":
         pcfg = pod_controller_config(ns)
         pcfg.validate()
-        _setup_logging(pcfg.log_format, pcfg.log_level)
-        fn = _load(command, "bigfleet_trio.podcontroller.app", "run_pod_controller")
-        return fn if isinstance(fn, int) else _invoke(command, fn, pcfg)
-    if command == "sim":
-        fmt, level = _log_opts(ns)
-        if ns.sim_command == "apiserver":
-            name = "sim apiserver"
-            if not ns.kubeconfig_out:
-                raise UsageError(name, "--kubeconfig-out is required")
-            _setup_logging(fmt, level)
-            fn = _load(name, "bigfleet_trio.sim.apiserver", "run_cli")
-            if isinstance(fn, int):
-                return fn
-            if ns.authorization_mode != "AlwaysAllow":
-                from functools import partial
-
-                fn = partial(fn, authorization_mode=ns.authorization_mode)
-            return _invoke(name, fn, ns.port, ns.kubeconfig_out)
-        if ns.sim_command == "cluster":
-            name = "sim cluster"
-            _setup_logging(fmt, level)
-            run = _load(name, "bigfleet_trio.sim.cluster", "run_cli")
-            if isinstance(run, int):
-                return run
-            from functools import partial
-
-            return _invoke(name, partial(run, kubeconfig=ns.kubeconfig, port=ns.port,
-                                         kubeconfig_out=ns.kubeconfig_out,
-                                         job_run_seconds=ns.job_run_seconds))
-        name = "sim shard"
-        _setup_logging(fmt, level)
-        fn = _load(name, "bigfleet_trio.sim.shard", "run_cli")
-        if isinstance(fn, int):
-            return fn
-        from functools import partial
-
-        # --catalog/--seed are passed only when given: without them the call is unchanged.
-        kw = {k: v for k, v in (("catalog_file", ns.catalog), ("seed", ns.seed),
-                                ("stats_addr", ns.stats_addr)) if v is not None}
-        return _invoke(name, partial(fn, **kw), ns.port, ns.kubeconfig or None)
+        setup_logging(pcfg.log_format, pcfg.log_level)
+        fn = load_command(command, "bigfleet_trio.podcontroller.app", "run_pod_controller")
+        return fn if isinstance(fn, int) else invoke(command, fn, pcfg)
+    if command in ("sim", "demo"):
+        sim_cli = sim_commands()
+        if sim_cli is None:  # parse_args only offers them when the sim is installed
+            raise UsageError(command, "not in this build: the simulation is not installed")
+        rc: int = sim_cli.run_command(ns)
+        return rc
     if command == "install-crds":
-        fmt, level = _log_opts(ns)
-        _setup_logging(fmt, level)
+        fmt, level = log_opts(ns)
+        setup_logging(fmt, level)
         from .install import install_crds
 
-        return _invoke(command, install_crds, ns.kubeconfig or None)
-    if command == "demo":
-        opts = demo_options(ns)
-        opts.validate()
-        _setup_logging(opts.log_format, opts.log_level)
-        fn = _load(command, "bigfleet_trio.sim.demo", "run_demo")
-        if isinstance(fn, int):
-            return fn
-        if ns.catalog is not None:
-            return _invoke(command, fn, opts, ns.catalog)
-        return _invoke(command, fn, opts)
+        return invoke(command, install_crds, ns.kubeconfig or None)
     if command == "events":
-        fmt, level = _log_opts(ns, "warning")
-        _setup_logging(fmt, level)
+        fmt, level = log_opts(ns, "warning")
+        setup_logging(fmt, level)
         if ns.max_events < 0:
             raise UsageError(command, "--max-events must be >= 0")
         from .observability.events import unknown_kinds
@@ -506,7 +421,7 @@ def _run_command(ns: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(command, f"unknown --kind {', '.join(map(repr, unknown))} "
                              "(see events --help for the kinds)")
-        return _invoke(command, _run_events, ns.addr, list(ns.kind), ns.max_events)
+        return invoke(command, _run_events, ns.addr, list(ns.kind), ns.max_events)
     raise UsageError(PROG, f"unknown command {command!r}")  # pragma: no cover
 
 

@@ -404,12 +404,3 @@ def validate_priority_class_defaults(text: str) -> dict[str, dict[str, str | Non
         out[str(name)] = values
     return out
 
-
-def __getattr__(name: str) -> Any:
-    # The demo's options moved next to the demo (bigfleet_trio.sim.demo_options); this keeps
-    # old imports working without config.py importing the simulation eagerly.
-    if name == "DemoOptions":
-        from bigfleet_trio.sim.demo_options import DemoOptions
-
-        return DemoOptions
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

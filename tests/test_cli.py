@@ -11,6 +11,7 @@ import pytest
 from bigfleet_trio import cli
 from bigfleet_trio.config import OperatorConfig, PodControllerConfig
 from bigfleet_trio.install import apply_crds, load_crds
+from bigfleet_trio.sim import cli as sim_cli
 from bigfleet_trio.sim.demo_options import DemoOptions
 
 pytestmark = pytest.mark.usefixtures("restore_root_logging")  # tests/conftest.py
@@ -211,8 +212,8 @@ def test_pod_controller_defaults_and_flags() -> None:
 
 
 def test_demo_defaults_and_flags(tmp_path: Any) -> None:
-    assert cli.demo_options(cli.parse_args(["demo"])) == DemoOptions()
-    opts = cli.demo_options(
+    assert sim_cli.demo_options(cli.parse_args(["demo"])) == DemoOptions()
+    opts = sim_cli.demo_options(
         cli.parse_args(
             [
                 "demo",
@@ -576,10 +577,10 @@ def test_sim_shard_and_demo_catalog_flags_parse() -> None:
     assert (ns.catalog, ns.seed) == ("c.yaml", -3)
     ns = cli.parse_args(["demo"])
     assert ns.catalog is None
-    assert cli.demo_options(ns) == DemoOptions()
+    assert sim_cli.demo_options(ns) == DemoOptions()
     ns = cli.parse_args(["demo", "--catalog", "d.yaml", "--seed", "3"])
     assert ns.catalog == "d.yaml"
-    assert cli.demo_options(ns) == DemoOptions(seed=3)
+    assert sim_cli.demo_options(ns) == DemoOptions(seed=3)
 
 
 def test_sim_shard_and_demo_catalog_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -713,3 +714,18 @@ def test_readme_development_commands() -> None:
         check=True,
     ).stdout
     assert "fleet" in out
+
+
+def test_without_the_sim_the_binaries_parse_and_sim_commands_are_absent(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The production image carries no bigfleet_trio/sim: the CLI finds the sim's commands by
+    # module path and, without them, still serves both binaries.
+    monkeypatch.setitem(sys.modules, cli.SIM_COMMANDS, None)
+    assert cli.sim_commands() is None
+    assert cli.parse_args(["operator", "--cluster-id", "c"]).command == "operator"
+    assert cli.main(["demo"]) == 1
+    err = _err_lines(capsys)
+    assert len(err) == 1 and "invalid choice: 'demo'" in err[0]
+    helptext = cli.build_parser().format_help()
+    assert "pod-controller" in helptext and "demo" not in helptext

@@ -381,10 +381,10 @@ def test_a_new_knob_is_one_field() -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
-    cli._add_settings_flags(parser, Extra())
+    cli.add_settings_flags(parser, Extra())
     assert "how long to wait (default 5s)" in " ".join(parser.format_help().split())
     ns = parser.parse_args(["--grace-period", "1m30s"])
-    assert cli._settings_from(Extra, ns) == Extra(grace_period=90.0)
+    assert cli.settings_from(Extra, ns) == Extra(grace_period=90.0)
     with pytest.raises(ConfigError, match=r"^--grace-period must be > 0 \(got 0s\)$"):
         Extra(grace_period=0.0).check_knobs()
 

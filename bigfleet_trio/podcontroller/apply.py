@@ -21,6 +21,7 @@ from bigfleet_trio.kube.errors import (
     NotFound,
 )
 
+from ..kube.workqueue import WorkQueue
 from . import projections as proj
 from .keys import PodKey, QueueKey, StampKey
 from .plan import (
@@ -31,7 +32,6 @@ from .plan import (
     merge_patch_diff,
     plan_rejected,
 )
-from .workqueue import WorkQueue
 
 __all__ = ["PlanApplier"]
 

@@ -28,6 +28,7 @@ from bigfleet_trio.kube.errors import (
 from bigfleet_trio.kube.informer import SyncTimeout
 from bigfleet_trio.kube.startup import Unauthenticated, sync_or_refused
 
+from ..kube.workqueue import WorkQueue
 from . import metrics
 from . import projections as proj
 from .apply import PlanApplier
@@ -44,7 +45,6 @@ from .plan import (
 )
 from .projections import slim_cr, slim_pod
 from .translate import OWNED_BY_POD_LABEL, is_terminal
-from .workqueue import WorkQueue
 
 __all__ = [
     "CONTROLLER_NAME",

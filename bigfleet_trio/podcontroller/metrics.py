@@ -80,7 +80,7 @@ def count_reconcile(outcome: str) -> None:
 
 
 class PrometheusQueueMetrics:
-    """:class:`~bigfleet_trio.podcontroller.workqueue.QueueMetrics` backed by the gauges above.
+    """:class:`~bigfleet_trio.kube.workqueue.QueueMetrics` backed by the gauges above.
 
     Args:
         name: the ``name`` label (the controller name).

@@ -57,7 +57,7 @@ def check_workloads(directory: str) -> str | None:
     (``FILE:LINE:COLUMN: invalid YAML: …`` for a syntax error) or None."""
     import yaml
 
-    from bigfleet_trio.podcontroller.expand import ExpandError, load_manifests
+    from bigfleet_trio.sim.expand import ExpandError, load_manifests
 
     for path in manifest_paths(directory):
         try:

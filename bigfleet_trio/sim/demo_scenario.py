@@ -90,7 +90,7 @@ class Workloads:
         """Pods of one workload object, admitted, with GPU tolerations; fresh names each call."""
         import random
 
-        from bigfleet_trio.podcontroller.expand import expand_manifests
+        from bigfleet_trio.sim.expand import expand_manifests
 
         self._gen += 1
         pods = expand_manifests([*self.classes, dict(obj)], daemonset_nodes=(),
@@ -168,9 +168,9 @@ async def apply_workloads(client: KubeClient, directory: str | os.PathLike[str],
         The :class:`Workloads` keeping them, and the Pods as created.
 
     Raises:
-        bigfleet_trio.podcontroller.expand.ExpandError: a manifest cannot be read or expanded.
+        bigfleet_trio.sim.expand.ExpandError: a manifest cannot be read or expanded.
     """
-    from bigfleet_trio.podcontroller.expand import load_manifests
+    from bigfleet_trio.sim.expand import load_manifests
 
     objs = load_manifests(manifest_paths(directory))
     classes = 0

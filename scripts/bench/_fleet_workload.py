@@ -72,8 +72,8 @@ def fleet_workloads(pods: int, per_profile: int, seed: int,
     (own selector), ~``per_profile`` replicas (GPU clones: 10); StatefulSets ``Parallel``;
     ``job_share`` of the CPU clones are Jobs, the rest 3:1 Deployments:StatefulSets.
     """
-    from bigfleet_trio.podcontroller.expand import load_manifests
     from bigfleet_trio.sim.demo import bundled_workloads_dir, manifest_paths
+    from bigfleet_trio.sim.expand import load_manifests
 
     objs = load_manifests(manifest_paths(bundled_workloads_dir()))
     classes = [o for o in objs if o.get("kind") == "PriorityClass"]

@@ -57,6 +57,7 @@ from bigfleet_trio.kube.errors import ApiError
 from bigfleet_trio.kube.informer import Informer
 from bigfleet_trio.kube.resources import UPCOMING_NODES
 from bigfleet_trio.kube.watch import WatchEvent
+from bigfleet_trio.kube.workqueue import WorkQueue
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.bootstrap import (
     BootstrapHandler,
@@ -79,7 +80,6 @@ from bigfleet_trio.podcontroller.controller import (
     REASON_UNSUPPORTED,
     PodController,
 )
-from bigfleet_trio.podcontroller.workqueue import WorkQueue
 from bigfleet_trio.proto import pb
 from bigfleet_trio.quantity import Quantity, QuantityError
 from bigfleet_trio.sim.apiserver import ApiServer

@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 from bigfleet_trio.podcontroller.defaults import load_priority_class_defaults
-from bigfleet_trio.podcontroller.expand import expand_manifests, load_manifests
 from bigfleet_trio.podcontroller.translate import (
     OWNED_BY_POD_LABEL,
     build_capacity_request,
     translate_pod,
 )
+from bigfleet_trio.sim.expand import expand_manifests, load_manifests
 
 HERE = Path(__file__).parent
 FIXTURES = HERE.parent / "fixtures" / "real-workloads"

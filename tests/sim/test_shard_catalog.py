@@ -276,7 +276,7 @@ def test_run_cli_bad_catalog_is_one_line_exit_1(
 
 def test_run_demo_catalog_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
-    from bigfleet_trio.config import DemoOptions
+    from bigfleet_trio.sim.demo_options import DemoOptions
 
     seen: list[Any] = []
 

@@ -131,10 +131,10 @@ def admit(
     docstring). Mutates and returns ``pod``.
 
     Raises:
-        bigfleet_trio.podcontroller.expand.ExpandError: admission would reject the Pod (unknown
+        bigfleet_trio.sim.expand.ExpandError: admission would reject the Pod (unknown
             PriorityClass or RuntimeClass, conflicting priority or overhead).
     """
-    from bigfleet_trio.podcontroller.expand import (
+    from bigfleet_trio.sim.expand import (
         _priority_classes,
         _runtime_classes,
         admit_pod,
@@ -350,7 +350,7 @@ class WorkloadControllers:
         failures: list[BaseException] = []
 
         async def one(body: dict[str, Any]) -> None:
-            from bigfleet_trio.podcontroller.expand import ExpandError
+            from bigfleet_trio.sim.expand import ExpandError
 
             name = body["metadata"]["name"]
             try:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bigfleet_trio.podcontroller.expand import (
+from bigfleet_trio.sim.expand import (
     BUILTIN_PRIORITY_CLASSES,
     ExpandError,
     admit_pod,

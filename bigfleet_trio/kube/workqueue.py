@@ -1,7 +1,7 @@
 """De-duplicating work queue with per-key exponential backoff (client-go ``workqueue`` on Trio).
 
-The pod controller's workers take keys from it (16 by default, like controller-runtime's
-``MaxConcurrentReconciles``).
+Generic (any hashable key); the pod controller's workers take keys from it (16 by default, like
+controller-runtime's ``MaxConcurrentReconciles``).
 
 Semantics (``k8s.io/client-go/util/workqueue``):
 

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from bigfleet_trio.podcontroller.workqueue import QueueCore, ShutDown, WorkQueue, backoff_delay
+from bigfleet_trio.kube.workqueue import QueueCore, ShutDown, WorkQueue, backoff_delay
 
 
 class Recorder:
