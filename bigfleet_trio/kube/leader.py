@@ -30,6 +30,10 @@ Semantics (``k8s.io/client-go/tools/leaderelection``):
   < lease_duration, we stop acting before any follower may take over.
 * Clean exit (body returns, raises, or an outer cancellation) releases the lease (holder "",
   leaseDurationSeconds 1) so a follower takes over within one retry period.
+* Stepping down (:meth:`LeaderElector.step_down`, e.g. on SIGTERM) cancels the *work*, not the
+  elector: renewals go on until the work has returned (a shielded shutdown included), then the
+  lease is released. Cancelling the elector instead would stop renewing at once and let a
+  follower take the lease while the old leader's shutdown still writes the cluster.
 """
 
 from __future__ import annotations
@@ -134,6 +138,9 @@ class LeaderElector:
         self._other_expires_at: float | None = None
         self._lease: dict[str, Any] | None = None
         self.is_leader = False
+        self._stepping_down = False
+        self._leadership: Leadership | None = None
+        self._campaign: trio.CancelScope | None = None
 
     @property
     def leader(self) -> str | None:
@@ -306,6 +313,17 @@ class LeaderElector:
         log.info("lease released lease=%s/%s me=%s", self.namespace, self.name, self.identity)
         return True
 
+    def step_down(self) -> None:
+        """Stop leading for good: cancel the guarded work, keep renewing until it has returned,
+        then release (docs/rules.md#leader-hand-over-on-sigterm). While campaigning, stop
+        campaigning. :meth:`run` then returns. Idempotent; never blocks.
+        """
+        self._stepping_down = True
+        if self._leadership is not None:
+            self._leadership.cancel_scope.cancel()
+        if self._campaign is not None:
+            self._campaign.cancel()
+
     @asynccontextmanager
     async def leading(self) -> AsyncIterator[Leadership]:
         """Wait for leadership, then run the block while renewing.
@@ -317,14 +335,27 @@ class LeaderElector:
             bounded by ``renew_deadline``) when ``release_on_exit`` is set.
         """
         await self.acquire()
+        async with self._tenure() as leadership:
+            yield leadership
+
+    @asynccontextmanager
+    async def _tenure(self) -> AsyncIterator[Leadership]:
+        """The leader's side of :meth:`leading`, entered once the lease is held."""
         leadership = Leadership(self.identity, trio.current_time())
+        self._leadership = leadership
+        if self._stepping_down:
+            leadership.cancel_scope.cancel()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._renew_loop, leadership)
+                # The renew loop is cancelled only after the body has returned (or was lost):
+                # a body cancelled by step_down() may take a while to finish, and it is still
+                # the leader's until then.
                 with leadership.cancel_scope:
                     yield leadership
                 nursery.cancel_scope.cancel()
         finally:
+            self._leadership = None
             was_leader = self.is_leader
             self.is_leader = False
             if was_leader and not leadership.lost and self.release_on_exit:
@@ -337,12 +368,21 @@ class LeaderElector:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Campaign, run ``work()`` as leader, re-campaign after a loss; return when it returns."""
+        """Campaign, run ``work()`` as leader, re-campaign after a loss; return when it returns
+        or after :meth:`step_down` (once the work has returned and the lease is released)."""
         task_status.started()
-        while True:
-            async with self.leading() as leadership:
+        while not self._stepping_down:
+            with trio.CancelScope() as campaign:
+                self._campaign = campaign
+                try:
+                    await self.acquire()
+                finally:
+                    self._campaign = None
+            if campaign.cancelled_caught:
+                return  # stepped down while campaigning
+            async with self._tenure() as leadership:
                 await work()
-            if not leadership.lost:
+            if not leadership.lost or self._stepping_down:
                 return
             log.warning(
                 "leadership lost, campaigning again lease=%s/%s me=%s",

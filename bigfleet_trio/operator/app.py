@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -342,7 +342,7 @@ def _separate_listener(probe: str | None, metrics_addr: str) -> bool:
 
 
 async def _watch_signals(
-    signals: Any, work: trio.CancelScope, everything: trio.CancelScope, grace: float
+    signals: Any, stop: Callable[[], None], everything: trio.CancelScope, grace: float
 ) -> None:
     first = True
     async for signum in signals:
@@ -353,11 +353,41 @@ async def _watch_signals(
                 "operator: %s received; closing the shard stream, letting drains finish "
                 "(up to %gs)", name, grace, extra={"signal": name, "grace_s": grace},
             )
-            work.cancel()
+            stop()
         else:
             log.warning("operator: %s received again; stopping now", name,
                         extra={"signal": name})
             everything.cancel()
+
+
+async def _supervise(
+    nursery: trio.Nursery,
+    work: Callable[[], Awaitable[object]],
+    elector: LeaderElector | None,
+    signals: AsyncIterable[int] | None,
+    grace: float,
+) -> None:
+    """Run ``work`` (as the leader when ``elector`` is given) until it returns or a signal
+    stops it; a second signal cancels ``nursery`` (everything).
+
+    Args:
+        nursery: the process nursery; the signal watcher runs in it.
+        work: the operator's run (``Operator.run``).
+        elector: the Lease elector (``--leader-elect``), or None.
+        signals: SIGINT/SIGTERM numbers as they arrive, or None (no signal handling).
+        grace: seconds drains may go on after the first signal (for the log line).
+    """
+    with trio.CancelScope() as scope:
+        # With a Lease, the signal cancels the work and not the elector: renewals go on while
+        # the drains finish (up to ``grace``), so no other replica takes over and starts the
+        # same drains while this one still evicts (docs/rules.md#leader-hand-over-on-sigterm).
+        stop = scope.cancel if elector is None else elector.step_down
+        if signals is not None:
+            nursery.start_soon(_watch_signals, signals, stop, nursery.cancel_scope, grace)
+        if elector is not None:
+            await elector.run(work)
+        else:
+            await work()
 
 
 async def serve_operator(
@@ -446,24 +476,16 @@ async def serve_operator(
                                     registry=registry)
                         )
                     )
-                with trio.CancelScope() as work:
-                    if sigs is not None:
-                        nursery.start_soon(
-                            _watch_signals, sigs, work, nursery.cancel_scope,
-                            cfg.drain_shutdown_timeout,
-                        )
-                    task_status.started(bound)
-                    if elector is not None:
-                        log.info(
-                            "operator: campaigning for leadership",
-                            extra={"cluster": cfg.cluster_id,
-                                   "lease": f"{cfg.leader_election_namespace}/"
-                                            f"{cfg.leader_election_id}",
-                                   "identity": elector.identity},
-                        )
-                        await elector.run(op.run)
-                    else:
-                        await op.run()
+                task_status.started(bound)
+                if elector is not None:
+                    log.info(
+                        "operator: campaigning for leadership",
+                        extra={"cluster": cfg.cluster_id,
+                               "lease": f"{cfg.leader_election_namespace}/"
+                                        f"{cfg.leader_election_id}",
+                               "identity": elector.identity},
+                    )
+                await _supervise(nursery, op.run, elector, sigs, cfg.drain_shutdown_timeout)
                 nursery.cancel_scope.cancel()
     events.close()
     log.info("operator: exited", extra={"cluster": cfg.cluster_id})

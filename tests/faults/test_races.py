@@ -6,17 +6,21 @@ apiserver (:class:`RecordingKube`), faults injected per call. Guarantees: docs/r
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import trio
 import trio.testing
 
+from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector
 from bigfleet_trio.kube.errors import KubeTransportError
 from bigfleet_trio.kube.resources import AVAILABLE_CAPACITIES
+from bigfleet_trio.operator.app import _supervise
 from bigfleet_trio.operator.available import AvailableCapacityHandler, available_capacity_name
 from bigfleet_trio.operator.session import Reply, Session, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import memory_stream_pair
+from tests.kube.fakekube import FakeKube
 from tests.support.kube import RecordingKube
 
 KEY = "available:req=zone:In:a|res=cpu"
@@ -99,3 +103,88 @@ async def test_available_capacity_last_update_wins_when_an_earlier_write_is_retr
     counts = [r.body["spec"]["availableCount"] for r in kube.of("patch", "availablecapacities")]
     assert counts[-1] == 3, counts
     assert kube.objects(AVAILABLE_CAPACITIES)[NAME]["spec"]["availableCount"] == 3
+
+
+def _elector(fake: FakeKube, who: str) -> LeaderElector:
+    client = KubeClient(
+        KubeConfig(server="http://kube.test"), transport=fake.transport(who), max_attempts=1
+    )
+    return LeaderElector(client, name="bf", namespace="sys", identity=who, rng=lambda: 0.0)
+
+
+async def test_sigterm_leader_renews_until_its_drains_returned_then_hands_over(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Issue item 2: SIGTERM a leader whose work ends like ``DrainManager.run`` (drains go on,
+    shielded, up to 30 s after the cancel); another replica waits for the Lease.
+
+    Before the fix SIGTERM cancelled the scope around the elector, so renewals stopped at once:
+    B took the expired Lease at t~21 while A's drains acted until t=36, and A's release then
+    failed with 409. Now the signal cancels the work, not the elector: A renews until its work
+    has returned, then releases, and B leads only after A's last act
+    (docs/rules.md#leader-hand-over-on-sigterm).
+    """
+    fake = FakeKube()
+    a, b = _elector(fake, "a"), _elector(fake, "b")
+    acts: dict[str, list[float]] = {"a": [], "b": []}
+
+    def drains_like(who: str, shutdown: float) -> Any:
+        async def work() -> None:
+            # acts once a second; once cancelled, keeps acting (shielded) for ``shutdown`` s
+            try:
+                while True:
+                    acts[who].append(trio.current_time())
+                    await trio.sleep(1)
+            finally:
+                with trio.CancelScope(shield=True) as scope:
+                    scope.deadline = trio.current_time() + shutdown
+                    while True:
+                        acts[who].append(trio.current_time())
+                        await trio.sleep(1)
+        return work
+
+    send, sigs = trio.open_memory_channel[int](1)
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as a_nursery:
+            a_nursery.start_soon(_supervise, a_nursery, drains_like("a", 30), a, sigs, 30.0)
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(1)  # b polls at odd seconds, a renews at even ones
+            outer.start_soon(_supervise, outer, drains_like("b", 0), b, None, 30.0)
+            await trio.sleep(5)
+            await send.send(signal.SIGTERM)  # t=6
+            await trio.sleep(60)
+            a_nursery.cancel_scope.cancel()
+        assert acts["b"], "b never led"
+        assert max(acts["a"]) < min(acts["b"]), (max(acts["a"]), min(acts["b"]))
+        assert max(acts["a"]) >= 35  # the drains had their whole 30 s
+        outer.cancel_scope.cancel()
+
+
+async def test_sigterm_while_campaigning_returns_at_once_and_never_leads(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    fake = FakeKube()
+    a, b = _elector(fake, "a"), _elector(fake, "b")
+    nursery.start_soon(a.run, trio.sleep_forever)
+    await trio.testing.wait_all_tasks_blocked()
+    send, sigs = trio.open_memory_channel[int](1)
+    led: list[float] = []
+
+    async def work() -> None:
+        led.append(trio.current_time())
+
+    returned = trio.Event()
+
+    async def supervise_b(b_nursery: trio.Nursery) -> None:
+        await _supervise(b_nursery, work, b, sigs, 30.0)
+        returned.set()
+
+    async with trio.open_nursery() as b_nursery:
+        b_nursery.start_soon(supervise_b, b_nursery)
+        await trio.sleep(5)
+        await send.send(signal.SIGTERM)
+        with trio.fail_after(0.5):  # the campaign stops at once (no lease to wait for)
+            await returned.wait()
+        b_nursery.cancel_scope.cancel()
+    assert led == [] and not b.is_leader
+    assert fake.objects[("leases", "sys", "bf")]["spec"]["holderIdentity"] == "a"
