@@ -164,3 +164,14 @@ def test_fuzzed_writes_never_5xx_or_corrupt(payload: Any, kind: str) -> None:
                     json.dumps(obj)
 
     trio.run(main)
+
+
+async def test_object_verbs_on_a_collection_are_405_as_on_kube_apiserver(
+    client: httpx.AsyncClient,
+) -> None:
+    """PUT or PATCH of a collection URL names no object: kube-apiserver answers 405
+    MethodNotAllowed (found by the differential test, case ``method-not-allowed``)."""
+    for method, headers in (("PUT", {"content-type": "application/json"}), ("PATCH", MERGE)):
+        r = await client.request(method, PODS, content=b"{}", headers=headers)
+        assert r.status_code == 405, (method, r.text)
+        assert r.json()["reason"] == "MethodNotAllowed"

@@ -476,4 +476,7 @@ def route(call: Call) -> ResourceHandler:
     handler = RESOURCE_ROUTES.get((call.verb, call.sub))
     if handler is None or (call.sub is None and call.verb not in call.res.verbs):
         raise E.method_not_allowed()
+    if call.name is None and call.verb in ("update", "patch"):
+        # PUT/PATCH of a collection URL: kube-apiserver serves neither (405, not a 500)
+        raise E.method_not_allowed()
     return handler
