@@ -32,9 +32,9 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from . import __version__
-from .config import ConfigError, OperatorConfig, PodControllerConfig
+from .config import OperatorConfig, PodControllerConfig
 from .durations import format_duration, parse_duration
-from .knobs import DURATION, KnobSpec, Settings, knob_specs
+from .knobs import DURATION, ConfigError, KnobSpec, Settings, knob_specs
 
 __all__ = ["main", "build_parser", "parse_args", "UsageError", "PROG"]
 

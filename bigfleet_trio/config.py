@@ -2,22 +2,20 @@
 
 :class:`ProcessSettings` (kubeconfig, client rate, diagnostics listeners, leader election, sync
 timeout, logging) is embedded in both :class:`OperatorConfig` and :class:`PodControllerConfig`;
-the operator nests its shard-session (:class:`SessionSettings`) and redial
-(:class:`ReconnectSettings`) knobs, the way kopf composes its settings. ``cli.py`` generates
+the operator nests the shard agent's own settings (``operator.agent.AgentConfig``, with the
+session's ``SessionConfig`` inside), the way kopf composes its settings: each component owns
+its settings dataclass, this module only composes them. ``cli.py`` generates
 every flag from these fields. Validation raises :class:`ConfigError` with one line naming the
 flag; messages follow the Go binaries where those have one (``--cluster-id is required``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from bigfleet_trio.knobs import (
     DURATION,
     ConfigError,
-    Knob,
-    KnobSpec,
     Settings,
     at_least_one,
     default_of,
@@ -31,29 +29,18 @@ from bigfleet_trio.knobs import (
     probe_addr,
     read_text,
     rebased,
-    split_host_port,
-    yaml_error_line,
 )
+from bigfleet_trio.operator.agent import AgentConfig
+from bigfleet_trio.operator.sessiontypes import SessionConfig
 
 __all__ = [
-    "ConfigError",
-    "Knob",
-    "KnobSpec",
+    "DEFAULT_NAMESPACE",
+    "LOG_FORMATS",
+    "LOG_LEVELS",
     "OperatorConfig",
     "PodControllerConfig",
     "ProcessSettings",
-    "ReconnectSettings",
-    "SessionSettings",
-    "Settings",
-    "knob",
-    "knob_specs",
-    "nested",
-    "split_host_port",
-    "yaml_error_line",
-    "LOG_FORMATS",
-    "LOG_LEVELS",
-    "DEFAULT_NAMESPACE",
-    "DURATION",
+    "validate_bootstrap_template",
 ]
 
 LOG_FORMATS = ("text", "json")
@@ -133,30 +120,6 @@ class ProcessSettings(Settings):
 
 
 @dataclass(init=False, eq=True)
-class SessionSettings(Settings):
-    """The shard session's knobs; :meth:`OperatorConfig.session_config` builds the session's
-    own ``SessionConfig`` from them, whose constructor is their one validation (the session
-    takes its defaults from here)."""
-
-    rollup_interval: float = knob(10.0, "time between roll-ups; 0 = default", unit=DURATION)
-    dispatch_concurrency: int = knob(32, "parallel shard instructions", metavar="N")
-    send_timeout: float = knob(
-        30.0,
-        "end the shard session when a frame waits longer than this to be written to the "
-        "connection (the shard stopped reading; bound: this plus one roll-up interval)",
-        unit=DURATION,
-    )
-
-
-@dataclass(init=False, eq=True)
-class ReconnectSettings(Settings):
-    """Redial backoff after a session ends (the agent takes its defaults from here)."""
-
-    initial_backoff: float = knob(0.5, "first redial delay", unit=DURATION, check=positive)
-    max_backoff: float = knob(30.0, "redial delay cap", unit=DURATION, check=positive)
-
-
-@dataclass(init=False, eq=True)
 class OperatorConfig(ProcessSettings):
     """Settings of ``bigfleet-trio operator``.
 
@@ -195,9 +158,8 @@ class OperatorConfig(ProcessSettings):
         600.0, "delete an UpcomingNode once it has been Failed this long; 0 = keep forever",
         unit=DURATION, check=non_negative,
     )
-    session: SessionSettings = nested(SessionSettings, title="shard session")
-    reconnect: ReconnectSettings = nested(ReconnectSettings, prefix="reconnect-",
-                                          title="reconnect")
+    agent: AgentConfig = nested(AgentConfig, title="reconnect")
+    """The shard agent's own settings (its ``session`` nested), ``cluster_id`` left empty."""
     bootstrap_template: str | None = field(default=None, repr=False)
     """Contents of ``bootstrap_template_file`` after ``validate()`` (None = stub)."""
 
@@ -209,12 +171,12 @@ class OperatorConfig(ProcessSettings):
         """
         self.check_knobs()
         self.validate_process()
-        if self.session.rollup_interval == 0:
-            self.session.rollup_interval = default_of(SessionSettings, "rollup_interval")
+        if self.agent.session.rollup_interval == 0:
+            self.agent.session.rollup_interval = default_of(SessionConfig, "rollup_interval")
         if self.ack_concurrency == 0:
             self.ack_concurrency = default_of(OperatorConfig, "ack_concurrency")
-        self.session_config()
-        if self.reconnect.max_backoff < self.reconnect.initial_backoff:
+        self.agent_config()
+        if self.agent.max_backoff < self.agent.initial_backoff:
             raise ConfigError("--reconnect-max-backoff must be >= --reconnect-initial-backoff")
         tls = {"--tls-cert": self.tls_cert, "--tls-key": self.tls_key, "--tls-ca": self.tls_ca}
         set_flags = [k for k, v in tls.items() if v]
@@ -235,32 +197,20 @@ class OperatorConfig(ProcessSettings):
         else:
             self.bootstrap_template = None
 
-    def session_config(self) -> Any:
-        """The session's ``SessionConfig`` from :attr:`session` (a zero roll-up interval means
-        the default).
+    def agent_config(self) -> AgentConfig:
+        """The agent's settings with ``cluster_id`` filled in, checked by the session's own
+        rules (a zero roll-up interval means the default).
 
         Raises:
             ConfigError: the session refuses a value (``--send-timeout must be > 0, got 0``).
         """
-        from bigfleet_trio.operator.session import SessionConfig
-
-        values = {f.name: getattr(self.session, f.name) for f in fields(self.session)}
-        if not values["rollup_interval"]:
-            values["rollup_interval"] = default_of(SessionSettings, "rollup_interval")
+        session = self.agent.session
+        interval = session.rollup_interval or default_of(SessionConfig, "rollup_interval")
         try:
-            return SessionConfig(self.cluster_id, **values)
+            session = replace(session, cluster_id=self.cluster_id, rollup_interval=interval)
         except ValueError as exc:
-            raise _flag_error(self, "session", exc) from None
-
-    def agent_config(self) -> Any:
-        """The agent's ``AgentConfig``: :meth:`session_config` plus :attr:`reconnect`."""
-        from bigfleet_trio.operator.agent import AgentConfig
-
-        return AgentConfig(
-            self.session_config(),
-            initial_backoff=self.reconnect.initial_backoff,
-            max_backoff=self.reconnect.max_backoff,
-        )
+            raise _flag_error(self, ("agent", "session"), exc) from None
+        return replace(self.agent, session=session)
 
     @property
     def tls_enabled(self) -> bool:
@@ -268,11 +218,11 @@ class OperatorConfig(ProcessSettings):
         return bool(self.tls_cert and self.tls_key and self.tls_ca)
 
 
-def _flag_error(settings: Settings, group: str, exc: ValueError) -> ConfigError:
+def _flag_error(settings: Settings, group: tuple[str, ...], exc: ValueError) -> ConfigError:
     """``"<field> must be …"`` from a component's own validation as ``--<flag> must be …``."""
     msg = str(exc)
     for spec in knob_specs(settings):
-        if spec.path[:1] == (group,) and msg.startswith(spec.path[-1] + " "):
+        if spec.path[:-1] == group and msg.startswith(spec.path[-1] + " "):
             return ConfigError(spec.flag + msg[len(spec.path[-1]):])
     return ConfigError(msg)
 
@@ -358,49 +308,3 @@ def validate_bootstrap_template(text: str, name: str = "", cluster_id: str = "ex
             "render bootstrap template", "render bootstrap-template-file", 1
         )
         raise ConfigError(f"{line} (test render at start-up)") from exc
-
-
-def validate_priority_class_defaults(text: str) -> dict[str, dict[str, str | None]]:
-    """Shape check of the PriorityClass defaults YAML, kept for callers of the old API.
-
-    The pod controller parses the file with ``podcontroller.defaults`` (quantities included);
-    prefer that. Returns ``{name: {"interruptionPenalty": str | None, "reclamationPenalty":
-    str | None}}``.
-
-    Raises:
-        ConfigError: ``priority-class-defaults: parse: …``.
-    """
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        msg = " ".join(str(exc).split())
-        raise ConfigError(f"priority-class-defaults: parse: {msg}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            "priority-class-defaults: parse: top level must be a map of PriorityClass name "
-            "to {interruptionPenalty, reclamationPenalty}"
-        )
-    out: dict[str, dict[str, str | None]] = {}
-    for name, entry in data.items():
-        if entry is None:
-            entry = {}
-        if not isinstance(entry, dict):
-            raise ConfigError(
-                f"priority-class-defaults: parse: PriorityClass {str(name)!r}: expected a map"
-            )
-        values: dict[str, str | None] = {}
-        for key in ("interruptionPenalty", "reclamationPenalty"):
-            value = entry.get(key)
-            if value is not None and not isinstance(value, str):
-                raise ConfigError(
-                    f"priority-class-defaults: parse: PriorityClass {str(name)!r} {key}: "
-                    f"must be a quoted string, got {value!r}"
-                )
-            values[key] = value or None
-        out[str(name)] = values
-    return out
-

@@ -185,7 +185,7 @@ def _show(value: Any, unit: str | None) -> str:
 class Settings:
     """Base of every settings group: a keyword constructor that also takes nested knobs flat.
 
-    ``OperatorConfig(cluster_id="c", send_timeout=7.5)`` sets ``cfg.session.send_timeout``: a
+    ``OperatorConfig(cluster_id="c", send_timeout=7.5)`` sets ``cfg.agent.session.send_timeout``: a
     keyword is a field of this class, or the flat name (flag without dashes) of a nested knob.
 
     Raises:

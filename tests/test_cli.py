@@ -396,7 +396,7 @@ def test_operator_dispatch_gets_validated_config(
     )
     assert rc == 7
     (cfg,) = seen
-    assert cfg.session.rollup_interval == 10.0  # Go: 0 means the default
+    assert cfg.agent.session.rollup_interval == 10.0  # Go: 0 means the default
     assert cfg.bootstrap_template == "#cloud-config {{ cluster_id }}\n"
 
 

@@ -6,14 +6,9 @@ import re
 
 import pytest
 
-from bigfleet_trio.config import (
-    ConfigError,
-    OperatorConfig,
-    PodControllerConfig,
-    split_host_port,
-    validate_priority_class_defaults,
-)
+from bigfleet_trio.config import OperatorConfig, PodControllerConfig
 from bigfleet_trio.durations import format_duration, parse_duration
+from bigfleet_trio.knobs import ConfigError, split_host_port
 from bigfleet_trio.sim.demo_options import DemoOptions
 
 # ------------------------------------------------------------------------------ durations
@@ -104,15 +99,15 @@ def _op(**kw: object) -> OperatorConfig:
 
 def test_operator_defaults_match_reference() -> None:
     cfg = OperatorConfig()
-    assert cfg.session.rollup_interval == 10.0
+    assert cfg.agent.session.rollup_interval == 10.0
     assert cfg.ack_concurrency == 16
-    assert cfg.session.dispatch_concurrency == 32
+    assert cfg.agent.session.dispatch_concurrency == 32
     assert cfg.qps == 50
     assert cfg.burst == 100
     assert cfg.bootstrap_ttl == 600
     assert cfg.sync_timeout == 600.0  # Go 30 s; ours outlives a 60 s apiserver outage
-    assert cfg.session.send_timeout == 30.0
-    assert (cfg.reconnect.initial_backoff, cfg.reconnect.max_backoff) == (0.5, 30.0)
+    assert cfg.agent.session.send_timeout == 30.0
+    assert (cfg.agent.initial_backoff, cfg.agent.max_backoff) == (0.5, 30.0)
     assert cfg.metrics_addr == ":8770"
     assert cfg.leader_elect is False
     assert cfg.leader_election_namespace == "bigfleet-system"
@@ -155,7 +150,7 @@ def test_operator_rejects_bad_shard_addr(addr: str) -> None:
 def test_operator_zero_defaults_normalised_like_go() -> None:
     cfg = _op(rollup_interval=0.0, ack_concurrency=0)
     cfg.validate()
-    assert cfg.session.rollup_interval == 10.0
+    assert cfg.agent.session.rollup_interval == 10.0
     assert cfg.ack_concurrency == 16
 
 
@@ -285,23 +280,6 @@ def test_pod_controller_priority_defaults_example(tmp_path) -> None:  # type: ig
     assert defaults.get("partial") == PenaltyDefaults(Q("1"), None)
 
 
-def test_pod_controller_priority_defaults_unquoted_number_fails() -> None:
-    with pytest.raises(
-        ConfigError, match=r"^priority-class-defaults: parse: .*interruptionPenalty"
-    ):
-        validate_priority_class_defaults("x: {interruptionPenalty: 5}\n")
-
-
-@pytest.mark.parametrize("text", ["- a\n- b\n", "a: [1]\n", "a: {b: [\n"])
-def test_pod_controller_priority_defaults_bad_shape(text: str) -> None:
-    with pytest.raises(ConfigError, match="^priority-class-defaults: parse: "):
-        validate_priority_class_defaults(text)
-
-
-def test_pod_controller_priority_defaults_empty_file() -> None:
-    assert validate_priority_class_defaults("") == {}
-
-
 def test_pod_controller_unreadable_defaults(tmp_path) -> None:  # type: ignore[no-untyped-def]
     missing = tmp_path / "x.yaml"
     with pytest.raises(ConfigError) as info:
@@ -357,11 +335,11 @@ def test_every_knob_has_one_flag_and_flat_keyword() -> None:
     flags = [s.flag for s in specs]
     assert len(flags) == len(set(flags))
     by_flag = {s.flag: s for s in specs}
-    assert by_flag["--send-timeout"].path == ("session", "send_timeout")
-    assert by_flag["--reconnect-max-backoff"].path == ("reconnect", "max_backoff")
+    assert by_flag["--send-timeout"].path == ("agent", "session", "send_timeout")
+    assert by_flag["--reconnect-max-backoff"].path == ("agent", "max_backoff")
     assert by_flag["--qps"].group == "process"
     cfg = OperatorConfig(send_timeout=7.5, reconnect_max_backoff=9.0, qps=3.0)
-    assert (cfg.session.send_timeout, cfg.reconnect.max_backoff, cfg.qps) == (7.5, 9.0, 3.0)
+    assert (cfg.agent.session.send_timeout, cfg.agent.max_backoff, cfg.qps) == (7.5, 9.0, 3.0)
     with pytest.raises(TypeError, match="unknown setting 'send_timeot'"):
         OperatorConfig(send_timeot=1.0)
 
@@ -390,9 +368,9 @@ def test_a_new_knob_is_one_field() -> None:
 
 
 def test_session_knobs_validated_by_the_session_config() -> None:
-    from bigfleet_trio.operator.session import SessionConfig
+    from bigfleet_trio.operator.sessiontypes import SessionConfig
 
-    assert SessionConfig("c").send_timeout == OperatorConfig().session.send_timeout
+    assert SessionConfig("c").send_timeout == OperatorConfig().agent.session.send_timeout
     with pytest.raises(ConfigError, match=r"^--dispatch-concurrency must be >= 1, got 0$"):
         _op(dispatch_concurrency=0).validate()
     cfg = _op(send_timeout=7.5, reconnect_initial_backoff=0.25)

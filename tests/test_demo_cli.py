@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bigfleet_trio import cli
-from bigfleet_trio.config import ConfigError
+from bigfleet_trio.knobs import ConfigError
 from bigfleet_trio.sim import demo
 from bigfleet_trio.sim.demo_options import DemoOptions
 

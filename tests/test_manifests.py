@@ -28,8 +28,8 @@ import trio
 import yaml
 
 from bigfleet_trio import cli
-from bigfleet_trio.config import split_host_port, validate_priority_class_defaults
 from bigfleet_trio.install import load_crds
+from bigfleet_trio.knobs import split_host_port
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 from bigfleet_trio.sim.apiserver.testing import find_kubectl
 
@@ -304,13 +304,12 @@ def test_bootstrap_template_renders_to_cloud_config() -> None:
 
 def test_priority_class_defaults_configmap_loads() -> None:
     text = _configmap("bigfleet-priority-class-defaults")["data"]["priority-class-defaults.yaml"]
-    assert validate_priority_class_defaults(text) == {
-        "ml-research": {"interruptionPenalty": "8192", "reclamationPenalty": "65536"},
-        "batch-best-effort": {"interruptionPenalty": "16", "reclamationPenalty": "0"},
-    }
-    from bigfleet_trio.podcontroller.defaults import parse_priority_class_defaults
+    from bigfleet_trio.podcontroller.defaults import PenaltyDefaults, parse_priority_class_defaults
+    from bigfleet_trio.quantity import Quantity
 
-    parse_priority_class_defaults(text)  # quantities valid for the real loader
+    defaults = parse_priority_class_defaults(text)
+    assert defaults.get("ml-research") == PenaltyDefaults(Quantity("8192"), Quantity("65536"))
+    assert defaults.get("batch-best-effort") == PenaltyDefaults(Quantity("16"), Quantity("0"))
 
 
 def test_example_overlay_sets_cluster_shard_and_image() -> None:

@@ -35,8 +35,8 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from ..config import split_host_port
 from ..excgroups import find_in_group
+from ..knobs import split_host_port
 from .events import EventFeed
 
 __all__ = ["build_app", "serve_observability", "Readiness", "ReadinessResult"]

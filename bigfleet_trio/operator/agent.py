@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import trio
 
-from bigfleet_trio.config import ReconnectSettings
+from bigfleet_trio.knobs import DURATION, Settings, knob, nested, positive
 from bigfleet_trio.kube.retry import Backoff as RetryBackoff
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.operator.session import (
@@ -92,20 +92,28 @@ class Backoff:
         return self.policy.next_delay()
 
 
-@dataclass(frozen=True)
-class AgentConfig:
-    """Reconnect-loop knobs plus the per-session :class:`SessionConfig`.
+@dataclass(init=False, eq=True)
+class AgentConfig(Settings):
+    """The reconnect loop's settings plus the per-session :class:`SessionConfig`; its knobs are
+    the operator's ``reconnect`` and ``shard session`` flags.
 
     Attributes:
-        session: the per-session config (cluster_id, rollup_interval, ...).
+        session: the per-session settings (cluster_id, rollup_interval, ...).
         initial_backoff / max_backoff / backoff_jitter / healthy_after: see :class:`Backoff`.
     """
 
-    session: SessionConfig
-    initial_backoff: float = ReconnectSettings.initial_backoff  # one default: the settings'
-    max_backoff: float = ReconnectSettings.max_backoff
+    session: SessionConfig = nested(SessionConfig, title="shard session")
+    initial_backoff: float = knob(0.5, "first redial delay", flag="--reconnect-initial-backoff",
+                                  unit=DURATION, check=positive)
+    max_backoff: float = knob(30.0, "redial delay cap", flag="--reconnect-max-backoff",
+                              unit=DURATION, check=positive)
     backoff_jitter: float = 0.2
     healthy_after: float = 60.0
+
+    def __init__(self, session: SessionConfig | None = None, **values: object) -> None:
+        super().__init__(**values)
+        if session is not None:
+            self.session = session
 
 
 @dataclass(frozen=True)
@@ -177,6 +185,10 @@ class Agent:
         rng: random.Random | None = None,
         on_session_change: SessionChangeHook | None = None,
     ) -> None:
+        # The operator's settings nest a SessionConfig without cluster_id and fill it from
+        # --cluster-id (OperatorConfig.agent_config); an agent must never say Hello without one.
+        if not config.session.cluster_id:
+            raise ValueError("AgentConfig.session.cluster_id is required")
         self.config = config
         self.on_session_change = on_session_change
         self.stats = SessionStats()

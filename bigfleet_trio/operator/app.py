@@ -20,11 +20,10 @@ import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from bigfleet_trio.config import OperatorConfig
 from bigfleet_trio.excgroups import find_in_group
 from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
 from bigfleet_trio.kube.informer import SyncTimeout
@@ -55,6 +54,9 @@ __all__ = [
     "run_operator",
     "serve_operator",
 ]
+
+if TYPE_CHECKING:  # the binary's settings compose this package's own: no runtime import
+    from bigfleet_trio.config import OperatorConfig
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bigfleet_trio.config import OperatorConfig
 from bigfleet_trio.kube import CAPACITY_REQUESTS, NODES, UPCOMING_NODES, Informer
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.operator.acknowledge import Acknowledger
@@ -38,7 +37,8 @@ from bigfleet_trio.operator.wiring import (
     slim_node,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the binary's settings compose this package's own: no runtime import
+    from bigfleet_trio.config import OperatorConfig
     from bigfleet_trio.operator.app import Operator
 
 __all__ = [

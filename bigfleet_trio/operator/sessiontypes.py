@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from bigfleet_trio.config import SessionSettings
+from bigfleet_trio.knobs import DURATION, Settings, knob
 from bigfleet_trio.operator.queues import NODE_STATE_PENDING_CAP, OUTBOX_CAPACITY
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame
@@ -40,7 +40,7 @@ Reply = Callable[[pb.OperatorMessage], bool]
 """Enqueue one frame into the session's outbox without blocking; False when it was dropped."""
 
 
-DEFAULT_SEND_TIMEOUT: float = SessionSettings.send_timeout
+DEFAULT_SEND_TIMEOUT = 30.0
 """Seconds one frame may wait to be written to the connection (``docs/wire.md#send-timeout``)."""
 DEFAULT_DROP_LOG_INTERVAL = 10.0
 """Seconds between outbox-drop summary log lines."""
@@ -103,14 +103,19 @@ class Handlers(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class SessionConfig:
-    """Per-session knobs.
+@dataclass(init=False, eq=True)
+class SessionConfig(Settings):
+    """The shard session's settings; its knobs are the operator's ``shard session`` flags.
+
+    The operator's settings (``bigfleet_trio.config.OperatorConfig``) nest this object and fill
+    ``cluster_id`` from ``--cluster-id``; the other plain fields have no flag.
 
     Attributes:
-        cluster_id: sent in Hello and filled into roll-ups that lack it. Required.
+        cluster_id: sent in Hello and filled into roll-ups that lack it.
         rollup_interval: seconds between roll-up ticks (first tick at connect). Default 10.
         dispatch_concurrency: semaphore size for apiserver-writing handlers. Default 32.
+        send_timeout: seconds one ``stream.send`` may block before the session ends with
+            :class:`SendStalled` (> 0; ``math.inf`` disables). Default 30.
         dispatch_backlog: Reclaim/AvailableCapacity frames that may wait for a slot before the
             recv pump blocks (node-state frames do not count; see node_state_pending_cap).
         node_state_pending_cap: machines with a NodeStateUpdate waiting for a worker at which
@@ -119,26 +124,40 @@ class SessionConfig:
             started per this many frames read (>= 0; 0 disables the gate). Default 256.
         outbox_capacity: bound of the response outbox (drop-newest). Default 256.
         protocol_version: Hello.protocol_version. Default "v1alpha1".
-        send_timeout: seconds one ``stream.send`` may block before the session ends with
-            :class:`SendStalled` (> 0; ``math.inf`` disables). Default 30.
         drop_log_interval: seconds between outbox-drop summary lines (>= 0). Default 10.
+
+    Raises:
+        ValueError: from the constructor, a value out of range, naming the field
+            (``send_timeout must be > 0, got 0``).
     """
 
-    cluster_id: str
-    # The knobs the command line sets take their one default from the operator's settings.
-    rollup_interval: float = SessionSettings.rollup_interval
-    dispatch_concurrency: int = SessionSettings.dispatch_concurrency
+    rollup_interval: float = knob(10.0, "time between roll-ups; 0 = default", unit=DURATION)
+    dispatch_concurrency: int = knob(32, "parallel shard instructions", metavar="N")
+    send_timeout: float = knob(
+        DEFAULT_SEND_TIMEOUT,
+        "end the shard session when a frame waits longer than this to be written to the "
+        "connection (the shard stopped reading; bound: this plus one roll-up interval)",
+        unit=DURATION,
+    )
+    cluster_id: str = ""
     dispatch_backlog: int = 1024
     node_state_pending_cap: int = NODE_STATE_PENDING_CAP
     node_state_read_ahead: int = 256
     outbox_capacity: int = OUTBOX_CAPACITY
     protocol_version: str = PROTOCOL_VERSION
-    send_timeout: float = DEFAULT_SEND_TIMEOUT
     drop_log_interval: float = DEFAULT_DROP_LOG_INTERVAL
 
-    def __post_init__(self) -> None:
-        if not self.cluster_id:
-            raise ValueError("SessionConfig.cluster_id is required")
+    def __init__(self, cluster_id: str = "", **values: object) -> None:
+        super().__init__(cluster_id=cluster_id, **values)
+        self.check_ranges()
+
+    def check_ranges(self) -> None:
+        """The session's own rules (the constructor runs them; a caller that changed a field
+        runs them again).
+
+        Raises:
+            ValueError: the first value out of range, naming the field.
+        """
         if not self.rollup_interval > 0:
             raise ValueError(f"rollup_interval must be > 0, got {self.rollup_interval}")
         if self.dispatch_concurrency < 1:

@@ -16,12 +16,13 @@ import socket
 import sys
 import uuid
 from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 import yaml
 
-from bigfleet_trio.config import ConfigError, PodControllerConfig, yaml_error_line
 from bigfleet_trio.excgroups import find_in_group
+from bigfleet_trio.knobs import ConfigError, yaml_error_line
 from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
 from bigfleet_trio.kube.errors import KubeConfigError
 from bigfleet_trio.observability.http import serve_observability
@@ -41,6 +42,9 @@ __all__ = [
     "leader_identity",
     "pod_controller_readiness",
 ]
+
+if TYPE_CHECKING:  # the binary's settings compose this package's own: no runtime import
+    from bigfleet_trio.config import PodControllerConfig
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import sys
 
 import trio
 
-from bigfleet_trio.config import yaml_error_line
+from bigfleet_trio.knobs import yaml_error_line
 from bigfleet_trio.sim.demo_options import DemoOptions
 
 from . import demo_world

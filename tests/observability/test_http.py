@@ -17,7 +17,7 @@ import trio
 from prometheus_client import CollectorRegistry, Counter
 from trio_websocket import open_websocket_url
 
-from bigfleet_trio.config import ConfigError
+from bigfleet_trio.knobs import ConfigError
 from bigfleet_trio.observability.events import EventFeed, follow_events
 from bigfleet_trio.observability.http import serve_observability
 

@@ -57,6 +57,13 @@ def make_agent(
     return Agent(connector, Source(), h, cfg, rng=random.Random(7)), h
 
 
+def test_agent_refuses_a_session_without_cluster_id() -> None:
+    # The operator's settings nest a SessionConfig whose cluster_id the composition fills in.
+    assert AgentConfig().session.cluster_id == ""
+    with pytest.raises(ValueError, match="cluster_id is required"):
+        Agent(MemoryConnector(), Source(), Handlers(), AgentConfig())
+
+
 # ---- Backoff (pure) --------------------------------------------------------------------------
 
 
