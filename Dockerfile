@@ -1,5 +1,8 @@
 # bigfleet-trio: one image for both binaries (`bigfleet-trio operator`, `bigfleet-trio pod-controller`).
 #   docker build --build-arg VERSION=0.1.0 -t bigfleet-trio:0.1.0 .
+# The production image (the default, last stage) carries no simulation: bigfleet_trio/sim is left
+# out before the install, so `sim` and `demo` are not among its commands. The demo image adds it:
+#   docker build --build-arg VERSION=0.1.0 --target demo -t bigfleet-trio-demo:0.1.0 .
 # VERSION must equal pyproject.toml's version (the build checks it); it becomes the version label.
 # Multi-stage: the builder makes a self-contained venv; the final stage copies only that venv onto
 # a clean slim base (no compilers, no pip), runs as uid 65532 and works with a read-only root fs.
@@ -24,14 +27,23 @@ RUN pip install --require-virtualenv -r constraints.txt setuptools==84.2.1
 COPY pyproject.toml README.md ./
 COPY bigfleet_trio ./bigfleet_trio
 ARG VERSION
-RUN python -c "import sys, tomllib; want = tomllib.load(open('pyproject.toml', 'rb'))['project']['version']; \
+RUN rm -rf bigfleet_trio/sim \
+ && python -c "import sys, tomllib; want = tomllib.load(open('pyproject.toml', 'rb'))['project']['version']; \
 sys.exit(0 if '${VERSION}' == want else f'build with --build-arg VERSION={want} (got \"${VERSION}\")')" \
  && pip install --no-deps --no-build-isolation . \
  && pip check \
  && python -m compileall -q /opt/venv/lib \
  && (pip uninstall -y pip setuptools wheel || true)
 
-FROM ${PYTHON_IMAGE}
+# The demo's venv: the production one plus the simulation package (its files and package data,
+# compiled like the rest).
+FROM builder AS builder-demo
+COPY bigfleet_trio/sim /src/sim
+RUN python -c "import os, shutil, bigfleet_trio as b; \
+shutil.copytree('/src/sim', os.path.join(os.path.dirname(b.__file__), 'sim'))" \
+ && python -m compileall -q /opt/venv/lib
+
+FROM ${PYTHON_IMAGE} AS runtime
 ARG VERSION
 LABEL org.opencontainers.image.title="bigfleet-trio" \
       org.opencontainers.image.version="${VERSION}" \
@@ -42,7 +54,6 @@ RUN (python -m pip uninstall -y pip setuptools wheel >/dev/null 2>&1 || true) \
  && groupadd --gid 65532 nonroot \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin nonroot
-COPY --from=builder /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
@@ -51,3 +62,11 @@ WORKDIR /tmp
 EXPOSE 8770 8080
 ENTRYPOINT ["bigfleet-trio"]
 CMD ["--help"]
+
+# `--target demo`: the same image with the simulation (`bigfleet-trio demo`, `sim ...`).
+FROM runtime AS demo
+COPY --from=builder-demo /opt/venv /opt/venv
+
+# The production image (default target).
+FROM runtime
+COPY --from=builder /opt/venv /opt/venv

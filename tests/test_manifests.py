@@ -402,24 +402,59 @@ def test_dockerfile_shape() -> None:
     assert not text.startswith("# syntax")  # a frontend image pulled from a registry: not offline
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     froms = [ln for ln in lines if ln.startswith("FROM ")]
-    assert len(froms) == 2 and froms[0].endswith(" AS builder")
+    # builder, builder-demo, runtime, demo and the production image, which is the last (default)
+    assert froms == ["FROM ${PYTHON_IMAGE} AS builder", "FROM builder AS builder-demo",
+                     "FROM ${PYTHON_IMAGE} AS runtime", "FROM runtime AS demo", "FROM runtime"]
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in lines
     builder = lines[: lines.index(froms[1])]
-    final = lines[lines.index(froms[1]) :]
+    runtime = lines[lines.index(froms[2]) : lines.index(froms[3])]
+    final = lines[lines.index(froms[4]) :]
     # dependencies from the pinned set in their own layer, before any of the package is copied
     deps = builder.index("COPY constraints.txt ./")
     install = next(i for i, ln in enumerate(builder) if "-r constraints.txt" in ln)
     package = builder.index("COPY bigfleet_trio ./bigfleet_trio")
     assert deps < install < builder.index("COPY pyproject.toml README.md ./") < package
     assert "--no-deps" in " ".join(builder[package:])
+    # the production image carries no simulation: it is removed before the install
+    assert "RUN rm -rf bigfleet_trio/sim \\" in builder[package:]
+    assert final[1:] == ["COPY --from=builder /opt/venv /opt/venv"]
+    demo = lines[lines.index(froms[3]) : lines.index(froms[4])]
+    assert demo[1:] == ["COPY --from=builder-demo /opt/venv /opt/venv"]
     # the version label comes from the build argument the builder checks against pyproject.toml
-    assert "ARG VERSION" in builder[package:] and "ARG VERSION" in final
-    assert 'org.opencontainers.image.version="${VERSION}" \\' in final
+    assert "ARG VERSION" in builder[package:] and "ARG VERSION" in runtime
+    assert 'org.opencontainers.image.version="${VERSION}" \\' in runtime
     assert "['project']['version']" in text
-    assert "COPY --from=builder /opt/venv /opt/venv" in final
-    assert "USER 65532:65532" in final
-    assert 'ENTRYPOINT ["bigfleet-trio"]' in final
-    assert not any(ln.startswith(("RUN apt", "RUN pip install")) for ln in final)
+    assert "USER 65532:65532" in runtime
+    assert 'ENTRYPOINT ["bigfleet-trio"]' in runtime
+    assert not any(ln.startswith(("RUN apt", "RUN pip install")) for ln in runtime + final)
+
+
+@pytest.mark.slow
+def test_product_runs_without_the_sim(tmp_path: Path) -> None:
+    """What the production image installs (the package minus bigfleet_trio/sim): every product
+    module imports, ``--help`` works and names no sim command."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(ROOT / "bigfleet_trio", tmp_path / "bigfleet_trio",
+                    ignore=shutil.ignore_patterns("__pycache__", "sim"))
+    script = (
+        # an editable install finds modules by name, past the copy's __path__: drop its finder
+        "import sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+        "import importlib, pkgutil, bigfleet_trio as b\n"
+        "assert b.__file__.startswith(%r), b.__file__\n"
+        "for m in pkgutil.walk_packages(b.__path__, 'bigfleet_trio.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "from bigfleet_trio import cli\n"
+        "assert cli.sim_commands() is None\n"
+        "print(cli.build_parser().format_help())\n" % str(tmp_path)
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                         text=True, env={"PATH": "/usr/bin:/bin"}, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "pod-controller" in out.stdout and "demo" not in out.stdout
 
 
 def test_constraints_pin_every_runtime_dependency() -> None:
