@@ -307,9 +307,10 @@ def test_priority_class_defaults_configmap_loads() -> None:
     from bigfleet_trio.podcontroller.defaults import PenaltyDefaults, parse_priority_class_defaults
     from bigfleet_trio.quantity import Quantity
 
+    q = Quantity.parse
     defaults = parse_priority_class_defaults(text)
-    assert defaults.get("ml-research") == PenaltyDefaults(Quantity("8192"), Quantity("65536"))
-    assert defaults.get("batch-best-effort") == PenaltyDefaults(Quantity("16"), Quantity("0"))
+    assert defaults.get("ml-research") == PenaltyDefaults(q("8192"), q("65536"))
+    assert defaults.get("batch-best-effort") == PenaltyDefaults(q("16"), q("0"))
 
 
 def test_example_overlay_sets_cluster_shard_and_image() -> None:
@@ -444,12 +445,12 @@ def test_product_runs_without_the_sim(tmp_path: Path) -> None:
         "import sys\n"
         "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
         "import importlib, pkgutil, bigfleet_trio as b\n"
-        "assert b.__file__.startswith(%r), b.__file__\n"
+        f"assert b.__file__.startswith({str(tmp_path)!r}), b.__file__\n"
         "for m in pkgutil.walk_packages(b.__path__, 'bigfleet_trio.'):\n"
         "    importlib.import_module(m.name)\n"
         "from bigfleet_trio import cli\n"
         "assert cli.sim_commands() is None\n"
-        "print(cli.build_parser().format_help())\n" % str(tmp_path)
+        "print(cli.build_parser().format_help())\n"
     )
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
                          text=True, env={"PATH": "/usr/bin:/bin"}, check=False)
