@@ -279,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only this event kind (repeatable)")
     ev.add_argument("--max-events", type=int_arg, default=0, metavar="N",
                     help="exit after N events (default 0: until the feed ends)")
+    ev.add_argument("--kubeconfig", default=None, metavar="PATH",
+                    help="send this kubeconfig's bearer token (an agent with --metrics-auth "
+                    "checks it; default: $KUBECONFIG or ~/.kube/config when present)")
     add_log_flags(ev, suppress=True)
 
     return root
@@ -421,17 +424,42 @@ def _run_command(ns: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(command, f"unknown --kind {', '.join(map(repr, unknown))} "
                              "(see events --help for the kinds)")
-        return invoke(command, _run_events, ns.addr, list(ns.kind), ns.max_events)
+        return invoke(command, _run_events, ns.addr, list(ns.kind), ns.max_events,
+                      ns.kubeconfig)
     raise UsageError(PROG, f"unknown command {command!r}")  # pragma: no cover
 
 
-def _run_events(addr: str, kinds: list[str], max_events: int) -> int:
+def events_token(kubeconfig: str | None) -> str | None:
+    """The bearer token ``events`` sends: from ``--kubeconfig`` (which must load), else from
+    $KUBECONFIG / ~/.kube/config / in-cluster when one loads, else None (a loopback agent
+    without --metrics-auth needs none).
+
+    Raises:
+        KubeConfigError: ``--kubeconfig`` given and unusable.
+    """
+    from .kube import load_kubeconfig
+    from .kube.errors import KubeConfigError
+
+    try:
+        kcfg = load_kubeconfig(kubeconfig)
+    except KubeConfigError:
+        if kubeconfig:
+            raise
+        return None
+    return kcfg.bearer_token()
+
+
+def _run_events(addr: str, kinds: list[str], max_events: int,
+                kubeconfig: str | None = None) -> int:
     import trio
 
     from .observability.events import follow_events
 
+    token = events_token(kubeconfig)
+
     async def _follow() -> int:
-        return await follow_events(addr, sys.stdout, kinds=kinds, max_events=max_events)
+        return await follow_events(addr, sys.stdout, kinds=kinds, max_events=max_events,
+                                   token=token, notice=sys.stderr)
 
     trio.run(_follow)
     return 0

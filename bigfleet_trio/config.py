@@ -88,16 +88,24 @@ class ProcessSettings(Settings):
                       check=positive)
     burst: int = knob(100, "Kubernetes API request burst above --qps", check=at_least_one)
     metrics_addr: str = knob(
-        ":8770", "diagnostics listener (/metrics, /healthz, /readyz; the operator adds /events); "
+        "127.0.0.1:8770", "diagnostics listener (/metrics, /healthz, /readyz; the operator adds "
+        "/events); loopback unless given (':8770' is every interface: add --metrics-auth); "
         "0 disables", metavar="ADDR",
         check=listen_addr,
     )
+    metrics_auth: bool = knob(
+        False, "serve /metrics and /events only to callers whose bearer token passes "
+        "TokenReview and SubjectAccessReview (get on the path; docs/crds.md#diagnostics-access)",
+    )
     health_probe_addr: str | None = knob(
-        None, "separate listener for /healthz and /readyz (default: the metrics listener)",
-        metavar="HOST:PORT", check=probe_addr,
+        None, "separate plain-HTTP listener for /healthz and /readyz only (default: the "
+        "metrics listener)", metavar="HOST:PORT", check=probe_addr,
     )
     leader_elect: bool = knob(False, "hold a Lease; only the leader acts on the cluster")
-    leader_election_namespace: str = knob(DEFAULT_NAMESPACE, "Lease namespace", metavar="NS")
+    leader_election_namespace: str = knob(
+        "", "Lease namespace (default: the pod's own, from $POD_NAMESPACE or the in-cluster "
+        f"ServiceAccount namespace file, else {DEFAULT_NAMESPACE}; docs/crds.md#leader-election)",
+        metavar="NS")
     leader_election_id: str = knob("bigfleet-operator", "Lease name", metavar="NAME")
     sync_timeout: float = knob(
         600.0,
@@ -113,8 +121,6 @@ class ProcessSettings(Settings):
     def validate_process(self) -> None:
         """Cross-knob rules of the process group (leader election names)."""
         if self.leader_elect:
-            if not self.leader_election_namespace:
-                raise ConfigError("--leader-election-namespace must not be empty")
             if not self.leader_election_id:
                 raise ConfigError("--leader-election-id must not be empty")
 
@@ -235,7 +241,7 @@ class PodControllerConfig(ProcessSettings):
     the pod controller itself at start (``podcontroller.defaults``), one parser for one file.
     """
 
-    metrics_addr: str = rebased(ProcessSettings, "metrics_addr", ":8080")
+    metrics_addr: str = rebased(ProcessSettings, "metrics_addr", "127.0.0.1:8080")
     leader_election_id: str = rebased(
         ProcessSettings, "leader_election_id", "bigfleet-unschedulable-pod-controller"
     )

@@ -452,7 +452,7 @@ def test_events_command_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[Any, ...]] = []
     monkeypatch.setattr(cli, "_run_events", lambda *a: seen.append(a) or 0)
     assert cli.main(["events", "--addr", "h:1", "--kind", "reclaim", "--max-events", "2"]) == 0
-    assert seen == [("h:1", ["reclaim"], 2)]
+    assert seen == [("h:1", ["reclaim"], 2, None)]
 
 
 def test_events_command_connection_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -108,9 +108,10 @@ def test_operator_defaults_match_reference() -> None:
     assert cfg.sync_timeout == 600.0  # Go 30 s; ours outlives a 60 s apiserver outage
     assert cfg.agent.session.send_timeout == 30.0
     assert (cfg.agent.initial_backoff, cfg.agent.max_backoff) == (0.5, 30.0)
-    assert cfg.metrics_addr == ":8770"
+    assert cfg.metrics_addr == "127.0.0.1:8770"  # loopback unless exposed (docs/crds.md)
+    assert cfg.metrics_auth is False
     assert cfg.leader_elect is False
-    assert cfg.leader_election_namespace == "bigfleet-system"
+    assert cfg.leader_election_namespace == ""  # the pod's own (docs/crds.md#leader-election)
     assert cfg.log_format == "text"
     assert cfg.log_level == "info"
     assert cfg.kubeconfig is None
@@ -250,7 +251,7 @@ def test_operator_template_loaded(tmp_path) -> None:  # type: ignore[no-untyped-
 
 def test_pod_controller_defaults_match_reference() -> None:
     cfg = PodControllerConfig()
-    assert cfg.metrics_addr == ":8080"
+    assert cfg.metrics_addr == "127.0.0.1:8080"
     assert cfg.qps == 50
     assert cfg.burst == 100
     assert cfg.workers == 16

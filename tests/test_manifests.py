@@ -25,6 +25,7 @@ from typing import Any
 import jsonschema
 import pytest
 import trio
+import trio.testing
 import yaml
 
 from bigfleet_trio import cli
@@ -103,6 +104,8 @@ def _expand(args: list[str], env: list[dict[str, Any]], docs: Docs) -> list[str]
     for e in env:
         if "value" in e:
             values[e["name"]] = e["value"]
+        elif "fieldRef" in e["valueFrom"]:  # downward API: not used in args
+            values[e["name"]] = "<" + e["valueFrom"]["fieldRef"]["fieldPath"] + ">"
         else:
             ref = e["valueFrom"]["configMapKeyRef"]
             values[e["name"]] = configmaps[ref["name"]]["data"][ref["key"]]
@@ -137,11 +140,18 @@ def test_deployment_args_are_accepted_by_the_cli(name: str) -> None:
         pcfg = cli.pod_controller_config(ns)
         assert pcfg.leader_elect is True
         metrics_addr = pcfg.metrics_addr
-    _, port = split_host_port(metrics_addr)
+    cfg_any = cli.operator_config(ns) if ns.command == "operator" else cli.pod_controller_config(
+        ns)
+    # every interface, so only for authorized callers; probes plain HTTP on their own port
+    assert cfg_any.metrics_auth is True
+    host, port = split_host_port(metrics_addr)
+    assert host == ""
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["metrics"] == port
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert cfg_any.health_probe_addr is not None
+    assert ports["probes"] == split_host_port(cfg_any.health_probe_addr)[1] != port
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
 
 
 @pytest.mark.parametrize("name", DEPLOYMENTS)
@@ -225,6 +235,19 @@ def test_operator_rbac_is_exactly_what_the_code_needs() -> None:
     assert _rules("Role", "bigfleet-operator-leader-election") == {
         ("coordination.k8s.io", "leases"): {"get", "create", "update"},
     }
+    assert _rules("ClusterRole", "bigfleet-metrics-auth") == {  # --metrics-auth
+        ("authentication.k8s.io", "tokenreviews"): {"create"},
+        ("authorization.k8s.io", "subjectaccessreviews"): {"create"},
+    }
+    binding = _by_kind("ClusterRoleBinding")["bigfleet-metrics-auth"]
+    assert {s["name"] for s in binding["subjects"]} == set(
+        _by_kind("ServiceAccount"))
+
+
+def test_metrics_reader_cluster_role() -> None:
+    """What a scraper or an ``events`` follower is bound to: get on the two paths, nothing else."""
+    (rule,) = _by_kind("ClusterRole")["bigfleet-metrics-reader"]["rules"]
+    assert rule == {"nonResourceURLs": ["/metrics", "/events"], "verbs": ["get"]}
 
 
 def test_pod_controller_rbac_is_exactly_what_the_code_needs() -> None:
@@ -251,8 +274,8 @@ def test_no_wildcards_anywhere() -> None:
     for kind in ("ClusterRole", "Role"):
         for role in _by_kind(kind).values():
             for rule in role["rules"]:
-                for field in ("apiGroups", "resources", "verbs"):
-                    assert "*" not in rule[field], role["metadata"]["name"]
+                for field in ("apiGroups", "resources", "verbs", "nonResourceURLs"):
+                    assert "*" not in rule.get(field, ()), role["metadata"]["name"]
 
 
 @pytest.mark.parametrize(
@@ -519,4 +542,77 @@ async def test_readme_deploy_block_runs_verbatim(tmp_path: Path) -> None:
         assert "deployment.apps/bigfleet-operator created" in out
         assert ("customresourcedefinition.apiextensions.k8s.io/capacityrequests.bigfleet.lucy.sh "
                 "unchanged") in out  # install-crds after apply -k: the same file
+        nursery.cancel_scope.cancel()
+
+
+# --------------------------------------------------------------------- another namespace
+
+
+def _render_overlay(tmp_path: Path, namespace: str) -> Docs:
+    """``kubectl kustomize`` of an overlay over config/default that sets ``namespace:``."""
+    assert KUBECTL is not None
+    shutil.copytree(CONFIG, tmp_path / "config")
+    shutil.copytree(ROOT / "bigfleet_trio" / "manifests",
+                    tmp_path / "bigfleet_trio" / "manifests")
+    overlay = tmp_path / "my-cluster"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        f"namespace: {namespace}\nresources:\n  - ../config/default\n")
+    out = subprocess.run([KUBECTL, "kustomize", str(overlay)], check=True,
+                         capture_output=True, text=True).stdout
+    return tuple(d for d in yaml.safe_load_all(out) if d)
+
+
+def _downward_env(container: dict[str, Any], pod_namespace: str) -> dict[str, str]:
+    """The container's downward-API variables as the kubelet sets them for a Pod in
+    ``pod_namespace``."""
+    fields = {"metadata.namespace": pod_namespace, "metadata.name": "pod-0"}
+    return {e["name"]: fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+            for e in container.get("env", []) if "fieldRef" in e.get("valueFrom", {})}
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+async def test_overlay_in_another_namespace_elects_a_leader(
+    name: str, tmp_path: Path, autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An overlay with ``namespace: platform-agents``, applied to the RBAC-enforcing sim: each
+    binary, with the rendered Deployment's arguments and downward-API env and its
+    ServiceAccount's token, takes its Lease in that namespace (docs/crds.md#leader-election)."""
+    from bigfleet_trio.kube import KubeClient, KubeConfig
+    from bigfleet_trio.kube.leader import LeaderElector, lease_namespace
+    from bigfleet_trio.kube.resources import LEASES
+    from bigfleet_trio.sim.apiserver.testing import InProcessTransport
+    from tests.security.test_rbac_flow import install
+
+    ns_name = "platform-agents"
+    docs = _render_overlay(tmp_path, ns_name)
+    dep = _by_kind("Deployment", docs)[name]
+    assert dep["metadata"]["namespace"] == ns_name
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    parsed = cli.parse_args(_expand(c["args"], c.get("env", []), docs))
+    cfg = (cli.operator_config(parsed) if parsed.command == "operator"
+           else cli.pod_controller_config(parsed))
+    assert cfg.leader_elect
+    lease_ns, source = lease_namespace(cfg.leader_election_namespace,
+                                       env=_downward_env(c, ns_name), sa_dir=str(tmp_path))
+    assert (lease_ns, source) == (ns_name, "POD_NAMESPACE")
+
+    server = ApiServer(authorization_mode="RBAC")
+    install(server, [d for d in docs if d["kind"] in {
+        "Namespace", "ServiceAccount", "Role", "ClusterRole", "RoleBinding",
+        "ClusterRoleBinding"}])
+    token = server.issue_token(ns_name, pod["serviceAccountName"])["status"]["token"]
+    async with trio.open_nursery() as nursery:
+        client = KubeClient(KubeConfig(server="http://apiserver", token=token),
+                            transport=InProcessTransport(server.app, nursery))
+        elector = LeaderElector(client, name=cfg.leader_election_id, namespace=lease_ns,
+                                identity="pod-0_1")
+        with trio.fail_after(60):
+            await elector.acquire()
+        admin = KubeClient(KubeConfig(server="http://apiserver", token=server.access.admin_token),
+                           transport=InProcessTransport(server.app, nursery))
+        got = await admin.get(LEASES, cfg.leader_election_id, ns_name)
+        assert got["spec"]["holderIdentity"] == "pod-0_1"
+        assert server.access.denials == []
         nursery.cancel_scope.cancel()

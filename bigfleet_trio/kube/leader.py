@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -49,10 +50,14 @@ from typing import Any
 import trio
 
 from .client import KubeClient, rfc3339_micro
-from .errors import AlreadyExists, ApiError, Conflict, KubeTransportError, NotFound
+from .config import SERVICE_ACCOUNT_DIR
+from .errors import AlreadyExists, ApiError, Conflict, Forbidden, KubeTransportError, NotFound
 from .resources import LEASES
 
-__all__ = ["LeaderElector", "Leadership"]
+__all__ = ["LeaderElector", "Leadership", "lease_namespace", "FALLBACK_LEASE_NAMESPACE"]
+
+FALLBACK_LEASE_NAMESPACE = "bigfleet-system"
+"""Lease namespace outside a pod when no flag names one (the shipped manifests' namespace)."""
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +67,63 @@ JITTER_FACTOR = 1.2
 # lease_duration + one poll (15 + 3 s) plus the new leader's start-up: under 20 s.
 CAMPAIGN_JITTER = 0.5
 _EXPIRY_MARGIN = 0.01  # seconds past the observed expiry before a takeover attempt
+
+
+def lease_namespace(
+    flag: str | None,
+    *,
+    env: dict[str, str] | os._Environ[str] | None = None,
+    sa_dir: str = SERVICE_ACCOUNT_DIR,
+) -> tuple[str, str]:
+    """The namespace of the leader-election Lease, and where it came from.
+
+    Order (docs/crds.md#leader-election): ``--leader-election-namespace`` when given; else the
+    pod's own namespace, from ``$POD_NAMESPACE`` (downward API) or the in-cluster ServiceAccount
+    ``namespace`` file; else :data:`FALLBACK_LEASE_NAMESPACE`. Following the pod is what lets a
+    Kustomize overlay with ``namespace:`` move the Role and the Lease together.
+
+    Returns:
+        ``(namespace, source)``, source one of ``flag``, ``POD_NAMESPACE``, the file's path,
+        ``default``.
+    """
+    if flag:
+        return flag, "flag"
+    env = os.environ if env is None else env
+    pod_ns = (env.get("POD_NAMESPACE") or "").strip()
+    if pod_ns:
+        return pod_ns, "POD_NAMESPACE"
+    path = os.path.join(sa_dir, "namespace")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            file_ns = fh.read().strip()
+    except OSError:
+        file_ns = ""
+    if file_ns:
+        return file_ns, path
+    return FALLBACK_LEASE_NAMESPACE, "default"
+
+
+def _lease_error_fix(exc: ApiError, namespace: str, name: str) -> tuple[str, str] | None:
+    """``(reason label, what to fix)`` for a Lease error the campaign cannot outwait."""
+    if isinstance(exc, Forbidden):
+        return "forbidden", (
+            f"grant get, create and update on leases.coordination.k8s.io in namespace "
+            f"{namespace} to this ServiceAccount (a Role and RoleBinding there, like the shipped "
+            f"*-leader-election ones), or run the Lease in the pod's own namespace (unset "
+            f"--leader-election-namespace, set POD_NAMESPACE)"
+        )
+    details = (exc.body or {}).get("details") or {}
+    if isinstance(exc, NotFound) and details.get("kind") == "namespaces":
+        return "not_found", (
+            f"namespace {namespace} does not exist: create it, or run the Lease in the pod's "
+            f"own namespace (unset --leader-election-namespace, set POD_NAMESPACE)"
+        )
+    return None
+
+
+# One ERROR per distinct problem, repeated at this interval while it lasts (each attempt is
+# still counted): a campaign retries every 2 s, and a line per retry would bury the fix.
+_ERROR_REPEAT_S = 60.0
 
 
 @dataclass
@@ -141,6 +203,9 @@ class LeaderElector:
         self._stepping_down = False
         self._leadership: Leadership | None = None
         self._campaign: trio.CancelScope | None = None
+        self.last_error: str | None = None
+        """The last Lease error that needs a fix (403, 404 on create), None once one succeeds."""
+        self._logged: tuple[str, float] | None = None
 
     @property
     def leader(self) -> str | None:
@@ -199,6 +264,7 @@ class LeaderElector:
                 )
                 self._lease = created
                 self._observe(created.get("spec") or spec)
+                self.last_error = None
                 return True
             spec = dict(lease.get("spec") or {})
             self._observe(spec)
@@ -224,6 +290,7 @@ class LeaderElector:
             updated = await self.client.update(LEASES, lease, self.namespace)
             self._lease = updated
             self._observe(updated.get("spec") or spec)
+            self.last_error = None
             return True
         except (AlreadyExists, Conflict) as exc:
             log.info(
@@ -234,7 +301,17 @@ class LeaderElector:
                 exc.reason,
             )
             return False
-        except (ApiError, KubeTransportError) as exc:
+        except ApiError as exc:
+            fix = _lease_error_fix(exc, self.namespace, self.name)
+            if fix is None:
+                log.warning(
+                    "lease attempt failed lease=%s/%s me=%s err=%s",
+                    self.namespace, self.name, self.identity, exc,
+                )
+                return False
+            self._lease_error(exc, *fix)
+            return False
+        except KubeTransportError as exc:
             log.warning(
                 "lease attempt failed lease=%s/%s me=%s err=%s",
                 self.namespace,
@@ -243,6 +320,23 @@ class LeaderElector:
                 exc,
             )
             return False
+
+    def _lease_error(self, exc: ApiError, reason: str, fix: str) -> None:
+        """Count a Lease error that waiting cannot cure and say, at ERROR, how to fix it."""
+        from bigfleet_trio.observability.metrics import LEASE_ERRORS
+
+        LEASE_ERRORS.labels(reason).inc()
+        self.last_error = f"{exc.status} {exc.reason} on Lease {self.namespace}/{self.name}"
+        now = trio.current_time()
+        if (self._logged is None or self._logged[0] != self.last_error
+                or now - self._logged[1] >= _ERROR_REPEAT_S):
+            self._logged = (self.last_error, now)
+            log.error(
+                "leader election cannot use its Lease: %s: %s; fix: %s",
+                self.last_error, exc, fix,
+                extra={"lease": f"{self.namespace}/{self.name}", "status": exc.status,
+                       "reason": reason},
+            )
 
     # -- loops ----------------------------------------------------------------------------------
 

@@ -28,6 +28,8 @@ __all__ = [
     "UPCOMING_NODES",
     "AVAILABLE_CAPACITIES",
     "BIGFLEET_GROUP",
+    "TOKEN_REVIEWS",
+    "SUBJECT_ACCESS_REVIEWS",
 ]
 
 BIGFLEET_GROUP = "bigfleet.lucy.sh"
@@ -98,6 +100,10 @@ DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", True)
 REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet", True)
 STATEFULSETS = Resource("apps", "v1", "statefulsets", "StatefulSet", True)
 JOBS = Resource("batch", "v1", "jobs", "Job", True)
+TOKEN_REVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False)
+SUBJECT_ACCESS_REVIEWS = Resource(
+    "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False
+)
 CRDS = Resource(
     "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False
 )

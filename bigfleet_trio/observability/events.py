@@ -328,6 +328,8 @@ async def follow_events(
     *,
     kinds: Iterable[str] = (),
     max_events: int = 0,
+    token: str | None = None,
+    notice: IO[str] | None = None,
 ) -> int:
     """Follow a server's ``/events`` WebSocket and write each event as one JSON line to ``out``.
 
@@ -336,6 +338,9 @@ async def follow_events(
         out: text stream (flushed after each line).
         kinds: only these event kinds (server-side filter).
         max_events: stop after this many lines (0 = until the server closes).
+        token: bearer token sent with the upgrade (a listener with ``--metrics-auth`` checks
+            it; docs/crds.md#diagnostics-access).
+        notice: where to say, in one line, that the agent ended the feed (None: silent).
 
     Returns:
         Number of lines written.
@@ -347,11 +352,19 @@ async def follow_events(
 
     url = events_url(addr, kinds)
     written = 0
-    async with _connect(url) as ws:
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else None
+    async with _connect(url, headers) as ws:
         while max_events <= 0 or written < max_events:
             try:
                 message = await ws.get_message()
-            except ConnectionClosed:
+            except ConnectionClosed as exc:
+                if notice is not None:
+                    reason = exc.reason
+                    why = (f" (code {reason.code}{': ' + reason.reason if reason.reason else ''})"
+                           if reason is not None else "")
+                    notice.write(f"events: the agent at {addr} ended the feed{why}; "
+                                 f"{written} events received\n")
+                    notice.flush()
                 break
             text = message.decode("utf-8", "replace") if isinstance(message, bytes) else message
             for line in text.splitlines():
@@ -369,19 +382,25 @@ async def follow_events(
 
 
 @asynccontextmanager
-async def _connect(url: str) -> AsyncIterator[Any]:
+async def _connect(url: str, headers: list[tuple[bytes, bytes]] | None = None,
+                   ) -> AsyncIterator[Any]:
     """``open_websocket_url`` with connection/handshake failures turned into one-line OSErrors."""
     from trio_websocket import ConnectionRejected, HandshakeError, open_websocket_url
 
     entered = False
     try:
-        async with open_websocket_url(url) as ws:
+        async with open_websocket_url(url, extra_headers=headers) as ws:
             entered = True
             yield ws
     except ConnectionRejected as exc:
         if entered:  # pragma: no cover - only raised during the handshake
             raise
-        raise OSError(f"{url}: server rejected the WebSocket (HTTP {exc.status_code})") from exc
+        said = " ".join((exc.body or b"").decode("utf-8", "replace").split())[:300]
+        hint = {401: "; the kubeconfig's credentials (--kubeconfig) were not accepted",
+                403: "; bind your user to the ClusterRole bigfleet-metrics-reader"}.get(
+                    exc.status_code, "")
+        raise OSError(f"{url}: server rejected the WebSocket (HTTP {exc.status_code}"
+                      f"{': ' + said if said else ''}){hint}") from exc
     except HandshakeError as exc:
         if entered:  # pragma: no cover
             raise

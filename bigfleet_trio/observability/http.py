@@ -1,7 +1,9 @@
 """Diagnostics HTTP listener: /metrics, /healthz, /readyz and the /events WebSocket.
 
-A Starlette app served by hypercorn's Trio worker on ``--metrics-addr`` (``:8770`` = all
-interfaces, ``"0"`` disables), as the Go binaries serve theirs.
+A Starlette app served by hypercorn's Trio worker on ``--metrics-addr`` (default
+``127.0.0.1:8770``, loopback; ``:8770`` = all interfaces, ``"0"`` disables). With an
+``auth`` (``--metrics-auth``), ``/metrics`` and ``/events`` answer only callers whose bearer
+token passes TokenReview and SubjectAccessReview (:mod:`.authz`); the probes stay open.
 
 Endpoints:
 
@@ -37,6 +39,7 @@ from starlette.websockets import WebSocket
 
 from ..excgroups import find_in_group
 from ..knobs import split_host_port
+from .authz import PROTECTED_PATHS, KubeAuthorizer
 from .events import EventFeed
 
 __all__ = ["build_app", "serve_observability", "Readiness", "ReadinessResult"]
@@ -81,13 +84,56 @@ async def _check_ready(readiness: Readiness | None) -> tuple[bool, list[str]]:
     return bool(ok), _as_list(detail)
 
 
+class _Guard:
+    """ASGI middleware: :data:`~.authz.PROTECTED_PATHS` only for an authorized caller.
+
+    HTTP gets 401/403/500 with a one-line reason; a WebSocket is refused before the upgrade
+    (with the same status where the server supports ``websocket.http.response``, else 403).
+    """
+
+    def __init__(self, app: ASGIApp, auth: KubeAuthorizer) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope["path"] not in PROTECTED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        header = next((v.decode("latin-1") for k, v in scope.get("headers", ())
+                       if k == b"authorization"), None)
+        decision = await self.auth.check(header, scope["path"])
+        if decision.allowed:
+            await self.app(scope, receive, send)
+            return
+        log.info("diagnostics request refused", extra={
+            "path": scope["path"], "status": decision.status, "reason": decision.reason,
+            "client": (scope.get("client") or ("?",))[0]})
+        body = (decision.reason + "\n").encode()
+        headers = [(b"content-type", b"text/plain; charset=utf-8")]
+        if decision.status == 401:
+            headers.append((b"www-authenticate", b'Bearer realm="bigfleet-trio"'))
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": decision.status,
+                        "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        if "websocket.http.response" in (scope.get("extensions") or {}):
+            await send({"type": "websocket.http.response.start", "status": decision.status,
+                        "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": body})
+            return
+        await send({"type": "websocket.close", "code": 1008})
+
+
 def build_app(
     *,
     readiness: Readiness | None = None,
     feed: EventFeed | None = None,
     registry: CollectorRegistry = REGISTRY,
     ws_buffer: int = 1024,
-) -> Starlette:
+    auth: KubeAuthorizer | None = None,
+    probes_only: bool = False,
+) -> ASGIApp:
     """Build the diagnostics ASGI app.
 
     Args:
@@ -95,9 +141,12 @@ def build_app(
         feed: event feed for ``/events``; ``None`` leaves ``/events`` unrouted (404/403).
         registry: Prometheus registry for ``/metrics``.
         ws_buffer: per-WebSocket subscription buffer (events) before drop-oldest.
+        auth: when set, ``/metrics`` and ``/events`` need an authorized bearer token.
+        probes_only: serve only ``/healthz``, ``/livez`` and ``/readyz`` (the
+            ``--health-probe-addr`` listener: plain HTTP for the kubelet, nothing to protect).
 
     Returns:
-        A Starlette application.
+        An ASGI application (Starlette, behind the auth guard when ``auth`` is set).
     """
 
     async def healthz(request: Request) -> Response:
@@ -110,13 +159,14 @@ def build_app(
         return JSONResponse({"ready": False, "reasons": detail}, status_code=503)
 
     routes: list[BaseRoute] = [
-        Route("/metrics", _AsgiEndpoint(make_asgi_app(registry=registry))),
         Route("/healthz", healthz, methods=["GET", "HEAD"]),
         Route("/livez", healthz, methods=["GET", "HEAD"]),
         Route("/readyz", readyz, methods=["GET", "HEAD"]),
     ]
+    if not probes_only:
+        routes.append(Route("/metrics", _AsgiEndpoint(make_asgi_app(registry=registry))))
 
-    if feed is not None:
+    if feed is not None and not probes_only:
         event_feed = feed
 
         async def events(websocket: WebSocket) -> None:
@@ -157,7 +207,21 @@ def build_app(
 
         routes.append(WebSocketRoute("/events", events))
 
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes)
+    return _Guard(app, auth) if auth is not None else app
+
+
+def _loopback(bind: str) -> bool:
+    """True for a ``host:port`` bind on 127.0.0.0/8, ::1 or localhost."""
+    import ipaddress
+
+    host = bind.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _bind_for(addr: str) -> str:
@@ -175,6 +239,8 @@ async def serve_observability(
     readiness: Readiness | None = None,
     feed: EventFeed | None = None,
     registry: CollectorRegistry = REGISTRY,
+    auth: KubeAuthorizer | None = None,
+    probes_only: bool = False,
     task_status: trio.TaskStatus[str | None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve :func:`build_app` on ``addr`` until cancelled.
@@ -187,6 +253,7 @@ async def serve_observability(
         readiness: see :func:`build_app`.
         feed: see :func:`build_app`.
         registry: Prometheus registry for ``/metrics``.
+        auth, probes_only: see :func:`build_app`.
         task_status: receives the bound ``"host:port"`` once the socket listens.
 
     Raises:
@@ -203,7 +270,13 @@ async def serve_observability(
     config.errorlog = logging.getLogger(__name__ + ".server")
     config.graceful_timeout = 1.0
     config.keep_alive_timeout = 30.0
-    app = build_app(readiness=readiness, feed=feed, registry=registry)
+    app = build_app(readiness=readiness, feed=feed, registry=registry, auth=auth,
+                    probes_only=probes_only)
+    if auth is None and not probes_only and not _loopback(bind):
+        log.warning(
+            "diagnostics listener on %s without authentication: anyone who can reach it reads "
+            "/metrics and /events; set --metrics-auth=true or a loopback --metrics-addr "
+            "(docs/crds.md#diagnostics-access)", addr.strip(), extra={"addr": addr.strip()})
     started = False
 
     def mark_started(bound: str | None) -> None:
@@ -226,7 +299,7 @@ async def serve_observability(
 
 
 async def _start_hypercorn(
-    app: Starlette, config: HypercornConfig, started: Callable[[str | None], None]
+    app: ASGIApp, config: HypercornConfig, started: Callable[[str | None], None]
 ) -> list[str]:
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(serve, app, config)

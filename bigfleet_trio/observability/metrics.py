@@ -91,6 +91,20 @@ INFORMER_RELISTS = Counter(
     ["resource", "reason"],
 )
 
+LEASE_ERRORS = Counter(
+    "bigfleet_leader_election_lease_errors",
+    "Leader-election Lease requests refused in a way waiting cannot cure, by reason "
+    "(forbidden: no RBAC grant in the Lease namespace|not_found: the namespace does not exist).",
+    ["reason"],
+)
+
+DIAGNOSTICS_AUTH = Counter(
+    "bigfleet_diagnostics_auth_decisions",
+    "Requests to /metrics and /events checked with TokenReview and SubjectAccessReview "
+    "(--metrics-auth), by decision (allowed|unauthenticated|forbidden|error).",
+    ["decision"],
+)
+
 
 # --- operator: the Go binary's names -----------------------------------------------------------
 

@@ -27,6 +27,7 @@ import trio
 from bigfleet_trio.excgroups import find_in_group
 from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
 from bigfleet_trio.kube.informer import SyncTimeout
+from bigfleet_trio.kube.leader import lease_namespace
 from bigfleet_trio.kube.startup import Unauthenticated, sync_or_refused
 from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability.events import EventFeed
@@ -320,6 +321,12 @@ def _identity() -> str:
     return f"{base}_{uuid.uuid4()}"
 
 
+def not_leader_reason(elector: LeaderElector) -> str:
+    """The /readyz reason of a standby: who leads, and the Lease error that needs a fix."""
+    why = f"; {elector.last_error}" if elector.last_error else ""
+    return f"not the leader (leader: {elector.leader or 'unknown'}{why})"
+
+
 def _grpc_connector(cfg: OperatorConfig) -> Connector:
     from bigfleet_trio.shard.grpc import GrpcConnector, parse_address
     from bigfleet_trio.shard.tls import TLSFiles
@@ -423,6 +430,7 @@ async def serve_operator(
         KubeConfigError, TLSConfigError, BootstrapTemplateError, ValueError: bad configuration.
         OSError: a diagnostics address cannot be bound.
     """
+    from bigfleet_trio.observability.authz import KubeAuthorizer
     from bigfleet_trio.observability.http import serve_observability
     from bigfleet_trio.observability.metrics import BinaryRegistry
 
@@ -443,11 +451,12 @@ async def serve_operator(
             op = Operator(cfg, client=client, connector=conn, feed=events, renderer=rend)
             if on_operator is not None:
                 on_operator(op)
+            lease_ns, lease_ns_source = lease_namespace(cfg.leader_election_namespace)
             elector = (
                 LeaderElector(
                     client,
                     name=cfg.leader_election_id,
-                    namespace=cfg.leader_election_namespace,
+                    namespace=lease_ns,
                     identity=_identity(),
                 )
                 if cfg.leader_elect
@@ -456,7 +465,7 @@ async def serve_operator(
 
             def readiness() -> tuple[bool, list[str]]:
                 if elector is not None and not elector.is_leader:
-                    return False, [f"not the leader (leader: {elector.leader or 'unknown'})"]
+                    return False, [not_leader_reason(elector)]
                 ok, detail = op.ready()
                 # "leader" only when there is a lease to lead (--leader-elect)
                 return ok, (["leader", *detail] if ok and elector is not None else detail)
@@ -464,18 +473,19 @@ async def serve_operator(
             async with trio.open_nursery() as nursery:
                 # Runs until the nursery is cancelled, like the diagnostics listeners.
                 await nursery.start(watch_loop_lag)
+                auth = KubeAuthorizer(client) if cfg.metrics_auth else None
                 bound = [
                     await nursery.start(
                         partial(serve_observability, cfg.metrics_addr, readiness=readiness,
-                                feed=events, registry=registry)
+                                feed=events, registry=registry, auth=auth)
                     )
                 ]
                 probe = cfg.health_probe_addr
                 if probe is not None and _separate_listener(probe, cfg.metrics_addr):
                     bound.append(
                         await nursery.start(
-                            partial(serve_observability, probe, readiness=readiness, feed=events,
-                                    registry=registry)
+                            partial(serve_observability, probe, readiness=readiness,
+                                    probes_only=True)
                         )
                     )
                 task_status.started(bound)
@@ -483,8 +493,8 @@ async def serve_operator(
                     log.info(
                         "operator: campaigning for leadership",
                         extra={"cluster": cfg.cluster_id,
-                               "lease": f"{cfg.leader_election_namespace}/"
-                                        f"{cfg.leader_election_id}",
+                               "lease": f"{lease_ns}/{cfg.leader_election_id}",
+                               "lease_namespace_from": lease_ns_source,
                                "identity": elector.identity},
                     )
                 await _supervise(nursery, op.run, elector, sigs, cfg.drain_shutdown_timeout)

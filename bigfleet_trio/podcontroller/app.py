@@ -25,6 +25,8 @@ from bigfleet_trio.excgroups import find_in_group
 from bigfleet_trio.knobs import ConfigError, yaml_error_line
 from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
 from bigfleet_trio.kube.errors import KubeConfigError
+from bigfleet_trio.kube.leader import lease_namespace
+from bigfleet_trio.observability.authz import KubeAuthorizer
 from bigfleet_trio.observability.http import serve_observability
 from bigfleet_trio.observability.looplag import watch_loop_lag
 from bigfleet_trio.observability.metrics import BinaryRegistry
@@ -61,11 +63,14 @@ def leader_identity() -> str:
 
 
 def pod_controller_readiness(
-    ctl: PodController, *, leader_elect: bool
+    ctl: PodController, *, leader_elect: bool, elector: LeaderElector | None = None
 ) -> tuple[bool, str | list[str]]:
     """``/readyz`` of a pod controller: the controller's own answer, except that without leader
     election there is no lease to lead, so a running controller is "synced, workers running"
-    rather than "leader"."""
+    rather than "leader"; a standby whose Lease is refused (403, missing namespace) is not
+    ready, with that reason (it could never take over)."""
+    if elector is not None and not elector.is_leader and elector.last_error:
+        return False, [f"not the leader ({elector.last_error})"]
     ok, detail = ctl.readiness()
     if ok and not leader_elect:
         return True, "synced, workers running"
@@ -94,20 +99,25 @@ async def serve_pod_controller(
         ctl = PodController(client, defaults, workers=cfg.workers, sync_timeout=cfg.sync_timeout)
         elector = None
         if cfg.leader_elect:
-            elector = LeaderElector(client, name=cfg.leader_election_id,
-                                    namespace=cfg.leader_election_namespace,
+            lease_ns, source = lease_namespace(cfg.leader_election_namespace)
+            elector = LeaderElector(client, name=cfg.leader_election_id, namespace=lease_ns,
                                     identity=leader_identity())
-        readiness = partial(pod_controller_readiness, ctl, leader_elect=elector is not None)
+            log.info("pod controller leader election",
+                     extra={"lease": f"{lease_ns}/{cfg.leader_election_id}",
+                            "lease_namespace_from": source})
+        readiness = partial(pod_controller_readiness, ctl, leader_elect=elector is not None,
+                            elector=elector)
         async with trio.open_nursery() as nursery:
             # Runs until the nursery is cancelled, like the diagnostics listeners.
             await nursery.start(watch_loop_lag)
-            addrs = [cfg.metrics_addr]
+            auth = KubeAuthorizer(client) if cfg.metrics_auth else None
+            listeners = [partial(serve_observability, cfg.metrics_addr, readiness=readiness,
+                                 registry=BinaryRegistry(COMMAND), auth=auth)]
             if cfg.health_probe_addr and cfg.health_probe_addr != cfg.metrics_addr:
-                addrs.append(cfg.health_probe_addr)
-            for addr in addrs:
-                bound = await nursery.start(partial(serve_observability, addr,
-                                                    readiness=readiness,
-                                                    registry=BinaryRegistry(COMMAND)))
+                listeners.append(partial(serve_observability, cfg.health_probe_addr,
+                                         readiness=readiness, probes_only=True))
+            for listener in listeners:
+                bound = await nursery.start(listener)
                 if bound:
                     log.info("pod controller diagnostics listening", extra={"addr": bound})
             log.info("pod controller starting",

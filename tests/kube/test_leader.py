@@ -158,3 +158,76 @@ async def test_simultaneous_candidates_exactly_one_wins(
         assert len(leaders) == 1
         assert fake.objects[KEY]["spec"]["holderIdentity"] == leaders[0]
         n.cancel_scope.cancel()
+
+
+# ------------------------------------------------- the Lease namespace, and errors that need a fix
+
+
+def test_lease_namespace_follows_the_pod(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from bigfleet_trio.kube.leader import lease_namespace
+
+    sa = Path(str(tmp_path))
+    assert lease_namespace("", env={}, sa_dir=str(sa)) == ("bigfleet-system", "default")
+    (sa / "namespace").write_text("from-file\n")
+    assert lease_namespace("", env={}, sa_dir=str(sa)) == ("from-file", str(sa / "namespace"))
+    assert lease_namespace("", env={"POD_NAMESPACE": "from-env"}, sa_dir=str(sa)) == (
+        "from-env", "POD_NAMESPACE")
+    assert lease_namespace("given", env={"POD_NAMESPACE": "from-env"}, sa_dir=str(sa)) == (
+        "given", "flag")
+
+
+@pytest.mark.parametrize(
+    ("grant_namespace", "lease_ns", "reason", "shown", "fix"),
+    [
+        ("elsewhere", "ns1", "forbidden", "403 Forbidden on Lease ns1/bf",
+         "grant get, create and update on leases.coordination.k8s.io in namespace ns1"),
+        (None, "missing", "not_found", "404 NotFound on Lease missing/bf",
+         "namespace missing does not exist"),
+    ],
+)
+async def test_a_refused_lease_is_one_counted_error_naming_the_fix(
+    grant_namespace: str | None, lease_ns: str, reason: str, shown: str, fix: str,
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """403 (no Role in the Lease namespace) and 404 (no such namespace), from the
+    RBAC-enforcing sim: each attempt is counted, the ERROR names the fix once, /readyz says it."""
+    import logging
+
+    from bigfleet_trio.observability.metrics import LEASE_ERRORS
+    from bigfleet_trio.operator.app import not_leader_reason
+    from bigfleet_trio.sim.apiserver import ApiServer
+    from bigfleet_trio.sim.apiserver.testing import InProcessTransport
+
+    server = ApiServer(authorization_mode="RBAC")
+    res = {r.plural: r for r in server.resources.values()
+           if r.group in ("", "rbac.authorization.k8s.io")}
+    for ns in ("ns1", "elsewhere"):
+        server.create(res["namespaces"], None, {"metadata": {"name": ns}})
+    server.create(res["serviceaccounts"], "ns1", {"metadata": {"name": "op", "namespace": "ns1"}})
+    if grant_namespace:  # a Role for the Lease, in the wrong namespace
+        server.create(res["roles"], grant_namespace, {
+            "metadata": {"name": "le", "namespace": grant_namespace},
+            "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                       "verbs": ["get", "create", "update"]}]})
+        token = server.issue_token("ns1", "op")["status"]["token"]
+    else:
+        token = server.access.admin_token
+    caplog.set_level(logging.INFO)
+    before = LEASE_ERRORS.labels(reason)._value.get()
+    async with trio.open_nursery() as nursery:
+        client = KubeClient(KubeConfig(server="http://apiserver", token=token),
+                            transport=InProcessTransport(server.app, nursery), max_attempts=1)
+        elector = LeaderElector(client, name="bf", namespace=lease_ns, identity="me",
+                                rng=lambda: 0.0)
+        for _ in range(3):
+            assert await elector.try_acquire_or_renew() is False
+            await trio.sleep(2)
+        nursery.cancel_scope.cancel()
+    assert LEASE_ERRORS.labels(reason)._value.get() == before + 3
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert shown in errors[0] and fix in errors[0]
+    assert elector.last_error == shown
+    assert not_leader_reason(elector) == f"not the leader (leader: unknown; {shown})"

@@ -250,6 +250,32 @@ class AccessControl:
         out.setdefault("metadata", {})
         return out
 
+    def token_review(self, body: Any) -> dict[str, Any]:
+        """Answer a TokenReview: who ``spec.token`` authenticates as (the same check as a
+        request's bearer token; the admin token and live ServiceAccount tokens), as the
+        delegated authentication of an agent's diagnostics listener asks it.
+
+        Raises:
+            ApiError: 400 a body without ``spec``.
+        """
+        spec = body.get("spec") if isinstance(body, dict) else None
+        if not isinstance(spec, dict):
+            raise E.bad_request("spec must be an object")
+        token = str(spec.get("token") or "")
+        status: dict[str, Any]
+        try:
+            user = self.authenticate(f"Bearer {token}") if token else None
+        except ApiError:
+            user = None
+        if user is None or user is ANONYMOUS:
+            status = {"authenticated": False, "error": "invalid bearer token"}
+        else:
+            status = {"authenticated": True,
+                      "user": {"username": user.name, "groups": list(user.groups)},
+                      "audiences": list(spec.get("audiences") or [ISSUER])}
+        return {"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
+                "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}
+
     def token_request(
         self, namespace: str, name: str, uid: str, body: Any, now: float | None = None
     ) -> dict[str, Any]:

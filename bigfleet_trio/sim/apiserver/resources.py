@@ -417,6 +417,8 @@ def builtin_resources() -> list[ResourceType]:
                      "SelfSubjectAccessReview", False, verbs=("create",)),
         ResourceType("authorization.k8s.io", "v1", "subjectaccessreviews",
                      "SubjectAccessReview", False, verbs=("create",)),
+        ResourceType("authentication.k8s.io", "v1", "tokenreviews",
+                     "TokenReview", False, verbs=("create",)),
         R(
             "apiextensions.k8s.io",
             "v1",

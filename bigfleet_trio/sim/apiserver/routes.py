@@ -326,6 +326,8 @@ def _create(server: ApiState, c: Call) -> Result:
     if c.res.group == "authorization.k8s.io":  # access reviews: answered, never stored
         subject = c.res.plural == "subjectaccessreviews"
         return json_response(201, server.access.review(c.user, c.req.decode(), subject=subject))
+    if c.res.group == "authentication.k8s.io":  # TokenReview: answered, never stored
+        return json_response(201, server.access.token_review(c.req.decode()))
     obj = server.create(
         c.res,
         c.namespace,
