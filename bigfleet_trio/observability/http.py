@@ -3,7 +3,7 @@
 A Starlette app served by hypercorn's Trio worker on ``--metrics-addr`` (default
 ``127.0.0.1:8770``, loopback; ``:8770`` = all interfaces, ``"0"`` disables). With an
 ``auth`` (``--metrics-auth``), ``/metrics`` and ``/events`` answer only callers whose bearer
-token passes TokenReview and SubjectAccessReview (:mod:`.authz`); the probes stay open.
+token passes TokenReview and SubjectAccessReview (``kube.authz``); the probes stay open.
 
 Endpoints:
 
@@ -39,7 +39,7 @@ from starlette.websockets import WebSocket
 
 from ..excgroups import find_in_group
 from ..knobs import split_host_port
-from .authz import PROTECTED_PATHS, KubeAuthorizer
+from .authz import PROTECTED_PATHS, Authorizer
 from .events import EventFeed
 
 __all__ = ["build_app", "serve_observability", "Readiness", "ReadinessResult"]
@@ -91,7 +91,7 @@ class _Guard:
     (with the same status where the server supports ``websocket.http.response``, else 403).
     """
 
-    def __init__(self, app: ASGIApp, auth: KubeAuthorizer) -> None:
+    def __init__(self, app: ASGIApp, auth: Authorizer) -> None:
         self.app = app
         self.auth = auth
 
@@ -131,7 +131,7 @@ def build_app(
     feed: EventFeed | None = None,
     registry: CollectorRegistry = REGISTRY,
     ws_buffer: int = 1024,
-    auth: KubeAuthorizer | None = None,
+    auth: Authorizer | None = None,
     probes_only: bool = False,
 ) -> ASGIApp:
     """Build the diagnostics ASGI app.
@@ -239,7 +239,7 @@ async def serve_observability(
     readiness: Readiness | None = None,
     feed: EventFeed | None = None,
     registry: CollectorRegistry = REGISTRY,
-    auth: KubeAuthorizer | None = None,
+    auth: Authorizer | None = None,
     probes_only: bool = False,
     task_status: trio.TaskStatus[str | None] = trio.TASK_STATUS_IGNORED,
 ) -> None:

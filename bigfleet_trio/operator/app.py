@@ -430,7 +430,7 @@ async def serve_operator(
         KubeConfigError, TLSConfigError, BootstrapTemplateError, ValueError: bad configuration.
         OSError: a diagnostics address cannot be bound.
     """
-    from bigfleet_trio.observability.authz import KubeAuthorizer
+    from bigfleet_trio.kube.authz import KubeAuthorizer
     from bigfleet_trio.observability.http import serve_observability
     from bigfleet_trio.observability.metrics import BinaryRegistry
 

@@ -24,9 +24,9 @@ import yaml
 from bigfleet_trio.excgroups import find_in_group
 from bigfleet_trio.knobs import ConfigError, yaml_error_line
 from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
+from bigfleet_trio.kube.authz import KubeAuthorizer
 from bigfleet_trio.kube.errors import KubeConfigError
 from bigfleet_trio.kube.leader import lease_namespace
-from bigfleet_trio.observability.authz import KubeAuthorizer
 from bigfleet_trio.observability.http import serve_observability
 from bigfleet_trio.observability.looplag import watch_loop_lag
 from bigfleet_trio.observability.metrics import BinaryRegistry
