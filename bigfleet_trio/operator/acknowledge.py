@@ -7,13 +7,16 @@ Each CR gets one JSON merge-patch on its ``status`` subresource::
 "Acknowledged" means "included in a roll-up built by the operator", not "received by the shard"
 (docs/rules.md#acknowledgement). No resourceVersion precondition, so no conflict loop. Metric
 names as in docs/reference.md#metric-names: ``bigfleet_operator_acknowledged_total`` (successful
-patches), ``bigfleet_operator_acknowledge_duration_seconds`` (one ``Acknowledger.submit`` batch).
+patches), ``bigfleet_operator_acknowledge_duration_seconds`` (one ``Acknowledger.submit`` batch,
+from its submission to its last key's patch).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -84,12 +87,23 @@ def _key(cr: Mapping[str, Any]) -> CRKey | None:
     return (ns, name)
 
 
+@dataclass
+class _Batch:
+    """One :meth:`Acknowledger.submit_keys` call: timed and reported when its last key is done."""
+
+    started: float
+    remaining: int
+    outcomes: dict[CRKey, str] = field(default_factory=dict)
+
+
 class Acknowledger:
-    """Background acknowledgement of CapacityRequests, at most ``concurrency`` patches in flight.
+    """Background acknowledgement of CapacityRequests by a fixed pool of ``concurrency`` workers.
 
     A task of its own, not a step of the roll-up loop, so a slow apiserver never delays the next
     roll-up tick; an in-flight set keeps a CR out of two batches at once
     (docs/deviations.md#2-roll-up-and-acknowledgement-operatorrolluppy-wiringpy-acknowledgepy).
+    Submitted keys wait in one FIFO queue that ``concurrency`` workers pull from: a backlog of
+    100K Pending CRs is 100K queue entries (about a hundred bytes each), not 100K tasks.
     Failures other than NotFound are logged and not retried here: the CR stays Pending in the
     informer, so the next roll-up submits it again.
 
@@ -102,7 +116,7 @@ class Acknowledger:
 
     Args:
         client: a KubeClient (anything with its ``patch``).
-        concurrency: maximum patches in flight (default 16, ``--ack-concurrency``).
+        concurrency: workers, i.e. maximum patches in flight (default 16, ``--ack-concurrency``).
         now: wall clock returning an aware datetime (injectable for tests).
         feed: optional :class:`EventFeed`: one ``cr_acknowledged`` per batch (count, failed,
             crs: the first :data:`FEED_SAMPLE` acknowledged keys, sorted), when it did anything.
@@ -121,26 +135,36 @@ class Acknowledger:
         self._client = client
         self._now = now
         self._feed = feed
-        self._limiter = trio.CapacityLimiter(concurrency)
-        self._in_flight: set[CRKey] = set()
-        self._nursery: trio.Nursery | None = None
+        self._concurrency = concurrency
+        self._in_flight: set[CRKey] = set()  # queued or being patched
+        self._queue: deque[tuple[CRKey, _Batch]] = deque()
+        self._queued = trio.Semaphore(0)  # one token per queue entry
+        self._running = False
         self.acknowledged_total = 0
         self.failed_total = 0
 
     @property
     def in_flight(self) -> frozenset[CRKey]:
-        """Keys submitted and not finished yet."""
+        """Keys submitted and not finished yet (queued or being patched)."""
         return frozenset(self._in_flight)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Own the patch tasks until cancelled (start with ``nursery.start``)."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            try:
-                await trio.sleep_forever()
-            finally:
-                self._nursery = None
+        """Run the worker pool until cancelled (start with ``nursery.start``).
+
+        Keys still queued when it is cancelled are forgotten (their CRs stay Pending, so the
+        next run's roll-ups submit them again).
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                for i in range(self._concurrency):
+                    nursery.start_soon(self._worker, name=f"acknowledge-{i}")
+                self._running = True
+                task_status.started()
+        finally:
+            self._running = False
+            self._queue.clear()
+            self._queued = trio.Semaphore(0)
+            self._in_flight.clear()
 
     def submit(self, crs: Iterable[Mapping[str, Any]]) -> int:
         """Schedule acknowledgement of every CR in ``crs`` that needs it (non-blocking).
@@ -166,36 +190,42 @@ class Acknowledger:
         return self.submit_keys(keys)
 
     def submit_keys(self, keys: Iterable[CRKey]) -> int:
-        """Schedule acknowledgement of ``(namespace, name)`` keys already known to be Pending.
+        """Queue acknowledgement of ``(namespace, name)`` keys already known to be Pending.
 
         Returns:
-            The number of keys newly scheduled (keys already in flight are skipped).
+            The number of keys newly queued (keys already in flight are skipped).
 
         Raises:
             RuntimeError: :meth:`run` is not running.
         """
-        nursery = self._nursery
-        if nursery is None:
+        if not self._running:
             raise RuntimeError("Acknowledger.run is not running")
-        batch: list[CRKey] = []
-        for key in keys:
-            if key in self._in_flight:
-                continue
-            self._in_flight.add(key)
-            batch.append(key)
-        if batch:
-            nursery.start_soon(self._batch, batch)
-            log.debug("acknowledge: scheduled=%d in_flight=%d", len(batch), len(self._in_flight))
-        return len(batch)
+        fresh = [key for key in dict.fromkeys(keys) if key not in self._in_flight]
+        if fresh:
+            batch = _Batch(trio.current_time(), len(fresh))
+            for key in fresh:
+                self._in_flight.add(key)
+                self._queue.append((key, batch))
+                self._queued.release()
+            log.debug("acknowledge: scheduled=%d in_flight=%d", len(fresh), len(self._in_flight))
+        return len(fresh)
 
-    async def _batch(self, keys: list[CRKey]) -> None:
-        """Patch ``keys`` (each under the shared limiter) and time the whole batch."""
-        started = trio.current_time()
-        outcomes: dict[CRKey, str] = {}
-        async with trio.open_nursery() as nursery:
-            for key in keys:
-                nursery.start_soon(self._acknowledge_one, key, outcomes)
-        metrics.ACKNOWLEDGE_DURATION.observe(trio.current_time() - started)
+    async def _worker(self) -> None:
+        while True:
+            await self._queued.acquire()
+            key, batch = self._queue.popleft()
+            try:
+                await self._acknowledge_one(key, batch.outcomes)
+            finally:
+                self._in_flight.discard(key)
+            batch.remaining -= 1
+            if batch.remaining == 0:
+                self._batch_done(batch)
+
+    def _batch_done(self, batch: _Batch) -> None:
+        """Time the batch and publish its feed event."""
+        metrics.ACKNOWLEDGE_DURATION.observe(trio.current_time() - batch.started)
+        outcomes = batch.outcomes
         done = sorted(f"{ns}/{name}" for (ns, name), o in outcomes.items() if o == "acknowledged")
         failed = sum(1 for o in outcomes.values() if o == "failed")
         if self._feed is not None and (done or failed):
@@ -207,15 +237,14 @@ class Acknowledger:
         ns, name = key
         outcomes[key] = "failed"  # until the patch says otherwise (cancelled included)
         try:
-            async with self._limiter:
-                await self._client.patch(
-                    CAPACITY_REQUESTS,
-                    name,
-                    acknowledge_patch(self._now()),
-                    ns,
-                    patch_type="merge",
-                    subresource="status",
-                )
+            await self._client.patch(
+                CAPACITY_REQUESTS,
+                name,
+                acknowledge_patch(self._now()),
+                ns,
+                patch_type="merge",
+                subresource="status",
+            )
         except NotFound:
             outcomes[key] = "gone"
             log.debug("acknowledge: CapacityRequest gone namespace=%s name=%s", ns, name)
@@ -232,5 +261,3 @@ class Acknowledger:
             self.acknowledged_total += 1
             metrics.ACKNOWLEDGED.inc()
             log.debug("acknowledge: acknowledged namespace=%s name=%s", ns, name)
-        finally:
-            self._in_flight.discard(key)

@@ -188,3 +188,66 @@ async def test_sigterm_while_campaigning_returns_at_once_and_never_leads(
         b_nursery.cancel_scope.cancel()
     assert led == [] and not b.is_leader
     assert fake.objects[("leases", "sys", "bf")]["spec"]["holderIdentity"] == "a"
+
+
+def _live_tasks() -> int:
+    """Every task in this run (walked from the root task)."""
+    count, todo = 0, [trio.lowlevel.current_root_task()]
+    while todo:
+        task = todo.pop()
+        count += 1
+        for child_nursery in task.child_nurseries:
+            todo.extend(child_nursery.child_tasks)
+    return count
+
+
+class _GatedStatusPatches:
+    """Just the ``patch`` of a KubeAPI: every call waits for ``gate``, then succeeds."""
+
+    def __init__(self) -> None:
+        self.gate = trio.Event()
+        self.patched: list[str] = []
+        self.active = 0
+        self.max_active = 0
+
+    async def patch(self, res: Any, name: str, body: Any, namespace: str | None = None,
+                    **kw: Any) -> dict[str, Any]:
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            await self.gate.wait()
+        finally:
+            self.active -= 1
+        self.patched.append(name)
+        return {}
+
+
+async def test_acknowledger_runs_a_fixed_pool_not_a_task_per_capacity_request(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    """Issue item 3: 10,000 Pending CRs submitted at once behind a stalled apiserver.
+
+    Before the fix the Acknowledger started one task per CR (the limiter bounded patches in
+    flight, not tasks): 10,001 more live tasks. Now ``concurrency`` workers pull keys from a
+    queue, so the task count does not grow with the backlog (memory figure: BENCHMARKS.md).
+    """
+    from bigfleet_trio.operator.acknowledge import Acknowledger
+
+    client = _GatedStatusPatches()
+    ack = Acknowledger(client, concurrency=4)  # type: ignore[arg-type]
+    await nursery.start(ack.run)
+    await trio.testing.wait_all_tasks_blocked()
+    before = _live_tasks()
+    keys = [("ns", f"cr-{i:05d}") for i in range(10_000)]
+    assert ack.submit_keys(keys) == 10_000
+    assert ack.submit_keys(keys[:10]) == 0  # already queued: never twice
+    await trio.testing.wait_all_tasks_blocked()
+    assert _live_tasks() == before  # the 4 workers were there before the burst
+    assert client.max_active == 4
+    assert len(ack.in_flight) == 10_000
+    client.gate.set()
+    await trio.testing.wait_all_tasks_blocked()
+    assert sorted(client.patched) == sorted(name for _, name in keys)
+    assert set(client.patched[:4]) == {"cr-00000", "cr-00001", "cr-00002", "cr-00003"}  # FIFO
+    assert ack.acknowledged_total == 10_000 and ack.in_flight == frozenset()
+    assert _live_tasks() == before
