@@ -42,7 +42,9 @@ def _rss_bytes() -> int:
 def _live_tasks() -> int:
     import trio
 
-    count, todo = 0, [trio.lowlevel.current_root_task()]
+    root = trio.lowlevel.current_root_task()
+    assert root is not None
+    count, todo = 0, [root]
     while todo:
         task = todo.pop()
         count += 1
@@ -56,11 +58,15 @@ class _GatedClient:
         import trio
 
         self.gate = trio.Event()
+        self.all_done = trio.Event()
         self.patched = 0
+        self.expected = 0
 
     async def patch(self, *a: Any, **kw: Any) -> dict[str, Any]:
         await self.gate.wait()
         self.patched += 1
+        if self.patched == self.expected:
+            self.all_done.set()
         return {}
 
 
@@ -111,6 +117,7 @@ async def _measure(mode: str, crs: int, concurrency: int, trace: bool) -> dict[s
     from bigfleet_trio.operator.acknowledge import Acknowledger
 
     client = _GatedClient()
+    client.expected = crs
     ack: Any = (Acknowledger(client, concurrency=concurrency) if mode == "pool"  # type: ignore[arg-type]
                 else _TaskPerCR(client, concurrency))
     keys = [("bench", f"cr-{i:07d}") for i in range(crs)]
@@ -132,8 +139,7 @@ async def _measure(mode: str, crs: int, concurrency: int, trace: bool) -> dict[s
         rss, tasks = _rss_bytes() - rss0, _live_tasks() - tasks0
         t1 = time.perf_counter()
         client.gate.set()
-        while client.patched < crs:
-            await trio.sleep(0.01)
+        await client.all_done.wait()
         drained = time.perf_counter() - t1
         nursery.cancel_scope.cancel()
     return {"mode": mode, "crs": crs, "rss_bytes": rss, "traced_bytes": held,

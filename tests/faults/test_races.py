@@ -251,3 +251,107 @@ async def test_acknowledger_runs_a_fixed_pool_not_a_task_per_capacity_request(
     assert set(client.patched[:4]) == {"cr-00000", "cr-00001", "cr-00002", "cr-00003"}  # FIFO
     assert ack.acknowledged_total == 10_000 and ack.in_flight == frozenset()
     assert _live_tasks() == before
+
+
+# ---- reclaim: the record before the ack (items 5 and 8) ----------------------------------------
+
+
+async def _reclaim_setup(nursery: trio.Nursery) -> tuple[RecordingKube, Any, Any]:
+    """A Node ``n-1`` backing UpcomingNode ``un-m-1`` (Ready), no Pods; a running DrainManager
+    and a ReclaimHandler over a RecordingKube."""
+    import random
+
+    from bigfleet_trio.kube.resources import NODES, UPCOMING_NODES
+    from bigfleet_trio.operator.reclaim import DrainManager, ReclaimHandler
+    from bigfleet_trio.operator.upcoming import DrainMemory
+
+    kube = RecordingKube.over_sim(nursery)
+    kube.seed(NODES, {"metadata": {"name": "n-1"}})
+    kube.seed(UPCOMING_NODES, {"metadata": {"name": "un-m-1"}, "spec": {"resources": {}},
+                               "status": {"phase": "Ready",
+                                          "nodeRef": {"kind": "Node", "name": "n-1"}}})
+    memory = DrainMemory()
+    drains = DrainManager(kube, memory, rng=random.Random(1))
+    await nursery.start(drains.run)
+    return kube, drains, ReclaimHandler(kube, drains, memory)
+
+
+async def test_reclaim_is_not_acked_when_the_drain_record_cannot_be_written(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    """Issue item 5: the drain record (annotations) on the UpcomingNode fails for good.
+
+    Before the fix the failure was logged and the ack went out (nodes_started=1) with a drain
+    running only in memory: after a crash nothing could resume it and the shard, acked, never
+    re-issued. Now no ack and no drain without the record; the instruction is forgotten, so the
+    shard's re-issue does the whole thing again (docs/rules.md#reclaim-ack).
+    """
+    from bigfleet_trio.kube.errors import Forbidden
+    from bigfleet_trio.kube.resources import UPCOMING_NODES
+    from bigfleet_trio.operator.reclaim import DRAIN_DEADLINE_ANNOTATION
+    from tests.operator.test_reclaim import Replies, instr
+
+    kube, drains, handler = await _reclaim_setup(nursery)
+    kube.fail = {("patch", "un-m-1"): [Forbidden(403, "Forbidden", "admission webhook said no")]}
+    replies = Replies()
+    await handler.on_reclaim_instruction(instr("r-1", "m-1", grace=60), replies)
+    assert replies.acks == []
+    assert drains.active == frozenset()
+    assert DRAIN_DEADLINE_ANNOTATION not in kube.objects(UPCOMING_NODES)["un-m-1"]["metadata"].get(
+        "annotations", {})
+
+    # the shard re-issues (no ack came): this time the record is written, then the ack
+    await handler.on_reclaim_instruction(instr("r-1", "m-1", grace=60), replies)
+    assert replies.acks == [("r-1", 1)]
+    un = kube.objects(UPCOMING_NODES).get("un-m-1")
+    assert un is None or DRAIN_DEADLINE_ANNOTATION in un["metadata"]["annotations"]
+    await drains.wait_idle()
+    assert drains.completed_total == 1
+
+
+async def test_duplicate_waiting_on_a_failed_reclaim_does_the_work_instead_of_acking_zero(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    """Issue item 8: the first instruction fails with a non-Kubernetes exception while the
+    shard's re-issue waits for it.
+
+    Before the fix the waiting duplicate re-acked the failed attempt's ``nodes_started=0``, so
+    the shard, acked, never re-issued and the node was never drained. Now it does the work
+    itself: cordon, record, ack 1, drain.
+    """
+    from tests.operator.test_reclaim import Replies, instr
+
+    kube, drains, handler = await _reclaim_setup(nursery)
+    release = trio.Event()
+    real_get = kube.get
+    gets = 0
+
+    async def get(res: Any, name: str, namespace: str | None = None) -> Any:
+        nonlocal gets
+        gets += 1
+        if gets == 1:  # the first attempt's first read: held, then a bug
+            await release.wait()
+            raise RuntimeError("a bug in a lookup")
+        return await real_get(res, name, namespace)
+
+    kube.get = get  # type: ignore[method-assign]
+    replies = Replies()
+    errors: list[BaseException] = []
+
+    async def first() -> None:
+        try:
+            await handler.on_reclaim_instruction(instr("r-1", "m-1", grace=60), replies)
+        except Exception as exc:  # the session logs and counts a handler error
+            errors.append(exc)
+
+    async with trio.open_nursery() as session:
+        session.start_soon(first)
+        await trio.testing.wait_all_tasks_blocked()
+        # the shard re-issues while the first attempt is in flight: it waits for that one
+        session.start_soon(handler.on_reclaim_instruction, instr("r-1", "m-1", grace=60), replies)
+        await trio.testing.wait_all_tasks_blocked()
+        release.set()
+    assert len(errors) == 1
+    assert replies.acks == [("r-1", 1)]
+    await drains.wait_idle()
+    assert drains.completed_total == 1

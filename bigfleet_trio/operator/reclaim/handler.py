@@ -51,6 +51,7 @@ harmless."""
 class _Instruction:
     done: trio.Event = field(default_factory=trio.Event)
     nodes_started: int = 0
+    acked: bool = False  # False when done is set: the attempt failed and was forgotten
 
 
 @dataclass(frozen=True)
@@ -129,29 +130,43 @@ class ReclaimHandler:
             instr.grace_period_seconds,
             instr.preemptor_priority,
         )
-        prior = self._seen.get(iid) if iid else None
-        if prior is not None:
+        while (prior := self._seen.get(iid) if iid else None) is not None:
             await prior.done.wait()
-            log.info(
-                "reclaim: duplicate instruction, re-acking instruction_id=%s nodes_started=%d",
-                iid,
-                prior.nodes_started,
-            )
-            self._ack(iid, prior.nodes_started, reply)
-            return
+            if prior.acked:
+                log.info(
+                    "reclaim: duplicate instruction, re-acking instruction_id=%s "
+                    "nodes_started=%d", iid, prior.nodes_started,
+                )
+                self._ack(iid, prior.nodes_started, reply)
+                return
+            # The first attempt failed without an ack and was forgotten: this re-issue does the
+            # work itself. Re-acking its nodes_started (0) would tell the shard the reclaim was
+            # handled, and the shard never re-issues an acked instruction. (Loop: another waiter
+            # may have taken the work over first; then wait for that one.)
         record = _Instruction()
         if iid:
             self._seen[iid] = record
             while len(self._seen) > self._seen_capacity:
                 self._seen.popitem(last=False)
+        unrecorded: list[str] = []
         try:
-            cordoned = await self._cordon_all(instr)
+            cordoned = await self._cordon_all(instr, unrecorded)
         except BaseException:
-            if iid and self._seen.get(iid) is record:
-                del self._seen[iid]  # never completed: a re-issue must do the work again
-            record.done.set()
+            self._forget(iid, record)  # never completed: a re-issue must do the work again
             raise
+        if unrecorded:
+            # No ack without the drain record (docs/rules.md#reclaim-ack): an acked drain that
+            # only runs in memory is lost with the process, and the shard, acked, never
+            # re-issues. Unacked, the shard re-issues on its timeout and this is tried again
+            # (the cordons stay: they are idempotent and keep new Pods off the machines).
+            log.error(
+                "reclaim: not acked, the drain record could not be written for nodes=%s; "
+                "the shard will re-issue instruction_id=%s", unrecorded, iid,
+            )
+            self._forget(iid, record)
+            return
         record.nodes_started = len(cordoned)
+        record.acked = True
         record.done.set()
         self._record_cordons(instr, cordoned)
         # Order: cordon every node, ack, then drain (docs/rules.md#reclaim-cordon): no new Pod
@@ -166,6 +181,12 @@ class ReclaimHandler:
                 log.info("reclaim: node already draining node=%s", node)
                 continue
             self._drains.start(node, un_name=un_name, grace_seconds=grace, instruction_id=iid)
+
+    def _forget(self, iid: str, record: _Instruction) -> None:
+        """End a failed attempt: forget its id (a re-issue starts afresh), wake its waiters."""
+        if iid and self._seen.get(iid) is record:
+            del self._seen[iid]
+        record.done.set()
 
     def _record_cordons(
         self, instr: pb.ReclaimInstruction, cordoned: list[tuple[str, str | None]]
@@ -199,10 +220,13 @@ class ReclaimHandler:
                 iid,
             )
 
-    async def _cordon_all(self, instr: pb.ReclaimInstruction) -> list[tuple[str, str | None]]:
+    async def _cordon_all(
+        self, instr: pb.ReclaimInstruction, unrecorded: list[str]
+    ) -> list[tuple[str, str | None]]:
         """Cordon every resolvable node of ``instr`` (walking its UpcomingNode to Draining).
 
         Entries are resolved and cordoned concurrently, at most ``cordon_concurrency`` at once.
+        Nodes cordoned whose drain record could not be written are appended to ``unrecorded``.
 
         Returns:
             ``[(node name, UpcomingNode name or None)]`` for the nodes actually cordoned, in
@@ -217,7 +241,7 @@ class ReclaimHandler:
 
         async def one(i: int, entry: str) -> None:
             async with limiter:
-                results[i] = await self._cordon_entry(entry, deadline)
+                results[i] = await self._cordon_entry(entry, deadline, unrecorded)
 
         async with trio.open_nursery() as nursery:
             for i, entry in enumerate(entries):
@@ -228,8 +252,11 @@ class ReclaimHandler:
                 cordoned.append(item)
         return cordoned
 
-    async def _cordon_entry(self, entry: str, deadline: datetime) -> tuple[str, str | None] | None:
-        """Resolve one entry, cordon its Node and mark its UpcomingNode Draining."""
+    async def _cordon_entry(
+        self, entry: str, deadline: datetime, unrecorded: list[str]
+    ) -> tuple[str, str | None] | None:
+        """Resolve one entry, cordon its Node and mark its UpcomingNode Draining (a Node whose
+        drain record could not be written goes to ``unrecorded``)."""
         r = await self._resolve(entry)
         if r.node is None:
             log.info(
@@ -242,8 +269,10 @@ class ReclaimHandler:
             return None
         if not await self._cordon(r.node):
             return None
-        if r.un_name is not None:
-            await self._mark_draining(r.un_name, drain=(r.node, deadline))
+        if r.un_name is not None and not await self._mark_draining(
+            r.un_name, drain=(r.node, deadline)
+        ):
+            unrecorded.append(r.node)
         log.info("reclaim: cordoned node=%s entry=%s via=%s", r.node, entry, r.how)
         return (r.node, r.un_name)
 
@@ -340,12 +369,17 @@ class ReclaimHandler:
 
     async def _mark_draining(
         self, un_name: str, *, drain: tuple[str, datetime] | None = None
-    ) -> None:
+    ) -> bool:
         """Walk ``un_name`` to Draining; with ``drain`` (node, deadline) record the drain first.
 
         The annotations come before the phase, both before the ack: a restarted operator
         resumes a Draining object that has them (docs/rules.md#reclaim-resume-after-restart). A
         node already draining keeps the deadline its running drain was recorded with.
+
+        Returns:
+            False when a write failed for good (after the handler's retries): no record, so
+            the caller must not ack. True otherwise (an object already gone has nothing to
+            resume from, and nothing to record).
         """
         self.memory.mark_draining(un_name)
         try:
@@ -355,11 +389,13 @@ class ReclaimHandler:
                     await self._call(lambda: self._client.patch(UPCOMING_NODES, un_name, body))
                 except NotFound:
                     log.info("reclaim: upcoming node gone name=%s", un_name)
-                    return
+                    return True
             if not await patch_upcoming_status(self._client, un_name, {"phase": PHASE_DRAINING}):
                 log.info("reclaim: upcoming node gone name=%s", un_name)
         except KubeError as exc:
             log.error("reclaim: marking Draining failed name=%s error=%s", un_name, exc)
+            return False
+        return True
 
 
 def _name(obj: Mapping[str, Any] | None) -> str | None:
