@@ -1,14 +1,18 @@
 """Analysis of the ``fleet`` bench (pure): latency matching and percentiles.
 
 :func:`rollup_latencies` matches CR-total states to the roll-ups carrying them;
-:func:`nsu_latencies` matches NodeStateUpdates to the UpcomingNode events showing their phase;
+:func:`nsu_latencies` matches NodeStateUpdates to the UpcomingNode events showing their phase
+within the machine's life (:func:`match_in_life`); :func:`reclaim_latencies` matches reclaim
+instructions to their acks and :func:`pod_cr_latencies` Pods to their CRs, by id;
 :func:`pct` is the percentile the report uses. Private to :mod:`scripts.bench.fleet` (the
 leading underscore keeps it out of scenario discovery).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 PHASE_OF_STATE = {"SPECULATIVE": "Provisioning", "CREATING": "Provisioning", "IDLE": "Launched",
@@ -32,8 +36,6 @@ def rollup_latencies(states: list[tuple[float, int, int, str]],
     O(states + roll-ups x log states): a roll-up with totals T carries every state up to the
     last one with totals T current when it arrived; a pointer walks the (sampled) states once.
     """
-    import bisect
-
     out: dict[str, list[float]] = defaultdict(list)
     if not states or not rollups:
         return out
@@ -65,24 +67,143 @@ def rollup_latencies(states: list[tuple[float, int, int, str]],
     return out
 
 
+# Phases an UpcomingNode moves through in one life, in order; a write of a later one (or of
+# an END_OF_LIFE phase) means the phase an update asked for will not be written in this life.
+LIFE_RANK = {"Provisioning": 0, "Launched": 1, "Registered": 2, "Ready": 3}
+END_OF_LIFE = frozenset({"Draining", "Drained", "Deleted", "Failed"})
+# The shard stamps a frame after its send returns, so the operator may write (and the bench's
+# watch see) the phase a little before the stamp.
+SEND_SLACK = 0.05
+
+
+@dataclass
+class Matched:
+    """Per phase of the run: update -> write latencies, and updates whose wanted write never came.
+
+    ``latency``: seconds from the update (or instruction) to the write that shows it.
+    ``superseded``: seconds from an update to the write that replaced it (a later phase of the
+    same life, or the end of the life) when the asked-for phase itself was never written -- the
+    operator's per-machine coalescing skips intermediate phases by design.
+    ``unmatched``: updates with neither before the next update asking for the same thing (or the
+    end of the observation): a missed watch event or a write that never happened.
+    """
+
+    latency: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    superseded: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    unmatched: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+def match_in_life(t: float, want: str, events: list[tuple[float, str]],
+                  until: float = float("inf")) -> tuple[str, float]:
+    """Where an update sent at ``t`` asking for phase ``want`` landed, within its machine's life.
+
+    ``events`` are the machine's UpcomingNode phase events ``(seen_at, phase)`` in time order
+    (``Deleted`` for a deletion). The scan starts at ``t - SEND_SLACK`` and ends at the first of:
+
+    * an event showing ``want``: ``("written", latency)`` (latency >= 0);
+    * an event at or after ``t`` of a phase ranking after ``want`` in :data:`LIFE_RANK`, or in
+      :data:`END_OF_LIFE`: ``("superseded", seconds to that write)``;
+    * ``until`` (the next update asking for ``want``, which owns later events): ``("unmatched",
+      nan)``, as when the events run out.
+
+    A skipped phase is thus never matched to the same phase written in the machine's next life.
+    """
+    i = bisect.bisect_left(events, (t - SEND_SLACK,))
+    rank = LIFE_RANK.get(want, len(LIFE_RANK))
+    for te, phase in events[i:]:
+        if te >= until:
+            break
+        if phase == want:
+            return "written", max(0.0, te - t)
+        if te >= t and (phase in END_OF_LIFE or LIFE_RANK.get(phase, -1) > rank):
+            return "superseded", te - t
+    return "unmatched", float("nan")
+
+
 def nsu_latencies(nsu: list[list[Any]], un_events: dict[str, list[tuple[float, str]]],
-                  phase_of: Any) -> dict[str, list[float]]:
-    """Per phase: NodeStateUpdate sent -> the UpcomingNode event showing its phase, for updates
-    that change the phase (the first Provisioning, Launched after Creating, Registered, Ready)."""
-    out: dict[str, list[float]] = defaultdict(list)
-    prev: dict[str, str] = {}
+                  phase_of: Any) -> Matched:
+    """NodeStateUpdate sent -> the UpcomingNode event showing its phase, bounded to the life.
+
+    Timed: updates that change the phase (the first Provisioning, Launched after Creating,
+    Registered, Ready); each is matched by :func:`match_in_life`, bounded also by the machine's
+    next update asking for the same phase. Grouped by ``phase_of(sent_at)``.
+    """
+    out = Matched()
+    by_machine: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for t, machine, state in sorted(nsu):
-        before = prev.get(machine)
-        prev[machine] = state
-        want = PHASE_OF_STATE.get(state)
-        if want is None or PHASE_OF_STATE.get(before or "") == want:
+        by_machine[machine].append((t, state))
+    for machine, updates in by_machine.items():
+        timed: list[tuple[float, str]] = []
+        before: str | None = None
+        for t, state in updates:
+            prev, before = before, state
+            want = PHASE_OF_STATE.get(state)
+            if want is None or PHASE_OF_STATE.get(prev or "") == want:
+                continue
+            if state == "IDLE" and prev not in ("CREATING", "SPECULATIVE"):
+                continue  # a released machine: its UpcomingNode is deleted, not Launched
+            timed.append((t, want))
+        events = sorted(un_events.get(machine, ()))
+        for k, (t, want) in enumerate(timed):
+            until = next((t2 for t2, w2 in timed[k + 1:] if w2 == want), float("inf"))
+            kind, secs = match_in_life(t, want, events, until)
+            ph = phase_of(t)
+            if kind == "written":
+                out.latency[ph].append(secs)
+            elif kind == "superseded":
+                out.superseded[ph].append(secs)
+            else:
+                out.unmatched[ph] += 1
+    return out
+
+
+def reclaim_latencies(records: list[list[Any]], phase_of: Any) -> Matched:
+    """ReclaimInstruction first sent -> its ReclaimAck received, per phase of the first send.
+
+    ``records`` are the shard's ``[instruction_id, nodes, first_sent, acked | None, sends]``
+    (``sends`` absent in older stats: 1). An instruction is its own lifecycle (one id, re-sent
+    unchanged until acked), so the match is by id; acks that came only after the shard re-sent
+    the instruction are timed from the first send in ``latency`` and counted apart in
+    ``superseded`` (seconds from the first send, as there). Never acked: ``unmatched``.
+    """
+    out = Matched()
+    for rec in records:
+        issued, acked = rec[2], rec[3]
+        sends = rec[4] if len(rec) > 4 else 1
+        ph = phase_of(issued)
+        if acked is None:
+            out.unmatched[ph] += 1
             continue
-        if state == "IDLE" and before not in ("CREATING", "SPECULATIVE"):
-            continue  # a released machine: its UpcomingNode is deleted, not Launched
-        for te, phase in un_events.get(machine, ()):
-            if te >= t - 0.05 and phase == want:
-                out[phase_of(t)].append(max(0.0, te - t))
-                break
+        out.latency[ph].append(max(0.0, acked - issued))
+        if sends > 1:
+            out.superseded[ph].append(max(0.0, acked - issued))
+    return out
+
+
+def pod_cr_latencies(pod_added: dict[str, tuple[float, str]], cr_added: dict[str, float],
+                     pod_deleted: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Pod first seen -> its (first) CR seen, per phase the Pod was seen in.
+
+    A Pod's CR carries the Pod's UID, so the match is by UID, one life each. Per phase:
+    ``latency`` (CR seen at or after the Pod, clipped at 0 when the CR's watch event came
+    first: ``cr_first`` counts those), ``deleted_first`` (the Pod was deleted before any CR was
+    seen: no latency), ``missing`` (live Pod never given a CR while observed).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for uid, (t, ph) in pod_added.items():
+        row = out.setdefault(ph, {"latency": [], "cr_first": 0, "deleted_first": 0,
+                                  "missing": 0})
+        tc = cr_added.get(uid)
+        gone = pod_deleted.get(uid)
+        if tc is None:
+            row["deleted_first" if gone is not None else "missing"] += 1
+            continue
+        if gone is not None and gone < tc:
+            row["deleted_first"] += 1
+            continue
+        if tc < t:
+            row["cr_first"] += 1
+        row["latency"].append(max(0.0, tc - t))
     return out
 
 

@@ -27,7 +27,6 @@ class Observed:
     phase: str = "start"
     pod_added: dict[str, tuple[float, str]] = field(default_factory=dict)   # uid -> t, phase
     cr_added: dict[str, float] = field(default_factory=dict)               # pod uid -> t
-    pod_to_cr: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     # A Pod's CR is named after its UID, so a second on_add for one Pod UID is the same CR
     # deleted and created again; it is no Pod -> CR latency and is kept apart here.
     pod_deleted: dict[str, float] = field(default_factory=dict)            # uid -> t
@@ -82,7 +81,8 @@ def wire(obs: Observed, pods: Any, crs: Any, uns: Any) -> None:
     from bigfleet_trio.operator.rollup import CapacityRequestError, contribution_from_cr
 
     def pod_add(p: dict[str, Any]) -> None:
-        obs.pod_added[str(p["metadata"]["uid"])] = (time.time(), obs.phase)
+        # first sighting only: a relist's add for a known Pod is not its creation
+        obs.pod_added.setdefault(str(p["metadata"]["uid"]), (time.time(), obs.phase))
 
     def pod_delete(p: dict[str, Any]) -> None:
         obs.pod_deleted[str(p["metadata"]["uid"])] = time.time()
@@ -111,9 +111,6 @@ def wire(obs: Observed, pods: Any, crs: Any, uns: Any) -> None:
                 obs.cr_readds.append((now, uid, obs.phase, obs.cr_deleted.get(uid)))
             else:
                 obs.cr_added[uid] = now
-                seen = obs.pod_added.get(uid)
-                if seen is not None:
-                    obs.pod_to_cr[seen[1]].append(now - seen[0])
         cr_change(_k(cr), cr)
 
     def cr_delete(cr: dict[str, Any]) -> None:
@@ -164,3 +161,28 @@ def read_metrics(port: int) -> dict[str, float]:
         except ValueError:
             pass
     return out
+
+
+def read_histogram(port: int, name: str) -> dict[str, float]:
+    """Cumulative bucket counts ``{le: count}`` of histogram ``name`` on ``port``'s ``/metrics``,
+    summed over its other labels ({} when down or absent)."""
+    import re
+    import urllib.request
+
+    out: dict[str, float] = defaultdict(float)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    le = re.compile(r'le="([^"]+)"')
+    for line in text.splitlines():
+        if not line.startswith(name + "_bucket{"):
+            continue
+        m = le.search(line)
+        if m:
+            try:
+                out[m.group(1)] += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return dict(out)

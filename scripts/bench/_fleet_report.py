@@ -13,7 +13,15 @@ from collections import defaultdict
 from typing import Any
 
 from scripts.bench import _common as C
-from scripts.bench._fleet_analysis import cr_readds, nsu_latencies, pct, rollup_latencies
+from scripts.bench._fleet_analysis import (
+    Matched,
+    cr_readds,
+    nsu_latencies,
+    pct,
+    pod_cr_latencies,
+    reclaim_latencies,
+    rollup_latencies,
+)
 from scripts.bench._fleet_observe import Observed
 from scripts.bench._fleet_procs import Fleet
 
@@ -31,6 +39,51 @@ def _rows(name: str, samples: list[float], unit: str = "s", *, baseline: float |
     return [row, p99]
 
 
+def _matched_rows(ph: str, name: str, m: Matched, cycle: float, *, apart: str, apart_name: str,
+                  apart_in_latency: bool = False, own: float | None = None
+                  ) -> list[dict[str, Any]]:
+    """Rows for one phase of a :class:`Matched`: the latency p50/p99 (target p99 <= 2 s), the
+    count kept apart (``apart``: what ``superseded`` means here; ``apart_in_latency``: those are
+    also in the latency rows) with the unmatched, and the kept-apart ones' own timing
+    (``apart_name``). Baseline of the latency: ``own`` (the operator's own handling p99) when
+    given, else the roll-up interval."""
+    lat, sup, lost = m.latency.get(ph) or [], m.superseded.get(ph) or [], m.unmatched.get(ph, 0)
+    if not (lat or sup or lost):
+        return []
+    if own is not None:
+        base, label = own, "the operator's own handling p99 (histogram bucket bound, same phase)"
+    else:
+        base, label = cycle, "one roll-up interval"
+    rows = _rows(f"{ph}: {name}", lat, baseline=base, label=label, target="p99 <= 2 s",
+                 met=pct(lat, 0.99) <= 2.0 if lat else None)
+    timed = len(lat) + lost + (0 if apart_in_latency else len(sup))
+    rows.append(C.figure(f"{ph}: {name}: {apart}", "count", len(sup), baseline=timed,
+                         baseline_label=f"timed; {lost} unmatched (no write seen before the "
+                         "next such update or the run's end)"))
+    if sup:
+        rows += _rows(f"{ph}: {name}: {apart_name}", sup, baseline=cycle,
+                      label="one roll-up interval")
+    return rows
+
+
+def _own_nsu_p99(counts: list[dict[str, Any]]) -> dict[str, float]:
+    """Per phase: an upper bound of the p99 of the operator's own NodeStateUpdate handling time
+    (``..._node_state_update_duration_seconds``, all phase labels), from the histogram buckets'
+    growth between the previous phase end and this one. {} without the buckets."""
+    out: dict[str, float] = {}
+    prev: dict[str, float] = {}
+    for c in counts:
+        cur = c.get("nsu_duration_buckets") or {}
+        if not cur:
+            continue
+        delta = sorted((float(le), n - prev.get(le, 0.0)) for le, n in cur.items())
+        prev = cur
+        total = delta[-1][1] if delta else 0.0
+        if total > 0:
+            out[c["end_of"]] = next(le for le, n in delta if n >= 0.99 * total)
+    return out
+
+
 def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
            result: dict[str, Any]) -> None:
     """Fill ``result`` (figures and extras) from a finished run."""
@@ -40,6 +93,7 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
     phases = ("ramp", "churn", "reclaim", "quiesce")
     roll = rollup_latencies(obs.states, stats.get("rollups") or [])
     nsu = nsu_latencies(stats.get("nsu") or [], obs.un_events, obs.phase_of)
+    own_nsu = _own_nsu_p99(result["extra"].get("counts") or [])
     boot: dict[str, list[float]] = defaultdict(list)
     unanswered = 0
     for _rid, sent, answered, _err in stats.get("bootstrap") or []:
@@ -48,14 +102,21 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
             continue
         boot[obs.phase_of(sent)].append(answered - sent)
     readds = cr_readds(obs.cr_readds, obs.pod_deleted, obs.cr_deleted)
-    rec: dict[str, list[float]] = defaultdict(list)
-    for _iid, _node, issued, acked in stats.get("reclaim") or []:
-        if acked is not None:
-            rec[obs.phase_of(issued)].append(acked - issued)
+    rec = reclaim_latencies(stats.get("reclaim") or [], obs.phase_of)
+    pod_cr = pod_cr_latencies(obs.pod_added, obs.cr_added, obs.pod_deleted)
     for ph in phases:
-        if obs.pod_to_cr.get(ph):
-            figures += _rows(f"{ph}: Pod created -> CR exists", obs.pod_to_cr[ph],
-                             baseline=cycle, label="one roll-up interval")
+        pc = pod_cr.get(ph)
+        if pc and pc["latency"]:
+            figures += _rows(f"{ph}: Pod created -> CR exists", pc["latency"],
+                             baseline=cycle, label="one roll-up interval",
+                             target="p99 <= 2 s" if ph == "churn" else "",
+                             met=(pct(pc["latency"], 0.99) <= 2.0) if ph == "churn" else None)
+            figures.append(C.figure(
+                f"{ph}: Pods with no CR timed (deleted first / never seen with one)", "pods",
+                pc["deleted_first"] + pc["missing"], baseline=len(pc["latency"]),
+                baseline_label=f"Pods timed ({pc['deleted_first']} deleted before a CR was "
+                f"seen, {pc['missing']} never seen with one; {pc['cr_first']} CRs seen before "
+                "their Pod, timed as 0)"))
         if ph in readds:
             r = readds[ph]
             figures.append(C.figure(
@@ -69,9 +130,10 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
         if roll.get(ph):
             figures += _rows(f"{ph}: CR change -> roll-up carrying it", roll[ph],
                              baseline=cycle, label="one roll-up interval")
-        if nsu.get(ph):
-            figures += _rows(f"{ph}: NodeStateUpdate -> UpcomingNode written", nsu[ph],
-                             baseline=cycle, label="one roll-up interval")
+        figures += _matched_rows(ph, "NodeStateUpdate -> UpcomingNode written", nsu, cycle,
+                                 apart="superseded (phase never written, a later one was)",
+                                 apart_name="superseded update -> the write replacing it",
+                                 own=own_nsu.get(ph))
         if boot.get(ph):
             late = sum(1 for x in boot[ph] if x > BOOTSTRAP_DEADLINE)
             rows = _rows(f"{ph}: BootstrapRequest -> response", boot[ph],
@@ -79,9 +141,10 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                          label="the shard's one-cycle deadline (10 s)",
                          target=f"0 past 10 s (here {late})", met=late == 0)
             figures += rows
-        if rec.get(ph):
-            figures += _rows(f"{ph}: reclaim instruction -> ack", rec[ph],
-                             baseline=cycle, label="one roll-up interval")
+        figures += _matched_rows(ph, "reclaim instruction -> ack", rec, cycle,
+                                 apart="acked only after the shard re-sent it",
+                                 apart_name="acked after a re-send (from the first send)",
+                                 apart_in_latency=True)
     for c in result["extra"].get("counts") or []:
         ph = c["end_of"]
         figures.append(C.figure(f"end of {ph}: UpcomingNodes", "objects", c["upcoming"],

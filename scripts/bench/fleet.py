@@ -37,6 +37,7 @@ from scripts.bench._fleet_observe import (
     Observed,
     cr_view,
     pod_view,
+    read_histogram,
     read_metrics,
     read_stats,
     un_view,
@@ -224,6 +225,9 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
             s["operator_metrics"] = {k: v for k, v in (await trio.to_thread.run_sync(
                 read_metrics, fleet.metrics_port)).items()
                 if k.endswith("_total") and ("outbox_dropped" in k or "reconnects" in k)}
+            s["nsu_duration_buckets"] = await trio.to_thread.run_sync(
+                read_histogram, fleet.metrics_port,
+                "bigfleet_operator_node_state_update_duration_seconds")
             counts.append(s)
             print(f"-- end of {name}: {json.dumps(s)}", file=sys.stderr, flush=True)
 
@@ -334,6 +338,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             fleet.sample()
             fleet.stop()
+        if args.keep_logs:
+            # the raw observations beside the logs, for re-analysis with another matcher
+            raw = {"stats": result["extra"].get("final_stats"), "phase_at": obs.phase_at,
+                   "un_events": obs.un_events, "pod_added": obs.pod_added,
+                   "cr_added": obs.cr_added, "pod_deleted": obs.pod_deleted}
+            (Path(tmp) / "observed.json").write_text(json.dumps(raw))
         report(args, fleet, obs, result)
     return result
 
@@ -367,7 +377,8 @@ def register(sub: Any) -> None:
     p.add_argument("--progress-interval", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep-logs", metavar="DIR", default="",
-                   help="write the five processes' logs to DIR and keep them (default: a "
+                   help="write the five processes' logs to DIR and keep them, with the raw "
+                        "observations (observed.json: shard stats, watch events) (default: a "
                         "temporary directory, removed at the end)")
     p.add_argument("--unbound-ok", type=float, default=0.05,
                    help="share of Pods that may stay pending for a phase to count as settled "

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bigfleet_trio.sim.shard import parse_catalog
+from scripts.bench._fleet_analysis import match_in_life, pod_cr_latencies, reclaim_latencies
+from scripts.bench._fleet_report import _own_nsu_p99
 from scripts.bench.fleet import fleet_catalog, fleet_workloads, nsu_latencies, rollup_latencies
 
 
@@ -53,5 +57,70 @@ def test_nsu_latency_counts_phase_changes_only() -> None:
     un = {"m1": [(1.5, "Provisioning"), (3.25, "Launched"), (4.5, "Registered"), (5.1, "Ready"),
                  (9.2, "Draining"), (10.3, "Deleted")]}
     out = nsu_latencies(nsu, un, lambda t: "ramp" if t < 6 else "reclaim")
-    assert [round(x, 2) for x in out["ramp"]] == [0.5, 0.25, 0.5, 0.1]
-    assert "reclaim" not in out  # Draining is not timed; a release is a delete, not Launched
+    assert [round(x, 2) for x in out.latency["ramp"]] == [0.5, 0.25, 0.5, 0.1]
+    assert "reclaim" not in out.latency  # Draining is not timed; a release is a delete
+    assert not out.superseded and not out.unmatched
+
+
+def test_skipped_registered_is_superseded_not_matched_to_the_next_life() -> None:
+    """The coalescer wrote Launched -> Ready without Registered; the machine was drained,
+    deleted and reused warm minutes later, and that life wrote Registered. The skipped
+    CONFIGURING update is superseded by the Ready write 0.4 s after it, not a 200 s latency."""
+    nsu = [[1.0, "m1", "SPECULATIVE"], [2.0, "m1", "CREATING"], [3.0, "m1", "IDLE"],
+           [4.0, "m1", "CONFIGURING"], [4.1, "m1", "CONFIGURED"], [100.0, "m1", "DRAINING"],
+           [101.0, "m1", "IDLE"],
+           # next life, warm: straight to the pull
+           [204.0, "m1", "CONFIGURING"], [205.0, "m1", "CONFIGURED"]]
+    un = {"m1": [(1.2, "Provisioning"), (3.1, "Launched"), (4.4, "Ready"), (100.2, "Draining"),
+                 (101.3, "Deleted"), (204.3, "Registered"), (205.2, "Ready")]}
+    out = nsu_latencies(nsu, un, lambda t: "ramp" if t < 50 else "churn")
+    assert [round(x, 2) for x in out.latency["ramp"]] == [0.2, 0.1, 0.3]  # Prov, Launched, Ready
+    assert [round(x, 2) for x in out.superseded["ramp"]] == [0.4]  # CONFIGURING -> Ready write
+    assert [round(x, 2) for x in out.latency["churn"]] == [0.3, 0.2]  # the next life's own
+    assert not out.unmatched
+
+
+def test_nsu_match_stops_at_the_end_of_the_life() -> None:
+    # Never Ready: drained first. A later life's Ready is another update's.
+    ev = [(1.0, "Registered"), (3.0, "Draining"), (4.0, "Deleted"), (50.0, "Ready")]
+    assert match_in_life(2.0, "Ready", ev) == ("superseded", 1.0)
+    # Without the end-of-life events (a missed watch event), the next update asking for the
+    # same phase bounds the search.
+    assert match_in_life(2.0, "Ready", [(1.0, "Registered"), (50.0, "Ready")], until=49.0)[0] \
+        == "unmatched"
+    # A lower phase written late (coalesced writes in flight) does not end the search.
+    assert match_in_life(2.0, "Ready", [(2.1, "Registered"), (2.5, "Ready")]) == \
+        ("written", 0.5)
+    # The write may be seen just before the shard's send stamp.
+    assert match_in_life(2.0, "Ready", [(1.98, "Ready")]) == ("written", 0.0)
+    # An end-of-life event just before the send is the previous life's, not a stop.
+    assert match_in_life(2.0, "Provisioning", [(1.97, "Deleted"), (2.3, "Provisioning")]) == \
+        ("written", pytest.approx(0.3))
+
+
+def test_reclaim_is_matched_by_instruction_and_resends_are_counted_apart() -> None:
+    recs = [["reclaim-1", "n1", 10.0, 10.5, 1], ["reclaim-2", "n2", 11.0, 31.5, 3],
+            ["reclaim-3", "n3", 12.0, None, 2], ["reclaim-4", "n4", 13.0, 13.2]]
+    out = reclaim_latencies(recs, lambda t: "churn")
+    assert out.latency["churn"] == [0.5, 20.5, pytest.approx(0.2)]
+    assert out.superseded["churn"] == [20.5]
+    assert out.unmatched["churn"] == 1
+
+
+def test_pod_cr_latency_by_uid_with_deleted_and_early_crs_apart() -> None:
+    pods = {"a": (1.0, "ramp"), "b": (2.0, "ramp"), "c": (3.0, "churn"), "d": (4.0, "churn"),
+            "e": (5.0, "churn")}
+    crs = {"a": 1.5, "b": 1.9, "d": 9.0}
+    deleted = {"c": 3.5, "d": 8.0}
+    out = pod_cr_latencies(pods, crs, deleted)
+    assert out["ramp"] == {"latency": [0.5, 0.0], "cr_first": 1, "deleted_first": 0,
+                           "missing": 0}
+    assert out["churn"] == {"latency": [], "cr_first": 0, "deleted_first": 2, "missing": 1}
+
+
+def test_own_nsu_p99_from_bucket_growth_per_phase() -> None:
+    counts = [{"end_of": "ramp", "nsu_duration_buckets": {"0.5": 90.0, "1.0": 99.0,
+                                                          "2.0": 100.0, "+Inf": 100.0}},
+              {"end_of": "churn", "nsu_duration_buckets": {"0.5": 180.0, "1.0": 198.0,
+                                                           "2.0": 200.0, "+Inf": 200.0}}]
+    assert _own_nsu_p99(counts) == {"ramp": 1.0, "churn": 1.0}

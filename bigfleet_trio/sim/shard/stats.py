@@ -40,7 +40,8 @@ class ShardStats:
         nsu: ``[wall, machine_id, state_name]`` per NodeStateUpdate sent.
         bootstrap: ``[request_id, sent_wall, answered_wall | None, error]`` per BootstrapRequest
             (a re-sent request keeps its first send time).
-        reclaim: ``[instruction_id, node, issued_wall, acked_wall | None]``.
+        reclaim: ``[instruction_id, node, issued_wall, acked_wall | None, sends]`` (``issued``
+            is the first send; ``sends`` counts re-sends of the unacknowledged instruction too).
         rollups: ``[wall, needs, cpu_milli, memory_milli, bytes]`` per roll-up received, the
             totals summed over every need's ``aggregate_resources``.
     """
@@ -62,8 +63,12 @@ class ShardStats:
         elif kind == "bootstrap_request":
             self.bootstrap.setdefault(val.request_id, [val.request_id, now, None, ""])
         elif kind == "reclaim_instruction":
-            self.reclaim.setdefault(val.instruction_id, [val.instruction_id,
-                                                         ",".join(val.nodes), now, None])
+            rec = self.reclaim.get(val.instruction_id)
+            if rec is None:
+                self.reclaim[val.instruction_id] = [val.instruction_id, ",".join(val.nodes),
+                                                    now, None, 1]
+            else:
+                rec[4] += 1  # re-sent unacknowledged (timeout or reconnect)
 
     def received(self, msg: Any) -> None:
         """Record a frame the shard just received."""
