@@ -1,7 +1,8 @@
 """Client-side token-bucket rate limiter on the Trio clock (client-go ``rest`` QPS/burst).
 
 Pure bookkeeping lives in :class:`TokenBucket` (``reserve(now)`` returns how long to wait);
-:class:`AsyncRateLimiter` adds the Trio wait. Waiters are served FIFO (a ``trio.Lock`` is fair).
+:class:`AsyncRateLimiter` adds the Trio wait and the client-wide hold after a 429
+(docs/kube-api.md#retries).
 """
 
 from __future__ import annotations
@@ -50,14 +51,32 @@ class TokenBucket:
 
 
 class AsyncRateLimiter:
-    """Trio wrapper: ``await limiter.acquire()`` before each request."""
+    """Trio wrapper: ``await limiter.acquire()`` before each request.
+
+    Besides the bucket it keeps a *hold*: :meth:`hold_until` stops every acquisition until a
+    Trio time (the apiserver's ``Retry-After`` on a 429), whether the bucket is on or not.
+    """
 
     def __init__(self, qps: float = 50.0, burst: int = 100):
         # Starts full: the first reservation refills from -inf, capped at burst.
         self._bucket = TokenBucket(qps, burst, now=-math.inf)
+        self._hold = -math.inf
+
+    def hold_until(self, deadline: float) -> None:
+        """No acquisition completes before ``deadline`` (Trio time); a later hold extends it."""
+        self._hold = max(self._hold, deadline)
+
+    @property
+    def held_until(self) -> float:
+        """The current hold's end (Trio time; -inf: none was set)."""
+        return self._hold
 
     async def acquire(self) -> None:
-        """Wait for a token (cancellable; a cancelled wait still consumed its reservation)."""
+        """Wait out any hold, then for a token (cancellable; a cancelled wait for a token still
+        consumed its reservation)."""
+        if self._hold > trio.current_time():
+            # one wait: a hold extended meanwhile is met by this request's own 429
+            await trio.sleep_until(self._hold)
         now = trio.current_time()
         delay = self._bucket.reserve(now)
         if delay > 0:

@@ -22,7 +22,13 @@ import orjson
 import trio
 
 from .config import KubeConfig
-from .errors import ApiError, KubeTransportError, Unauthorized, error_from_status
+from .errors import (
+    ApiError,
+    KubeTransportError,
+    TooManyRequests,
+    Unauthorized,
+    error_from_status,
+)
 from .ratelimit import AsyncRateLimiter
 from .retry import RetryPolicy
 from .transport import KeepAlivePool
@@ -217,7 +223,16 @@ class RequestCore:
         if response is None:
             raise KubeTransportError(f"{method} {path}: no answer within {self.request_timeout:g}s")
         if response.status_code >= 400:
-            raise self._error(response.status_code, data, response.headers)
+            err = self._error(response.status_code, data, response.headers)
+            if (isinstance(err, TooManyRequests) and err.retry_after
+                    and not path.endswith("/eviction")):
+                # API Priority and Fairness refused this client's flow, not just this request:
+                # every request of the client waits out the Retry-After (the retry of this one
+                # too), instead of each being refused in turn. An eviction's 429 is a
+                # PodDisruptionBudget speaking about one Pod. docs/kube-api.md#retries
+                self._limiter.hold_until(
+                    trio.current_time() + min(err.retry_after, self.max_retry_after))
+            raise err
         if not data:
             return None
         try:

@@ -187,8 +187,9 @@ class RetryPolicy:
 
     Attempt ``k`` (1-based) that fails with one of the caller's ``retry_on`` classes waits
     ``backoff.delay(k - 1)`` (default: 0.2 s doubling to 10 s, up to 50 % shorter) or, for a
-    429 with ``Retry-After``, the server's figure capped at ``max_retry_after``, then tries
-    again, ``max_attempts`` attempts in all; the last error is re-raised.
+    429 with ``Retry-After``, at least the server's figure (capped at ``max_retry_after``),
+    then tries again, ``max_attempts`` attempts in all; the last error is re-raised. (The
+    client also holds its other requests for a 429's ``Retry-After``: :mod:`.request`.)
 
     Why not tenacity here: this runs around every request, and the success path must cost one
     ``try`` (tenacity builds a retry state and its callbacks per call). Only our exception
@@ -205,10 +206,16 @@ class RetryPolicy:
     backoff: Backoff = field(default_factory=_default_backoff)
 
     def wait(self, attempt: int, exc: BaseException) -> float:
-        """Seconds to wait after failed attempt ``attempt`` (1-based) with ``exc``."""
+        """Seconds to wait after failed attempt ``attempt`` (1-based) with ``exc``.
+
+        A 429's ``Retry-After`` (capped at ``max_retry_after``) is a floor under the backoff,
+        as in client-go: ``Retry-After: 0`` or a server repeating ``1`` must not turn the
+        retries into a tight loop while the backoff has grown past it.
+        """
+        delay = self.backoff.delay(attempt - 1)
         if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
-            return min(exc.retry_after, self.max_retry_after)
-        return self.backoff.delay(attempt - 1)
+            return max(min(exc.retry_after, self.max_retry_after), delay)
+        return delay
 
     async def call(
         self,

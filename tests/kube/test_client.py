@@ -312,3 +312,55 @@ async def test_watches_use_their_own_connection_pool_and_both_close() -> None:
     )
     assert mocked._watch_http is mocked._http
     await mocked.aclose()
+
+
+async def test_429_retry_after_zero_still_backs_off(autojump_clock: trio.testing.MockClock) -> None:
+    """``Retry-After: 0`` is a floor, not the wait: the retries still follow the exponential
+    backoff instead of re-sending at once."""
+    fake = FakeKube()
+    fake.seed("nodes", {"metadata": {"name": "n1"}})
+    resp = status(429, "TooManyRequests", "slow down")
+    resp.headers["Retry-After"] = "0"
+    fake.inject("GET", "/nodes/n1", resp, times=3)
+    async with _client(fake) as c:
+        await c.get(NODES, "n1")
+    gaps = [b - a for a, b in zip(fake.times, fake.times[1:], strict=False)]
+    # default backoff: 0.2 s doubling, jittered down by up to half
+    assert [g >= lo for g, lo in zip(gaps, (0.1, 0.2, 0.4), strict=True)] == [True] * 3
+
+
+async def test_429_retry_after_holds_every_request_of_the_client(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """APF refuses the client's flow, not one request: after a 429 with ``Retry-After: 5`` the
+    client's other requests wait out the same 5 s instead of being refused in turn."""
+    fake = FakeKube()
+    for n in ("n1", "n2"):
+        fake.seed("nodes", {"metadata": {"name": n}})
+    resp = status(429, "TooManyRequests", "slow down")
+    resp.headers["Retry-After"] = "5"
+    fake.inject("GET", "/nodes/n1", resp)
+    async with _client(fake, qps=0) as c, trio.open_nursery() as nursery:
+        nursery.start_soon(c.get, NODES, "n1")
+        await trio.sleep(1)
+        await c.get(NODES, "n2")
+    sent = {(r.url.path.rsplit("/", 1)[1], t) for r, t in zip(fake.requests, fake.times,
+                                                              strict=True)}
+    assert sorted(sent) == [("n1", 0.0), ("n1", pytest.approx(5.0)), ("n2", pytest.approx(5.0))]
+
+
+async def test_eviction_429_does_not_hold_the_client(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A PodDisruptionBudget refusal (429 on an eviction) is about that Pod, not the server."""
+    fake = FakeKube()
+    fake.seed("nodes", {"metadata": {"name": "n1"}})
+    pdb = status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's "
+                 "disruption budget.", retryAfterSeconds=10)
+    fake.inject("POST", "/eviction", pdb)
+    async with _client(fake) as c:
+        with pytest.raises(TooManyRequests):
+            await c.evict("p1", "default")
+        t0 = trio.current_time()
+        await c.get(NODES, "n1")
+        assert trio.current_time() == t0
