@@ -36,7 +36,7 @@ from bigfleet_trio.operator.sessiontypes import (
     SessionStats,
 )
 from bigfleet_trio.proto import pb
-from bigfleet_trio.shard.codec import EncodedFrame
+from bigfleet_trio.shard.codec import EncodedFrame, NodeStateFrame
 from bigfleet_trio.shard.enums import REPORTER, UnknownEnum, describe, unknown_enum_values
 from bigfleet_trio.shard.transport import OperatorStream, PriorityReceive, StreamClosed
 
@@ -61,6 +61,7 @@ _KINDS_OUT = ("hello", "rollup", "bootstrap_response", "reclaim_ack", "unknown")
 _FRAMES_IN = {k: metrics.FRAMES.labels("in", k) for k in _KINDS_IN}
 _FRAMES_OUT = {k: metrics.FRAMES.labels("out", k) for k in _KINDS_OUT}
 _HANDLER_ERRORS = {k: metrics.HANDLER_ERRORS.labels(k) for k in _KINDS_IN}
+_COALESCED_NODE_STATES = metrics.COALESCED_FRAMES.labels("node_state_update")
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
@@ -102,9 +103,10 @@ class Session:
         self.config = config
         self.stats = stats if stats is not None else SessionStats()
         self.queues = SendQueues(config.outbox_capacity)
-        self.node_states: NodeStateCoalescer[str, pb.NodeStateUpdate] = NodeStateCoalescer(
-            config.node_state_pending_cap
-        )
+        # A frame from a stream with receive_deferred stays a NodeStateFrame until a worker
+        # takes it: the superseded ones are never converted (docs/wire.md#downlink-decoding).
+        self.node_states: NodeStateCoalescer[str, pb.NodeStateUpdate | NodeStateFrame] = (
+            NodeStateCoalescer(config.node_state_pending_cap))
         # One writer per supersedes_key, newest pending update next
         # (docs/rules.md#availablecapacity-ordering). No cap of its own: a key that becomes
         # ready takes an admission token, so the ready keys are bounded by the admission limit
@@ -394,8 +396,9 @@ class Session:
     # ---- receive and dispatch ----------------------------------------------------------------
 
     async def _recv_loop(self, nursery: trio.Nursery) -> NoReturn:
+        receive = getattr(self._stream, "receive_deferred", None) or self._stream.receive
         while True:
-            msg = await self._stream.receive()
+            msg = await receive()
             self._frames_read += 1
             await self._dispatch(msg, nursery)
 
@@ -412,11 +415,15 @@ class Session:
         except StreamClosed:
             await trio.sleep_forever()
 
-    async def _dispatch(self, msg: pb.ShardMessage, nursery: trio.Nursery) -> None:
+    async def _dispatch(self, msg: pb.ShardMessage | NodeStateFrame,
+                        nursery: trio.Nursery) -> None:
         """Route one decoded frame by kind (see the module docstring)."""
         self.stats.frames_in += 1
         value: Any
-        kind, value = betterproto.which_one_of(msg, "payload")
+        if isinstance(msg, NodeStateFrame):
+            kind, value = "node_state_update", msg
+        else:
+            kind, value = betterproto.which_one_of(msg, "payload")
         unknown = unknown_enum_values(kind, value)
         if unknown:
             self._refuse_unknown_enums(kind, value, unknown)
@@ -428,7 +435,7 @@ class Session:
                 self._ready_keys.release()
             elif self.node_states.coalesced != before:
                 self.stats.node_states_coalesced += 1
-                metrics.COALESCED_FRAMES.labels("node_state_update").inc()
+                _COALESCED_NODE_STATES.inc()
             if self.node_states.full:
                 await self._wait_for_room()
         elif kind == "reclaim_instruction":
@@ -564,6 +571,8 @@ class Session:
                         if self._room is not None and not self.node_states.full:
                             self._room.set()
                             self._room = None
+                        if isinstance(u, NodeStateFrame):
+                            u = u.to_message()
                         await self._call_handler(
                             "node_state_update", self._handlers.on_node_state_update, u
                         )

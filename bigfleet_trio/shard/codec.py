@@ -37,6 +37,8 @@ __all__ = [
     "MALFORMED_FRAMES",
     "EncodedFrame",
     "MalformedFrame",
+    "NodeStateFrame",
+    "decode_deferred",
     "decode_shard_message",
     "is_bootstrap_frame",
     "upb_class",
@@ -146,43 +148,53 @@ def _check_unknown(msg: Any, known: frozenset[int], name: str, size: int) -> Non
 
 
 def _converter(cls: type[betterproto.Message]) -> Converter:
-    """Build (once per class) a function turning a upb message into ``cls``."""
+    """Build (once per class) a function turning a upb message into ``cls``.
+
+    The function is generated source, one assignment per field, so a frame costs the field reads
+    and nothing else: at tens of thousands of frames per second a generic per-field loop of
+    closures was most of the downlink's decode time. Per field it does what betterproto's own
+    parser would: scalars and bytes as is, enums to their member (an unknown value stays an int),
+    messages converted (unset: betterproto's placeholder), repeated fields and maps as lists and
+    dicts, and a oneof's unset members left as placeholders with ``_group_current`` naming the
+    set one.
+    """
     hit = _converters.get(cls)
     if hit is not None:
         return hit
+    # Registered before the fields are generated: a message type may contain itself.
+    def forward(m: Any, size: int = 0) -> betterproto.Message:
+        return _converters[cls](m, size)
+
+    _converters[cls] = forward
     meta: Any = getattr(cls, "_betterproto")  # noqa: B009 - class metadata (numbers, classes)
     desc: Descriptor = _POOL.FindMessageTypeByName(f"{_PACKAGE}.{cls.__name__}")
-    known = frozenset(f.number for f in desc.fields)
+    env: dict[str, Any] = {"cls": cls, "new": object.__new__, "PH": _PLACEHOLDER,
+                           "UFS": UnknownFieldSet, "check": _check_unknown,
+                           "known": frozenset(f.number for f in desc.fields),
+                           "qual": desc.full_name}
     groups = sorted({m.group for m in meta.meta_by_field_name.values() if m.group})
-    steps: list[tuple[str, Callable[[Any, int], Any]]] = []
-    oneof_fields: set[str] = set()
-    for name, fmeta in meta.meta_by_field_name.items():
+    lines = ["def convert(m, size=0):",
+             "    if len(UFS(m)):",
+             "        check(m, known, qual, size)"]
+    for i, g in enumerate(groups):
+        lines.append(f"    g{i} = m.WhichOneof({g!r})")
+    items: list[str] = []
+    for k, (name, fmeta) in enumerate(meta.meta_by_field_name.items()):
         fdesc: FieldDescriptor = desc.fields_by_number[fmeta.number]
+        expr = _field_expr(cls, name, fmeta, fdesc, k, env)
         if fmeta.group:
-            oneof_fields.add(name)
-        steps.append((name, _field_step(cls, name, fmeta, fdesc)))
-    new = object.__new__
-    qual = desc.full_name
-    group_of = dict(meta.oneof_group_by_field)
-
-    def convert(m: Any, size: int = 0) -> betterproto.Message:
-        _check_unknown(m, known, qual, size)
-        obj = new(cls)
-        d = obj.__dict__
-        current: dict[str, str | None] = {g: None for g in groups}
-        if groups:
-            for g in groups:
-                current[g] = m.WhichOneof(g)
-        for name, step in steps:
-            if name in oneof_fields and current[group_of[name]] != name:
-                d[name] = _PLACEHOLDER
-            else:
-                d[name] = step(m, size)
-        d["_serialized_on_wire"] = True
-        d["_unknown_fields"] = b""
-        d["_group_current"] = current
-        return obj
-
+            gi = groups.index(fmeta.group)
+            lines.append(f"    v{k} = ({expr}) if g{gi} == {name!r} else PH")
+        else:
+            lines.append(f"    v{k} = {expr}")
+        items.append(f"{name!r}: v{k}")
+    current = ", ".join(f"{g!r}: g{i}" for i, g in enumerate(groups))
+    lines += ["    obj = new(cls)",
+              "    obj.__dict__.update({" + ", ".join(items) + ", '_serialized_on_wire': True, "
+              "'_unknown_fields': b'', '_group_current': {" + current + "}})",
+              "    return obj"]
+    exec("\n".join(lines), env)  # noqa: S102 - generated from the schema, no outside input
+    convert: Converter = env["convert"]
     _converters[cls] = convert
     return convert
 
@@ -194,40 +206,36 @@ def _is_repeated(fdesc: FieldDescriptor) -> bool:
     return bool(flag)
 
 
-def _field_step(
-    cls: type[betterproto.Message], name: str, fmeta: Any, fdesc: FieldDescriptor
-) -> Callable[[Any, int], Any]:
-    """One field's getter: upb value -> betterproto value."""
+def _field_expr(
+    cls: type[betterproto.Message], name: str, fmeta: Any, fdesc: FieldDescriptor, k: int,
+    env: dict[str, Any],
+) -> str:
+    """One field's expression over the upb message ``m`` (helpers it needs go into ``env``)."""
     meta: Any = getattr(cls, "_betterproto")  # noqa: B009
     repeated = _is_repeated(fdesc)
+    get = f"m.{name}"
     if fmeta.proto_type == betterproto.TYPE_MAP:
         value_cls = meta.cls_by_field.get(f"{name}.value")
         if fmeta.map_types[1] == betterproto.TYPE_MESSAGE:
-            sub = _converter(value_cls)
-            return lambda m, size: {k: sub(v, size) for k, v in getattr(m, name).items()}
+            env[f"c{k}"] = _converter(value_cls)
+            return f"{{key: c{k}(v, size) for key, v in {get}.items()}}"
         if fmeta.map_types[1] == betterproto.TYPE_ENUM:
-            econv = _enum_converter(value_cls)
-            return lambda m, size: {k: econv(v) for k, v in getattr(m, name).items()}
-        return lambda m, size: dict(getattr(m, name))
+            env[f"e{k}"] = _enum_converter(value_cls)
+            return f"{{key: e{k}(v) for key, v in {get}.items()}}"
+        return f"dict({get})"
     if fmeta.proto_type == betterproto.TYPE_MESSAGE:
-        sub_cls = meta.cls_by_field[name]
+        env[f"c{k}"] = _converter(meta.cls_by_field[name])
         if repeated:
-            return lambda m, size: [_converter(sub_cls)(v, size) for v in getattr(m, name)]
-
-        def message_step(m: Any, size: int) -> Any:
-            if not m.HasField(name):
-                return _PLACEHOLDER
-            return _converter(sub_cls)(getattr(m, name), size)
-
-        return message_step
+            return f"[c{k}(v, size) for v in {get}]"
+        return f"c{k}({get}, size) if m.HasField({name!r}) else PH"
     if fmeta.proto_type == betterproto.TYPE_ENUM:
-        econv = _enum_converter(meta.cls_by_field[name])
+        env[f"e{k}"] = _enum_converter(meta.cls_by_field[name])
         if repeated:
-            return lambda m, size: [econv(v) for v in getattr(m, name)]
-        return lambda m, size: econv(getattr(m, name))
+            return f"[e{k}(v) for v in {get}]"
+        return f"e{k}({get})"
     if repeated:
-        return lambda m, size: list(getattr(m, name))
-    return lambda m, size: getattr(m, name)
+        return f"list({get})"
+    return get
 
 
 _ShardMessageUpb: Final = upb_class("ShardMessage")
@@ -250,3 +258,100 @@ def decode_shard_message(data: bytes) -> pb.ShardMessage:
         raise MalformedFrame("corrupt", str(exc) or "wire format was corrupt", len(data)) from None
     out = _converter(pb.ShardMessage)(m, len(data))
     return out  # type: ignore[return-value]
+
+
+_NodeStateUpdateUpb: Final = upb_class("NodeStateUpdate")
+_NSU_FIELD: Final = "node_state_update"
+
+
+_validators: dict[type[betterproto.Message], Callable[[Any, int], None]] = {}
+
+
+def _validator(cls: type[betterproto.Message]) -> Callable[[Any, int], None]:
+    """Build (once per class) the schema check :func:`_converter`'s functions make, without the
+    conversion: every message in a upb ``cls`` message, recursively, is checked for known
+    fields that arrived with the wrong wire type (:class:`MalformedFrame`)."""
+    hit = _validators.get(cls)
+    if hit is not None:
+        return hit
+    _validators[cls] = lambda m, size: _validators[cls](m, size)  # a type may contain itself
+    desc: Descriptor = _POOL.FindMessageTypeByName(f"{_PACKAGE}.{cls.__name__}")
+    known = frozenset(f.number for f in desc.fields)
+    meta: Any = getattr(cls, "_betterproto")  # noqa: B009
+    single: list[tuple[str, Callable[[Any, int], None]]] = []
+    many: list[tuple[str, Callable[[Any, int], None]]] = []
+    maps: list[tuple[str, Callable[[Any, int], None]]] = []
+    for name, fmeta in meta.meta_by_field_name.items():
+        if fmeta.proto_type == betterproto.TYPE_MESSAGE:
+            sub = _validator(meta.cls_by_field[name])
+            repeated = _is_repeated(desc.fields_by_number[fmeta.number])
+            (many if repeated else single).append((name, sub))
+        elif (fmeta.proto_type == betterproto.TYPE_MAP
+              and fmeta.map_types[1] == betterproto.TYPE_MESSAGE):
+            maps.append((name, _validator(meta.cls_by_field[f"{name}.value"])))
+    qual = desc.full_name
+
+    def validate(m: Any, size: int) -> None:
+        if len(UnknownFieldSet(m)):
+            _check_unknown(m, known, qual, size)
+        for name, sub in single:
+            if m.HasField(name):
+                sub(getattr(m, name), size)
+        for name, sub in many:
+            for v in getattr(m, name):
+                sub(v, size)
+        for name, sub in maps:
+            for v in getattr(m, name).values():
+                sub(v, size)
+
+    _validators[cls] = validate
+    return validate
+
+
+class NodeStateFrame:
+    """A NodeStateUpdate frame parsed and checked, not yet converted to ``pb.NodeStateUpdate``.
+
+    The session coalesces node-state frames per machine (docs/wire.md#node-state-coalescing);
+    under a burst most are superseded before a worker takes them, so the conversion to the
+    betterproto model (most of a frame's decode cost: its maps and sub-messages) is done only
+    for the frame a worker takes (:meth:`to_message`). ``machine_id`` and ``state`` (an int; an
+    unknown value stays one) are read at once for coalescing and the unknown-enum check.
+    """
+
+    __slots__ = ("machine_id", "state", "_upb", "_size")
+
+    def __init__(self, upb_msg: Any, size: int) -> None:
+        self._upb = upb_msg
+        self._size = size
+        self.machine_id: str = upb_msg.machine_id
+        self.state: int = upb_msg.state
+
+    def to_message(self) -> pb.NodeStateUpdate:
+        """The betterproto message, as :func:`decode_shard_message` would have produced it."""
+        return _converter(pb.NodeStateUpdate)(self._upb, self._size)  # type: ignore[return-value]
+
+
+def decode_deferred(data: bytes) -> pb.ShardMessage | NodeStateFrame:
+    """Like :func:`decode_shard_message`, but a NodeStateUpdate frame comes back as a
+    :class:`NodeStateFrame` (checked now, converted when taken).
+
+    Raises:
+        MalformedFrame: as :func:`decode_shard_message`, for every kind of frame.
+    """
+    try:
+        m = _ShardMessageUpb.FromString(data)
+    except DecodeError as exc:
+        _CORRUPT.inc()
+        raise MalformedFrame("corrupt", str(exc) or "wire format was corrupt", len(data)) from None
+    if m.WhichOneof("payload") == _NSU_FIELD:
+        if len(UnknownFieldSet(m)):
+            _check_unknown(m, _SHARD_MESSAGE_FIELDS, _SHARD_MESSAGE_NAME, len(data))
+        nsu = m.node_state_update
+        _validator(pb.NodeStateUpdate)(nsu, len(data))
+        return NodeStateFrame(nsu, len(data))
+    return _converter(pb.ShardMessage)(m, len(data))  # type: ignore[return-value]
+
+
+_SHARD_MESSAGE_FIELDS: Final = frozenset(
+    f.number for f in _POOL.FindMessageTypeByName(f"{_PACKAGE}.ShardMessage").fields)
+_SHARD_MESSAGE_NAME: Final = f"{_PACKAGE}.ShardMessage"

@@ -23,6 +23,8 @@ from bigfleet_trio.shard.bridge import BridgeState, TrioEnd, aio_put
 from bigfleet_trio.shard.codec import (
     EncodedFrame,
     MalformedFrame,
+    NodeStateFrame,
+    decode_deferred,
     decode_shard_message,
     is_bootstrap_frame,
 )
@@ -103,6 +105,16 @@ class OperatorBridge(TrioEnd):
         Takes ready frames without a schedule point, but yields to the scheduler once per
         ``yield_every`` frames so a deep backlog cannot starve other tasks.
         """
+        msg: pb.ShardMessage = await self._next(self._decode)
+        return msg
+
+    async def receive_deferred(self) -> pb.ShardMessage | NodeStateFrame:
+        """:meth:`receive`, with a NodeStateUpdate frame left unconverted (checked, then
+        converted by whoever takes it: :class:`~bigfleet_trio.shard.codec.NodeStateFrame`)."""
+        msg: pb.ShardMessage | NodeStateFrame = await self._next(self._decode_deferred)
+        return msg
+
+    async def _next(self, decode: Any) -> Any:
         while True:
             await trio.lowlevel.checkpoint_if_cancelled()
             self._fast += 1
@@ -115,7 +127,7 @@ class OperatorBridge(TrioEnd):
                 except trio.WouldBlock:
                     self._fast = 0
                     data = await self._ordered.receive()
-            msg = self._decode(data)
+            msg = decode(data)
             if msg is not None:
                 return msg
 
@@ -134,8 +146,16 @@ class OperatorBridge(TrioEnd):
                 return msg
 
     def _decode(self, data: bytes) -> pb.ShardMessage | None:
+        return self._decode_with(decode_shard_message, data)  # type: ignore[return-value]
+
+    def _decode_deferred(self, data: bytes) -> pb.ShardMessage | NodeStateFrame | None:
+        return self._decode_with(decode_deferred, data)
+
+    def _decode_with(
+        self, decode: Any, data: bytes
+    ) -> pb.ShardMessage | NodeStateFrame | None:
         try:
-            return decode_shard_message(data)
+            return decode(data)  # type: ignore[no-any-return]
         except MalformedFrame as exc:
             self.malformed += 1
             if self.malformed <= MALFORMED_LOG_FIRST or self.malformed % MALFORMED_LOG_EVERY == 0:

@@ -18,6 +18,8 @@ from bigfleet_trio.shard.codec import (
     MALFORMED_FRAMES,
     EncodedFrame,
     MalformedFrame,
+    NodeStateFrame,
+    decode_deferred,
     decode_shard_message,
     is_bootstrap_frame,
 )
@@ -97,6 +99,21 @@ def test_upb_decode_equals_betterproto_decode(msg: pb.ShardMessage) -> None:
     assert pb.ShardMessage().parse(bytes(ours)) == msg
 
 
+@pytest.mark.parametrize("msg", corpus(), ids=lambda m: betterproto.which_one_of(m, "payload")[0])
+def test_deferred_decode_converts_to_the_same_message(msg: pb.ShardMessage) -> None:
+    """A NodeStateUpdate frame is checked at once and converted when taken; the result is the
+    eager decode's, and every other kind is decoded at once."""
+    data = bytes(msg)
+    got = decode_deferred(data)
+    kind, value = betterproto.which_one_of(msg, "payload")
+    if kind == "node_state_update":
+        assert isinstance(got, NodeStateFrame)
+        assert (got.machine_id, got.state) == (value.machine_id, int(value.state))
+        assert got.to_message() == decode_shard_message(data).node_state_update == value
+    else:
+        assert got == decode_shard_message(data) == msg
+
+
 def test_enums_are_members_and_unknown_values_stay_ints() -> None:
     known = decode_shard_message(
         bytes(pb.ShardMessage(node_state_update=pb.NodeStateUpdate(state=pb.MachineState.CONFIGURING)))
@@ -144,11 +161,20 @@ def test_malformed_frames_are_rejected_and_counted(
     hexdata: str, problem: str, detail: str
 ) -> None:
     data = bytes.fromhex(hexdata)
-    before = _count(problem)
-    with pytest.raises(MalformedFrame, match=detail) as err:
-        decode_shard_message(data)
-    assert err.value.problem == problem
-    assert _count(problem) == before + 1
+    for decode in (decode_shard_message, decode_deferred):  # deferred: rejected when read too
+        before = _count(problem)
+        with pytest.raises(MalformedFrame, match=detail) as err:
+            decode(data)
+        assert err.value.problem == problem
+        assert _count(problem) == before + 1
+
+
+def test_deferred_decode_checks_nested_messages_when_read() -> None:
+    # Taint.key (string) as a varint, inside a NodeStateUpdate: caught before any worker.
+    taint = bytes.fromhex("0801")
+    nsu = bytes([0x5a, len(taint)]) + taint  # NodeStateUpdate field 11 (taints)
+    with pytest.raises(MalformedFrame, match="Taint field 1 has wire type 0"):
+        decode_deferred(bytes([0x22, len(nsu)]) + nsu)
 
 
 def test_bootstrap_lane_is_chosen_by_the_first_byte() -> None:
