@@ -311,7 +311,7 @@ def _validator(cls: type[betterproto.Message]) -> Callable[[Any, int], None]:
 class NodeStateFrame:
     """A NodeStateUpdate frame parsed and checked, not yet converted to ``pb.NodeStateUpdate``.
 
-    The session coalesces node-state frames per machine (docs/wire.md#node-state-coalescing);
+    The session coalesces node-state frames per machine (docs/wire.md#downlink-decoding);
     under a burst most are superseded before a worker takes them, so the conversion to the
     betterproto model (most of a frame's decode cost: its maps and sub-messages) is done only
     for the frame a worker takes (:meth:`to_message`). ``machine_id`` and ``state`` (an int; an
