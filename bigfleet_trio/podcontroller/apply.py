@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, Informer, KubeClient
+from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, Informer, KubeClient
 from bigfleet_trio.kube.errors import (
     AlreadyExists,
     ApiError,
@@ -214,10 +214,31 @@ class PlanApplier:
         try:
             await self.client.patch(CAPACITY_REQUESTS, name, plan.patch, ns)
         except NotFound:
+            # Gone under us: deleted by hand (re-create it), or collected because its Pod was
+            # deleted and our Pod cache has not seen that yet (do not: a CR for a deleted Pod is
+            # phantom demand). Only a live GET tells them apart, as on the recreate path.
+            if not await self._pod_is_live(key, plan.uid):
+                log.info("cr vanished before update with its pod; not re-created pod=%s cr=%s",
+                         key, name)
+                return "pod_gone"
             log.info("cr vanished before update, recreating pod=%s cr=%s", key, name)
             return await self._create(key, plan.uid, plan.body)
         log.info("cr updated pod=%s cr=%s patch=%s", key, name, plan.patch)
         return plan.outcome
+
+    async def _pod_is_live(self, key: PodKey, uid: str | None) -> bool:
+        """True if the apiserver (a live GET, not the cache) has Pod ``key`` with ``uid`` and
+        not terminating.
+
+        Raises:
+            ApiError, KubeTransportError: the GET failed (the worker re-queues with backoff).
+        """
+        try:
+            live = await self.client.get(PODS, key.name, key.namespace)
+        except NotFound:
+            return False
+        meta = live.get("metadata") or {}
+        return bool(uid) and meta.get("uid") == uid and not meta.get("deletionTimestamp")
 
     async def _delete_cr(self, cr: dict[str, Any], *, why: str) -> bool:
         meta = cr["metadata"]

@@ -394,12 +394,7 @@ class PodController(PlanApplier):
         """
         cached = self.pods.store.get(str(key))
         uid = (cached or {}).get("metadata", {}).get("uid")
-        try:
-            live = await self.client.get(PODS, key.name, key.namespace)
-        except NotFound:
-            live = None
-        meta = (live or {}).get("metadata") or {}
-        if live is None or meta.get("uid") != uid or meta.get("deletionTimestamp"):
+        if not await self._pod_is_live(PodKey(key.namespace, key.name), uid):
             log.debug("cr deleted with its pod; not re-created pod=%s", key)
             return "pod_gone"
         return await self.reconcile_pod(PodKey(key.namespace, key.name))

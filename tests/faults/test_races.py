@@ -355,3 +355,43 @@ async def test_duplicate_waiting_on_a_failed_reclaim_does_the_work_instead_of_ac
     assert replies.acks == [("r-1", 1)]
     await drains.wait_idle()
     assert drains.completed_total == 1
+
+
+# ---- pod controller: no CR for a deleted Pod through the update path (item 7) -----------------
+
+
+async def test_cr_update_finding_the_cr_gone_recreates_it_only_for_a_live_pod(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Issue item 7: a Pod resized, then deleted; GC removes its CR; the controller, behind on
+    the Pod watch, still plans "update the CR" from its cache and the patch finds it gone.
+
+    Before the fix the NotFound fell back to a create without the live-Pod check the recreate
+    path has, so a CR (phantom demand) was created for a deleted Pod. Now the fallback GETs the
+    Pod first: gone, another uid or terminating -> no CR.
+    """
+    from bigfleet_trio.kube.resources import PODS
+    from bigfleet_trio.podcontroller.keys import PodKey
+    from bigfleet_trio.sim.apiserver import ApiServer
+    from tests.podcontroller.test_controller import _count, crs, eventually, pod, running
+
+    server = ApiServer()
+    async with running(server) as (ctl, client):
+        await client.create(PODS, pod("p"))
+        await eventually(lambda: _count(client, 1))
+        [cr] = await crs(client)
+        stale_pod = ctl.pods.store.get("default/p")
+        await client.delete(PODS, "p", "default")
+        await eventually(lambda: _count(client, 0))  # GC removed the CR
+        await eventually(lambda: ctl.pods.store.get("default/p") is None)
+        creates = server.counters[("create", "capacityrequests")]
+        # The caches as a lagging controller sees them: the Pod, resized, and its CR.
+        resized = dict(stale_pod)
+        resized["spec"] = {**stale_pod["spec"], "containers": [
+            {**c, "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}}
+            for c in stale_pod["spec"]["containers"]]}
+        ctl.pods.store._set("default/p", resized)
+        ctl.crs.store._set(f"default/{cr['metadata']['name']}", cr)
+        outcome = await ctl.reconcile_pod(PodKey("default", "p"))
+        assert server.counters[("create", "capacityrequests")] == creates, outcome
+        assert await crs(client) == []
