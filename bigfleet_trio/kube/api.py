@@ -70,7 +70,13 @@ class KubeAPI(Protocol):
         ...
 
     async def evict(
-        self, name: str, namespace: str, *, grace_period_seconds: int | None = None
+        self,
+        name: str,
+        namespace: str,
+        *,
+        grace_period_seconds: int | None = None,
+        uid: str | None = None,
     ) -> None:
-        """POST a policy/v1 Eviction (never retried: its 429 is a disruption budget's verdict)."""
+        """POST a policy/v1 Eviction (never retried: its 429 is a disruption budget's verdict);
+        with ``uid``, of that Pod only (409 if the name now belongs to another)."""
         ...

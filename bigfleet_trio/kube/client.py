@@ -348,13 +348,23 @@ class KubeClient(RequestCore):
         )
 
     async def evict(
-        self, name: str, namespace: str, *, grace_period_seconds: int | None = None
+        self,
+        name: str,
+        namespace: str,
+        *,
+        grace_period_seconds: int | None = None,
+        uid: str | None = None,
     ) -> None:
         """POST a policy/v1 Eviction for a pod (never retried).
+
+        Args:
+            uid: when given, evict only the Pod with this UID
+                (``deleteOptions.preconditions.uid``), not another one of the same name.
 
         Raises:
             TooManyRequests: a PodDisruptionBudget blocks it (retry later).
             NotFound: the pod is gone.
+            Conflict: ``uid`` given and the Pod of that name has another UID.
         """
         from .resources import PODS
 
@@ -363,8 +373,13 @@ class KubeClient(RequestCore):
             "kind": "Eviction",
             "metadata": {"name": name, "namespace": namespace},
         }
+        options: dict[str, Any] = {}
         if grace_period_seconds is not None:
-            body["deleteOptions"] = {"gracePeriodSeconds": grace_period_seconds}
+            options["gracePeriodSeconds"] = grace_period_seconds
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if options:
+            body["deleteOptions"] = options
         await self.request("POST", PODS.object_path(name, namespace, "eviction"), body=body)
 
     async def create_event(

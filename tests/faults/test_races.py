@@ -395,3 +395,52 @@ async def test_cr_update_finding_the_cr_gone_recreates_it_only_for_a_live_pod(
         outcome = await ctl.reconcile_pod(PodKey("default", "p"))
         assert server.counters[("create", "capacityrequests")] == creates, outcome
         assert await crs(client) == []
+
+
+# ---- drain: eviction of the Pod that was listed, not of its namesake (item 9) ------------------
+
+
+async def test_drain_never_evicts_a_namesake_recreated_on_another_node(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    """Issue item 9: between the drain's Pod LIST and its eviction, StatefulSet Pod ``web-0``
+    is deleted and recreated under the same name on another node.
+
+    Before the fix the eviction named the Pod only, so the new ``web-0`` on ``n-2`` was evicted
+    (kubectl drain has the same gap). Now each eviction carries the listed Pod's UID as a
+    precondition (``deleteOptions.preconditions.uid``): the apiserver refuses it with 409, the
+    next round's LIST no longer shows a Pod on the node, and the drain ends Drained with the new
+    Pod untouched (docs/rules.md#reclaim-drain).
+    """
+    from bigfleet_trio.kube.resources import NODES, PODS
+    from tests.operator.test_reclaim import Replies, instr
+
+    kube, drains, handler = await _reclaim_setup(nursery)
+    kube.seed(NODES, {"metadata": {"name": "n-2"}})
+
+    def web0(node: str) -> dict[str, Any]:
+        # (no ownerReference: the sim's garbage collector would collect a Pod whose
+        # StatefulSet does not exist)
+        return {"metadata": {"name": "web-0", "namespace": "default"},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+                "status": {"phase": "Running"}}
+
+    old = kube.seed(PODS, web0("n-1"))
+    real_evict = kube.client.evict
+    swapped: list[str] = []
+
+    async def evict(name: str, namespace: str, **kw: Any) -> None:
+        if not swapped:  # the StatefulSet controller was quicker than the drain
+            server = kube.server
+            server.delete(server.find("pods"), "default", "web-0")
+            swapped.append(kube.seed(PODS, web0("n-2"))["metadata"]["uid"])
+        await real_evict(name, namespace, **kw)
+
+    kube.client.evict = evict  # type: ignore[method-assign]
+    await handler.on_reclaim_instruction(instr("r-1", "m-1", grace=60), Replies())
+    await drains.wait_idle()
+    pods = kube.objects(PODS, "default")
+    assert "web-0" in pods, "the namesake on n-2 was evicted"
+    assert pods["web-0"]["metadata"]["uid"] == swapped[0] != old["metadata"]["uid"]
+    assert pods["web-0"]["spec"]["nodeName"] == "n-2"
+    assert drains.results["n-1"].outcome == "drained"

@@ -250,7 +250,12 @@ class FakeCluster:
         del self.upcoming[name]
 
     async def evict(
-        self, name: str, namespace: str, *, grace_period_seconds: int | None = None
+        self,
+        name: str,
+        namespace: str,
+        *,
+        grace_period_seconds: int | None = None,
+        uid: str | None = None,
     ) -> None:
         await trio.lowlevel.checkpoint()
         key = f"{namespace}/{name}"

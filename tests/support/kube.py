@@ -264,13 +264,21 @@ class RecordingKube:
         )
 
     async def evict(
-        self, name: str, namespace: str, *, grace_period_seconds: int | None = None
+        self,
+        name: str,
+        namespace: str,
+        *,
+        grace_period_seconds: int | None = None,
+        uid: str | None = None,
     ) -> None:
         from bigfleet_trio.kube.resources import PODS
 
         await self._call(
-            "evict", PODS, namespace, name, {"gracePeriodSeconds": grace_period_seconds},
-            lambda: self.client.evict(name, namespace, grace_period_seconds=grace_period_seconds),
+            "evict", PODS, namespace, name, {"gracePeriodSeconds": grace_period_seconds,
+                                             "uid": uid},
+            lambda: self.client.evict(
+                name, namespace, grace_period_seconds=grace_period_seconds, uid=uid
+            ),
         )
 
     def __getattr__(self, attr: str) -> Any:

@@ -453,10 +453,14 @@ class DrainManager:
                 # to answer; KubeClient.request_timeout (30 s default) bounds the call, and so does
                 # the drain deadline (test_eviction_waits_for_a_slow_disruption_webhook).
                 try:
+                    # The UID precondition: this Pod, not one recreated under its name (a
+                    # StatefulSet's) on another node since the LIST; that one answers 409, and
+                    # the next LIST no longer shows it here (docs/rules.md#reclaim-drain).
                     await self._client.evict(
                         meta.get("name", ""),
                         meta.get("namespace", ""),
                         grace_period_seconds=eviction_grace_seconds(pod, remaining),
+                        uid=meta.get("uid") or None,
                     )
                 except KubeError as exc:
                     outcome = classify_eviction_error(exc)

@@ -490,6 +490,9 @@ class ApiState:
         """
         check_eviction_body(name, body)
         pod = self.get(self.pods, namespace, name)
+        options = body.get("deleteOptions") if isinstance(body, dict) else None
+        # the Eviction's deleteOptions preconditions (uid, resourceVersion) hold as for a DELETE
+        check_delete(self.pods, pod, options if isinstance(options, dict) else {})
         pdbs = matching_pdbs(pod, _List(self.store.items(self.pdbs, namespace)))
         new_pdb = plan_eviction(pod, pdbs, now_rfc3339())
         if new_pdb is not None:
