@@ -110,3 +110,50 @@ def test_bad_workload_manifest_is_one_line_before_anything_starts(
     assert demo.check_workloads(str(tmp_path)) == (
         f"{tmp_path / 'bad.yaml'}: document is not an object: ['a']")
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["start-up", "scale-up", "reclaim"])
+async def test_ctrl_c_in_any_phase_is_one_line_and_exit_130(phase: str) -> None:
+    """SIGINT to a real ``bigfleet-trio demo`` process once it prints the phase's first line:
+    exit 130 and one line on stderr, no traceback."""
+    import os
+    import signal
+    import sys
+
+    import trio
+
+    marker = {"start-up": "apiserver ", "scale-up": "] scale-up", "reclaim": "] reclaim"}[phase]
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "bigfleet_trio", "demo"], stdout=-1, stderr=-1,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None and proc.stderr is not None
+    err = bytearray()
+
+    async def drain_stderr() -> None:
+        assert proc.stderr is not None
+        async for chunk in proc.stderr:
+            err.extend(chunk)
+
+    try:
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(drain_stderr)
+                seen = b""
+                async for chunk in proc.stdout:
+                    seen += chunk
+                    if marker.encode() in seen:
+                        proc.send_signal(signal.SIGINT)
+                        break
+                async for _ in proc.stdout:
+                    pass
+                rc = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = err.decode()
+    assert rc == 130, text
+    assert "Traceback" not in text, text
+    assert text.splitlines()[-1] == "demo: interrupted by SIGINT; everything it started has stopped"
+    assert len([ln for ln in text.splitlines() if ln.strip()]) == 1, text

@@ -79,7 +79,9 @@ def run_demo(opts: DemoOptions, catalog_file: str | None = None) -> int:
 
     Returns:
         0 when the scenario converged, 1 otherwise (with what did not converge on stderr), or
-        1 with one line ``demo: <file>: <what>`` when the catalog file is unusable.
+        1 with one line ``demo: <file>: <what>`` when the catalog file is unusable; 130 (143)
+        after SIGINT (SIGTERM) in any phase, with one line ``demo: interrupted by SIGINT; …``
+        (0 with ``--keep-running`` once the summary is printed).
     """
     catalog: Catalog | None = None
     if catalog_file is not None:
@@ -100,25 +102,54 @@ def run_demo(opts: DemoOptions, catalog_file: str | None = None) -> int:
     progress = sys.stderr if opts.json_summary else sys.stdout
     printed = False
 
+    interrupted: list[str] = []
+
     async def wait_for_signal(summary: DemoSummary) -> None:
         nonlocal printed
         print_summary(summary, opts, out)
         printed = True
         print_keep_running_banner(summary, progress)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                break
+        await trio.sleep_forever()  # until main's signal watcher cancels everything
 
-    async def main() -> DemoSummary:
-        return await run_scenario(
-            opts, out=progress, keep_running=wait_for_signal if opts.keep_running else None,
-            catalog=catalog)
+    async def main() -> DemoSummary | None:
+        # SIGINT/SIGTERM in any phase cancel the whole scenario (its nurseries close in order)
+        # instead of raising KeyboardInterrupt wherever the main thread happens to be, which
+        # left half-closed clients raising over each other.
+        result: DemoSummary | None = None
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    async for signum in signals:
+                        interrupted.append(signal.Signals(signum).name)
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(watch)
+                result = await run_scenario(
+                    opts, out=progress,
+                    keep_running=wait_for_signal if opts.keep_running else None,
+                    catalog=catalog)
+                nursery.cancel_scope.cancel()
+        return result
 
     try:
         summary = trio.run(main)
-    except KeyboardInterrupt:
-        print("demo: interrupted", file=sys.stderr, flush=True)
-        return 1
+    except KeyboardInterrupt:  # before the signal watcher was installed
+        interrupted.append("SIGINT")
+        summary = None
+    except BaseExceptionGroup as group:
+        if group.subgroup(KeyboardInterrupt) is None:
+            raise
+        interrupted.append("SIGINT")
+        summary = None
+    if interrupted and printed:  # --keep-running: the summary is out; a signal ends it
+        return 0
+    if interrupted or summary is None:
+        name = interrupted[0] if interrupted else "SIGINT"
+        print(f"demo: interrupted by {name}; everything it started has stopped",
+              file=sys.stderr, flush=True)
+        return 143 if name == "SIGTERM" else 130
     if not printed:
         print_summary(summary, opts, out)
     if not summary.ok:
