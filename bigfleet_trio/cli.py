@@ -17,8 +17,9 @@ Sub-commands (``sim`` and ``demo`` only where the simulation is installed: they 
     bigfleet-trio demo [--workloads DIR] [--catalog FILE] [--keep-running] [...]
     bigfleet-trio events --addr HOST:PORT [--kind KIND ...]
 
-Startup errors (bad flags, failed validation) print exactly one line ``<command>: <what is
-wrong>`` on stderr and exit 1. The run functions are imported lazily per command.
+Every failure prints exactly one line ``<command>: <what is wrong>`` on stderr: a usage error
+(unknown flag, bad value) exits 2, a failed check or a runtime failure 1, SIGINT 130
+(docs/reference.md#exit-codes). The run functions are imported lazily per command.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any, NoReturn
 from . import __version__
 from .config import OperatorConfig, PodControllerConfig
 from .durations import format_duration, parse_duration
-from .knobs import DURATION, ConfigError, KnobSpec, Settings, knob_specs
+from .knobs import DURATION, ConfigError, ConfigFileError, KnobSpec, Settings, knob_specs
 
 __all__ = ["main", "build_parser", "parse_args", "UsageError", "PROG"]
 
@@ -80,6 +81,8 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.command = command or PROG
+        # on every (sub-)command, as users try it where they are
+        self.add_argument("--version", action="version", version=f"{PROG} {__version__}")
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(self.command, message)
@@ -228,7 +231,6 @@ def build_parser() -> argparse.ArgumentParser:
         "and a one-laptop simulation.",
         command=PROG,
     )
-    root.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     add_log_flags(root, suppress=False)
     sub = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -345,10 +347,23 @@ def pod_controller_config(ns: argparse.Namespace) -> PodControllerConfig:
 # ---------------------------------------------------------------------------------- running
 
 
-def _fail(command: str, message: str) -> int:
+USAGE_EXIT = 2
+"""Exit code of a command-line problem (argparse's and Go's flag package's convention)."""
+FAILURE_EXIT = 1
+"""Exit code of a failure at start-up or while running."""
+INTERRUPTED_EXIT = 130
+"""Exit code after SIGINT (128 + 2, the shell's convention)."""
+
+
+def _fail(command: str, message: str, code: int = FAILURE_EXIT) -> int:
     line = " ".join(str(message).split())
     print(f"{command}: {line}", file=sys.stderr)
-    return 1
+    return code
+
+
+def _interrupted(command: str) -> int:
+    print(f"{command}: interrupted", file=sys.stderr)
+    return INTERRUPTED_EXIT
 
 
 def setup_logging(fmt: str, level: str) -> None:
@@ -374,7 +389,7 @@ def invoke(command: str, fn: Callable[..., Any], *args: Any) -> int:
     try:
         rc = fn(*args)
     except KeyboardInterrupt:
-        return 130
+        return _interrupted(command)
     except Exception as exc:
         names = {c.__name__ for c in type(exc).__mro__}
         if names & _EXPECTED_ERRORS:
@@ -472,26 +487,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: arguments without the program name (default ``sys.argv[1:]``).
 
     Returns:
-        The process exit code: the run function's code, 1 on a startup error (after one line
-        ``<command>: <what is wrong>`` on stderr), 0 for ``--help``.
+        The process exit code (docs/reference.md#exit-codes): the run function's code; 2 on a
+        usage error and 1 on a start-up or runtime failure, each after one line
+        ``<command>: <what is wrong>`` on stderr; 130 after SIGINT (``<command>:
+        interrupted``); 0 for ``--help`` and ``--version``.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         ns = parse_args(args)
     except UsageError as exc:
-        return _fail(exc.command, exc.message)
+        return _fail(exc.command, exc.message, USAGE_EXIT)
     except SystemExit as exc:  # --help / --version
         code = exc.code
         return code if isinstance(code, int) else 0
+    name = ns.command if ns.command != "sim" else f"sim {ns.sim_command}"
     try:
         return _run_command(ns)
     except UsageError as exc:
-        return _fail(exc.command, exc.message)
-    except ConfigError as exc:
-        name = ns.command if ns.command != "sim" else f"sim {ns.sim_command}"
-        return _fail(name, str(exc))
+        return _fail(exc.command, exc.message, USAGE_EXIT)
+    except ConfigError as exc:  # a flag's value (2) or the file it names (1)
+        return _fail(name, str(exc),
+                     FAILURE_EXIT if isinstance(exc, ConfigFileError) else USAGE_EXIT)
     except KeyboardInterrupt:
-        return 130
+        return _interrupted(name)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from bigfleet_trio.knobs import (
     DURATION,
     ConfigError,
+    ConfigFileError,
     Settings,
     at_least_one,
     default_of,
@@ -266,7 +267,7 @@ class PodControllerConfig(ProcessSettings):
                     fh.read()
             except (OSError, UnicodeDecodeError) as exc:
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                raise ConfigError(
+                raise ConfigFileError(
                     f"priority-class-defaults: read {self.priority_class_defaults}: {reason}"
                 ) from exc
 
@@ -300,7 +301,7 @@ def validate_bootstrap_template(text: str, name: str = "", cluster_id: str = "ex
         SandboxedEnvironment().parse(text)
     except TemplateSyntaxError as exc:
         where = f" in {name}" if name else ""
-        raise ConfigError(
+        raise ConfigFileError(
             f"parse bootstrap-template-file: line {exc.lineno}: {exc.message}{where}"
         ) from exc
     from bigfleet_trio.operator.bootstrap import FileRenderer, Requirement
@@ -313,4 +314,4 @@ def validate_bootstrap_template(text: str, name: str = "", cluster_id: str = "ex
         line = " ".join(str(exc).split()).replace(
             "render bootstrap template", "render bootstrap-template-file", 1
         )
-        raise ConfigError(f"{line} (test render at start-up)") from exc
+        raise ConfigFileError(f"{line} (test render at start-up)") from exc

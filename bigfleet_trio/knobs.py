@@ -42,7 +42,15 @@ DURATION = "duration"
 
 
 class ConfigError(ValueError):
-    """A startup configuration problem; ``str(err)`` is the one line shown to the user."""
+    """A startup configuration problem; ``str(err)`` is the one line shown to the user.
+
+    A problem with the command line itself (a missing, malformed or conflicting flag) is a
+    usage error: exit 2. :class:`ConfigFileError` is the other kind."""
+
+
+class ConfigFileError(ConfigError):
+    """A flag names a file that cannot be read or used: exit 1, not 2 (the command line is
+    fine; the world is not)."""
 
 
 # ------------------------------------------------------------------------------ knob machinery
@@ -359,7 +367,7 @@ def read_text(path: str, what: str) -> str:
             return fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(f"read {what}: {path}: {reason}") from exc
+        raise ConfigFileError(f"read {what}: {path}: {reason}") from exc
 
 
 def _readable(what: str) -> Check:

@@ -91,6 +91,12 @@ INFORMER_RELISTS = Counter(
     ["resource", "reason"],
 )
 
+BUILD_INFO = Gauge(
+    "bigfleet_build_info",
+    "Always 1; the labels say which build runs (version of bigfleet-trio, python version).",
+    ["version", "python"],
+)
+
 LEASE_ERRORS = Counter(
     "bigfleet_leader_election_lease_errors",
     "Leader-election Lease requests refused in a way waiting cannot cure, by reason "

