@@ -519,11 +519,11 @@ def run_operator(cfg: OperatorConfig) -> int:
     from bigfleet_trio.process import announce, run_trio
 
     setup_logging(cfg.log_format, cfg.log_level)
-    announce("operator")
     # Fail fast, before any task starts: bad kubeconfig, TLS files, address, template.
     kcfg = load_kubeconfig(cfg.kubeconfig)
     connector = _grpc_connector(cfg)
     renderer = renderer_for(cfg)
+    announce("operator")  # after the start-up checks: a failed one stays a single line
     run_trio(partial(serve_operator, cfg, kube_config=kcfg, connector=connector,
                      renderer=renderer))
     return 0

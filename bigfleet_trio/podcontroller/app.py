@@ -145,7 +145,6 @@ def run_pod_controller(cfg: PodControllerConfig) -> int:
 
     cfg.validate()
     setup_logging(cfg.log_format, cfg.log_level)
-    announce(COMMAND)
     try:
         defaults = load_priority_class_defaults(cfg.priority_class_defaults)
     except PriorityClassDefaultsError as exc:
@@ -165,5 +164,6 @@ def run_pod_controller(cfg: PodControllerConfig) -> int:
                     break
                 nursery.cancel_scope.cancel()
 
+    announce(COMMAND)  # after the start-up checks: a failed one stays a single line
     run_trio(main)
     return 0

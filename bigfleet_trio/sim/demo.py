@@ -117,20 +117,25 @@ def run_demo(opts: DemoOptions, catalog_file: str | None = None) -> int:
         # left half-closed clients raising over each other.
         result: DemoSummary | None = None
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
+            try:
+                async with trio.open_nursery() as nursery:
 
-                async def watch() -> None:
-                    async for signum in signals:
-                        interrupted.append(signal.Signals(signum).name)
-                        nursery.cancel_scope.cancel()
-                        return
+                    async def watch() -> None:
+                        async for signum in signals:
+                            interrupted.append(signal.Signals(signum).name)
+                            nursery.cancel_scope.cancel()
+                            return
 
-                nursery.start_soon(watch)
-                result = await run_scenario(
-                    opts, out=progress,
-                    keep_running=wait_for_signal if opts.keep_running else None,
-                    catalog=catalog)
-                nursery.cancel_scope.cancel()
+                    nursery.start_soon(watch)
+                    result = await run_scenario(
+                        opts, out=progress,
+                        keep_running=wait_for_signal if opts.keep_running else None,
+                        catalog=catalog)
+                    nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:  # the scenario's own error, as it raised it
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
         return result
 
     try:

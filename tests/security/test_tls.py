@@ -203,6 +203,6 @@ def test_partial_tls_flags_refused_at_start(
     paths = {"C": pki["cert"], "K": pki["key"], "A": pki["ca"]}
     argv = ["operator", "--cluster-id", "c1", "--shard-addr", "shard:1"]
     argv += [paths.get(f, f) for f in flags]
-    assert cli.main(argv) == 1  # startup error: one line on stderr, nothing started
+    assert cli.main(argv) == 2  # a usage error: one line on stderr, nothing started
     err = capsys.readouterr().err
     assert "--tls-cert, --tls-key and --tls-ca must be set together (missing" in err
