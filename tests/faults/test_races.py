@@ -444,3 +444,103 @@ async def test_drain_never_evicts_a_namesake_recreated_on_another_node(
     assert pods["web-0"]["metadata"]["uid"] == swapped[0] != old["metadata"]["uid"]
     assert pods["web-0"]["spec"]["nodeName"] == "n-2"
     assert drains.results["n-1"].outcome == "drained"
+
+
+# ---- UpcomingNode: a stale node-state write never takes Draining back (item 6) -----------------
+
+
+class _FailReadyOnce(RecordingKube):
+    """Fails the first status PATCH that sets phase Ready (transport error), after recording."""
+
+    armed = True
+
+    async def patch(self, res: Any, name: str, patch: Any, *a: Any, **kw: Any) -> Any:
+        if self.armed and kw.get("subresource") == "status" and (
+            patch.get("status", {}).get("phase") == "Ready"
+        ):
+            self.armed = False
+            self.fail["patch"] = [KubeTransportError("connection reset by peer")]
+        return await super().patch(res, name, patch, *a, **kw)
+
+
+async def _draining_race(nursery: trio.Nursery, *, cached: bool) -> dict[str, Any]:
+    """CONFIGURED for machine m-1 (UpcomingNode Registered) races a reclaim of it; returns the
+    UpcomingNode once both are done (the drain still blocked by a budget)."""
+    import random
+
+    from bigfleet_trio.kube.errors import TooManyRequests
+    from bigfleet_trio.kube.resources import NODES, PODS, UPCOMING_NODES
+    from bigfleet_trio.operator.reclaim import DrainManager, ReclaimHandler
+    from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler
+    from tests.operator.test_reclaim import Replies, instr
+
+    base = RecordingKube.over_sim(nursery)
+    kube = _FailReadyOnce(base.client, base.server)
+    kube.armed = not cached
+    kube.seed(NODES, {"metadata": {"name": "n-1"}})
+    stale = kube.seed(UPCOMING_NODES, {
+        "metadata": {"name": "un-m-1"},
+        "spec": {"resources": {}, "nodeName": "n-1", "providerID": "sim://m-1"},
+        "status": {"phase": "Registered", "nodeRef": {"kind": "Node", "name": "n-1"},
+                   "providerID": "sim://m-1"}})
+    kube.seed(PODS, {"metadata": {"name": "web", "namespace": "default"},
+                     "spec": {"nodeName": "n-1", "containers": [{"name": "c", "image": "b"}]},
+                     "status": {"phase": "Running"}})
+    kube.fail["evict"] = [TooManyRequests(429, "TooManyRequests", "budget")] * 1000
+    memory = DrainMemory()
+    drains = DrainManager(kube, memory, rng=random.Random(1))
+    await nursery.start(drains.run)
+    reclaim = ReclaimHandler(kube, drains, memory)
+    upcoming = UpcomingNodeHandler(
+        kube, memory, get_cached=(lambda name: stale) if cached else None
+    )
+    configured = pb.NodeStateUpdate(
+        supersedes_key="machine/m-1", machine_id="m-1", cluster_id="c1",
+        state=pb.MachineState.CONFIGURED, node_name="n-1", provider_id="sim://m-1")
+    async with trio.open_nursery() as session:
+        if cached:
+            # the reclaim lands first; the node-state worker then plans from a cache that has
+            # not seen it yet (informer lag)
+            await reclaim.on_reclaim_instruction(instr("r-1", "m-1", grace=60), Replies())
+            session.start_soon(upcoming.on_node_state_update, configured)
+        else:
+            # the node-state write is in flight first, fails once and is retried after the
+            # reclaim walked the object to Draining
+            session.start_soon(upcoming.on_node_state_update, configured)
+            await trio.testing.wait_all_tasks_blocked()
+            session.start_soon(reclaim.on_reclaim_instruction, instr("r-1", "m-1", grace=60),
+                               Replies())
+    assert drains.active == frozenset({"n-1"})
+    return kube.objects(UPCOMING_NODES)["un-m-1"]
+
+
+async def test_node_state_retry_never_resets_draining_to_ready(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    """Issue item 6, live read: CONFIGURED (Ready) fails once and is retried after the reclaim
+    wrote Draining and the drain record.
+
+    Before the fix the retry planned Ready over the Draining it read and wrote it: the object
+    showed Ready mid-drain, and a restart then would not resume the drain (only Draining objects
+    with the record are resumed). Now a node-state update never takes a Draining object back to
+    Provisioning/Registered/Ready (docs/rules.md#upcomingnode-phases).
+    """
+    from bigfleet_trio.operator.reclaim import DRAIN_DEADLINE_ANNOTATION
+
+    un = await _draining_race(nursery, cached=False)
+    assert un["status"]["phase"] == "Draining"
+    assert DRAIN_DEADLINE_ANNOTATION in un["metadata"]["annotations"]
+
+
+async def test_node_state_write_from_a_stale_cache_never_resets_draining_to_ready(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    """Issue item 6, cached read: the node-state worker plans from an informer cache that still
+    shows Registered after the reclaim wrote Draining.
+
+    Before the fix its unguarded merge patch wrote Ready over Draining. Now a status write that
+    changes the phase carries the resourceVersion it was planned from: the apiserver refuses it
+    (409), the handler re-reads live, and the rule above keeps Draining.
+    """
+    un = await _draining_race(nursery, cached=True)
+    assert un["status"]["phase"] == "Draining"

@@ -10,6 +10,7 @@ import hashlib
 import logging
 from datetime import UTC, datetime
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 import trio
@@ -351,14 +352,17 @@ async def test_lifecycle_to_drained_deleted(
     ]
     await h.on_node_state_update(nsu(MS.IDLE, labels={"zone": "a"}, provider_id="p-1"))
     assert kube.writes() == [
-        ("patch/status", "un-m-1", {"status": {"phase": "Launched", "providerID": "p-1"}})
+        # a phase change carries the resourceVersion it was planned from (a guard)
+        ("patch/status", "un-m-1", {"metadata": {"resourceVersion": ANY},
+                                    "status": {"phase": "Launched", "providerID": "p-1"}})
     ]
     await h.on_node_state_update(nsu(MS.CONFIGURED, labels={"zone": "a"}, node_name="n-1"))
     assert kube.writes() == [
         (
             "patch/status",
             "un-m-1",
-            {"status": {"phase": "Ready", "nodeRef": {"kind": "Node", "name": "n-1"}}},
+            {"metadata": {"resourceVersion": ANY}, "status": {"phase": "Ready",
+                                                 "nodeRef": {"kind": "Node", "name": "n-1"}}},
         )
     ]
     # rebroadcast on reconnect: nothing written
@@ -371,7 +375,10 @@ async def test_lifecycle_to_drained_deleted(
         "nodeRef": {"kind": "Node", "name": "n-1"},
     }
     await h.on_node_state_update(nsu(MS.DRAINING, labels={"zone": "a"}))
-    assert kube.writes() == [("patch/status", "un-m-1", {"status": {"phase": "Draining"}})]
+    assert kube.writes() == [
+        ("patch/status", "un-m-1", {"metadata": {"resourceVersion": ANY},
+                                    "status": {"phase": "Draining"}})
+    ]
     assert h.memory.get("un-m-1") == "draining"
     await h.on_node_state_update(nsu(MS.IDLE, labels={"zone": "a"}))
     assert kube.writes() == [("delete", "un-m-1", None)]

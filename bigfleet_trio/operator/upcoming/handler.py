@@ -392,7 +392,7 @@ class UpcomingNodeHandler:
             log.info("upcoming: created name=%s phase=%s", plan.name, plan.phase, extra=keys)
             self._written_one(u.machine_id, plan.name, "create", plan.phase)
         elif plan.spec_patch is not None:
-            await self._patch(plan.name, plan.spec_patch, None)
+            existing = await self._patch(plan.name, plan.spec_patch, None) or existing
             log.info(
                 "upcoming: spec updated name=%s fields=%s",
                 plan.name,
@@ -401,7 +401,16 @@ class UpcomingNodeHandler:
             )
             self._written_one(u.machine_id, plan.name, "spec_update", plan.phase)
         if plan.status_patch is not None:
-            await self._patch(plan.name, plan.status_patch, "status")
+            body = plan.status_patch
+            meta = existing.get("metadata") if existing is not None else None
+            rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+            if plan.op == "update" and "phase" in body["status"] and isinstance(rv, str) and rv:
+                # A phase change is guarded by the resourceVersion it was planned from: planned
+                # from a stale view (the cache behind a reclaim's Draining), it is refused with
+                # 409 and re-planned from a live read, where the phase order holds
+                # (docs/rules.md#upcomingnode-phases). Other status fields merge unguarded.
+                body = {**body, "metadata": {"resourceVersion": rv}}
+            await self._patch(plan.name, body, "status")
             log.info(
                 "upcoming: status written name=%s phase=%s fields=%s",
                 plan.name,
@@ -416,7 +425,15 @@ class UpcomingNodeHandler:
                 log.debug("upcoming: no-op name=%s phase=%s", plan.name, plan.phase, extra=keys)
         apply_memory(self.memory, plan)
 
-    async def _patch(self, name: str, body: dict[str, Any], subresource: str | None) -> None:
+    async def _patch(
+        self, name: str, body: dict[str, Any], subresource: str | None
+    ) -> Mapping[str, Any] | None:
+        """Write one patch; returns the object the apiserver answered (None if not an object).
+
+        Raises:
+            Replan: the object was deleted concurrently.
+            KubeError: any other failure (a Conflict included: the caller re-reads live).
+        """
         op: WriteOp = "status_update" if subresource == "status" else "spec_update"
         try:
             written = await self._client.patch(UPCOMING_NODES, name, body, subresource=subresource)
@@ -428,6 +445,7 @@ class UpcomingNodeHandler:
             raise
         _count_write(op, "success")
         self._remember_obj(name, written)
+        return written if isinstance(written, Mapping) else None
 
     async def _delete(self, name: str) -> bool:
         try:

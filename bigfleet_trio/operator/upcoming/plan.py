@@ -372,10 +372,15 @@ def plan_node_state_update(
     is Idle again has left it; this covers DRAINING+IDLE coalesced into one frame with no reclaim
     involved). After a Drained delete, an IDLE with no object is ignored, never recreated.
 
+    Phase order: a Draining object is never taken back to Provisioning/Registered/Ready (the
+    update's other fields still apply); it leaves Draining only forward (IDLE -> Drained,
+    FAILED, DELETING).
+
     Status fields nodeRef/providerID/lastError are sticky (an empty incoming value never clears
     them); provisioningStartTime is set on the first status write. Both writes are JSON
-    merge-patches carrying only changed fields, with no resourceVersion guard: the plan is
-    "update" with both patches None when nothing changed.
+    merge-patches carrying only changed fields (the handler guards a phase change with the
+    resourceVersion planned from): the plan is "update" with both patches None when nothing
+    changed.
 
     Args:
         u: the (latest, possibly coalesced) update.
@@ -416,8 +421,16 @@ def plan_node_state_update(
         return UpcomingPlan(
             "ignore", name, None, "DRAINING after our drain finished and deleted it"
         )
-    if phase in NEW_LIFECYCLE_PHASES:
-        mem_op: MemoryOp = "forget" if memory is not None else "keep"
+    held = stored_phase == PHASE_DRAINING and phase in NEW_LIFECYCLE_PHASES
+    if held:
+        # Draining is only left forward (Drained, Failed, deleted), never back: a Provisioning/
+        # Registered/Ready frame here was sent before the reclaim (a retried write, a replay, a
+        # frame coalesced behind it), and taking the phase back mid-drain would hide the drain
+        # from a restarted operator, which resumes only Draining objects with the record.
+        phase = PHASE_DRAINING
+        mem_op: MemoryOp = "keep"
+    elif phase in NEW_LIFECYCLE_PHASES:
+        mem_op = "forget" if memory is not None else "keep"
     elif phase == PHASE_DRAINING:
         mem_op = "draining"
     else:
@@ -442,6 +455,8 @@ def plan_node_state_update(
     status_diff = _status_patch(existing_status, status)
     status_patch = {"status": status_diff} if status_diff else None
     reason = "changed" if (spec_patch or status_patch) else "no-op"
+    if held:
+        reason += f", phase kept at Draining (update said {phase_for_state(u.state)})"
     return UpcomingPlan(
         "update",
         name,
