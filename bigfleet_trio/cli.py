@@ -452,7 +452,8 @@ def events_token(kubeconfig: str | None) -> str | None:
     Raises:
         KubeConfigError: ``--kubeconfig`` given and unusable.
     """
-    from .kube import load_kubeconfig
+    from bigfleet_trio.kube.config import load_kubeconfig
+
     from .kube.errors import KubeConfigError
 
     try:

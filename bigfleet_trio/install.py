@@ -132,7 +132,9 @@ def install_crds(kubeconfig: str | None, *, out: IO[str] | None = None) -> int:
     stream = out if out is not None else sys.stdout
 
     async def _run() -> list[tuple[str, str]]:
-        from bigfleet_trio.kube import CRDS, KubeClient, load_kubeconfig
+        from bigfleet_trio.kube.client import KubeClient
+        from bigfleet_trio.kube.config import load_kubeconfig
+        from bigfleet_trio.kube.resources import CRDS
 
         crds = load_crds()
         cfg = load_kubeconfig(kubeconfig)

@@ -140,6 +140,7 @@ def _strip_factors(mantissa: int, base: int) -> tuple[int, int]:
     return (-m if neg else m), times
 
 
+@functools.total_ordering
 class Quantity:
     """An immutable, hashable Kubernetes ``resource.Quantity``.
 
@@ -245,35 +246,16 @@ class Quantity:
         return Quantity(EXACT_CONTEXT.minus(self._d), self._fmt)
 
     # ------------------------------------------------------------------ comparison
+    # __ne__ is Python's inverse of __eq__; __le__, __gt__, __ge__ come from total_ordering.
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Quantity):
             return NotImplemented
         return self._d == other._d
 
-    def __ne__(self, other: object) -> bool:
-        if not isinstance(other, Quantity):
-            return NotImplemented
-        return self._d != other._d
-
     def __lt__(self, other: Quantity) -> bool:
         if not isinstance(other, Quantity):
             return NotImplemented
         return self._d < other._d
-
-    def __le__(self, other: Quantity) -> bool:
-        if not isinstance(other, Quantity):
-            return NotImplemented
-        return self._d <= other._d
-
-    def __gt__(self, other: Quantity) -> bool:
-        if not isinstance(other, Quantity):
-            return NotImplemented
-        return self._d > other._d
-
-    def __ge__(self, other: Quantity) -> bool:
-        if not isinstance(other, Quantity):
-            return NotImplemented
-        return self._d >= other._d
 
     def __hash__(self) -> int:
         return hash(self._d)

@@ -578,7 +578,8 @@ async def test_overlay_in_another_namespace_elects_a_leader(
     """An overlay with ``namespace: platform-agents``, applied to the RBAC-enforcing sim: each
     binary, with the rendered Deployment's arguments and downward-API env and its
     ServiceAccount's token, takes its Lease in that namespace (docs/crds.md#leader-election)."""
-    from bigfleet_trio.kube import KubeClient, KubeConfig
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import KubeConfig
     from bigfleet_trio.kube.leader import LeaderElector, lease_namespace
     from bigfleet_trio.kube.resources import LEASES
     from bigfleet_trio.sim.apiserver.testing import InProcessTransport

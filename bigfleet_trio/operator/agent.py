@@ -20,10 +20,10 @@ import trio
 from bigfleet_trio.knobs import DURATION, Settings, knob, nested, positive
 from bigfleet_trio.kube.retry import Backoff as RetryBackoff
 from bigfleet_trio.observability import metrics
-from bigfleet_trio.operator.session import (
+from bigfleet_trio.operator.session import Session
+from bigfleet_trio.operator.sessiontypes import (
     Handlers,
     RollupSource,
-    Session,
     SessionConfig,
     SessionStats,
 )

@@ -24,15 +24,17 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
-from bigfleet_trio.kube.leader import lease_namespace
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
+from bigfleet_trio.kube.leader import LeaderElector, lease_namespace
 from bigfleet_trio.kube.startup import Unauthenticated, sync_or_refused
 from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.observability.looplag import watch_loop_lag
 from bigfleet_trio.operator.agent import Agent, SessionChange
 from bigfleet_trio.operator.bootstrap import Renderer
-from bigfleet_trio.operator.reclaim import DrainManager, apply_resume, plan_resume, utc_now
+from bigfleet_trio.operator.reclaim.drain import DrainManager
+from bigfleet_trio.operator.reclaim.resume import apply_resume, plan_resume, utc_now
 from bigfleet_trio.operator.runtime import (
     NODE_REF_INDEX,
     PROVIDER_ID_INDEX,

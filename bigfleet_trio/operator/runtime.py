@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, NODES, UPCOMING_NODES, Informer
+from bigfleet_trio.kube.informer import Informer
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, NODES, UPCOMING_NODES
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.operator.acknowledge import Acknowledger
 from bigfleet_trio.operator.agent import Agent
@@ -26,9 +27,11 @@ from bigfleet_trio.operator.bootstrap import (
 )
 from bigfleet_trio.operator.crview import slim
 from bigfleet_trio.operator.kubeevents import EventRecorder
-from bigfleet_trio.operator.reclaim import DrainManager, ReclaimHandler
+from bigfleet_trio.operator.reclaim.drain import DrainManager
+from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
 from bigfleet_trio.operator.retention import FailedRetention
-from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler
+from bigfleet_trio.operator.upcoming.handler import UpcomingNodeHandler
+from bigfleet_trio.operator.upcoming.plan import DrainMemory
 from bigfleet_trio.operator.wiring import (
     CapacityRequestRollup,
     OperatorHandlers,

@@ -24,9 +24,7 @@ import betterproto
 import trio
 
 from bigfleet_trio.observability import metrics
-from bigfleet_trio.operator import sessiontypes
 from bigfleet_trio.operator.queues import BOOTSTRAP_ANSWER_DEADLINE, NodeStateCoalescer, SendQueues
-from bigfleet_trio.operator.sessiontypes import *  # noqa: F403 - re-exported (see __all__)
 from bigfleet_trio.operator.sessiontypes import (
     Frame,
     Handlers,
@@ -41,7 +39,6 @@ from bigfleet_trio.shard.enums import REPORTER, UnknownEnum, describe, unknown_e
 from bigfleet_trio.shard.transport import OperatorStream, PriorityReceive, StreamClosed
 
 __all__ = ["Session", "current_session"]
-__all__ += sessiontypes.__all__  # the types live there; this is their usual import path
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,7 @@
 
 :class:`SessionConfig`, :class:`SessionStats`, the :class:`RollupSource` and :class:`Handlers`
 protocols a :class:`~bigfleet_trio.operator.session.Session` is given, and :class:`SendStalled`,
-the error that ends a session whose shard stopped reading. :mod:`bigfleet_trio.operator.session`
-re-exports every name, the import path the rest of the project uses.
+the error that ends a session whose shard stopped reading. Import them from here.
 """
 
 from __future__ import annotations

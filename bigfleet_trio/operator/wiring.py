@@ -26,14 +26,11 @@ from bigfleet_trio.observability import metrics
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.acknowledge import Acknowledger
 from bigfleet_trio.operator.kubeevents import KubeEventSink
-from bigfleet_trio.operator.rollup import (
-    CapacityRequestError,
-    RollupAggregator,
-    build_from_scratch,
-    build_rollup_message,
-    cr_key,
-)
-from bigfleet_trio.operator.session import Reply
+from bigfleet_trio.operator.rollup.aggregate import RollupAggregator, build_from_scratch
+from bigfleet_trio.operator.rollup.encoding import build_rollup_message
+from bigfleet_trio.operator.rollup.errors import CapacityRequestError
+from bigfleet_trio.operator.rollup.translate import cr_key
+from bigfleet_trio.operator.sessiontypes import Reply
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame
 

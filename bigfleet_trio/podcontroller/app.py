@@ -21,9 +21,10 @@ import trio
 import yaml
 
 from bigfleet_trio.knobs import ConfigFileError, yaml_error_line
-from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector, load_kubeconfig
 from bigfleet_trio.kube.authz import KubeAuthorizer
-from bigfleet_trio.kube.leader import lease_namespace
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
+from bigfleet_trio.kube.leader import LeaderElector, lease_namespace
 from bigfleet_trio.observability.http import serve_observability
 from bigfleet_trio.observability.looplag import watch_loop_lag
 from bigfleet_trio.observability.metrics import BinaryRegistry

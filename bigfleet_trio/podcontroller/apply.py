@@ -1,8 +1,8 @@
 """The pod controller's write side: carrying a :class:`~.plan.PodPlan` out against the apiserver.
 
-:class:`PlanApplier` is a base class of :class:`~.controller.PodController`: creates, spec
-patches, deletes (uid preconditions), the low-priority Pending stamp and the Warning Events of a
-Pod that gets no CR, each remembered per (Pod UID, reason) so a condition is reported once.
+:class:`PlanApplier`, a part of :class:`~.controller.PodController` (``ctl.applier``): creates,
+spec patches, deletes (uid preconditions), the low-priority Pending stamp and the Warning Events
+of a Pod that gets no CR, each remembered per (Pod UID, reason) so a condition is reported once.
 The controller decides what to reconcile and when; this side only writes.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, Informer, KubeClient
+from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.errors import (
     AlreadyExists,
     ApiError,
@@ -20,6 +20,8 @@ from bigfleet_trio.kube.errors import (
     KubeTransportError,
     NotFound,
 )
+from bigfleet_trio.kube.informer import Store
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS
 
 from ..kube.workqueue import WorkQueue
 from . import projections as proj
@@ -40,17 +42,29 @@ log = logging.getLogger("bigfleet_trio.podcontroller.controller")
 
 
 class PlanApplier:
-    """Writes for one Pod's plan; the attributes below are the controller's (set in its init)."""
+    """Writes for one Pod's plan.
 
-    client: KubeClient
-    pods: Informer
-    crs: Informer
-    queue: WorkQueue[QueueKey]
-    component: str
-    _reported: dict[tuple[str, str], tuple[tuple[str, ...], str]]
-    _stamp_rv: dict[StampKey, str | None]
+    Args:
+        client: the controller's Kubernetes client.
+        crs: the controller's CapacityRequest informer store (the stamp skips a CR whose cached
+            phase is set).
+        queue: the controller's work queue (the Pending stamp is queued there, low priority).
+        component: Event source component.
+    """
 
-    async def _apply(
+    def __init__(
+        self, client: KubeClient, crs: Store, queue: WorkQueue[QueueKey], component: str
+    ) -> None:
+        self.client = client
+        self.crs = crs
+        self.queue = queue
+        self.component = component
+        # (pod uid, Event reason) -> (messages, version) last reported: each condition is
+        # reported once while it persists and again after it cleared and came back
+        self._reported: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {}
+        self.stamp_rv: dict[StampKey, str | None] = {}  # resourceVersion after our create
+
+    async def apply(
         self, key: PodKey, pod: dict[str, Any], owned: list[dict[str, Any]], plan: PodPlan
     ) -> str:
         """Carry ``plan`` out for the Pod ``key``; returns the outcome to count."""
@@ -74,7 +88,7 @@ class PlanApplier:
             else:
                 log.debug("pod still cannot be translated pod=%s err=%s", key, plan.detail)
             return plan.outcome
-        self._clear(uid, *plan.clear)
+        self.clear(uid, *plan.clear)
         if plan.warnings is not None:
             new = await self._report(pod, uid, plan.warnings)
             for w in plan.warnings.messages:
@@ -91,7 +105,7 @@ class PlanApplier:
             rejected = plan_rejected(plan, owned, exc.message)
             await self._no_cr(key, pod, rejected, err=exc)
             return rejected.outcome
-        self._clear(uid, REASON_REJECTED)
+        self.clear(uid, REASON_REJECTED)
         return outcome
 
     async def _no_cr(
@@ -119,7 +133,7 @@ class PlanApplier:
         else:
             log.debug("pod demand still not sent, cr rejected again pod=%s", key)
         for cr in plan.delete:
-            await self._delete_cr(cr, why=plan.delete_reason)
+            await self.delete_cr(cr, why=plan.delete_reason)
 
     async def _write(self, key: PodKey, plan: PodPlan) -> str:
         """Create the CR, or delete extras and bring the kept one in line (``plan.action``)."""
@@ -127,7 +141,7 @@ class PlanApplier:
         if plan.action == "create":
             return await self._create(key, plan.uid, plan.body)
         for extra in plan.delete:
-            await self._delete_cr(extra, why=plan.delete_reason)
+            await self.delete_cr(extra, why=plan.delete_reason)
         if plan.action == "update":
             return await self._update_spec(key, plan)
         assert plan.target is not None
@@ -165,7 +179,7 @@ class PlanApplier:
         empty phase as Pending anyway.
         """
         key = StampKey(ns, name)
-        self._stamp_rv[key] = resource_version
+        self.stamp_rv[key] = resource_version
         self.queue.add(key, low=True)
 
     async def reconcile_stamp(self, key: StampKey | str) -> None:
@@ -177,9 +191,9 @@ class PlanApplier:
         the stamp is cosmetic.
         """
         key = StampKey.parse(key) if isinstance(key, str) else key
-        rv = self._stamp_rv.pop(key, None)
+        rv = self.stamp_rv.pop(key, None)
         cr_key = str(key)
-        cached = self.crs.store.get(cr_key)
+        cached = self.crs.get(cr_key)
         if cached is not None and (cached.get("status") or {}).get("phase"):
             return
         ns, name = key.namespace, key.name
@@ -240,7 +254,7 @@ class PlanApplier:
         meta = live.get("metadata") or {}
         return bool(uid) and meta.get("uid") == uid and not meta.get("deletionTimestamp")
 
-    async def _delete_cr(self, cr: dict[str, Any], *, why: str) -> bool:
+    async def delete_cr(self, cr: dict[str, Any], *, why: str) -> bool:
         meta = cr["metadata"]
         ns, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid")
         try:
@@ -255,7 +269,7 @@ class PlanApplier:
     async def _report(self, pod: dict[str, Any], uid: str, report: EventReport) -> bool:
         """A Warning Event on the Pod per message, once per distinct (messages, version).
 
-        Remembered per (Pod UID, reason) until :meth:`_clear` or the Pod's deletion.
+        Remembered per (Pod UID, reason) until :meth:`clear` or the Pod's deletion.
 
         Returns:
             True when Events were written, False when this was reported already.
@@ -271,12 +285,12 @@ class PlanApplier:
             )
         return True
 
-    def _no_cr_wanted(self, uid: str) -> bool:
+    def no_cr_wanted(self, uid: str) -> bool:
         """The Pod's last reconcile left it without a CR on purpose (Event reported)."""
         return (uid, REASON_UNSUPPORTED) in self._reported or (
             uid, REASON_REJECTED) in self._reported
 
-    def _clear(self, uid: str, *reasons: str) -> None:
+    def clear(self, uid: str, *reasons: str) -> None:
         """Forget that ``reasons`` were reported for ``uid`` (the condition cleared)."""
         for reason in reasons:
             self._reported.pop((uid, reason), None)

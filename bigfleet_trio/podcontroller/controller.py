@@ -19,13 +19,15 @@ from typing import Any
 
 import trio
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, Informer, KubeClient, LeaderElector
+from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.errors import (
     ApiError,
     KubeTransportError,
     NotFound,
 )
-from bigfleet_trio.kube.informer import SyncTimeout
+from bigfleet_trio.kube.informer import Informer, SyncTimeout
+from bigfleet_trio.kube.leader import LeaderElector
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS
 from bigfleet_trio.kube.startup import Unauthenticated, sync_or_refused
 
 from ..kube.workqueue import WorkQueue
@@ -78,7 +80,7 @@ POD_UID_INDEX = "uid"
 # the controller
 
 
-class PodController(PlanApplier):
+class PodController:
     """Informers + work queue + workers that keep one CapacityRequest per non-terminal Pod.
 
     Args:
@@ -104,6 +106,8 @@ class PodController(PlanApplier):
     Attributes:
         pods, crs: the two informers (``.store`` for inspection).
         queue: the work queue.
+        applier: the write side (:class:`~.apply.PlanApplier`), given the client, the CR store
+            and the queue.
         outcomes: local ``collections.Counter`` of reconcile outcomes (tests, bench).
         synced: both caches synced. leading: workers are running.
     """
@@ -150,13 +154,10 @@ class PodController(PlanApplier):
         )
         self.pods.add_handler(self._on_pod_add, self._on_pod_update, self._on_pod_delete)
         self.crs.add_handler(self._on_cr_add, self._on_cr_update, self._on_cr_delete)
+        self.applier = PlanApplier(client, self.crs.store, self.queue, component)
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.synced = False
         self.leading = False
-        # (pod uid, Event reason) -> (messages, version) last reported: each condition is
-        # reported once while it persists and again after it cleared and came back
-        self._reported: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {}
-        self._stamp_rv: dict[StampKey, str | None] = {}  # resourceVersion after our create
 
     # -- readiness ----------------------------------------------------------------------------
 
@@ -173,23 +174,20 @@ class PodController(PlanApplier):
 
     # -- informer handlers (sync, never block) -------------------------------------------------
 
-    def _enqueue_pod(self, key: str) -> None:
-        self.queue.add(PodKey.parse(key))
-
     def _on_pod_add(self, pod: dict[str, Any]) -> None:
-        self._enqueue_pod(proj.object_key(pod))
+        self.queue.add(PodKey.parse(proj.object_key(pod)))
 
     def _on_pod_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old != new:  # the projection hides status churn that cannot change the CR
-            self._enqueue_pod(proj.object_key(new))
+            self.queue.add(PodKey.parse(proj.object_key(new)))
 
     def _on_pod_delete(self, pod: dict[str, Any]) -> None:
         uid = pod.get("metadata", {}).get("uid")
         if isinstance(uid, str):
-            self._clear(uid, *REASONS)
-        self._enqueue_pod(proj.object_key(pod))
+            self.applier.clear(uid, *REASONS)
+        self.queue.add(PodKey.parse(proj.object_key(pod)))
 
-    def _check_cr(self, cr: dict[str, Any]) -> None:
+    def _on_cr_add(self, cr: dict[str, Any]) -> None:
         """Enqueue whatever a CR change may require (its Pod, or an orphan check)."""
         if not self.synced:
             return  # the post-sync scan covers everything seen before
@@ -201,18 +199,15 @@ class PodController(PlanApplier):
             if not self.pods.store.by_index(POD_UID_INDEX, uid):
                 self.queue.add_after(OrphanKey.parse(proj.object_key(cr)), self.orphan_grace)
             return
-        if is_terminal(pod):
-            self._enqueue_pod(f"{ns}/{owner}")
-
-    def _on_cr_add(self, cr: dict[str, Any]) -> None:
-        self._check_cr(cr)
+        if is_terminal(pod) and owner:
+            self.queue.add(PodKey(ns, owner))
 
     def _on_cr_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old.get("spec") != new.get("spec") and self.synced:
             owner = proj.owner_pod_name(new)
             if owner:  # someone edited the spec: put it back if it differs from the Pod's
-                self._enqueue_pod(f"{new.get('metadata', {}).get('namespace', '')}/{owner}")
-        self._check_cr(new)
+                self.queue.add(PodKey(new.get("metadata", {}).get("namespace", ""), owner))
+        self._on_cr_add(new)  # as for a new CR: its Pod, or an orphan check
 
     def _on_cr_delete(self, cr: dict[str, Any]) -> None:
         owner = proj.owner_pod_name(cr)
@@ -228,7 +223,7 @@ class PodController(PlanApplier):
         # the CR watch before the Pod watch delivers the Pod's deletion, and re-creating then
         # loops (the new CR is collected again at once). So the Pod is confirmed live first.
         if (pod is not None and pod.get("metadata", {}).get("uid") == uid
-                and not is_terminal(pod) and not self._no_cr_wanted(uid)):
+                and not is_terminal(pod) and not self.applier.no_cr_wanted(uid)):
             self.queue.add(RecreateKey.parse(key))
 
     # -- running ------------------------------------------------------------------------------
@@ -297,7 +292,7 @@ class PodController(PlanApplier):
     def resync(self) -> None:
         """Enqueue every cached Pod and an orphan check for every CR without a live Pod."""
         for key in self.pods.store.keys():
-            self._enqueue_pod(key)
+            self.queue.add(PodKey.parse(key))
         orphans = 0
         for key, cr in self.crs.store.items():
             if not self.pods.store.by_index(POD_UID_INDEX, proj.owner_uid(cr)):
@@ -360,7 +355,7 @@ class PodController(PlanApplier):
         if isinstance(item, OrphanKey):
             return await self.reconcile_orphan(item)
         if isinstance(item, StampKey):
-            await self.reconcile_stamp(item)
+            await self.applier.reconcile_stamp(item)
             return None
         if isinstance(item, RecreateKey):
             return await self.reconcile_recreate(item)
@@ -383,7 +378,7 @@ class PodController(PlanApplier):
             self.crs.store.by_index(OWNER_UID_INDEX, uid) if isinstance(uid, str) and uid else []
         )
         plan = plan_pod(pod, owned, self.defaults)
-        return await self._apply(key, pod, owned, plan)
+        return await self.applier.apply(key, pod, owned, plan)
 
     async def reconcile_recreate(self, key: RecreateKey) -> str:
         """Re-create a deleted CR only if its Pod is live at the apiserver (a GET), not just in
@@ -416,6 +411,6 @@ class PodController(PlanApplier):
                 live = None
             if live is not None and (live.get("metadata") or {}).get("uid") == uid:
                 return None  # the Pod exists; our cache lags
-        if await self._delete_cr(cr, why="orphan"):
+        if await self.applier.delete_cr(cr, why="orphan"):
             return "orphan_deleted"
         return None

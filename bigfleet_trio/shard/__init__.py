@@ -3,25 +3,5 @@
 The agent dials and holds exactly one bidirectional
 ``Shard.Session`` stream. Everything above this package talks to :class:`OperatorStream` (agent
 side) or :class:`ShardStream` (shard side), never to grpclib directly, so tests and the simulation
-can drive a session over :func:`memory_stream_pair`.
+can drive a session over :func:`.transport.memory_stream_pair`. Import from the defining module.
 """
-
-from .transport import (
-    Connector,
-    MemoryConnector,
-    OperatorStream,
-    PriorityReceive,
-    ShardStream,
-    StreamClosed,
-    memory_stream_pair,
-)
-
-__all__ = [
-    "Connector",
-    "MemoryConnector",
-    "OperatorStream",
-    "PriorityReceive",
-    "ShardStream",
-    "StreamClosed",
-    "memory_stream_pair",
-]

@@ -241,47 +241,7 @@ class GrpcConnector:
             ) as stream:
                 await stream.send_request()
                 state.opened.set()
-
-                async def send_loop() -> None:
-                    while True:
-                        try:
-                            item = await aio_get(up_recv)
-                        except (trio.EndOfChannel, trio.ClosedResourceError):
-                            await stream.end()
-                            return
-                        try:
-                            await stream.send_message(item.msg)
-                            item.ok = True
-                        finally:
-                            item.written.set()
-
-                sender = asyncio.ensure_future(send_loop())
-                receiver = asyncio.ensure_future(
-                    read_downlink(
-                        stream,
-                        self.max_message_bytes,
-                        ord_send,
-                        boot_send if self.bootstrap_lane else None,
-                        end,
-                    )
-                )
-                try:
-                    done = await wait_first(sender, receiver)
-                    if sender in done and sender.exception() is None:
-                        await receiver  # half-closed by us: keep reading until the shard ends
-                        done = {sender, receiver}
-                    for t in done:
-                        t.result()
-                    # The shard ended the RPC: end our side too so grpclib can read the status
-                    # (a non-OK status raises GRPCError on leaving the request context).
-                    await cancel_and_wait(sender)
-                    try:
-                        await stream.end()
-                    except (ProtocolError, StreamTerminatedError):
-                        pass  # already ended (we half-closed) or reset by the peer
-                    state.reason = "peer closed"
-                finally:
-                    await cancel_and_wait(sender, receiver)
+                await self._exchange(stream, up_recv, ord_send, boot_send, state, end)
         except asyncio.CancelledError:
             state.reason = "closed locally"
             raise
@@ -307,6 +267,58 @@ class GrpcConnector:
                     break
             up_recv.close()
             channel.close()
+
+    async def _exchange(
+        self,
+        stream: Any,
+        up_recv: trio.MemoryReceiveChannel[Outgoing],
+        ord_send: trio.MemorySendChannel[bytes],
+        boot_send: trio.MemorySendChannel[bytes],
+        state: BridgeState,
+        end: OperatorBridge,
+    ) -> None:
+        """asyncio-flavoured: pump frames both ways on an opened stream until either side ends."""
+
+        async def send_loop() -> None:
+            while True:
+                try:
+                    item = await aio_get(up_recv)
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    await stream.end()
+                    return
+                try:
+                    await stream.send_message(item.msg)
+                    item.ok = True
+                finally:
+                    item.written.set()
+
+        sender = asyncio.ensure_future(send_loop())
+        receiver = asyncio.ensure_future(
+            read_downlink(
+                stream,
+                self.max_message_bytes,
+                ord_send,
+                boot_send if self.bootstrap_lane else None,
+                end,
+            )
+        )
+        try:
+            done = await wait_first(sender, receiver)
+            if sender in done and sender.exception() is None:
+                await receiver  # half-closed by us: keep reading until the shard ends
+                done = {sender, receiver}
+            for t in done:
+                t.result()
+            # The shard ended the RPC: end our side too so grpclib can read the status
+            # (a non-OK status raises GRPCError on leaving the request context).
+            await cancel_and_wait(sender)
+            try:
+                await stream.end()
+            except (ProtocolError, StreamTerminatedError):
+                pass  # already ended (we half-closed) or reset by the peer
+            state.reason = "peer closed"
+        finally:
+            await cancel_and_wait(sender, receiver)
 
 
 def parse_address(addr: str) -> tuple[str, int]:

@@ -364,8 +364,8 @@ class Binder:
 
     async def run_once(self) -> int:
         """One pass: list, plan, bind. Returns how many Pods were bound."""
-        from bigfleet_trio.kube import NODES, PODS
         from bigfleet_trio.kube.errors import KubeError
+        from bigfleet_trio.kube.resources import NODES, PODS
 
         pods = (await self.client.list(PODS)).items
         nodes = (await self.client.list(NODES)).items
@@ -382,7 +382,7 @@ class Binder:
 
     async def bind(self, d: BindDecision) -> None:
         """Bind one Pod: ``spec.nodeName`` then a Running status, as kubelet would report."""
-        from bigfleet_trio.kube import PODS
+        from bigfleet_trio.kube.resources import PODS
 
         await self.client.patch(PODS, d.name, {"spec": {"nodeName": d.node}}, d.namespace)
         stamp = _now()

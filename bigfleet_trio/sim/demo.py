@@ -31,6 +31,7 @@ import trio
 
 from bigfleet_trio.knobs import yaml_error_line
 from bigfleet_trio.sim.demo_options import DemoOptions
+from bigfleet_trio.sim.shard.catalog import Catalog, CatalogError, load_catalog
 
 from . import demo_world
 from .demo_render import (
@@ -43,7 +44,6 @@ from .demo_render import (
 from .demo_scenario import Workloads, apply_workloads, run_scenario
 from .demo_world import *  # noqa: F403 - every demo_world name, re-exported (see __all__)
 from .demo_world import DemoSummary, bundled_workloads_dir, manifest_paths
-from .shard import Catalog, CatalogError, load_catalog
 
 __all__ = ["run_demo", "run_scenario", "check_workloads",
            # re-exported from the demo_* modules, where they live

@@ -14,9 +14,9 @@ import sys
 from typing import TextIO
 
 from bigfleet_trio.sim.demo_options import DemoOptions
+from bigfleet_trio.sim.shard.session import SimShard
 
 from .demo_world import DemoSummary, World
-from .shard import SimShard
 
 
 def progress_line(elapsed: float, world: World, shard: SimShard, stage: str) -> str:

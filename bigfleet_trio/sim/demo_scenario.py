@@ -21,17 +21,16 @@ from typing import Any, TextIO
 import trio
 
 from bigfleet_trio.config import OperatorConfig
-from bigfleet_trio.kube import (
-    NAMESPACES,
-    PODS,
-    PRIORITY_CLASSES,
-    RUNTIME_CLASSES,
-    KubeClient,
-    load_kubeconfig,
-)
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import load_kubeconfig
 from bigfleet_trio.kube.errors import AlreadyExists, NotFound
+from bigfleet_trio.kube.resources import NAMESPACES, PODS, PRIORITY_CLASSES, RUNTIME_CLASSES
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.sim.demo_options import DemoOptions
+from bigfleet_trio.sim.shard.catalog import Catalog
+from bigfleet_trio.sim.shard.cli import serve_sim_shard
+from bigfleet_trio.sim.shard.nodes import KubeNodeHooks
+from bigfleet_trio.sim.shard.session import SimShard
 
 from .binder import Binder
 from .demo_render import diagnostics_urls, failure_line, progress_line
@@ -52,7 +51,6 @@ from .demo_world import (
     read_world,
     workload_of,
 )
-from .shard import Catalog, KubeNodeHooks, SimShard, serve_sim_shard
 
 # The demo's logger (these lines were the demo module's before the split; filters keep matching).
 log = logging.getLogger("bigfleet_trio.sim.demo")

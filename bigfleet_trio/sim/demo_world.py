@@ -16,10 +16,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, NODES, PODS, UPCOMING_NODES, KubeClient
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, NODES, PODS, UPCOMING_NODES
+from bigfleet_trio.sim.shard.catalog import Catalog, ShapeTaint, offer
+from bigfleet_trio.sim.shard.engine import EngineConfig
+from bigfleet_trio.sim.shard.session import SimShard
 
 from .binder import is_terminal
-from .shard import Catalog, EngineConfig, ShapeTaint, SimShard, offer
 
 __all__ = [
     "CLUSTER_ID", "GPU", "GPU_TAINT", "OWNED_BY_POD", "DemoSummary", "DemoTiming", "World",
@@ -271,7 +274,7 @@ async def read_world(client: KubeClient, shard: SimShard) -> World:
 def rollup_matches_crs(shard: SimShard, crs: list[dict[str, Any]]) -> bool:
     """The shard's last accepted roll-up carries exactly the needs built from scratch over the
     CRs (as multisets of encoded needs; order is not part of the contract)."""
-    from bigfleet_trio.operator.rollup import build_from_scratch
+    from bigfleet_trio.operator.rollup.aggregate import build_from_scratch
 
     last = shard.last_rollup
     if last is None:

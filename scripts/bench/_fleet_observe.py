@@ -78,7 +78,8 @@ def un_view(un: dict[str, Any]) -> dict[str, Any]:
 
 def wire(obs: Observed, pods: Any, crs: Any, uns: Any) -> None:
     """Record into ``obs`` from the Pod, CR and UpcomingNode informers' events."""
-    from bigfleet_trio.operator.rollup import CapacityRequestError, contribution_from_cr
+    from bigfleet_trio.operator.rollup.errors import CapacityRequestError
+    from bigfleet_trio.operator.rollup.translate import contribution_from_cr
 
     def pod_add(p: dict[str, Any]) -> None:
         # first sighting only: a relist's add for a known Pod is not its creation

@@ -72,7 +72,7 @@ def fleet_workloads(pods: int, per_profile: int, seed: int,
     (own selector), ~``per_profile`` replicas (GPU clones: 10); StatefulSets ``Parallel``;
     ``job_share`` of the CPU clones are Jobs, the rest 3:1 Deployments:StatefulSets.
     """
-    from bigfleet_trio.sim.demo import bundled_workloads_dir, manifest_paths
+    from bigfleet_trio.sim.demo_world import bundled_workloads_dir, manifest_paths
     from bigfleet_trio.sim.expand import load_manifests
 
     objs = load_manifests(manifest_paths(bundled_workloads_dir()))

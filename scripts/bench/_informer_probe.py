@@ -31,7 +31,10 @@ from typing import Any
 import httpx
 import trio
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, Informer, KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
+from bigfleet_trio.kube.informer import Informer
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
 from bigfleet_trio.operator.crview import slim as operator_slim
 
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]

@@ -25,7 +25,10 @@ from typing import Any
 
 import trio
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, Informer, KubeClient, load_kubeconfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import load_kubeconfig
+from bigfleet_trio.kube.informer import Informer
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS
 from bigfleet_trio.podcontroller.controller import PodController
 from bigfleet_trio.podcontroller.translate import build_capacity_request, translate_pod
 

@@ -24,12 +24,8 @@ import tracemalloc
 from typing import Any
 
 from bigfleet_trio.operator.crview import slim
-from bigfleet_trio.operator.rollup import (
-    RollupAggregator,
-    build_from_scratch,
-    build_rollup_message,
-    encode_operator_rollup,
-)
+from bigfleet_trio.operator.rollup.aggregate import RollupAggregator, build_from_scratch
+from bigfleet_trio.operator.rollup.encoding import build_rollup_message, encode_operator_rollup
 
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"]
 TYPES = [f"m7i.{s}" for s in ("large", "xlarge", "2xlarge", "4xlarge", "8xlarge")]

@@ -48,7 +48,7 @@ async def _connect_once(src: Any) -> tuple[float, int]:
     import trio
 
     from bigfleet_trio.operator.agent import Agent, AgentConfig
-    from bigfleet_trio.operator.session import SessionConfig
+    from bigfleet_trio.operator.sessiontypes import SessionConfig
     from bigfleet_trio.proto import pb
     from bigfleet_trio.shard.codec import EncodedFrame
     from bigfleet_trio.shard.transport import MemoryConnector
@@ -124,7 +124,8 @@ async def _connect_once(src: Any) -> tuple[float, int]:
 def _measure(n: int, repeat: int) -> dict[str, Any]:
     import trio
 
-    from bigfleet_trio.operator.rollup import build_from_scratch, build_rollup_message
+    from bigfleet_trio.operator.rollup.aggregate import build_from_scratch
+    from bigfleet_trio.operator.rollup.encoding import build_rollup_message
     from bigfleet_trio.proto import pb
 
     src = _source(n)

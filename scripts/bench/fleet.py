@@ -58,7 +58,17 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                  result: dict[str, Any]) -> None:
     import trio
 
-    from bigfleet_trio.kube import (
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import load_kubeconfig
+    from bigfleet_trio.kube.errors import (
+        AlreadyExists,
+        KubeTransportError,
+        NotFound,
+        ServerError,
+        TooManyRequests,
+    )
+    from bigfleet_trio.kube.informer import Informer
+    from bigfleet_trio.kube.resources import (
         CAPACITY_REQUESTS,
         DEPLOYMENTS,
         JOBS,
@@ -67,16 +77,6 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
         PRIORITY_CLASSES,
         STATEFULSETS,
         UPCOMING_NODES,
-        Informer,
-        KubeClient,
-        load_kubeconfig,
-    )
-    from bigfleet_trio.kube.errors import (
-        AlreadyExists,
-        KubeTransportError,
-        NotFound,
-        ServerError,
-        TooManyRequests,
     )
 
     res_of = {"Deployment": DEPLOYMENTS, "StatefulSet": STATEFULSETS, "Job": JOBS}

@@ -58,9 +58,14 @@ async def _one(
 ) -> dict[str, Any]:
     import trio
 
-    from bigfleet_trio.kube import UPCOMING_NODES, Informer, KubeClient, KubeConfig
-    from bigfleet_trio.operator.session import Session, SessionConfig
-    from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import KubeConfig
+    from bigfleet_trio.kube.informer import Informer
+    from bigfleet_trio.kube.resources import UPCOMING_NODES
+    from bigfleet_trio.operator.session import Session
+    from bigfleet_trio.operator.sessiontypes import SessionConfig
+    from bigfleet_trio.operator.upcoming.handler import UpcomingNodeHandler
+    from bigfleet_trio.operator.upcoming.plan import DrainMemory
     from bigfleet_trio.proto import pb
     from bigfleet_trio.shard.transport import StreamClosed, memory_stream_pair
     from bigfleet_trio.sim.apiserver import ApiServer

@@ -68,7 +68,10 @@ async def _watch_until_pending(kc: str, n: int, child: subprocess.Popen[Any],
     peak RSS at that moment."""
     import trio
 
-    from bigfleet_trio.kube import CAPACITY_REQUESTS, Informer, KubeClient, load_kubeconfig
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import load_kubeconfig
+    from bigfleet_trio.kube.informer import Informer
+    from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
 
     t0 = time.perf_counter()
     out: dict[str, float] = {}

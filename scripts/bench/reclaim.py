@@ -76,16 +76,12 @@ async def _fan_out(items: list[Any], conc: int, fn: Any) -> float:
 async def _one(srv: Any, nodes: int, pods: int, grace: int) -> dict[str, Any]:
     import trio
 
-    from bigfleet_trio.kube import (
-        NODES,
-        PDBS,
-        PODS,
-        UPCOMING_NODES,
-        KubeClient,
-        KubeConfig,
-    )
-    from bigfleet_trio.operator.reclaim import DrainManager, ReclaimHandler
-    from bigfleet_trio.operator.upcoming import DrainMemory
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import KubeConfig
+    from bigfleet_trio.kube.resources import NODES, PDBS, PODS, UPCOMING_NODES
+    from bigfleet_trio.operator.reclaim.drain import DrainManager
+    from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
+    from bigfleet_trio.operator.upcoming.plan import DrainMemory
     from bigfleet_trio.proto import pb
 
     kube = KubeClient(KubeConfig(server=srv.url), qps=1e9, burst=10**9)

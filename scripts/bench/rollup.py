@@ -30,9 +30,8 @@ from scripts.bench import _common as C
 
 def _measure(n: int, repeat: int) -> dict[str, Any]:
     from bigfleet_trio.operator.crview import slim
-    from bigfleet_trio.operator.rollup import (
-        RollupAggregator,
-        build_from_scratch,
+    from bigfleet_trio.operator.rollup.aggregate import RollupAggregator, build_from_scratch
+    from bigfleet_trio.operator.rollup.encoding import (
         build_rollup_message,
         encode_operator_rollup,
     )

@@ -18,15 +18,20 @@ import httpx
 import trio
 
 from bigfleet_trio.config import OperatorConfig
-from bigfleet_trio.kube import CAPACITY_REQUESTS, UPCOMING_NODES, KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.errors import NotFound
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, UPCOMING_NODES
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.app import Operator
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import MemoryConnector, ShardStream, StreamClosed
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
-from bigfleet_trio.sim.shard import Catalog, EngineConfig, KubeNodeHooks, MachineShape, SimShard
+from bigfleet_trio.sim.shard.catalog import Catalog, MachineShape
+from bigfleet_trio.sim.shard.engine import EngineConfig
+from bigfleet_trio.sim.shard.nodes import KubeNodeHooks
+from bigfleet_trio.sim.shard.session import SimShard
 
 API = "bigfleet.lucy.sh/v1alpha1"
 

@@ -23,7 +23,7 @@ import pytest
 import trio
 import trio.testing
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, NODES, UPCOMING_NODES
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, NODES, UPCOMING_NODES
 from bigfleet_trio.proto import pb
 
 from ._harness import Harness, cr, harness, needs_of

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 import trio
 
-from bigfleet_trio.kube import NODES, UPCOMING_NODES, KubeClient
+from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import load_kubeconfig
 from bigfleet_trio.kube.errors import NotFound
+from bigfleet_trio.kube.resources import NODES, UPCOMING_NODES
 from tests.operator.test_reclaim import _pdb_allows, _pod_names, _seed
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,10 @@ import trio
 import trio.testing
 
 from bigfleet_trio.config import OperatorConfig
-from bigfleet_trio.kube import CAPACITY_REQUESTS, KubeClient, KubeConfig, LeaderElector
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
+from bigfleet_trio.kube.leader import LeaderElector
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.app import Operator
 

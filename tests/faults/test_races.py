@@ -12,12 +12,15 @@ from typing import Any
 import trio
 import trio.testing
 
-from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.errors import KubeTransportError
+from bigfleet_trio.kube.leader import LeaderElector
 from bigfleet_trio.kube.resources import AVAILABLE_CAPACITIES
 from bigfleet_trio.operator.app import _supervise
 from bigfleet_trio.operator.available import AvailableCapacityHandler, available_capacity_name
-from bigfleet_trio.operator.session import Reply, Session, SessionConfig
+from bigfleet_trio.operator.session import Session
+from bigfleet_trio.operator.sessiontypes import Reply, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import memory_stream_pair
 from tests.kube.fakekube import FakeKube
@@ -262,8 +265,9 @@ async def _reclaim_setup(nursery: trio.Nursery) -> tuple[RecordingKube, Any, Any
     import random
 
     from bigfleet_trio.kube.resources import NODES, UPCOMING_NODES
-    from bigfleet_trio.operator.reclaim import DrainManager, ReclaimHandler
-    from bigfleet_trio.operator.upcoming import DrainMemory
+    from bigfleet_trio.operator.reclaim.drain import DrainManager
+    from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
+    from bigfleet_trio.operator.upcoming.plan import DrainMemory
 
     kube = RecordingKube.over_sim(nursery)
     kube.seed(NODES, {"metadata": {"name": "n-1"}})
@@ -288,7 +292,7 @@ async def test_reclaim_is_not_acked_when_the_drain_record_cannot_be_written(
     """
     from bigfleet_trio.kube.errors import Forbidden
     from bigfleet_trio.kube.resources import UPCOMING_NODES
-    from bigfleet_trio.operator.reclaim import DRAIN_DEADLINE_ANNOTATION
+    from bigfleet_trio.operator.reclaim.resume import DRAIN_DEADLINE_ANNOTATION
     from tests.operator.test_reclaim import Replies, instr
 
     kube, drains, handler = await _reclaim_setup(nursery)
@@ -470,8 +474,10 @@ async def _draining_race(nursery: trio.Nursery, *, cached: bool) -> dict[str, An
 
     from bigfleet_trio.kube.errors import TooManyRequests
     from bigfleet_trio.kube.resources import NODES, PODS, UPCOMING_NODES
-    from bigfleet_trio.operator.reclaim import DrainManager, ReclaimHandler
-    from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler
+    from bigfleet_trio.operator.reclaim.drain import DrainManager
+    from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
+    from bigfleet_trio.operator.upcoming.handler import UpcomingNodeHandler
+    from bigfleet_trio.operator.upcoming.plan import DrainMemory
     from tests.operator.test_reclaim import Replies, instr
 
     base = RecordingKube.over_sim(nursery)
@@ -525,7 +531,7 @@ async def test_node_state_retry_never_resets_draining_to_ready(
     with the record are resumed). Now a node-state update never takes a Draining object back to
     Provisioning/Registered/Ready (docs/rules.md#upcomingnode-phases).
     """
-    from bigfleet_trio.operator.reclaim import DRAIN_DEADLINE_ANNOTATION
+    from bigfleet_trio.operator.reclaim.resume import DRAIN_DEADLINE_ANNOTATION
 
     un = await _draining_race(nursery, cached=False)
     assert un["status"]["phase"] == "Draining"

@@ -13,8 +13,8 @@ from bigfleet_trio.operator.bootstrap import (
     BootstrapHandler,
     FileRenderer,
 )
-from bigfleet_trio.operator.rollup import contribution_from_cr
-from bigfleet_trio.operator.upcoming import spec_equal
+from bigfleet_trio.operator.rollup.translate import contribution_from_cr
+from bigfleet_trio.operator.upcoming.plan import spec_equal
 from bigfleet_trio.proto import pb
 
 

@@ -23,11 +23,12 @@ import pytest
 import trio
 import trio.testing
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, NODES, PODS
-from bigfleet_trio.operator.session import Session, SessionConfig
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, NODES, PODS
+from bigfleet_trio.operator.session import Session
+from bigfleet_trio.operator.sessiontypes import SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import StreamClosed, memory_stream_pair
-from bigfleet_trio.sim.shard import EngineConfig
+from bigfleet_trio.sim.shard.engine import EngineConfig
 
 from ._harness import Harness, TaskTracker, Trigger, cr, harness, kind_of, needs_of
 

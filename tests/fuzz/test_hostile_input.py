@@ -26,13 +26,11 @@ from bigfleet_trio.operator.bootstrap import (
     FileRenderer,
     Requirement,
 )
-from bigfleet_trio.operator.rollup import (
-    CapacityRequestError,
-    RollupAggregator,
-    canonical_label_selector,
-    contribution_from_cr,
-)
-from bigfleet_trio.operator.upcoming import UpcomingPlan, plan_node_state_update
+from bigfleet_trio.operator.rollup.aggregate import RollupAggregator
+from bigfleet_trio.operator.rollup.errors import CapacityRequestError
+from bigfleet_trio.operator.rollup.profile import canonical_label_selector
+from bigfleet_trio.operator.rollup.translate import contribution_from_cr
+from bigfleet_trio.operator.upcoming.plan import UpcomingPlan, plan_node_state_update
 from bigfleet_trio.podcontroller.translate import TranslationError, translate_pod
 from bigfleet_trio.proto import pb
 from bigfleet_trio.quantity import Quantity, QuantityError

@@ -52,10 +52,11 @@ import trio.testing
 from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, EVENTS, PODS, KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.errors import ApiError
 from bigfleet_trio.kube.informer import Informer
-from bigfleet_trio.kube.resources import UPCOMING_NODES
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, EVENTS, PODS, UPCOMING_NODES
 from bigfleet_trio.kube.watch import WatchEvent
 from bigfleet_trio.kube.workqueue import WorkQueue
 from bigfleet_trio.observability.events import EventFeed
@@ -65,12 +66,13 @@ from bigfleet_trio.operator.bootstrap import (
     FileRenderer,
 )
 from bigfleet_trio.operator.crview import slim
-from bigfleet_trio.operator.rollup import CapacityRequestError, contribution_from_cr
-from bigfleet_trio.operator.upcoming import (
+from bigfleet_trio.operator.rollup.errors import CapacityRequestError
+from bigfleet_trio.operator.rollup.translate import contribution_from_cr
+from bigfleet_trio.operator.upcoming.handler import UpcomingNodeHandler
+from bigfleet_trio.operator.upcoming.plan import (
     DELETE,
     PHASE_BY_STATE,
     DrainMemory,
-    UpcomingNodeHandler,
     upcoming_node_name,
 )
 from bigfleet_trio.operator.wiring import CapacityRequestRollup, OperatorHandlers

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import trio
 
-from bigfleet_trio.kube import KubeClient
+from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import load_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]

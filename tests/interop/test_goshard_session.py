@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
 from bigfleet_trio.proto import pb
 from tests.interop._peer import operator_argv, world
 

@@ -6,7 +6,8 @@ import httpx
 import pytest
 import trio
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, LEASES, NODES, PODS, KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.errors import (
     AlreadyExists,
     Conflict,
@@ -17,6 +18,7 @@ from bigfleet_trio.kube.errors import (
     TooManyRequests,
     WatchInactivityTimeout,
 )
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, LEASES, NODES, PODS
 
 from .fakekube import FakeKube, status
 

@@ -14,9 +14,10 @@ import pytest
 import trio
 import trio.testing
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, NODES, PODS, KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.errors import Forbidden, NotFound, ServerError, TooManyRequests
-from bigfleet_trio.kube.resources import NAMESPACES, UPCOMING_NODES
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, NAMESPACES, NODES, PODS, UPCOMING_NODES
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 

@@ -20,8 +20,9 @@ import httpx
 import pytest
 import yaml
 
-from bigfleet_trio.kube import NODES, KubeClient
+from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig, KubeConfigError, load_kubeconfig
+from bigfleet_trio.kube.resources import NODES
 
 
 def _kubeconfig(user: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,10 @@ import pytest
 import trio
 import trio.testing
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, UPCOMING_NODES, Informer, KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
+from bigfleet_trio.kube.informer import Informer
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, UPCOMING_NODES
 from bigfleet_trio.kube.watch import Backoff
 
 from .fakekube import FakeKube, status

@@ -16,9 +16,12 @@ import trio
 import trio.testing
 from prometheus_client import REGISTRY
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, Informer, KubeClient, KubeConfig
 from bigfleet_trio.kube import informer as informer_mod
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.errors import ApiError, Expired, ServerError, error_from_status
+from bigfleet_trio.kube.informer import Informer
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
 from bigfleet_trio.kube.watch import Backoff
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport

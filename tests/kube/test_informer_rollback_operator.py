@@ -8,7 +8,7 @@ import trio
 import trio.testing
 from prometheus_client import REGISTRY
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
 from bigfleet_trio.sim.apiserver import ApiServer
 from tests.faults._harness import cr, harness
 

@@ -13,17 +13,12 @@ import pytest
 import trio
 import trio.testing
 
-from bigfleet_trio.kube import (
-    CAPACITY_REQUESTS,
-    LEASES,
-    PODS,
-    Informer,
-    KubeClient,
-    KubeConfig,
-    LeaderElector,
-    load_kubeconfig,
-)
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
 from bigfleet_trio.kube.errors import AlreadyExists, Conflict, Invalid, NotFound
+from bigfleet_trio.kube.informer import Informer
+from bigfleet_trio.kube.leader import LeaderElector
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, LEASES, PODS
 from bigfleet_trio.kube.retry import Backoff
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport

@@ -8,7 +8,9 @@ import pytest
 import trio
 import trio.testing
 
-from bigfleet_trio.kube import KubeClient, KubeConfig, LeaderElector
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
+from bigfleet_trio.kube.leader import LeaderElector
 
 from .fakekube import FakeKube
 

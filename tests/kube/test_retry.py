@@ -7,7 +7,8 @@ import random
 import pytest
 import trio
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.errors import (
     AlreadyExists,
     Conflict,
@@ -17,6 +18,7 @@ from bigfleet_trio.kube.errors import (
     TooManyRequests,
     Unauthorized,
 )
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
 from bigfleet_trio.kube.retry import (
     NOT_PROCESSED,
     TRANSIENT,

@@ -20,8 +20,10 @@ import trio
 import trustme
 import yaml
 
-from bigfleet_trio.kube import NAMESPACES, KubeClient, load_kubeconfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import load_kubeconfig
 from bigfleet_trio.kube.errors import KubeTransportError
+from bigfleet_trio.kube.resources import NAMESPACES
 
 
 def _b64(data: bytes) -> str:

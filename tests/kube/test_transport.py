@@ -9,8 +9,10 @@ import httpx
 import pytest
 import trio
 
-from bigfleet_trio.kube import NODES, KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.errors import KubeTransportError
+from bigfleet_trio.kube.resources import NODES
 from bigfleet_trio.kube.transport import KeepAlivePool
 
 Handler = Callable[[trio.SocketStream, int], Awaitable[None]]

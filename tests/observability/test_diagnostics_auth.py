@@ -21,8 +21,9 @@ import trio
 import yaml
 
 from bigfleet_trio import cli
-from bigfleet_trio.kube import KubeClient, load_kubeconfig
 from bigfleet_trio.kube.authz import KubeAuthorizer
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import load_kubeconfig
 from bigfleet_trio.observability.events import EventFeed, follow_events
 from bigfleet_trio.observability.http import serve_observability
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig

@@ -213,7 +213,8 @@ async def test_concurrency_must_be_positive(nursery: trio.Nursery) -> None:
 async def test_apiserver_acknowledges_pending(
     nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    from bigfleet_trio.kube import KubeClient, KubeConfig
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import KubeConfig
     from bigfleet_trio.sim.apiserver import ApiServer
     from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 

@@ -18,11 +18,13 @@ import trio.testing
 from prometheus_client import REGISTRY
 
 from bigfleet_trio.config import OperatorConfig
-from bigfleet_trio.kube import CAPACITY_REQUESTS, LEASES, KubeClient, KubeConfig, load_kubeconfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
 from bigfleet_trio.kube.errors import KubeConfigError
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, LEASES
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.app import Operator, run_operator, serve_operator
-from bigfleet_trio.operator.rollup import CapacityRequestError
+from bigfleet_trio.operator.rollup.errors import CapacityRequestError
 from bigfleet_trio.operator.wiring import (
     CapacityRequestRollup,
     OperatorHandlers,
@@ -351,8 +353,9 @@ def test_cli_operator_bad_kubeconfig_exits_1(tmp_path: Path,
 async def test_process_over_sockets_with_leader_election_and_sigterm(tmp_path: Path) -> None:
     from bigfleet_trio.shard import grpc
     from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
-    from bigfleet_trio.sim.shard import EngineConfig, SimShard
     from bigfleet_trio.sim.shard.cli import serve_sim_shard
+    from bigfleet_trio.sim.shard.engine import EngineConfig
+    from bigfleet_trio.sim.shard.session import SimShard
 
     server = ApiServer()
     shard = SimShard(config=EngineConfig(seed=1))

@@ -226,7 +226,8 @@ async def test_empty_supersedes_key_ignored(
 
 
 async def test_apiserver_upsert(nursery: trio.Nursery, autojump_clock: trio.abc.Clock) -> None:
-    from bigfleet_trio.kube import KubeClient, KubeConfig
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import KubeConfig
     from bigfleet_trio.sim.apiserver import ApiServer
     from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 

@@ -16,7 +16,8 @@ from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability.events import EventFeed, EventSubscription
 from bigfleet_trio.observability.logs import JsonFormatter
 from bigfleet_trio.operator.acknowledge import Acknowledger
-from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler
+from bigfleet_trio.operator.upcoming.handler import UpcomingNodeHandler
+from bigfleet_trio.operator.upcoming.plan import DrainMemory
 from tests.operator.test_acknowledge import T0, _cr, ack_kube
 from tests.operator.test_upcoming import MS, NOW, nsu
 from tests.support.kube import RecordingKube

@@ -24,17 +24,17 @@ from bigfleet_trio.kube.errors import (
     TooManyRequests,
 )
 from bigfleet_trio.kube.resources import NODES, PODS, UPCOMING_NODES, Resource
-from bigfleet_trio.operator.reclaim import (
-    DrainManager,
+from bigfleet_trio.operator.reclaim.drain import DrainManager
+from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
+from bigfleet_trio.operator.reclaim.plan import (
     EvictionOutcome,
-    ReclaimHandler,
     classify_eviction_error,
     drain_failure_message,
     effective_grace,
     eviction_grace_seconds,
     skip_reason,
 )
-from bigfleet_trio.operator.upcoming import DrainMemory
+from bigfleet_trio.operator.upcoming.plan import DrainMemory
 from bigfleet_trio.proto import pb
 
 # --------------------------------------------------------------------------- pure
@@ -830,7 +830,8 @@ async def test_start_without_run_is_an_error() -> None:
 
 
 def _server_and_client(nursery: trio.Nursery) -> tuple[Any, Any]:
-    from bigfleet_trio.kube import KubeClient, KubeConfig
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import KubeConfig
     from bigfleet_trio.sim.apiserver import ApiServer
     from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 
@@ -1079,7 +1080,8 @@ async def test_eviction_waits_for_a_slow_disruption_webhook(autojump_clock: trio
     # applies to evict(), which is never retried: a 12 s answer is a success.
     import httpx
 
-    from bigfleet_trio.kube import KubeClient, KubeConfig
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import KubeConfig
 
     seen: list[tuple[str, float]] = []
 

@@ -17,8 +17,9 @@ from prometheus_client import REGISTRY
 from bigfleet_trio.kube.errors import Forbidden
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.kubeevents import EVENT_COMPONENT, EventRecorder
-from bigfleet_trio.operator.reclaim import DrainManager, ReclaimHandler
-from bigfleet_trio.operator.upcoming import DrainMemory
+from bigfleet_trio.operator.reclaim.drain import DrainManager
+from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
+from bigfleet_trio.operator.upcoming.plan import DrainMemory
 from tests.operator.test_reclaim import FakeCluster, Replies, _pod, instr, pdb_block
 
 PDB_TEXT = "429: Cannot evict pod as it would violate the pod's disruption budget."

@@ -21,11 +21,11 @@ from bigfleet_trio.config import OperatorConfig
 from bigfleet_trio.kube.errors import NotFound
 from bigfleet_trio.kube.resources import NODES, UPCOMING_NODES
 from bigfleet_trio.operator.app import Operator
-from bigfleet_trio.operator.reclaim import (
+from bigfleet_trio.operator.reclaim.drain import DrainManager
+from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
+from bigfleet_trio.operator.reclaim.resume import (
     DRAIN_DEADLINE_ANNOTATION,
     DRAIN_NODE_ANNOTATION,
-    DrainManager,
-    ReclaimHandler,
     ResumedDrain,
     drain_annotations,
     expired_drain_message,
@@ -33,7 +33,7 @@ from bigfleet_trio.operator.reclaim import (
     plan_resume,
     resumed_failure_message,
 )
-from bigfleet_trio.operator.upcoming import DrainMemory
+from bigfleet_trio.operator.upcoming.plan import DrainMemory
 from bigfleet_trio.shard.transport import MemoryConnector
 
 from .test_reclaim import Replies, _pdb_allows, _pod_names, _seed, _server_and_client, instr

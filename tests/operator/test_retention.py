@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import trio
 
-from bigfleet_trio.kube import KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.resources import UPCOMING_NODES
 from bigfleet_trio.operator.retention import (
     FailedRecord,

@@ -10,28 +10,28 @@ from typing import Any
 
 import pytest
 
-from bigfleet_trio.operator.rollup import (
+from bigfleet_trio.operator.rollup.aggregate import RollupAggregator, build_from_scratch
+from bigfleet_trio.operator.rollup.encoding import build_rollup_message
+from bigfleet_trio.operator.rollup.errors import (
+    CapacityRequestError,
+    InvalidCapacityRequest,
+    UnsupportedRequirement,
+)
+from bigfleet_trio.operator.rollup.profile import (
     OP_EXISTS,
     OP_IN,
     OP_NOT_IN,
     OP_SAME,
-    CapacityRequestError,
-    InvalidCapacityRequest,
     Profile,
     Requirement,
-    RollupAggregator,
     Spread,
-    UnsupportedRequirement,
     bucket_for_dollars,
-    build_from_scratch,
-    build_rollup_message,
     canonical_label_selector,
     co_location_group,
-    contribution_from_cr,
-    is_pending,
     penalty_bucket,
     with_same_requirement,
 )
+from bigfleet_trio.operator.rollup.translate import contribution_from_cr, is_pending
 from bigfleet_trio.proto import pb
 from bigfleet_trio.quantity import Quantity
 
@@ -605,7 +605,7 @@ def test_contribution_resources_are_quantities() -> None:
 
 
 def test_encode_need_edge_cases_match_betterproto() -> None:
-    from bigfleet_trio.operator.rollup import encode_need, need_to_wire
+    from bigfleet_trio.operator.rollup.encoding import encode_need, need_to_wire
 
     p = Profile.new(
         [Requirement("zöne", OP_IN, ("", "ä")), Requirement("", OP_EXISTS, ())],

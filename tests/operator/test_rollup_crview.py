@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 from bigfleet_trio.operator.crview import slim
-from bigfleet_trio.operator.rollup import contribution_from_cr, cr_key, is_pending
+from bigfleet_trio.operator.rollup.translate import contribution_from_cr, cr_key, is_pending
 
 
 def full_cr(name: str = "web-1", phase: str = "Pending") -> dict[str, Any]:

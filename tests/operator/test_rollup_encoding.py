@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import trio
 
-from bigfleet_trio.operator.rollup import RollupAggregator, build_rollup_message
-from bigfleet_trio.operator.session import Reply, Session, SessionConfig
+from bigfleet_trio.operator.rollup.aggregate import RollupAggregator
+from bigfleet_trio.operator.rollup.encoding import build_rollup_message
+from bigfleet_trio.operator.session import Session
+from bigfleet_trio.operator.sessiontypes import Reply, SessionConfig
 from bigfleet_trio.operator.wiring import CapacityRequestRollup
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame

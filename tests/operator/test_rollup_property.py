@@ -8,14 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bigfleet_trio.operator.crview import slim
-from bigfleet_trio.operator.rollup import (
-    RollupAggregator,
-    build_from_scratch,
+from bigfleet_trio.operator.rollup.aggregate import RollupAggregator, build_from_scratch
+from bigfleet_trio.operator.rollup.encoding import (
     build_rollup_message,
     encode_operator_rollup,
     encode_rollup,
-    is_pending,
 )
+from bigfleet_trio.operator.rollup.translate import is_pending
 from bigfleet_trio.proto import pb
 
 KEYS = [f"ns/cr-{i}" for i in range(8)]

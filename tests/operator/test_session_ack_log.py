@@ -16,7 +16,8 @@ import pytest
 import trio
 import trio.testing
 
-from bigfleet_trio.operator.session import Reply, Session, SessionConfig
+from bigfleet_trio.operator.session import Session
+from bigfleet_trio.operator.sessiontypes import Reply, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import memory_stream_pair
 

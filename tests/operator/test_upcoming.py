@@ -21,12 +21,12 @@ from bigfleet_trio.kube.errors import (
     KubeTransportError,
     NotFound,
 )
+from bigfleet_trio.kube.mergepatch import merge_diff
 from bigfleet_trio.kube.resources import UPCOMING_NODES
-from bigfleet_trio.operator.upcoming import (
+from bigfleet_trio.operator.upcoming.handler import UpcomingNodeHandler
+from bigfleet_trio.operator.upcoming.plan import (
     DELETE,
     DrainMemory,
-    UpcomingNodeHandler,
-    merge_diff,
     phase_for_state,
     plan_node_state_update,
     spec_equal,
@@ -619,7 +619,8 @@ async def test_spec_refresh_written_once(
 async def test_apiserver_sequence_coalesced_drain_deletes(
     nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    from bigfleet_trio.kube import KubeClient, KubeConfig
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import KubeConfig
     from bigfleet_trio.sim.apiserver import ApiServer
     from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 
@@ -674,7 +675,8 @@ def _un_requests(server: Any) -> dict[tuple[str, str], int]:
 
 
 def _apiserver(nursery: trio.Nursery) -> tuple[Any, Any]:
-    from bigfleet_trio.kube import KubeClient, KubeConfig
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import KubeConfig
     from bigfleet_trio.sim.apiserver import ApiServer
     from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 
@@ -721,7 +723,7 @@ def _rv(o: dict[str, Any]) -> str:
 
 
 def test_choose_view_by_resource_version() -> None:
-    from bigfleet_trio.operator.upcoming import LastWrite, choose_view
+    from bigfleet_trio.operator.upcoming.handler import LastWrite, choose_view
 
     def o(rv: str | None, phase: str) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": "un-m-1"}
@@ -771,7 +773,7 @@ async def test_requests_per_frame_without_lookup_get_and_patch(
 async def test_informer_lookup_configuring_configured_two_patches_no_gets(
     nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    from bigfleet_trio.kube import Informer
+    from bigfleet_trio.kube.informer import Informer
 
     server, client = _apiserver(nursery)
     _seed(server, "Launched", providerID="p-1")

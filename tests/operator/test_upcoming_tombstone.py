@@ -8,10 +8,12 @@ from datetime import UTC, datetime
 import pytest
 import trio
 
-from bigfleet_trio.kube import KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.errors import NotFound
 from bigfleet_trio.kube.resources import UPCOMING_NODES
-from bigfleet_trio.operator.upcoming import DrainMemory, UpcomingNodeHandler, plan_node_state_update
+from bigfleet_trio.operator.upcoming.handler import UpcomingNodeHandler
+from bigfleet_trio.operator.upcoming.plan import DrainMemory, plan_node_state_update
 from bigfleet_trio.proto import pb
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport

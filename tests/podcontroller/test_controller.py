@@ -17,14 +17,9 @@ import pytest
 import trio
 import trio.testing
 
-from bigfleet_trio.kube import (
-    CAPACITY_REQUESTS,
-    EVENTS,
-    PODS,
-    KubeClient,
-    KubeConfig,
-    load_kubeconfig,
-)
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, EVENTS, PODS
 from bigfleet_trio.podcontroller.controller import PodController, SyncTimeout, Unauthenticated
 from bigfleet_trio.podcontroller.defaults import parse_priority_class_defaults
 from bigfleet_trio.podcontroller.keys import StampKey
@@ -458,7 +453,7 @@ async def test_401_during_sync_is_reported_at_once_not_after_the_timeout(
 
 
 async def test_leader_election_only_leader_writes(autojump_clock: trio.testing.MockClock) -> None:
-    from bigfleet_trio.kube import LeaderElector
+    from bigfleet_trio.kube.leader import LeaderElector
 
     server = ApiServer()
     async with trio.open_nursery() as nursery:
@@ -536,7 +531,7 @@ async def test_pending_stamp_never_overwrites_a_newer_phase(
             )
         )
         ctl.crs.store._pop(f"default/{name}")
-        ctl._stamp_rv[StampKey("default", name)] = stale_rv
+        ctl.applier.stamp_rv[StampKey("default", name)] = stale_rv
         await ctl.reconcile(StampKey("default", name))
         got = await client.get(CAPACITY_REQUESTS, name, "default")
         assert got["status"]["phase"] == "Acknowledged"
@@ -544,7 +539,7 @@ async def test_pending_stamp_never_overwrites_a_newer_phase(
         await client.patch(
             CAPACITY_REQUESTS, name, {"status": None}, "default", subresource="status"
         )
-        ctl._stamp_rv[StampKey("default", name)] = stale_rv
+        ctl.applier.stamp_rv[StampKey("default", name)] = stale_rv
         await ctl.reconcile(StampKey("default", name))
         got = await client.get(CAPACITY_REQUESTS, name, "default")
         assert got["status"]["phase"] == "Pending"
@@ -716,7 +711,7 @@ async def _cap_priority(client: KubeClient, maximum: int) -> None:
     """Install a stricter CapacityRequest CRD (spec.priority <= maximum): a real 422."""
     import copy
 
-    from bigfleet_trio.kube import CRDS
+    from bigfleet_trio.kube.resources import CRDS
 
     crd = copy.deepcopy(await client.get(CRDS, "capacityrequests.bigfleet.lucy.sh"))
     for version in crd["spec"]["versions"]:

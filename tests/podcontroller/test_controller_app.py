@@ -16,7 +16,9 @@ import pytest
 import trio
 
 from bigfleet_trio import cli
-from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, KubeClient, load_kubeconfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import load_kubeconfig
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS
 from bigfleet_trio.podcontroller.app import leader_identity
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 

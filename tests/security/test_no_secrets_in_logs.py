@@ -16,7 +16,9 @@ import pytest
 import trio
 import trio.testing
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 

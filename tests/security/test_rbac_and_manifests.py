@@ -21,7 +21,10 @@ import trio
 import trio.testing
 import yaml
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, PODS, KubeClient, KubeConfig, LeaderElector
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
+from bigfleet_trio.kube.leader import LeaderElector
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 

@@ -25,7 +25,9 @@ import trio.testing
 import yaml
 
 from bigfleet_trio.config import OperatorConfig
-from bigfleet_trio.kube import EVENTS, NODES, PODS, UPCOMING_NODES, KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
+from bigfleet_trio.kube.resources import EVENTS, NODES, PODS, UPCOMING_NODES
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.app import Operator
 from bigfleet_trio.podcontroller.controller import PodController
@@ -33,7 +35,10 @@ from bigfleet_trio.shard.transport import MemoryConnector
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.rbac import Attributes
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
-from bigfleet_trio.sim.shard import Catalog, EngineConfig, KubeNodeHooks, MachineShape, SimShard
+from bigfleet_trio.sim.shard.catalog import Catalog, MachineShape
+from bigfleet_trio.sim.shard.engine import EngineConfig
+from bigfleet_trio.sim.shard.nodes import KubeNodeHooks
+from bigfleet_trio.sim.shard.session import SimShard
 
 pytestmark = pytest.mark.slow
 

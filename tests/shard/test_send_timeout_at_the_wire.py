@@ -18,7 +18,8 @@ import betterproto
 import pytest
 import trio
 
-from bigfleet_trio.operator.session import Reply, SendStalled, Session, SessionConfig
+from bigfleet_trio.operator.session import Session
+from bigfleet_trio.operator.sessiontypes import Reply, SendStalled, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame
 from bigfleet_trio.shard.grpc import GrpcConnector, open_loop

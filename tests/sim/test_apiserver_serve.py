@@ -172,8 +172,10 @@ async def test_client_hangup_unregisters_watch_on_both_engines() -> None:
 
 
 async def test_cli_rbac_mode_serves_https_with_admin_kubeconfig(tmp_path: Path) -> None:
-    from bigfleet_trio.kube import NAMESPACES, KubeClient, load_kubeconfig
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import load_kubeconfig
     from bigfleet_trio.kube.errors import ApiError as KubeApiError
+    from bigfleet_trio.kube.resources import NAMESPACES
 
     kc = tmp_path / "kc.yaml"
     argv = [sys.executable, "-m", "bigfleet_trio.cli", "sim", "apiserver", "--port", "0",

@@ -8,7 +8,9 @@ from typing import Any
 
 import trio
 
-from bigfleet_trio.kube import NODES, PODS, KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
+from bigfleet_trio.kube.resources import NODES, PODS
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 from bigfleet_trio.sim.binder import (

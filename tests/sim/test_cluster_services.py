@@ -11,7 +11,9 @@ from typing import Any
 import trio
 import trio.testing
 
-from bigfleet_trio.kube import (
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
+from bigfleet_trio.kube.resources import (
     DEPLOYMENTS,
     JOBS,
     NAMESPACES,
@@ -20,8 +22,6 @@ from bigfleet_trio.kube import (
     PRIORITY_CLASSES,
     REPLICASETS,
     STATEFULSETS,
-    KubeClient,
-    KubeConfig,
 )
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport

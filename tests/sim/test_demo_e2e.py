@@ -18,11 +18,12 @@ from typing import Any
 
 import trio
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, NODES, PODS, UPCOMING_NODES
-from bigfleet_trio.operator.rollup import build_from_scratch
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, NODES, PODS, UPCOMING_NODES
+from bigfleet_trio.operator.rollup.aggregate import build_from_scratch
 from bigfleet_trio.sim.binder import is_terminal, node_ready
-from bigfleet_trio.sim.demo import DemoTiming, run_scenario
+from bigfleet_trio.sim.demo import run_scenario
 from bigfleet_trio.sim.demo_options import DemoOptions
+from bigfleet_trio.sim.demo_world import DemoTiming
 
 OWNED = "bigfleet.lucy.sh/owned-by-pod"
 

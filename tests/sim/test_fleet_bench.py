@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bigfleet_trio.sim.shard import parse_catalog
+from bigfleet_trio.sim.shard.catalog import parse_catalog
 from scripts.bench._fleet_analysis import match_in_life, pod_cr_latencies, reclaim_latencies
 from scripts.bench._fleet_report import _own_nsu_p99
 from scripts.bench.fleet import fleet_catalog, fleet_workloads, nsu_latencies, rollup_latencies

@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 import trio
 
-from bigfleet_trio.kube import EVENTS, KubeClient, KubeConfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import KubeConfig
+from bigfleet_trio.kube.resources import EVENTS
 from bigfleet_trio.operator.kubeevents import EventRecorder
-from bigfleet_trio.operator.reclaim import DrainManager, ReclaimHandler
-from bigfleet_trio.operator.upcoming import DrainMemory
+from bigfleet_trio.operator.reclaim.drain import DrainManager
+from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
+from bigfleet_trio.operator.upcoming.plan import DrainMemory
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 from bigfleet_trio.sim.apiserver.testing import find_kubectl
 from tests.operator.test_reclaim import Replies, _pdb_allows, _seed, instr

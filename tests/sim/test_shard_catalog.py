@@ -15,18 +15,18 @@ from typing import Any
 import pytest
 
 from bigfleet_trio.sim import demo
-from bigfleet_trio.sim.shard import (
-    EXAMPLE_CATALOG,
+from bigfleet_trio.sim.shard import EXAMPLE_CATALOG
+from bigfleet_trio.sim.shard import cli as shard_cli
+from bigfleet_trio.sim.shard.catalog import (
     Catalog,
     CatalogError,
-    EngineConfig,
     MachineShape,
     ShapeTaint,
     default_catalog,
     load_catalog,
     parse_catalog,
 )
-from bigfleet_trio.sim.shard import cli as shard_cli
+from bigfleet_trio.sim.shard.engine import EngineConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

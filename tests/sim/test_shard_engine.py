@@ -10,15 +10,13 @@ from __future__ import annotations
 import pytest
 
 from bigfleet_trio.proto import pb
-from bigfleet_trio.sim.shard import (
-    Catalog,
+from bigfleet_trio.sim.shard.catalog import Catalog, MachineShape, ShapeTaint
+from bigfleet_trio.sim.shard.engine import (
     EngineConfig,
     InvalidRollup,
     MachineConfigured,
     MachineReleased,
-    MachineShape,
     SendFrame,
-    ShapeTaint,
     ShardEngine,
     grace_for_priority,
     labels_match,

@@ -12,8 +12,10 @@ import trio
 
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard import grpc
-from bigfleet_trio.sim.shard import Catalog, EngineConfig, MachineShape, SimShard, run_cli
-from bigfleet_trio.sim.shard.cli import serve_sim_shard
+from bigfleet_trio.sim.shard.catalog import Catalog, MachineShape
+from bigfleet_trio.sim.shard.cli import run_cli, serve_sim_shard
+from bigfleet_trio.sim.shard.engine import EngineConfig
+from bigfleet_trio.sim.shard.session import SimShard
 
 
 def catalog() -> Catalog:

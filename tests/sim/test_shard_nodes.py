@@ -8,8 +8,10 @@ from typing import Any
 
 import trio
 
-from bigfleet_trio.kube import NODES
-from bigfleet_trio.sim.shard import KubeNodeHooks, MachineInfo, ShapeTaint, node_manifest
+from bigfleet_trio.kube.resources import NODES
+from bigfleet_trio.sim.shard.catalog import ShapeTaint
+from bigfleet_trio.sim.shard.engine import MachineInfo
+from bigfleet_trio.sim.shard.nodes import KubeNodeHooks, node_manifest
 from tests.support.kube import RecordingKube
 
 MACHINE = MachineInfo(

@@ -10,7 +10,9 @@ import trio
 from bigfleet_trio.operator import session as session_mod
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import memory_stream_pair
-from bigfleet_trio.sim.shard import Catalog, EngineConfig, MachineInfo, MachineShape, SimShard
+from bigfleet_trio.sim.shard.catalog import Catalog, MachineShape
+from bigfleet_trio.sim.shard.engine import EngineConfig, MachineInfo
+from bigfleet_trio.sim.shard.session import SimShard
 
 S = pb.MachineState
 

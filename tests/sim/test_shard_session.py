@@ -19,14 +19,9 @@ from grpclib.const import Status
 
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import OperatorStream, StreamClosed, memory_stream_pair
-from bigfleet_trio.sim.shard import (
-    Catalog,
-    EngineConfig,
-    MachineInfo,
-    MachineShape,
-    SessionRejected,
-    SimShard,
-)
+from bigfleet_trio.sim.shard.catalog import Catalog, MachineShape
+from bigfleet_trio.sim.shard.engine import EngineConfig, MachineInfo
+from bigfleet_trio.sim.shard.session import SessionRejected, SimShard
 
 S = pb.MachineState
 C = pb.AvailableCapacityUpdateConfidence

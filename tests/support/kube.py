@@ -31,8 +31,8 @@ from typing import Any, NamedTuple
 
 import trio
 
-from bigfleet_trio.kube import KubeClient, KubeConfig
-from bigfleet_trio.kube.client import ObjectList, PatchType
+from bigfleet_trio.kube.client import KubeClient, ObjectList, PatchType
+from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.resources import Resource
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport

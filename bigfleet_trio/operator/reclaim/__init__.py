@@ -3,17 +3,5 @@
 :mod:`.plan` holds the pure rules (which Pods, which grace, what an eviction error means),
 :mod:`.drain` the :class:`DrainManager` that runs one drain task per node, :mod:`.handler` the
 :class:`ReclaimHandler` that resolves, cordons and acks, :mod:`.resume` the drains a restarted
-operator takes up again. This package re-exports their public names.
+operator takes up again. Import from the defining module.
 """
-
-from . import drain, handler, plan, resume
-from .drain import *  # noqa: F403
-from .handler import *  # noqa: F403
-from .plan import *  # noqa: F403
-from .resume import *  # noqa: F403
-
-__all__: list[str] = []
-__all__ += plan.__all__
-__all__ += drain.__all__
-__all__ += handler.__all__
-__all__ += resume.__all__

@@ -123,6 +123,38 @@ def contribution_from_cr(cr: Mapping[str, Any]) -> Contribution:
     if not isinstance(spec, Mapping):
         raise InvalidCapacityRequest(name, "spec", f"expected an object, got {type(spec).__name__}")
 
+    reqs = _requirements(spec, name)
+    spread = _spreads(spec, name)
+    priority = _int32(spec.get("priority"), name, "spec.priority", default=0)
+    ib = penalty_bucket(
+        spec.get("interruptionPenalty"), cr=name, field_path="spec.interruptionPenalty"
+    )
+    rb = penalty_bucket(
+        spec.get("reclamationPenalty"), cr=name, field_path="spec.reclamationPenalty"
+    )
+
+    resources = _resources(spec, name)
+    profile = Profile.new(reqs, spread, priority, ib, rb)
+    col = spec.get("coLocation")
+    if col is not None and not isinstance(col, Mapping):
+        raise InvalidCapacityRequest(name, "spec.coLocation", "expected an object")
+    sel = col.get("labelSelector") if col else None
+    if sel is not None and not isinstance(sel, Mapping):
+        raise InvalidCapacityRequest(name, "spec.coLocation.labelSelector", "expected an object")
+    if col and not isinstance(col.get("topologyKey") or "", str):
+        raise InvalidCapacityRequest(name, "spec.coLocation.topologyKey", "expected a string")
+    try:
+        group = co_location_group(spec)
+    except InvalidCapacityRequest as e:
+        raise InvalidCapacityRequest(name, f"spec.coLocation.{e.field}", e.message) from None
+    if group:
+        profile = with_same_requirement(profile, col["topologyKey"])  # type: ignore[index]
+    return Contribution(profile, group, resources)
+
+
+
+def _requirements(spec: Mapping[str, Any], name: str) -> list[Requirement]:
+    """``spec.requirements`` as :class:`Requirement` values (errors name the CR and field)."""
     reqs: list[Requirement] = []
     for i, r in enumerate(_list(spec.get("requirements"), name, "spec.requirements")):
         path = f"spec.requirements[{i}]"
@@ -136,7 +168,11 @@ def contribution_from_cr(cr: Mapping[str, Any]) -> Contribution:
         if not isinstance(values, (list, tuple)) or not all(isinstance(v, str) for v in values):
             raise InvalidCapacityRequest(name, f"{path}.values", "expected a list of strings")
         reqs.append(Requirement(str(r.get("key") or ""), op, tuple(values)))
+    return reqs
 
+
+def _spreads(spec: Mapping[str, Any], name: str) -> list[Spread]:
+    """``spec.topologySpread``'s hard constraints (``ScheduleAnyway`` ones are dropped)."""
     spread: list[Spread] = []
     for i, s in enumerate(_list(spec.get("topologySpread"), name, "spec.topologySpread")):
         path = f"spec.topologySpread[{i}]"
@@ -155,15 +191,11 @@ def contribution_from_cr(cr: Mapping[str, Any]) -> Contribution:
                 WHEN_DO_NOT_SCHEDULE if when == "DoNotSchedule" else WHEN_UNSPECIFIED,
             )
         )
+    return spread
 
-    priority = _int32(spec.get("priority"), name, "spec.priority", default=0)
-    ib = penalty_bucket(
-        spec.get("interruptionPenalty"), cr=name, field_path="spec.interruptionPenalty"
-    )
-    rb = penalty_bucket(
-        spec.get("reclamationPenalty"), cr=name, field_path="spec.reclamationPenalty"
-    )
 
+def _resources(spec: Mapping[str, Any], name: str) -> dict[str, Quantity]:
+    """``spec.resources`` parsed, sorted by name; negative or malformed quantities raise."""
     raw_res = spec.get("resources") or {}
     if not isinstance(raw_res, Mapping):
         raise InvalidCapacityRequest(name, "spec.resources", "expected a map")
@@ -179,20 +211,4 @@ def contribution_from_cr(cr: Mapping[str, Any]) -> Contribution:
         if q.sign() < 0:  # negative demand would silently subtract other CRs' demand
             raise InvalidCapacityRequest(name, path, f"negative quantity {raw_res[rname]!r}")
         resources[str(rname)] = q
-
-    profile = Profile.new(reqs, spread, priority, ib, rb)
-    col = spec.get("coLocation")
-    if col is not None and not isinstance(col, Mapping):
-        raise InvalidCapacityRequest(name, "spec.coLocation", "expected an object")
-    sel = col.get("labelSelector") if col else None
-    if sel is not None and not isinstance(sel, Mapping):
-        raise InvalidCapacityRequest(name, "spec.coLocation.labelSelector", "expected an object")
-    if col and not isinstance(col.get("topologyKey") or "", str):
-        raise InvalidCapacityRequest(name, "spec.coLocation.topologyKey", "expected a string")
-    try:
-        group = co_location_group(spec)
-    except InvalidCapacityRequest as e:
-        raise InvalidCapacityRequest(name, f"spec.coLocation.{e.field}", e.message) from None
-    if group:
-        profile = with_same_requirement(profile, col["topologyKey"])  # type: ignore[index]
-    return Contribution(profile, group, resources)
+    return resources

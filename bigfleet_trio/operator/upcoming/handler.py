@@ -29,6 +29,7 @@ from bigfleet_trio.proto import pb
 from .plan import (
     DELETE,
     DrainMemory,
+    UpcomingPlan,
     apply_memory,
     phase_for_state,
     plan_node_state_update,
@@ -355,42 +356,12 @@ class UpcomingNodeHandler:
             apply_memory(self.memory, plan)
             return
         if plan.op == "delete":
-            gone = not await self._delete(plan.name)
-            meta = existing.get("metadata") if existing is not None else None
-            last_rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
-            self._remember(plan.name, LastWrite.deleted(last_rv))
-            log.info(
-                "upcoming: deleted name=%s phase=%s reason=%s already_gone=%s",
-                plan.name,
-                plan.phase,
-                plan.reason,
-                gone,
-                extra=keys,
-            )
-            if not gone:
-                self._written_one(u.machine_id, plan.name, "delete", plan.phase)
+            await self._apply_delete(u, plan, existing, keys)
             apply_memory(self.memory, plan)
             return
         before_write()
         if plan.op == "create":
-            body = {
-                "apiVersion": UPCOMING_NODES.api_version,
-                "kind": UPCOMING_NODES.kind,
-                "metadata": {"name": plan.name},
-                "spec": plan.spec,
-            }
-            try:
-                created = await self._client.create(UPCOMING_NODES, body)
-            except AlreadyExists as exc:
-                _count_write("create", "conflict")
-                raise Replan(f"UpcomingNode {plan.name} created concurrently") from exc
-            except KubeError as exc:
-                _count_write("create", _failed_write_outcome(exc))
-                raise
-            _count_write("create", "success")
-            self._remember_obj(plan.name, created)
-            log.info("upcoming: created name=%s phase=%s", plan.name, plan.phase, extra=keys)
-            self._written_one(u.machine_id, plan.name, "create", plan.phase)
+            await self._apply_create(u, plan, keys)
         elif plan.spec_patch is not None:
             existing = await self._patch(plan.name, plan.spec_patch, None) or existing
             log.info(
@@ -424,6 +395,50 @@ class UpcomingNodeHandler:
             if plan.spec_patch is None:
                 log.debug("upcoming: no-op name=%s phase=%s", plan.name, plan.phase, extra=keys)
         apply_memory(self.memory, plan)
+
+    async def _apply_delete(
+        self,
+        u: pb.NodeStateUpdate,
+        plan: UpcomingPlan,
+        existing: Mapping[str, Any] | None,
+        keys: dict[str, Any],
+    ) -> None:
+        gone = not await self._delete(plan.name)
+        meta = existing.get("metadata") if existing is not None else None
+        last_rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+        self._remember(plan.name, LastWrite.deleted(last_rv))
+        log.info(
+            "upcoming: deleted name=%s phase=%s reason=%s already_gone=%s",
+            plan.name,
+            plan.phase,
+            plan.reason,
+            gone,
+            extra=keys,
+        )
+        if not gone:
+            self._written_one(u.machine_id, plan.name, "delete", plan.phase)
+
+    async def _apply_create(
+        self, u: pb.NodeStateUpdate, plan: UpcomingPlan, keys: dict[str, Any]
+    ) -> None:
+        body = {
+            "apiVersion": UPCOMING_NODES.api_version,
+            "kind": UPCOMING_NODES.kind,
+            "metadata": {"name": plan.name},
+            "spec": plan.spec,
+        }
+        try:
+            created = await self._client.create(UPCOMING_NODES, body)
+        except AlreadyExists as exc:
+            _count_write("create", "conflict")
+            raise Replan(f"UpcomingNode {plan.name} created concurrently") from exc
+        except KubeError as exc:
+            _count_write("create", _failed_write_outcome(exc))
+            raise
+        _count_write("create", "success")
+        self._remember_obj(plan.name, created)
+        log.info("upcoming: created name=%s phase=%s", plan.name, plan.phase, extra=keys)
+        self._written_one(u.machine_id, plan.name, "create", plan.phase)
 
     async def _patch(
         self, name: str, body: dict[str, Any], subresource: str | None

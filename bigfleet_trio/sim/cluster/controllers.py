@@ -22,7 +22,10 @@ from typing import Any
 
 import trio
 
-from bigfleet_trio.kube import (
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.errors import AlreadyExists, ApiError, KubeTransportError, NotFound
+from bigfleet_trio.kube.informer import IndexFunc, Informer
+from bigfleet_trio.kube.resources import (
     DEPLOYMENTS,
     JOBS,
     PODS,
@@ -30,12 +33,8 @@ from bigfleet_trio.kube import (
     REPLICASETS,
     RUNTIME_CLASSES,
     STATEFULSETS,
-    Informer,
-    KubeClient,
     Resource,
 )
-from bigfleet_trio.kube.errors import AlreadyExists, ApiError, KubeTransportError, NotFound
-from bigfleet_trio.kube.informer import IndexFunc
 
 from .queue import WorkQueue
 from .workloads import (

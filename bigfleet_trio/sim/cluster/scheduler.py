@@ -27,8 +27,10 @@ from typing import Any
 
 import trio
 
-from bigfleet_trio.kube import NODES, PODS, Informer, KubeClient
+from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.errors import ApiError, KubeTransportError, NotFound
+from bigfleet_trio.kube.informer import Informer
+from bigfleet_trio.kube.resources import NODES, PODS
 from bigfleet_trio.sim.binder import (
     STANDARD_RESOURCES,
     ZERO,

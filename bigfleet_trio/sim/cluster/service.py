@@ -17,7 +17,10 @@ from typing import Any
 import trio
 
 from bigfleet_trio.excgroups import find_in_group
-from bigfleet_trio.kube import PODS, Informer, KubeClient, load_kubeconfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import load_kubeconfig
+from bigfleet_trio.kube.informer import Informer
+from bigfleet_trio.kube.resources import PODS
 
 from .controllers import OWNER_INDEX, WorkloadControllers, _owner_index, slim
 from .scheduler import PodScheduler

@@ -143,7 +143,8 @@ async def _main(port: int, kubeconfig: str | None, host: str, catalog: Catalog |
     async with AsyncExitStack() as stack:
         hooks: NodeHooks | None = None
         if kubeconfig is not None:
-            from bigfleet_trio.kube import KubeClient, load_kubeconfig
+            from bigfleet_trio.kube.client import KubeClient
+            from bigfleet_trio.kube.config import load_kubeconfig
             from bigfleet_trio.kube.errors import KubeConfigError
 
             try:

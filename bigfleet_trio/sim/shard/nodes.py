@@ -89,8 +89,8 @@ class KubeNodeHooks:
 
     async def on_machine_configured(self, machine: MachineInfo) -> None:
         """Register the machine's Node and mark it Ready."""
-        from bigfleet_trio.kube import NODES
         from bigfleet_trio.kube.errors import AlreadyExists
+        from bigfleet_trio.kube.resources import NODES
 
         body = node_manifest(machine)
         try:
@@ -108,8 +108,8 @@ class KubeNodeHooks:
 
     async def on_machine_released(self, machine: MachineInfo) -> None:
         """Delete the machine's Node."""
-        from bigfleet_trio.kube import NODES
         from bigfleet_trio.kube.errors import NotFound
+        from bigfleet_trio.kube.resources import NODES
 
         try:
             await self.client.delete(NODES, machine.node_name)
