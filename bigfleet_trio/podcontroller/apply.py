@@ -231,7 +231,7 @@ class PlanApplier:
             # Gone under us: deleted by hand (re-create it), or collected because its Pod was
             # deleted and our Pod cache has not seen that yet (do not: a CR for a deleted Pod is
             # phantom demand). Only a live GET tells them apart, as on the recreate path.
-            if not await self._pod_is_live(key, plan.uid):
+            if not await self.pod_is_live(key, plan.uid):
                 log.info("cr vanished before update with its pod; not re-created pod=%s cr=%s",
                          key, name)
                 return "pod_gone"
@@ -240,7 +240,7 @@ class PlanApplier:
         log.info("cr updated pod=%s cr=%s patch=%s", key, name, plan.patch)
         return plan.outcome
 
-    async def _pod_is_live(self, key: PodKey, uid: str | None) -> bool:
+    async def pod_is_live(self, key: PodKey, uid: str | None) -> bool:
         """True if the apiserver (a live GET, not the cache) has Pod ``key`` with ``uid`` and
         not terminating.
 

@@ -389,7 +389,7 @@ class PodController:
         """
         cached = self.pods.store.get(str(key))
         uid = (cached or {}).get("metadata", {}).get("uid")
-        if not await self._pod_is_live(PodKey(key.namespace, key.name), uid):
+        if not await self.applier.pod_is_live(PodKey(key.namespace, key.name), uid):
             log.debug("cr deleted with its pod; not re-created pod=%s", key)
             return "pod_gone"
         return await self.reconcile_pod(PodKey(key.namespace, key.name))
