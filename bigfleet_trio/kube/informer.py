@@ -26,11 +26,12 @@ from .errors import (
     ApiError,
     Expired,
     KubeTransportError,
+    NotFound,
     TooManyRequests,
     WatchInactivityTimeout,
     error_from_status,
 )
-from .resources import Resource
+from .resources import BIGFLEET_GROUP, Resource
 from .watch import (
     Backoff,
     ResourceVersionTracker,
@@ -258,6 +259,11 @@ class Informer:
         self._rv = ResourceVersionTracker()
         self._handlers: list[_Handler] = []
         self._synced = trio.Event()
+        self.last_error: Exception | None = None
+        """The last list/watch failure, None once a list or watch succeeds again."""
+        self.not_served = False
+        """True while the apiserver answers 404 for the resource itself (a CRD not installed,
+        or deleted while we run): /readyz says so (:meth:`problem`)."""
         self._relist_reason = "initial"  # why the next LIST runs (a metric label)
         self.relists = 0
         self.watches = 0
@@ -271,6 +277,19 @@ class Informer:
     def resource_version(self) -> str:
         """resourceVersion the next watch resumes from."""
         return self._rv.resource_version
+
+    def problem(self) -> str | None:
+        """Why this cache cannot be trusted now, for /readyz; None when it can.
+
+        A resource that is not served is named with the fix (docs/crds.md#missing-crds); an
+        unsynced cache carries its last error.
+        """
+        if self.not_served:
+            return f"{_served_name(self.res)} is not served: {_not_served_fix(self.res)}"
+        if not self.synced:
+            why = f": {self.last_error}" if self.last_error is not None else ""
+            return f"informer {self.res.plural} not synced{why}"
+        return None
 
     async def wait_synced(self) -> None:
         """Block until the first LIST has been applied (handlers have seen every ADD)."""
@@ -351,6 +370,18 @@ class Informer:
         delay = self._backoff.next_delay(trio.current_time())
         if isinstance(exc, TooManyRequests) and exc.retry_after is not None:
             delay = max(delay, min(exc.retry_after, 60.0))
+        self.last_error = exc
+        if isinstance(exc, NotFound):
+            # The resource type itself is gone (a LIST/WATCH of a collection is never 404
+            # otherwise): one ERROR naming the fix, then quiet retries until it is back.
+            if not self.not_served:
+                self.not_served = True
+                log.error(
+                    "%s is not served by the apiserver (404 on %s): %s",
+                    _served_name(self.res), stage, _not_served_fix(self.res),
+                    extra={"informer": self._name(), "resource": _served_name(self.res)},
+                )
+            level = logging.DEBUG
         log.log(
             level,
             "kube %s failed informer=%s rv=%s retry_in=%.2fs err=%s",
@@ -361,6 +392,13 @@ class Informer:
             exc,
         )
         await trio.sleep(delay)
+
+    def _served_again(self) -> None:
+        self.last_error = None
+        if self.not_served:
+            self.not_served = False
+            log.info("%s is served again", _served_name(self.res),
+                     extra={"informer": self._name()})
 
     def _name(self) -> str:
         return f"{self.res.plural}{'@' + self.namespace if self.namespace else ''}"
@@ -431,6 +469,7 @@ class Informer:
                     self.store._set(key, new)
                 self._dispatch(etype, old, new)
         self._rv.listed(rv)
+        self._served_again()
         metrics.INFORMER_RELISTS.labels(self.res.plural, reason).inc()
         log.info(
             "kube listed informer=%s rv=%s objects=%d diff=%s",
@@ -481,6 +520,7 @@ class Informer:
             inactivity_timeout=self.inactivity_timeout,
             retry=False,
         ) as stream:
+            self._served_again()
             async for event in stream:
                 events += 1
                 if event.type == "ERROR":
@@ -539,6 +579,18 @@ class Informer:
                 )
 
 
+def _served_name(res: Resource) -> str:
+    return f"{res.plural}.{res.group}" if res.group else res.plural
+
+
+def _not_served_fix(res: Resource) -> str:
+    if res.group == BIGFLEET_GROUP:
+        return (f"the CustomResourceDefinition {res.plural}.{res.group} is not installed; "
+                "install the CRDs with `bigfleet-trio install-crds` (or `kubectl apply -k "
+                "config/crd`)")
+    return f"this apiserver does not serve {res.group or 'core'}/{res.version} {res.plural}"
+
+
 class SyncTimeout(Exception):
     """Informer caches did not sync within the start-up deadline (``--sync-timeout``).
 
@@ -562,7 +614,14 @@ async def wait_all_synced(informers: Sequence[Informer], seconds: float) -> None
         for inf in informers:
             await inf.wait_synced()
         return
-    missing = [inf.res.plural for inf in informers if not inf.synced]
+    unsynced = [inf for inf in informers if not inf.synced]
+    missing = [inf.res.plural for inf in unsynced]
+    # The last error says what to fix (a refused connection, a 403, a missing CRD); without
+    # it the line only says that something did not work.
+    last = next(((inf.res.plural, inf.last_error) for inf in unsynced
+                 if inf.last_error is not None), None)
+    why = f"; last error ({last[0]}): {' '.join(str(last[1]).split())}" if last else ""
     raise SyncTimeout(
-        f"timed out after {seconds:g}s waiting for informer caches to sync ({', '.join(missing)})"
+        f"timed out after {seconds:g}s waiting for informer caches to sync "
+        f"({', '.join(missing)}){why}"
     )

@@ -112,6 +112,9 @@ class RequestCore:
         self.retry = RetryPolicy(self.max_attempts, max_retry_after)
         self.unauthorized: Unauthorized | None = None
         """The first 401 answer this client got (None: never), see :meth:`wait_unauthorized`."""
+        self.last_transport_error: KubeTransportError | None = None
+        """The last request that got no answer (connection refused, TLS, timeout), for
+        start-up messages: a sync that times out names it (docs/kube-api.md#retries)."""
         self._unauthorized_seen = trio.Event()
         self._limiter = AsyncRateLimiter(qps, burst)
         verify: Any = True
@@ -216,12 +219,16 @@ class RequestCore:
                 response = await self._transport.handle_async_request(request)
                 data = await response.aread()
             except httpx.TransportError as exc:
-                raise KubeTransportError(f"{method} {path}: {describe_cause(exc)}") from exc
+                self.last_transport_error = KubeTransportError(
+                    f"{method} {path}: {describe_cause(exc)}")
+                raise self.last_transport_error from exc
             finally:
                 if response is not None:
                     await response.aclose()
         if response is None:
-            raise KubeTransportError(f"{method} {path}: no answer within {self.request_timeout:g}s")
+            self.last_transport_error = KubeTransportError(
+                f"{method} {path}: no answer within {self.request_timeout:g}s")
+            raise self.last_transport_error
         if response.status_code >= 400:
             err = self._error(response.status_code, data, response.headers)
             if (isinstance(err, TooManyRequests) and err.retry_after

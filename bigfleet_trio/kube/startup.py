@@ -49,6 +49,10 @@ async def sync_or_refused(
                 await wait_all_synced(informers, seconds)
             except SyncTimeout as exc:
                 failed = exc
+                conn = client.last_transport_error
+                if conn is not None and "last error" not in str(exc):
+                    # the client was still retrying the connection: say what it got
+                    failed = SyncTimeout(f"{exc}; last error: {conn}")
             race.cancel_scope.cancel()
 
         async def refused() -> None:

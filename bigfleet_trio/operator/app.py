@@ -162,9 +162,9 @@ class Operator:
         rt = self._rt
         if rt is None or not self._running:
             return False, ["operator not running"]
-        reasons = [
-            f"informer {inf.res.plural} not synced" for inf in rt.informers if not inf.synced
-        ]
+        # a resource not served (a CRD deleted while running) makes the cache stale even
+        # though it once synced (docs/crds.md#missing-crds)
+        reasons = [p for p in (inf.problem() for inf in rt.informers) if p]
         if not rt.agent.session_up:
             why = f": {rt.agent.last_error}" if rt.agent.last_error else ""
             reasons.append(f"shard session not established{why}")

@@ -163,13 +163,11 @@ class PodController:
 
     def readiness(self) -> tuple[bool, str | list[str]]:
         """``(True, detail)`` once both informers synced, else ``(False, reasons)``."""
+        problems = [p for p in (inf.problem() for inf in (self.pods, self.crs)) if p]
+        if problems:  # not synced yet, or a resource no longer served (a CRD deleted)
+            return False, problems
         if not self.synced:
-            reasons = [
-                f"{inf.res.plural} informer not synced"
-                for inf in (self.pods, self.crs)
-                if not inf.synced
-            ]
-            return False, reasons or ["starting workers"]
+            return False, ["starting workers"]
         return True, "leader" if self.leading else "synced (standby)"
 
     # -- informer handlers (sync, never block) -------------------------------------------------

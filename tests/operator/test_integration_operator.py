@@ -15,12 +15,14 @@ Expected values are worked out by hand from docs/rules.md#roll-up:
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -564,3 +566,66 @@ async def test_a_401_from_before_the_run_does_not_fail_its_sync(
         assert h.client.unauthorized is not None
         await h.nursery.start(h.operator.run)
         assert h.operator.statistics().running
+
+
+# ------------------------------------------------------------- failures that say what to fix
+
+
+UN_CRD = "upcomingnodes.bigfleet.lucy.sh"
+
+
+async def _ready_reasons(h: Harness, want: Callable[[list[str]], bool]) -> list[str]:
+    with trio.fail_after(120):
+        while True:
+            ok, reasons = h.operator.ready()
+            if want(reasons):
+                return reasons
+            await trio.sleep(0.5)
+
+
+async def test_a_missing_crd_is_one_error_naming_install_crds_and_readyz_says_it(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """docs/crds.md#missing-crds: not a 404 line every few seconds but one ERROR naming the CRD
+    and the command that installs it; /readyz false with that reason until it is installed."""
+    caplog.set_level(logging.DEBUG)
+    async with harness() as h:
+        crd = await h.client.get(CRDS, UN_CRD)
+        await h.client.delete(CRDS, UN_CRD)
+        async with trio.open_nursery() as run:
+            run.start_soon(h.operator.run)
+            await trio.sleep(120)  # many retries
+            ok, reasons = h.operator.ready()
+            assert not ok
+            assert any(r.startswith(f"{UN_CRD} is not served: the CustomResourceDefinition")
+                       and "bigfleet-trio install-crds" in r for r in reasons), reasons
+            errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+            assert len(errors) == 1, errors
+            assert UN_CRD in errors[0] and "`bigfleet-trio install-crds`" in errors[0]
+            assert not [r for r in caplog.records if r.levelno == logging.WARNING
+                        and "404" in r.getMessage()]
+            for key in ("uid", "resourceVersion", "creationTimestamp"):
+                crd["metadata"].pop(key, None)
+            crd.pop("status", None)
+            await h.client.create(CRDS, crd)  # installed: the operator gets on with it
+            await _ready_reasons(h, lambda rs: not any(UN_CRD in r for r in rs))
+            run.cancel_scope.cancel()
+
+
+async def test_crds_deleted_while_running_make_readyz_false_until_they_return(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with harness() as h:
+        async with trio.open_nursery() as run:
+            await run.start(h.operator.run)
+            await _ready_reasons(h, lambda rs: rs == ["informers synced", "shard session up"])
+            crd = await h.client.get(CRDS, UN_CRD)
+            await h.client.delete(CRDS, UN_CRD)
+            reasons = await _ready_reasons(h, lambda rs: any(UN_CRD in r for r in rs))
+            assert h.operator.ready()[0] is False, reasons
+            for key in ("uid", "resourceVersion", "creationTimestamp"):
+                crd["metadata"].pop(key, None)
+            crd.pop("status", None)
+            await h.client.create(CRDS, crd)
+            await _ready_reasons(h, lambda rs: rs == ["informers synced", "shard session up"])
+            run.cancel_scope.cancel()

@@ -430,9 +430,11 @@ async def test_sync_timeout(autojump_clock: trio.testing.MockClock) -> None:
         with pytest.raises(SyncTimeout, match=r"after 30s .*\(pods, capacityrequests\)"):
             await ctl.run()
         assert trio.current_time() == pytest.approx(30)
-        assert ctl.readiness() == (
+        assert ctl.readiness() == (  # each with its last error (what to fix)
             False,
-            ["pods informer not synced", "capacityrequests informer not synced"],
+            ["informer pods not synced: 500 InternalError: injected fault (list pods)",
+             "informer capacityrequests not synced: 500 InternalError: injected fault (list "
+             "capacityrequests)"],
         )
         nursery.cancel_scope.cancel()
 
