@@ -528,8 +528,9 @@ async def test_informers_that_never_sync_end_run_with_sync_timeout_and_no_dial(
         t0 = trio.current_time()
         exc = await _start_up_failure(h, limit=120)
         assert trio.current_time() - t0 == 30.0
-        assert str(exc) == (
-            "timed out after 30s waiting for informer caches to sync (capacityrequests)"
+        assert str(exc) == (  # with the last error: what to fix
+            "timed out after 30s waiting for informer caches to sync (capacityrequests); "
+            "last error (capacityrequests): 403 Forbidden: injected fault (list capacityrequests)"
         )
         assert h.shard_ends == []  # never dialled
         assert h.operator.ready() == (False, ["operator not running"])
