@@ -101,7 +101,7 @@ class Acknowledger:
 
     A task of its own, not a step of the roll-up loop, so a slow apiserver never delays the next
     roll-up tick; an in-flight set keeps a CR out of two batches at once
-    (docs/deviations.md#2-roll-up-and-acknowledgement-operatorrolluppy-wiringpy-acknowledgepy).
+    (docs/deviations.md#2-roll-up-and-acknowledgement-operatorrollup-wiringpy-acknowledgepy).
     Submitted keys wait in one FIFO queue that ``concurrency`` workers pull from: a backlog of
     100K Pending CRs is 100K queue entries (about a hundred bytes each), not 100K tasks.
     Failures other than NotFound are logged and not retried here: the CR stays Pending in the

@@ -1,6 +1,6 @@
 """``bench.py rollup``: roll-up cycle cost vs CR count (BENCHMARKS.md "roll-up" rows): a cycle
 costs O(needs), not O(CRs), as
-docs/deviations.md#2-roll-up-and-acknowledgement-operatorrolluppy-wiringpy-acknowledgepy says.
+docs/deviations.md#2-roll-up-and-acknowledgement-operatorrollup-wiringpy-acknowledgepy says.
 
 Workload: ``_rollup_workload``'s generator (~500 profiles, ~10% co-located in ~50 jobs,
 penalties over 25 buckets, 1/3 with a topology spread, 1/7 with GPUs). For each size it loads the

@@ -1,5 +1,5 @@
 """Reclaim: cordon-then-ack and background drain (docs/rules.md#reclaim; known bugs 2-4 and our
-other differences: docs/deviations.md#5-reclaim-and-drain-operatorreclaimpy)."""
+other differences: docs/deviations.md#5-reclaim-and-drain-operatorreclaim)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The errors that keep a CapacityRequest out of the roll-up (each names the CR and field).
 
 The operator reports an excluded CR (Event, log line, metric) instead of dropping its demand
-silently (docs/deviations.md#2-roll-up-and-acknowledgement-operatorrolluppy-wiringpy-acknowledgepy).
+silently (docs/deviations.md#2-roll-up-and-acknowledgement-operatorrollup-wiringpy-acknowledgepy).
 """
 
 from __future__ import annotations
