@@ -1,15 +1,18 @@
-"""The shard session's types: its knobs, counters, the injected interfaces, the frame aliases.
+"""The shard session's types: its knobs, counters, the injected interfaces, the frame routes.
 
 :class:`SessionConfig`, :class:`SessionStats`, the :class:`RollupSource` and :class:`Handlers`
-protocols a :class:`~bigfleet_trio.operator.session.Session` is given, and :class:`SendStalled`,
-the error that ends a session whose shard stopped reading. Import them from here.
+protocols a :class:`~bigfleet_trio.operator.session.Session` is given, :data:`ROUTES` (how each
+kind of downlink frame is dispatched to its handler), and :class:`SendStalled`, the error that
+ends a session whose shard stopped reading. Import them from here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import enum
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Final, Protocol
 
 from bigfleet_trio.knobs import DURATION, Settings, knob
 from bigfleet_trio.operator.queues import NODE_STATE_PENDING_CAP, OUTBOX_CAPACITY
@@ -21,9 +24,12 @@ __all__ = [
     "DEFAULT_DROP_LOG_INTERVAL",
     "DEFAULT_SEND_TIMEOUT",
     "PROTOCOL_VERSION",
+    "ROUTES",
+    "Dispatch",
     "Frame",
     "Handlers",
     "Reply",
+    "Route",
     "RollupSource",
     "SendStalled",
     "SessionConfig",
@@ -75,10 +81,11 @@ class RollupSource(Protocol):
 
 
 class Handlers(Protocol):
-    """Inbound frame handlers, dispatched by cost (``docs/wire.md#the-session``).
+    """Inbound frame handlers, dispatched by cost as :data:`ROUTES` says
+    (``docs/wire.md#the-session``).
 
-    Every handler runs in its own task inside the session nursery and is cancelled when the
-    session ends. Exceptions are logged and counted; they never end the session.
+    Every handler runs in a task inside the session nursery and is cancelled when the session
+    ends. Exceptions are logged and counted; they never end the session.
     """
 
     async def on_bootstrap_request(self, req: pb.BootstrapRequest) -> pb.BootstrapBlobResponse:
@@ -100,6 +107,70 @@ class Handlers(Protocol):
         (docs/rules.md#availablecapacity-ordering).
         """
         ...
+
+
+class Dispatch(enum.Enum):
+    """How the session runs the handler of one kind of frame (``docs/wire.md#the-session``)."""
+
+    MACHINE_POOL = "machine_pool"
+    """Latest frame per ``Route.key`` kept (coalesced), taken by the fixed pool of
+    ``dispatch_concurrency`` workers behind the read-ahead gate; the receive pump pauses at
+    ``node_state_pending_cap`` keys waiting. One route only (NodeStateUpdate)."""
+    KEYED_WRITER = "keyed_writer"
+    """Latest frame per ``Route.key`` kept; one admitted task per key with a frame waiting,
+    which writes it, then the next newer one, until none is left (never two at once per key)."""
+    TASK = "task"
+    """One admitted task per frame (``dispatch_concurrency`` slots, ``dispatch_backlog`` more
+    may wait; then the receive pump waits)."""
+    ANSWER = "answer"
+    """One task per frame, never waiting for a slot; the handler returns the answer, which goes
+    to the bootstrap lane (an error answer when it raises)."""
+    INLINE = "inline"
+    """``Route.inline(payload, cluster_id)`` runs on the receive pump (cheap, never awaits)."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """One row of :data:`ROUTES`: how frames of one ShardMessage kind reach their handler.
+
+    Attributes:
+        dispatch: the :class:`Dispatch` policy.
+        handler: name of the :class:`Handlers` method (None for INLINE).
+        key: payload field that keys coalescing (MACHINE_POOL, KEYED_WRITER).
+        reply: the handler also gets the session's ``enqueue`` (:data:`Reply`) (TASK).
+        coalesced: :class:`SessionStats` field counting frames superseded while waiting.
+        inline: INLINE's function of ``(payload, cluster_id)``.
+    """
+
+    dispatch: Dispatch
+    handler: str | None = None
+    key: str | None = None
+    reply: bool = False
+    coalesced: str | None = None
+    inline: Callable[[Any, str], None] | None = None
+
+
+_log = logging.getLogger("bigfleet_trio.operator.session")
+
+
+def _log_ack(ack: pb.Acknowledgement, cluster_id: str) -> None:
+    level = logging.INFO if ack.echo == "hello" else logging.DEBUG
+    _log.log(level, "shard ack echo=%s term=%d epoch=%d cluster=%s", ack.echo,
+             ack.coordinator_term, ack.shard_epoch, cluster_id)
+
+
+ROUTES: Final[Mapping[str, Route]] = {
+    # ShardMessage oneof field name -> route. Adding a frame kind: a row here and its method
+    # on Handlers (plus the implementation); the recipe is in CONTRIBUTING.md.
+    "node_state_update": Route(Dispatch.MACHINE_POOL, "on_node_state_update", key="machine_id",
+                               coalesced="node_states_coalesced"),
+    "available_capacity": Route(Dispatch.KEYED_WRITER, "on_available_capacity",
+                                key="supersedes_key", coalesced="available_coalesced"),
+    "reclaim_instruction": Route(Dispatch.TASK, "on_reclaim_instruction", reply=True),
+    "bootstrap_request": Route(Dispatch.ANSWER, "on_bootstrap_request"),
+    "ack": Route(Dispatch.INLINE, inline=_log_ack),
+}
+"""How each kind of downlink frame is dispatched; a kind not here is logged and ignored."""
 
 
 @dataclass(init=False, eq=True)

@@ -1,0 +1,292 @@
+"""The session's worker pool: where routed frames run, with slots, admission and coalescing.
+
+:class:`WorkerPool` is one part of a :class:`~bigfleet_trio.operator.session.Session`. The
+router hands it each frame with its :class:`~bigfleet_trio.operator.sessiontypes.Route`;
+:meth:`WorkerPool.submit` applies the route's :class:`~bigfleet_trio.operator.sessiontypes.
+Dispatch` policy: the node-state pool behind the read-ahead gate, one writer per key, one
+admitted task per frame, or an answer task. Handlers share ``dispatch_concurrency`` slots;
+their exceptions are logged and counted, never raised. Rules: ``docs/wire.md#the-session``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NoReturn
+
+import trio
+
+from bigfleet_trio.observability import metrics
+from bigfleet_trio.operator.queues import NodeStateCoalescer
+from bigfleet_trio.operator.sessionsend import SendSide
+from bigfleet_trio.operator.sessiontypes import (
+    Dispatch,
+    Handlers,
+    Route,
+    SessionConfig,
+    SessionStats,
+)
+from bigfleet_trio.proto import pb
+from bigfleet_trio.shard.codec import NodeStateFrame
+
+__all__ = ["WorkerPool"]
+
+# The session's logger: log lines keep the logger name they had before the session was split.
+log = logging.getLogger("bigfleet_trio.operator.session")
+
+
+class WorkerPool:
+    """Runs the handlers of routed frames (see the module docstring).
+
+    Args:
+        routes: the route table (:data:`~bigfleet_trio.operator.sessiontypes.ROUTES`).
+        config: the session's :class:`SessionConfig`.
+        stats: the session's counters (shared).
+        handlers: the injected :class:`Handlers`.
+        send: the session's :class:`SendSide` (replies and answers go there).
+
+    Attributes:
+        node_states: the MACHINE_POOL route's coalescer (latest frame per machine).
+        keyed: the coalescer of each KEYED_WRITER route, by frame kind.
+        frames_read: frames the receive pump has taken off the stream (the read-ahead gate).
+    """
+
+    def __init__(
+        self,
+        routes: Mapping[str, Route],
+        config: SessionConfig,
+        stats: SessionStats,
+        handlers: Handlers,
+        send: SendSide,
+    ) -> None:
+        self.config = config
+        self.stats = stats
+        self._handlers = handlers
+        self._send = send
+        pools = [(k, r) for k, r in routes.items() if r.dispatch is Dispatch.MACHINE_POOL]
+        if len(pools) > 1:
+            raise ValueError(f"one MACHINE_POOL route at most, got {[k for k, _ in pools]}")
+        self._pool_route = pools[0] if pools else None
+        # A frame from a stream with receive_deferred stays a NodeStateFrame until a worker
+        # takes it: the superseded ones are never converted (docs/wire.md#downlink-decoding).
+        self.node_states: NodeStateCoalescer[str, pb.NodeStateUpdate | NodeStateFrame] = (
+            NodeStateCoalescer(config.node_state_pending_cap))
+        # One writer per key, newest pending frame next (docs/rules.md#availablecapacity-ordering).
+        # No cap of its own: a key that becomes ready takes an admission token, so the ready
+        # keys are bounded by the admission limit and further frames only replace the pending one.
+        self.keyed: dict[str, NodeStateCoalescer[str, Any]] = {
+            k: NodeStateCoalescer() for k, r in routes.items()
+            if r.dispatch is Dispatch.KEYED_WRITER
+        }
+        self._handler_errors = {k: metrics.HANDLER_ERRORS.labels(k) for k in [*routes, "unknown"]}
+        # the node-state series exists from the start (the hot path); others on first use
+        self._coalesced = {k: metrics.COALESCED_FRAMES.labels(k) for k, r in routes.items()
+                           if r.dispatch is Dispatch.MACHINE_POOL}
+        self._slots = trio.Semaphore(config.dispatch_concurrency)
+        self._admission = trio.Semaphore(config.dispatch_concurrency + config.dispatch_backlog)
+        self._ready_keys = trio.Semaphore(0)  # one token per machine on the ready queue
+        self.frames_read = 0
+        self._claim_turn = trio.Lock()  # one worker at a time waits at the read-ahead gate
+        self._quiet_at = -1  # frames_read when the pump was last seen waiting (see the gate)
+        self._room: trio.Event | None = None  # set when node-state pending drops below the cap
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Start the node-state workers (``dispatch_concurrency`` of them) in ``nursery``."""
+        if self._pool_route is None:
+            return
+        for i in range(self.config.dispatch_concurrency):
+            nursery.start_soon(self._node_state_worker, name=f"session-node-state-{i}")
+
+    async def submit(self, kind: str, route: Route, value: Any, nursery: trio.Nursery) -> None:
+        """Dispatch one frame of ``kind`` by ``route``; waits only for admission or room
+        (backpressure on the receive pump), never for the handler."""
+        policy = route.dispatch
+        if policy is Dispatch.MACHINE_POOL:
+            self._count_coalesced(kind, route, self.node_states, value)
+            if self.node_states.full:
+                await self._wait_for_room()
+        elif policy is Dispatch.KEYED_WRITER:
+            # Each frame is the key's whole state, so only the newest one pending matters, and
+            # two writes for one key must never overlap: a retried older write landing after a
+            # newer one would leave the stale value, and the shard sends only on change.
+            if self._count_coalesced(kind, route, self.keyed[kind], value):
+                await self._admit()
+                nursery.start_soon(self._bounded, kind, self._drain_key, kind, route)
+        elif policy is Dispatch.TASK:
+            await self._admit()
+            args = (value, self._send.enqueue) if route.reply else (value,)
+            nursery.start_soon(self._bounded, kind, self._handler(route), *args)
+        elif policy is Dispatch.ANSWER:
+            nursery.start_soon(self._answer, kind, route, value, trio.current_time())
+        else:
+            assert route.inline is not None
+            route.inline(value, self.config.cluster_id)
+
+    def note_read(self) -> None:
+        """The receive pump took one more frame off the stream (for the read-ahead gate)."""
+        self.frames_read += 1
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _handler(self, route: Route) -> Callable[..., Awaitable[Any]]:
+        assert route.handler is not None
+        fn: Callable[..., Awaitable[Any]] = getattr(self._handlers, route.handler)
+        return fn
+
+    def _count_coalesced(
+        self, kind: str, route: Route, coalescer: NodeStateCoalescer[str, Any], value: Any
+    ) -> bool:
+        """Offer ``value`` under its key; count a superseded frame. True: the key became ready."""
+        assert route.key is not None
+        before = coalescer.coalesced
+        if coalescer.offer(getattr(value, route.key), value):
+            if coalescer is self.node_states:
+                self._ready_keys.release()
+            return True
+        if coalescer.coalesced != before:
+            if route.coalesced is not None:
+                setattr(self.stats, route.coalesced, getattr(self.stats, route.coalesced) + 1)
+            counter = self._coalesced.get(kind)
+            if counter is None:
+                counter = self._coalesced[kind] = metrics.COALESCED_FRAMES.labels(kind)
+            counter.inc()
+        return False
+
+    async def _admit(self) -> None:
+        """Take an admission token; blocks (backpressure on the recv pump) only when full."""
+        try:
+            self._admission.acquire_nowait()
+        except trio.WouldBlock:
+            await self._admission.acquire()
+
+    async def _call_handler(self, kind: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """Run one handler; log and count an exception (return None) instead of raising it."""
+        try:
+            return await fn(*args)
+        except Exception:
+            self.stats.handler_errors += 1
+            self._handler_errors[kind].inc()
+            log.exception("dispatch failed kind=%s cluster=%s", kind, self.config.cluster_id)
+            return None
+
+    async def _bounded(self, kind: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        try:
+            async with self._slots:
+                metrics.DISPATCH_INFLIGHT.inc()
+                try:
+                    await self._call_handler(kind, fn, *args)
+                finally:
+                    metrics.DISPATCH_INFLIGHT.dec()
+        finally:
+            self._admission.release()
+
+    # ---- KEYED_WRITER -------------------------------------------------------------------------
+
+    async def _drain_key(self, kind: str, route: Route) -> None:
+        """Own one ready key and hand its frames to the handler, newest pending next, until none
+        is left (one task per ready key, started by :meth:`submit` with an admission token)."""
+        coalescer = self.keyed[kind]
+        key = coalescer.claim()
+        if key is None:  # pragma: no cover - one task per ready key
+            return
+        handler = self._handler(route)
+        clean = False
+        try:
+            while (value := coalescer.take_next(key)) is not None:
+                await self._call_handler(kind, handler, value)
+            clean = True
+        finally:
+            if not clean:
+                coalescer.abandon(key)
+
+    # ---- ANSWER -------------------------------------------------------------------------------
+
+    async def _answer(self, kind: str, route: Route, req: Any, received: float) -> None:
+        """Run an answering handler (BootstrapRequest) and queue its answer in the bootstrap
+        lane; a failure is answered with an error so the shard falls back at once."""
+        metrics.DISPATCH_INFLIGHT.inc()
+        try:
+            try:
+                resp = await self._handler(route)(req)
+            except Exception as exc:
+                self.stats.handler_errors += 1
+                self._handler_errors[kind].inc()
+                log.exception("dispatch failed kind=%s request_id=%s cluster=%s",
+                              kind, req.request_id, self.config.cluster_id)
+                # Answer with an error so the shard falls back now instead of timing out.
+                resp = pb.BootstrapBlobResponse(
+                    request_id=req.request_id, error=f"operator: bootstrap handler failed: {exc}"
+                )
+            if not resp.request_id:
+                resp.request_id = req.request_id
+            self._send.enqueue_bootstrap(pb.OperatorMessage(bootstrap_response=resp), received)
+        finally:
+            metrics.DISPATCH_INFLIGHT.dec()
+
+    # ---- MACHINE_POOL -------------------------------------------------------------------------
+
+    async def _wait_for_room(self) -> None:
+        """Pause the recv pump while node_state_pending_cap machines have a frame waiting."""
+        log.warning(
+            "node-state backlog at cap: recv paused machines_pending=%d cap=%d cluster=%s",
+            self.node_states.pending, self.node_states.max_pending, self.config.cluster_id,
+        )
+        started = trio.current_time()
+        while self.node_states.full:
+            self._room = trio.Event()
+            await self._room.wait()
+        log.info("node-state backlog below cap: recv resumed after %.3fs cluster=%s",
+                 trio.current_time() - started, self.config.cluster_id)
+
+    async def _read_ahead_gate(self) -> None:
+        """Let the recv pump read ahead before a worker starts on a new machine.
+
+        Returns once the pump has had a scheduler batch without reading a frame (it is waiting
+        for the stream, or paused at the cap), or has read ``node_state_read_ahead`` frames
+        since this wait began. One worker waits at a time (FIFO lock), so while the pump is
+        backlogged at most one new machine is started per ``node_state_read_ahead`` frames.
+        Once the pump was seen waiting, every worker passes at once until it reads again.
+        """
+        limit = self.config.node_state_read_ahead
+        if limit == 0 or self.frames_read == self._quiet_at:
+            return
+        async with self._claim_turn:
+            start = self.frames_read
+            while self.frames_read != self._quiet_at:
+                seen = self.frames_read
+                # Two schedule points span one whole batch, whatever the batch order: a pump
+                # with a frame ready runs in it, so an unchanged count means the pump is waiting.
+                await trio.lowlevel.checkpoint()
+                await trio.lowlevel.checkpoint()
+                if self.frames_read == seen:
+                    self._quiet_at = seen
+                elif self.frames_read - start >= limit:
+                    return
+
+    async def _node_state_worker(self) -> NoReturn:
+        """One pool worker: take a ready machine, hold a slot while draining its latest frames."""
+        assert self._pool_route is not None
+        kind, route = self._pool_route
+        handler = self._handler(route)
+        while True:
+            await self._ready_keys.acquire()
+            await self._read_ahead_gate()
+            async with self._slots:
+                machine_id = self.node_states.claim()
+                if machine_id is None:  # pragma: no cover - one token per ready key
+                    continue
+                clean = False
+                metrics.DISPATCH_INFLIGHT.inc()
+                try:
+                    while (u := self.node_states.take_next(machine_id)) is not None:
+                        if self._room is not None and not self.node_states.full:
+                            self._room.set()
+                            self._room = None
+                        if isinstance(u, NodeStateFrame):
+                            u = u.to_message()
+                        await self._call_handler(kind, handler, u)
+                    clean = True
+                finally:
+                    metrics.DISPATCH_INFLIGHT.dec()
+                    if not clean:
+                        self.node_states.abandon(machine_id)
