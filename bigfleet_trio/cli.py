@@ -50,7 +50,7 @@ _EXPECTED_ERRORS = {"ConfigError", "KubeConfigError", "SyncTimeout", "OSError", 
 
 # The simulation's commands (``sim``, ``demo``) live in the sim package and are found by module
 # path: product code never imports the sim (an import-linter contract in pyproject.toml;
-# docs/architecture.md "Layers"), and the production image has no sim, so there they are absent.
+# docs/architecture.md#layers), and the production image has no sim, so there they are absent.
 SIM_COMMANDS = "bigfleet_trio.sim.cli"
 
 
