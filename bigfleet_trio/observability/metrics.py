@@ -138,6 +138,13 @@ ACKNOWLEDGED = Counter(
     "bigfleet_operator_acknowledged",
     "CapacityRequests walked Pending->Acknowledged.",
 )
+SESSION_CLOSES = Counter(
+    "bigfleet_operator_session_closes",
+    "Shard sessions ended, by reason: the gRPC status the shard ended them with, lower case "
+    "(aborted: replaced by a newer session for the same cluster ID|unavailable|...), or "
+    "peer_closed (no status), connect_failed, error.",
+    ["reason"],
+)
 SESSION_RECONNECTS = Counter(
     "bigfleet_operator_session_reconnects",
     "Shard sessions that ended (or failed to open) and led to a reconnect.",

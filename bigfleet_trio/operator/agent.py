@@ -195,6 +195,7 @@ class Agent:
         self.session_up = False
         self.session: Session | None = None
         self.last_error = ""
+        self._replaced_in_a_row = 0
         self._connector = connector
         self._source = source
         self._handlers = handlers
@@ -241,6 +242,9 @@ class Agent:
                     await session.run(on_established)
             except Exception as exc:  # noqa: BLE001 - every failure means "reconnect"
                 self.last_error = _describe(exc)
+                reason = close_reason(exc, established=established_at is not None)
+                metrics.SESSION_CLOSES.labels(reason).inc()
+                self._replaced_in_a_row = self._replaced_in_a_row + 1 if reason == "aborted" else 0
             except BaseException:  # cancelled: the operator is stopping (or lost the lease)
                 if established_at is not None:
                     up_for = trio.current_time() - established_at
@@ -261,6 +265,13 @@ class Agent:
                 cluster, "never" if uptime is None else f"{uptime:.1f}s", self.last_error, delay,
             )
             self._notify(SessionChange(False, cluster, self.last_error, delay, uptime))
+            if self._replaced_in_a_row >= REPLACED_IN_A_ROW:
+                log.error(
+                    "shard session for cluster=%s was replaced %d times in a row: another agent "
+                    "with the same --cluster-id is connected to the shard; give each cluster "
+                    "its own id, or run replicas with --leader-elect so only one holds the "
+                    "session", cluster, self._replaced_in_a_row,
+                    extra={"cluster": cluster, "replaced": self._replaced_in_a_row})
             await trio.sleep(delay)
 
     def _notify(self, change: SessionChange) -> None:
@@ -271,6 +282,25 @@ class Agent:
         except Exception:
             log.exception("session-change hook failed cluster=%s up=%s", change.cluster_id,
                           change.up)
+
+
+REPLACED_IN_A_ROW = 3
+"""Sessions ended in a row by the shard with ABORTED (replaced by a newer session for the
+same cluster ID) before the agent says, at ERROR, that another agent uses this cluster ID."""
+
+
+def close_reason(exc: BaseException, *, established: bool) -> str:
+    """The ``reason`` label of a session end: the shard's gRPC status in lower case when it
+    sent one (``aborted``), else ``peer_closed``, ``connect_failed`` or ``error``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, StreamClosed):
+        if exc.grpc_status:
+            return exc.grpc_status.lower()
+        return "peer_closed" if established else "connect_failed"
+    if isinstance(exc, OSError):
+        return "connect_failed"
+    return "error"
 
 
 def _describe(exc: BaseException) -> str:

@@ -56,6 +56,10 @@ class BridgeState:
     reason: str = "stream closed"
     open_error: BaseException | None = None
     opened: trio.Event = field(default_factory=trio.Event)
+    grpc_status: str | None = None
+    """The gRPC status name the peer ended the stream with, when it said one."""
+    close_status: tuple[str, str] | None = None
+    """(status name, message) the Trio side asked to end the RPC with (the shard's side)."""
 
 
 class TrioEnd:
@@ -83,7 +87,7 @@ class TrioEnd:
             except trio.WouldBlock:
                 await out.send(item)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise StreamClosed(self._state.reason) from exc
+            raise StreamClosed(self._state.reason, grpc_status=self._state.grpc_status) from exc
 
     @contextmanager
     def _receiving(self) -> Iterator[None]:
@@ -91,13 +95,18 @@ class TrioEnd:
         try:
             yield
         except trio.EndOfChannel as exc:
-            raise StreamClosed(self._state.reason) from exc
+            raise StreamClosed(self._state.reason, grpc_status=self._state.grpc_status) from exc
         except trio.ClosedResourceError as exc:
             raise StreamClosed("closed locally") from exc
 
     async def aclose(self) -> None:
         self.close()
         await trio.lowlevel.checkpoint()
+
+    async def close_with_status(self, status: str, message: str) -> None:
+        """Close; the server side ends the RPC with this gRPC status and message."""
+        self._state.close_status = (status, message)
+        await self.aclose()
 
     def close(self) -> None:
         """Synchronous close (idempotent): end the outgoing side, stop receiving."""

@@ -247,6 +247,8 @@ class GrpcConnector:
             raise
         except (GRPCError, StreamTerminatedError, ProtocolError, OSError, MessageTooLarge) as exc:
             state.reason = describe_error(exc)
+            if isinstance(exc, GRPCError):
+                state.grpc_status = exc.status.name
             log.info(
                 "grpc stream ended host=%s port=%d reason=%s", self.host, self.port, state.reason
             )

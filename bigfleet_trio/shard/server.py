@@ -113,6 +113,9 @@ class _ShardService:
                     receiver.result()
                 if sender in done:
                     sender.result()  # raises on a send failure
+                    if state.close_status is not None:  # the handler ended it with a status
+                        name, message = state.close_status
+                        raise GRPCError(Status[name], message)
                     break  # the handler closed its end and every frame was written
                 if handler_fut in done and handler_fut.exception() is not None:
                     log.error("shard session handler failed: %r", handler_fut.exception())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import trio
@@ -26,9 +27,32 @@ class StreamClosed(Exception):
     ``"grpc: UNAVAILABLE ..."``).
     """
 
-    def __init__(self, reason: str = "stream closed") -> None:
+    def __init__(self, reason: str = "stream closed", *, grpc_status: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.grpc_status = grpc_status
+        """The status name the peer ended the stream with (``ABORTED``...), None if it did not
+        say (a closed connection, a local close)."""
+
+
+@dataclass(frozen=True)
+class CloseStatus:
+    """In-memory stand-in for a gRPC status at the end of a stream (what the shard's
+    :meth:`close_with_status` sends through a memory pair)."""
+
+    status: str
+    message: str
+
+
+async def close_with_status(stream: object, status: str, message: str) -> None:
+    """End a shard-side stream with a gRPC status and message (``ABORTED``, "session
+    replaced..."): the agent sees them in its :class:`StreamClosed`. Streams that cannot carry a
+    status are just closed."""
+    closer = getattr(stream, "close_with_status", None)
+    if closer is not None:
+        await closer(status, message)
+    else:
+        await stream.aclose()  # type: ignore[attr-defined]
 
 
 class OperatorStream(Protocol):
@@ -113,11 +137,23 @@ class _MemoryEnd:
 
     async def receive(self) -> object:
         try:
-            return await self._recv.receive()
+            msg = await self._recv.receive()
         except trio.EndOfChannel as exc:
             raise StreamClosed("peer closed") from exc
         except trio.ClosedResourceError as exc:
             raise StreamClosed("closed locally") from exc
+        if isinstance(msg, CloseStatus):
+            raise StreamClosed(f"grpc: {msg.status} {msg.message}", grpc_status=msg.status)
+        return msg
+
+    async def close_with_status(self, status: str, message: str) -> None:
+        """Close, telling the peer ``status`` and ``message`` first (when the buffer has room)."""
+        if not self.closed:
+            try:
+                self._send.send_nowait(CloseStatus(status, message))
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        await self.aclose()
 
     async def aclose(self) -> None:
         if self.closed:

@@ -78,3 +78,40 @@ def test_run_cli_bad_kubeconfig_exits_1(tmp_path, capsys: pytest.CaptureFixture[
 def test_run_cli_bad_port_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli(70000, None) == 1
     assert capsys.readouterr().err.strip() == "sim shard: --port 70000 out of range"
+
+
+async def test_a_replaced_session_ends_with_aborted_and_why_over_grpc() -> None:
+    """Two sessions with one cluster ID over real grpclib: the first ends with ABORTED and a
+    message that says why; a session of another cluster ID does not replace it, it is refused
+    with FAILED_PRECONDITION."""
+    from bigfleet_trio.shard.transport import StreamClosed
+
+    shard = SimShard(catalog(), EngineConfig(seed=1, configure_delay=0.0))
+    with trio.fail_after(20):
+        async with grpc.open_loop(), trio.open_nursery() as nursery:
+            port = await nursery.start(partial(serve_sim_shard, shard, host="127.0.0.1", port=0))
+            connector = grpc.GrpcConnector("127.0.0.1", port, keepalive_time=None)
+
+            async def hello(op: object, cluster: str) -> None:
+                await op.send(pb.OperatorMessage(hello=pb.Hello(cluster, "v1alpha1")))  # type: ignore[attr-defined]
+
+            async with connector.connect() as first:
+                await hello(first, "c1")
+                assert betterproto.which_one_of(await first.receive(), "payload")[0] == "ack"
+                async with connector.connect() as other:
+                    await hello(other, "c2")
+                    with pytest.raises(StreamClosed) as refused:
+                        while True:
+                            await other.receive()
+                assert refused.value.grpc_status == "FAILED_PRECONDITION"
+                assert "cluster 'c1' is connected" in refused.value.reason
+                async with connector.connect() as second:
+                    await hello(second, "c1")
+                    with pytest.raises(StreamClosed) as ended:
+                        while True:
+                            await first.receive()
+                    assert ended.value.grpc_status == "ABORTED"
+                    assert ended.value.reason == (
+                        "grpc: ABORTED session replaced: a newer session for cluster 'c1' "
+                        "connected (another agent with the same cluster ID?)")
+            nursery.cancel_scope.cancel()

@@ -5,6 +5,7 @@ the apiserver-writing ones."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from bigfleet_trio.operator import session as session_mod
@@ -95,3 +96,50 @@ async def test_full_loop_with_the_agent_session(autojump_clock: trio.abc.Clock) 
         assert hooks.nodes == set()
         assert shard.machines_by_state() == {"FREE": 4}
         nursery.cancel_scope.cancel()
+
+
+async def test_two_agents_with_one_cluster_id_are_told_so(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two agents with cluster ID c1 and one simulated shard: each replaced session ends with
+    the shard's ABORTED and its message, logged at WARNING and counted by reason; after several
+    replacements in a row an agent says at ERROR that another agent has its cluster ID."""
+    import logging
+
+    from bigfleet_trio.observability.metrics import SESSION_CLOSES
+    from bigfleet_trio.operator.agent import REPLACED_IN_A_ROW, Agent, AgentConfig
+    from bigfleet_trio.operator.sessiontypes import SessionConfig
+    from bigfleet_trio.shard.transport import MemoryConnector
+
+    caplog.set_level(logging.INFO)
+    before = SESSION_CLOSES.labels("aborted")._value.get()
+    shard = SimShard(Catalog([MachineShape("m", "z-a", {"cpu": "4"}, 0.1, count=2)]),
+                     EngineConfig(seed=1))
+    connector = MemoryConnector()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(shard.run)
+
+        async def accept() -> None:
+            async with trio.open_nursery() as sessions:
+                async for end in connector.accepted:
+                    sessions.start_soon(shard.serve_session, end)
+
+        nursery.start_soon(accept)
+        agents = [Agent(connector, Source(), Handlers(),
+                        AgentConfig(session=SessionConfig(cluster_id="c1"), initial_backoff=1.0,
+                                    max_backoff=2.0))
+                  for _ in range(2)]
+        for agent in agents:
+            nursery.start_soon(agent.run)
+        await trio.sleep(60)
+        nursery.cancel_scope.cancel()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+                and r.name == "bigfleet_trio.operator.agent"]
+    assert any("grpc: ABORTED session replaced: a newer session for cluster 'c1' connected"
+               in w for w in warnings), warnings
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR
+              and r.name == "bigfleet_trio.operator.agent"]
+    assert errors and all("another agent with the same --cluster-id is connected" in e
+                          for e in errors), errors
+    assert f"replaced {REPLACED_IN_A_ROW} times in a row" in errors[0]
+    assert SESSION_CLOSES.labels("aborted")._value.get() - before >= REPLACED_IN_A_ROW

@@ -26,7 +26,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from bigfleet_trio.proto import pb
-from bigfleet_trio.shard.transport import ShardStream, StreamClosed
+from bigfleet_trio.shard.transport import ShardStream, StreamClosed, close_with_status
 
 from .catalog import Catalog, default_catalog
 from .engine import (
@@ -73,6 +73,12 @@ class NoopNodeHooks:
         """Do nothing."""
 
 
+def replaced_message(cluster_id: str) -> str:
+    """The status message of a session ended by a newer one for the same cluster ID."""
+    return (f"session replaced: a newer session for cluster {cluster_id!r} connected "
+            "(another agent with the same cluster ID?)")
+
+
 class SessionRejected(GRPCError):
     """The session's first frame was not a valid Hello; the stream was closed.
 
@@ -80,8 +86,8 @@ class SessionRejected(GRPCError):
     it propagate answers the agent with that status (as the real shard does).
     """
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(Status.INVALID_ARGUMENT, reason)
+    def __init__(self, reason: str, status: Status = Status.INVALID_ARGUMENT) -> None:
+        super().__init__(status, reason)
         self.reason = reason
 
 
@@ -91,6 +97,7 @@ class _Session:
     gen: int
     cluster_id: str
     cancel_scope: trio.CancelScope
+    replaced: bool = False
 
 
 class SimShard:
@@ -316,8 +323,18 @@ class SimShard:
             return
 
         previous = self._current
+        if previous is not None and previous.cluster_id != hello.cluster_id:
+            # Sessions are keyed by cluster ID: another cluster never replaces this one. The
+            # simulated shard models one cluster's machines, so it refuses the second cluster
+            # while the first is connected (a real shard serves both).
+            await self._reject(
+                stream, f"this simulated shard serves one cluster at a time and cluster "
+                f"{previous.cluster_id!r} is connected; Hello.cluster_id {hello.cluster_id!r} "
+                "refused", status=Status.FAILED_PRECONDITION)
         if previous is not None:
-            log.info("session for cluster=%s replaced by a new one", previous.cluster_id)
+            log.warning("session for cluster=%s replaced by a newer one for the same cluster",
+                        previous.cluster_id)
+            previous.replaced = True
             previous.cancel_scope.cancel()
         self._gen += 1
         self.sessions_started += 1
@@ -343,6 +360,11 @@ class SimShard:
                 self._current = None
                 self.engine.on_disconnect(trio.current_time())
                 self._pulse()
+            if session.replaced:
+                # Say why: a bare close reads "peer closed" on the agent, and two agents with
+                # one cluster ID would kick each other off forever without knowing it.
+                with trio.CancelScope(shield=True):
+                    await close_with_status(stream, "ABORTED", replaced_message(session.cluster_id))
             await self._close(stream)
 
     def _handle(self, msg: Any, session: _Session) -> None:
@@ -373,16 +395,18 @@ class SimShard:
         self._enqueue(session.gen, effects)
         self._kick()
 
-    async def _reject(self, stream: ShardStream, reason: str) -> NoReturn:
+    async def _reject(self, stream: ShardStream, reason: str,
+                      status: Status = Status.INVALID_ARGUMENT) -> NoReturn:
         log.error("session rejected: %s", reason)
         self.rejections.append(reason)
         self.engine.events.append(
             EngineEvent(time=trio.current_time(), kind="session_rejected",
                         fields={"reason": reason})
         )
-        await self._close(stream)
+        with trio.CancelScope(shield=True):
+            await close_with_status(stream, status.name, reason)
         self._pulse()
-        raise SessionRejected(reason)
+        raise SessionRejected(reason, status)
 
     @staticmethod
     async def _close(stream: ShardStream) -> None:
