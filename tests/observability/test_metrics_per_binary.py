@@ -11,6 +11,7 @@ import bigfleet_trio.podcontroller.app  # noqa: F401  (registers the pod control
 from bigfleet_trio.observability.metrics import BinaryRegistry, owner_of
 
 SHARED = [
+    "bigfleet_build_info",  # both binaries: which build runs (docs/reference.md#exit-codes)
     "process_cpu_seconds",
     "process_max_fds",
     "process_open_fds",
@@ -47,6 +48,7 @@ OPERATOR = [
     "bigfleet_operator_rollup_errors",
     "bigfleet_operator_rollup_needs",
     "bigfleet_operator_rollup_phase_duration_seconds",
+    "bigfleet_operator_session_closes",
     "bigfleet_operator_session_reconnects",
     "bigfleet_operator_session_up",
     "bigfleet_operator_unknown_enum_values",
