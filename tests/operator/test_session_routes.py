@@ -1,6 +1,6 @@
 """The session's route table (bigfleet_trio/operator/sessiontypes.py ROUTES) against the wire and
 the handlers: every downlink frame kind has a route, and every route's handler exists with the
-arguments its dispatch policy passes (CONTRIBUTING.md, "Adding a shard frame kind")."""
+arguments its dispatch policy passes (CONTRIBUTING.md, "How to add ...": "A shard frame kind")."""
 
 from __future__ import annotations
 
