@@ -215,10 +215,11 @@ class UpcomingNodeHandler:
         get_cached: optional :data:`CachedLookup` (the UpcomingNode informer store's ``get``):
             plan from it plus our :class:`LastWrite` overlay (:func:`choose_view`) instead of a
             live GET, so a frame costs one request (the status PATCH) instead of two; the writes
-            stay unguarded merge-patches of changed fields, so a slightly stale view is harmless
-            for the fields they write. Falls back to the live GET after AlreadyExists (created
-            concurrently), NotFound on a patch (deleted concurrently) or Conflict. None: always
-            a live GET.
+            are merge-patches of changed fields, so a slightly stale view is harmless for the
+            fields they write, and a phase change carries the resourceVersion it was planned
+            from (a stale one gets 409: docs/rules.md#upcomingnode-phases). Falls back to the
+            live GET after AlreadyExists (created concurrently), NotFound on a patch (deleted
+            concurrently) or Conflict. None: always a live GET.
         overlay_capacity: most overlay entries kept (oldest forgotten first); entries are also
             dropped as soon as the cache catches up.
         feed: optional :class:`EventFeed`: one ``upcoming_node_written`` per write (machine_id,
