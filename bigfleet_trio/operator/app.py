@@ -1,6 +1,7 @@
 """The operator process: informers, the shard session, operator-owned drains, diagnostics.
 
-:class:`Operator` composes the components of one run (task tree at :meth:`Operator.run`);
+:class:`Operator` runs the parts :func:`~.runtime.build_operator` composes for one run (task tree
+at :meth:`Operator.run`) and answers readiness and statistics from them;
 :func:`serve_operator` / :func:`run_operator` are the ``bigfleet-trio operator`` process around
 it: kubeconfig, KubeClient with qps/burst, the grpclib connector (TLS when configured) in one
 trio-asyncio loop, the diagnostics listener(s), optional Lease leader election (only the leader
@@ -27,42 +28,30 @@ import trio
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
 from bigfleet_trio.kube.leader import LeaderElector, lease_namespace
-from bigfleet_trio.kube.startup import Unauthenticated, sync_or_refused
+from bigfleet_trio.kube.startup import sync_or_refused
 from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.observability.looplag import watch_loop_lag
-from bigfleet_trio.operator.agent import Agent, SessionChange
+from bigfleet_trio.operator.agent import Agent
 from bigfleet_trio.operator.bootstrap import Renderer
 from bigfleet_trio.operator.reclaim.drain import DrainManager
 from bigfleet_trio.operator.reclaim.resume import apply_resume, plan_resume, utc_now
 from bigfleet_trio.operator.runtime import (
-    NODE_REF_INDEX,
-    PROVIDER_ID_INDEX,
-    OperatorRuntime,
+    OperatorParts,
     OperatorStatistics,
     WatchedRenderer,
+    build_operator,
     renderer_for,
 )
 from bigfleet_trio.operator.wiring import DEFAULT_CONSISTENCY_INTERVAL, CapacityRequestRollup
 from bigfleet_trio.shard.transport import Connector
 
-__all__ = [
-    "NODE_REF_INDEX",
-    "PROVIDER_ID_INDEX",
-    "Operator",
-    "OperatorStatistics",
-    "Unauthenticated",
-    "run_operator",
-    "serve_operator",
-]
+__all__ = ["Operator", "run_operator", "serve_operator"]
 
 if TYPE_CHECKING:  # the binary's settings compose this package's own: no runtime import
     from bigfleet_trio.config import OperatorConfig
 
 log = logging.getLogger(__name__)
-
-_Runtime = OperatorRuntime  # the name this module gave it before runtime.py held it
-
 
 class Operator:
     """The composed operator (one cluster, one shard session at a time).
@@ -104,13 +93,13 @@ class Operator:
         self.watched_renderer = WatchedRenderer(self.renderer)
         self.consistency_interval = consistency_interval
         self.wall_clock = wall_clock
-        self._rt: OperatorRuntime | None = None
+        self._rt: OperatorParts | None = None
         self._running = False
         self._synced = False
 
     # ------------------------------------------------------------------ views
     @property
-    def runtime(self) -> OperatorRuntime | None:
+    def parts(self) -> OperatorParts | None:
         """Components of the current (or last) run: informers, agent, drains, source..."""
         return self._rt
 
@@ -128,30 +117,6 @@ class Operator:
     def rollup(self) -> CapacityRequestRollup | None:
         """The RollupSource of the current run."""
         return self._rt.source if self._rt is not None else None
-
-    def upcoming_for_node(self, node: str) -> list[dict[str, Any]]:
-        """UpcomingNodes whose ``status.nodeRef.name`` is ``node`` (from the informer cache)."""
-        if self._rt is None:
-            return []
-        return list(self._rt.un_informer.store.by_index(NODE_REF_INDEX, node))
-
-    def cached_upcoming(self, name: str) -> dict[str, Any] | None:
-        """The UpcomingNode ``name`` from the informer cache, or None (not cached / not running).
-
-        The NodeStateUpdate handler plans from this plus its own last-write overlay instead of a
-        live GET per frame (see :mod:`bigfleet_trio.operator.upcoming`); the handler only runs
-        once the informers are synced.
-        """
-        if self._rt is None:
-            return None
-        obj = self._rt.un_informer.store.get(name)  # cluster-scoped: the key is the name
-        return obj if isinstance(obj, dict) else None
-
-    def nodes_for_provider_id(self, provider_id: str) -> list[dict[str, Any]]:
-        """Nodes whose ``spec.providerID`` is ``provider_id`` (from the Node informer cache)."""
-        if self._rt is None:
-            return []
-        return list(self._rt.node_informer.store.by_index(PROVIDER_ID_INDEX, provider_id))
 
     def ready(self) -> tuple[bool, list[str]]:
         """Readiness for ``/readyz``: informers synced AND a shard session up.
@@ -213,16 +178,6 @@ class Operator:
         if self.feed is not None:
             self.feed.publish(kind, **fields)
 
-    def _on_session_change(self, change: SessionChange) -> None:
-        """Agent hook: ``session_up`` / ``session_down`` feed events (the agent logs each one)."""
-        if change.up:
-            self._publish(kinds.SESSION_UP, cluster=change.cluster_id)
-        else:
-            self._publish(
-                kinds.SESSION_DOWN, cluster=change.cluster_id, error=change.error,
-                retry_in=change.retry_in, uptime=change.uptime,
-            )
-
     # ------------------------------------------------------------------ the task
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled; ``task_status.started()`` once the informers are synced.
@@ -258,7 +213,7 @@ class Operator:
             raise RuntimeError("Operator.run is already running")
         self._running = True
         self._synced = False
-        rt = self._rt = OperatorRuntime(self)
+        rt = self._rt = self.build()
         cluster = self.cfg.cluster_id
         # A 401 from before this run (an earlier leadership term, a token since rotated) says
         # nothing about the credentials now; only one that arrives during this run fails it.
@@ -299,7 +254,15 @@ class Operator:
             log.info("operator: stopped", extra={"cluster": cluster})
             self._publish(kinds.OPERATOR_STOPPED, cluster=cluster)
 
-    async def _wait_synced(self, rt: OperatorRuntime, *, stale_401: bool) -> None:
+    def build(self) -> OperatorParts:
+        """A fresh set of parts for one run (:func:`~.runtime.build_operator`)."""
+        return build_operator(
+            self.cfg, client=self.client, connector=self.connector,
+            renderer=self.watched_renderer, feed=self.feed,
+            consistency_interval=self.consistency_interval, wall_clock=self.wall_clock,
+        )
+
+    async def _wait_synced(self, rt: OperatorParts, *, stale_401: bool) -> None:
         """Return once every informer synced; raise at the deadline or at the first 401.
 
         Raises:
@@ -399,6 +362,36 @@ async def _supervise(
             await work()
 
 
+async def _start_diagnostics(
+    nursery: trio.Nursery,
+    cfg: OperatorConfig,
+    client: KubeClient,
+    readiness: Callable[[], tuple[bool, list[str]]],
+    events: EventFeed,
+) -> list[str | None]:
+    """Start the diagnostics listener (and the separate probe listener if configured) in
+    ``nursery``; returns their bound addresses (metrics first; None for a disabled one)."""
+    from bigfleet_trio.kube.authz import KubeAuthorizer
+    from bigfleet_trio.observability.http import serve_observability
+    from bigfleet_trio.observability.metrics import BinaryRegistry
+
+    auth = KubeAuthorizer(client) if cfg.metrics_auth else None
+    bound = [
+        await nursery.start(
+            partial(serve_observability, cfg.metrics_addr, readiness=readiness, feed=events,
+                    registry=BinaryRegistry("operator"), auth=auth)
+        )
+    ]
+    probe = cfg.health_probe_addr
+    if probe is not None and _separate_listener(probe, cfg.metrics_addr):
+        bound.append(
+            await nursery.start(
+                partial(serve_observability, probe, readiness=readiness, probes_only=True)
+            )
+        )
+    return bound
+
+
 async def serve_operator(
     cfg: OperatorConfig,
     *,
@@ -430,11 +423,6 @@ async def serve_operator(
         KubeConfigError, TLSConfigError, BootstrapTemplateError, ValueError: bad configuration.
         OSError: a diagnostics address cannot be bound.
     """
-    from bigfleet_trio.kube.authz import KubeAuthorizer
-    from bigfleet_trio.observability.http import serve_observability
-    from bigfleet_trio.observability.metrics import BinaryRegistry
-
-    registry = BinaryRegistry("operator")
     from bigfleet_trio.shard.grpc import open_loop
 
     kcfg = kube_config if kube_config is not None else load_kubeconfig(cfg.kubeconfig)
@@ -473,22 +461,9 @@ async def serve_operator(
             async with trio.open_nursery() as nursery:
                 # Runs until the nursery is cancelled, like the diagnostics listeners.
                 await nursery.start(watch_loop_lag)
-                auth = KubeAuthorizer(client) if cfg.metrics_auth else None
-                bound = [
-                    await nursery.start(
-                        partial(serve_observability, cfg.metrics_addr, readiness=readiness,
-                                feed=events, registry=registry, auth=auth)
-                    )
-                ]
-                probe = cfg.health_probe_addr
-                if probe is not None and _separate_listener(probe, cfg.metrics_addr):
-                    bound.append(
-                        await nursery.start(
-                            partial(serve_observability, probe, readiness=readiness,
-                                    probes_only=True)
-                        )
-                    )
-                task_status.started(bound)
+                task_status.started(
+                    await _start_diagnostics(nursery, cfg, client, readiness, events)
+                )
                 if elector is not None:
                     log.info(
                         "operator: campaigning for leadership",

@@ -1,22 +1,28 @@
-"""What one operator run is made of: the components :class:`OperatorRuntime` builds per run.
+"""The operator's composition root: :func:`build_operator` returns the :class:`OperatorParts`.
 
-:class:`~bigfleet_trio.operator.app.Operator` builds an :class:`OperatorRuntime` at the start of
-each :meth:`~bigfleet_trio.operator.app.Operator.run` (informers, roll-up source, drains,
-acknowledger, retention, handlers, agent) and reads :class:`OperatorStatistics` from it; the
-bootstrap renderer it hands the handlers is wrapped in a :class:`WatchedRenderer`.
+:class:`~bigfleet_trio.operator.app.Operator` calls :func:`build_operator` at the start of each
+:meth:`~bigfleet_trio.operator.app.Operator.run` (informers, roll-up source, drains,
+acknowledger, retention, handlers, agent: one plain function, every part given what it needs,
+the handlers the informer stores they read) and reads :class:`OperatorStatistics` from the
+parts; the bootstrap renderer it hands the handlers is wrapped in a :class:`WatchedRenderer`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from datetime import datetime
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
-from bigfleet_trio.kube.informer import Informer
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.informer import Informer, Store
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, NODES, UPCOMING_NODES
+from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability import metrics
+from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.acknowledge import Acknowledger
-from bigfleet_trio.operator.agent import Agent
+from bigfleet_trio.operator.agent import Agent, SessionChange, SessionChangeHook
 from bigfleet_trio.operator.available import AvailableCapacityHandler
 from bigfleet_trio.operator.bootstrap import (
     BootstrapHandler,
@@ -42,15 +48,19 @@ from bigfleet_trio.operator.wiring import (
 
 if TYPE_CHECKING:  # the binary's settings compose this package's own: no runtime import
     from bigfleet_trio.config import OperatorConfig
-    from bigfleet_trio.operator.app import Operator
+    from bigfleet_trio.shard.transport import Connector
 
 __all__ = [
     "NODE_REF_INDEX",
     "PROVIDER_ID_INDEX",
-    "OperatorRuntime",
+    "OperatorParts",
     "OperatorStatistics",
     "WatchedRenderer",
+    "build_operator",
+    "by_index",
+    "cached",
     "renderer_for",
+    "session_change_publisher",
 ]
 
 NODE_REF_INDEX = "nodeRef"
@@ -142,64 +152,118 @@ class WatchedRenderer:
         return data
 
 
-class OperatorRuntime:
-    """Everything one :meth:`Operator.run` owns (rebuilt per run, e.g. per leadership term)."""
+def by_index(store: Store, index: str, value: str) -> list[dict[str, Any]]:
+    """The cached objects whose ``index`` maps to ``value`` (an informer index lookup)."""
+    return list(store.by_index(index, value))
 
-    def __init__(self, op: Operator) -> None:
-        cfg = op.cfg
-        client = op.client
-        self.memory = DrainMemory()
-        self.kube_events = EventRecorder(client)
-        self.drains = DrainManager(
-            client, self.memory, shutdown_timeout=cfg.drain_shutdown_timeout,
-            events=self.kube_events, feed=op.feed,
-        )
-        self.acknowledger = Acknowledger(
-            client, concurrency=cfg.ack_concurrency or 16, feed=op.feed
-        )
-        self.source = CapacityRequestRollup(
-            cfg.cluster_id,
-            events=client,
-            acknowledger=self.acknowledger,
-            feed=op.feed,
-            consistency_interval=op.consistency_interval,
-        )
-        self.cr_informer = Informer(client, CAPACITY_REQUESTS, transform=slim)
-        self.source.attach(self.cr_informer)
-        self.un_informer = Informer(
-            client, UPCOMING_NODES, indexers={NODE_REF_INDEX: node_ref_index}
-        )
-        self.node_informer = Informer(
-            client, NODES, transform=slim_node, indexers={PROVIDER_ID_INDEX: provider_id_index}
-        )
-        self.informers = (self.cr_informer, self.un_informer, self.node_informer)
-        self.retention = FailedRetention(
-            client, self.un_informer.store.list, retention=cfg.failed_retention,
+
+def cached(store: Store, name: str) -> dict[str, Any] | None:
+    """The cluster-scoped object ``name`` from an informer cache, or None."""
+    obj = store.get(name)
+    return obj if isinstance(obj, dict) else None
+
+
+def session_change_publisher(feed: EventFeed | None) -> SessionChangeHook:
+    """The agent's hook: ``session_up`` / ``session_down`` feed events (the agent logs each)."""
+
+    def publish(change: SessionChange) -> None:
+        if feed is None:
+            return
+        if change.up:
+            feed.publish(kinds.SESSION_UP, cluster=change.cluster_id)
+        else:
+            feed.publish(
+                kinds.SESSION_DOWN, cluster=change.cluster_id, error=change.error,
+                retry_in=change.retry_in, uptime=change.uptime,
+            )
+
+    return publish
+
+
+@dataclass
+class OperatorParts:
+    """Everything one :meth:`~bigfleet_trio.operator.app.Operator.run` owns (rebuilt per run,
+    e.g. per leadership term); :func:`build_operator` makes it."""
+
+    memory: DrainMemory
+    kube_events: EventRecorder
+    drains: DrainManager
+    acknowledger: Acknowledger
+    source: CapacityRequestRollup
+    cr_informer: Informer
+    un_informer: Informer
+    node_informer: Informer
+    retention: FailedRetention
+    handlers: OperatorHandlers
+    agent: Agent
+
+    @property
+    def informers(self) -> tuple[Informer, Informer, Informer]:
+        """The three informers, in start order (CapacityRequests, UpcomingNodes, Nodes)."""
+        return (self.cr_informer, self.un_informer, self.node_informer)
+
+
+def build_operator(
+    cfg: OperatorConfig,
+    *,
+    client: KubeClient,
+    connector: Connector,
+    renderer: WatchedRenderer,
+    feed: EventFeed | None = None,
+    consistency_interval: float,
+    wall_clock: Callable[[], datetime],
+) -> OperatorParts:
+    """Build one run's parts from ``cfg`` (validated) and the process's client and connector.
+
+    The handlers read the informer caches directly: reclaim finds UpcomingNodes by
+    ``status.nodeRef.name`` and Nodes by ``spec.providerID``, NodeStateUpdates plan from the
+    cached UpcomingNode (docs/architecture.md#operator-tasks-and-nurseries).
+    """
+    memory = DrainMemory()
+    kube_events = EventRecorder(client)
+    drains = DrainManager(
+        client, memory, shutdown_timeout=cfg.drain_shutdown_timeout, events=kube_events,
+        feed=feed,
+    )
+    acknowledger = Acknowledger(client, concurrency=cfg.ack_concurrency or 16, feed=feed)
+    source = CapacityRequestRollup(
+        cfg.cluster_id, events=client, acknowledger=acknowledger, feed=feed,
+        consistency_interval=consistency_interval,
+    )
+    cr_informer = Informer(client, CAPACITY_REQUESTS, transform=slim)
+    source.attach(cr_informer)
+    un_informer = Informer(client, UPCOMING_NODES, indexers={NODE_REF_INDEX: node_ref_index})
+    node_informer = Informer(
+        client, NODES, transform=slim_node, indexers={PROVIDER_ID_INDEX: provider_id_index}
+    )
+    handlers = OperatorHandlers(
+        bootstrap=BootstrapHandler(renderer, cfg.cluster_id, ttl_seconds=int(cfg.bootstrap_ttl)),
+        reclaim=ReclaimHandler(
+            client, drains, memory,
+            upcoming_lookup=partial(by_index, un_informer.store, NODE_REF_INDEX),
+            node_lookup=partial(by_index, node_informer.store, PROVIDER_ID_INDEX),
+            events=kube_events, wall_clock=wall_clock,
+        ),
+        upcoming=UpcomingNodeHandler(
+            client, memory, get_cached=partial(cached, un_informer.store), feed=feed
+        ),
+        available=AvailableCapacityHandler(client),
+        feed=feed,
+    )
+    return OperatorParts(
+        memory=memory,
+        kube_events=kube_events,
+        drains=drains,
+        acknowledger=acknowledger,
+        source=source,
+        cr_informer=cr_informer,
+        un_informer=un_informer,
+        node_informer=node_informer,
+        retention=FailedRetention(
+            client, un_informer.store.list, retention=cfg.failed_retention,
             cluster=cfg.cluster_id,
-        )
-        self.handlers = OperatorHandlers(
-            bootstrap=BootstrapHandler(
-                op.watched_renderer, cfg.cluster_id, ttl_seconds=int(cfg.bootstrap_ttl)
-            ),
-            reclaim=ReclaimHandler(
-                client,
-                self.drains,
-                self.memory,
-                upcoming_lookup=op.upcoming_for_node,
-                node_lookup=op.nodes_for_provider_id,
-                events=self.kube_events,
-                wall_clock=op.wall_clock,
-            ),
-            upcoming=UpcomingNodeHandler(
-                client, self.memory, get_cached=op.cached_upcoming, feed=op.feed
-            ),
-            available=AvailableCapacityHandler(client),
-            feed=op.feed,
-        )
-        self.agent = Agent(
-            op.connector,
-            self.source,
-            self.handlers,
-            cfg.agent_config(),
-            on_session_change=op._on_session_change,
-        )
+        ),
+        handlers=handlers,
+        agent=Agent(connector, source, handlers, cfg.agent_config(),
+                    on_session_change=session_change_publisher(feed)),
+    )

@@ -33,7 +33,7 @@ C = (10, {"cpu": "1"}, {"cpu": "1"})
 
 async def _converged(h: Harness) -> tuple[bool, str]:
     # 1. caches equal the server
-    rt = h.operator.runtime
+    rt = h.operator.parts
     assert rt is not None
     for inf in rt.informers:
         server = {}

@@ -312,7 +312,7 @@ def test_operator_renderer_from_config(tmp_path: Path) -> None:
     assert isinstance(op.renderer, StubRenderer)
     assert op.statistics().session_up is False
     assert op.ready() == (False, ["operator not running"])
-    assert op.upcoming_for_node("n") == []
+    assert op.parts is None
     cfg = OperatorConfig(cluster_id="c1", shard_addr="h:1",
                          bootstrap_template="#x {{ cluster_id }}")
     op = Operator(cfg, client=None, connector=conn)  # type: ignore[arg-type]
@@ -479,19 +479,17 @@ def test_cli_operator_401_at_start_exits_1_with_one_line_at_once(
 
 
 async def test_send_timeout_reaches_the_session_config() -> None:
-    from bigfleet_trio.operator import app
 
     cfg = OperatorConfig(cluster_id="c1", shard_addr="s:1", send_timeout=7.5)
     client = KubeClient(
         KubeConfig(server="http://k"), transport=httpx.MockTransport(lambda r: httpx.Response(404))
     )
     op = Operator(cfg, client=client, connector=MemoryConnector(), feed=EventFeed())
-    assert app._Runtime(op).agent.config.session.send_timeout == 7.5
+    assert op.build().agent.config.session.send_timeout == 7.5
     await client.aclose()
 
 
 async def test_runtime_render_failures_are_counted_and_surface_in_readiness() -> None:
-    from bigfleet_trio.operator import app
     from bigfleet_trio.operator.bootstrap import FileRenderer
 
     # renders the start-up check, fails on a request whose requirement has no values
@@ -502,7 +500,7 @@ async def test_runtime_render_failures_are_counted_and_surface_in_readiness() ->
     )
     op = Operator(cfg, client=client, connector=MemoryConnector(), feed=EventFeed(),
                   renderer=FileRenderer(tpl, name="t.j2"))
-    op._rt = app._Runtime(op)
+    op._rt = op.build()
     op._running = True
     before = REGISTRY.get_sample_value("bigfleet_operator_bootstrap_render_failures_total") or 0
     reply = op._rt.handlers.bootstrap.respond(pb.BootstrapRequest(

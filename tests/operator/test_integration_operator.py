@@ -39,8 +39,9 @@ from bigfleet_trio.kube.resources import (
     PODS,
     UPCOMING_NODES,
 )
+from bigfleet_trio.kube.startup import Unauthenticated
 from bigfleet_trio.observability.events import EventFeed
-from bigfleet_trio.operator.app import Operator, Unauthenticated
+from bigfleet_trio.operator.app import Operator
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import MemoryConnector, ShardStream
 from bigfleet_trio.sim.apiserver import ApiServer
@@ -284,7 +285,8 @@ async def test_machines_walk_to_ready_then_reclaim_drains_and_deletes(
                 assert name.startswith("un-")
                 assert u["spec"]["resources"] == {"cpu": "4", "memory": "16Gi"}
                 assert u["status"]["providerID"]
-                assert h.operator.upcoming_for_node(u["status"]["nodeRef"]["name"])
+                lookup = h.operator.parts.handlers.reclaim._upcoming_lookup
+                assert lookup(u["status"]["nodeRef"]["name"])
             assert h.operator.statistics().drains_active == 0
 
             # a Pod on one node, so the drain has something to evict

@@ -1032,43 +1032,41 @@ async def test_apiserver_duplicate_instruction_one_drain_two_acks(
 
 def _operator_runtime() -> Any:
     from bigfleet_trio.config import OperatorConfig
-    from bigfleet_trio.operator.app import Operator, _Runtime
+    from bigfleet_trio.operator.app import Operator
     from bigfleet_trio.shard.transport import MemoryConnector
 
     cfg = OperatorConfig(cluster_id="c1", shard_addr="h:1")
     op = Operator(cfg, client=FakeCluster(), connector=MemoryConnector())  # type: ignore[arg-type]
-    op._rt = _Runtime(op)
+    op._rt = op.build()
     return op
 
 
 def test_statistics_use_cumulative_drain_totals() -> None:
     op = _operator_runtime()
-    drains = op.runtime.drains
+    drains = op.parts.drains
     drains.completed_total, drains.failed_total, drains.abandoned_total = 5000, 7, 2
     stats = op.statistics()
     assert (stats.drains_completed, stats.drains_failed, stats.drains_abandoned) == (5000, 7, 2)
 
 
-def test_operator_injects_informer_lookup_into_reclaim() -> None:
-    op = _operator_runtime()
-    handler = op.runtime.handlers.reclaim
-    assert handler._upcoming_lookup == op.upcoming_for_node
-    assert handler._node_lookup == op.nodes_for_provider_id
-
-
-def test_operator_nodes_for_provider_id_reads_the_node_informer_index() -> None:
+def test_reclaim_handler_reads_the_informer_stores_directly() -> None:
     from bigfleet_trio.operator.wiring import slim_node
 
     op = _operator_runtime()
-    store = op.runtime.node_informer.store
+    handler = op.parts.handlers.reclaim
+    nodes = op.parts.node_informer.store
     for name, pid in [("a", "sim://1"), ("b", "sim://2"), ("c", ""), ("d", "sim://1")]:
-        store._set(name, slim_node({"metadata": {"name": name}, "spec": {"providerID": pid}}))
-    assert [n["metadata"]["name"] for n in op.nodes_for_provider_id("sim://1")] == ["a", "d"]
-    assert op.nodes_for_provider_id("sim://2")[0]["metadata"]["name"] == "b"
-    assert op.nodes_for_provider_id("") == []  # Nodes without a providerID are not indexed
-    assert op.nodes_for_provider_id("sim://9") == []
-    store._pop("a")
-    assert [n["metadata"]["name"] for n in op.nodes_for_provider_id("sim://1")] == ["d"]
+        nodes._set(name, slim_node({"metadata": {"name": name}, "spec": {"providerID": pid}}))
+    by_pid = handler._node_lookup
+    assert [n["metadata"]["name"] for n in by_pid("sim://1")] == ["a", "d"]
+    assert by_pid("sim://2")[0]["metadata"]["name"] == "b"
+    assert by_pid("") == []  # Nodes without a providerID are not indexed
+    assert by_pid("sim://9") == []
+    nodes._pop("a")
+    assert [n["metadata"]["name"] for n in by_pid("sim://1")] == ["d"]
+    un = {"metadata": {"name": "un-1"}, "status": {"nodeRef": {"name": "a"}}}
+    op.parts.un_informer.store._set("un-1", un)
+    assert handler._upcoming_lookup("a") == [un] and handler._upcoming_lookup("b") == []
 
 
 # ------------------------------------------------------------------------------- eviction timeout

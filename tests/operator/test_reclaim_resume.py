@@ -368,10 +368,10 @@ async def test_instruction_after_resume_gets_no_second_drain_and_keeps_the_deadl
     async with trio.open_nursery() as second:
         await second.start(op.run)
         drains = op.drains
-        assert drains is not None and op.runtime is not None
+        assert drains is not None and op.parts is not None
         # a re-issued instruction (another id: the shard never saw the first ack) names n-1
         replies = Replies()
-        await op.runtime.handlers.reclaim.on_reclaim_instruction(
+        await op.parts.handlers.reclaim.on_reclaim_instruction(
             instr("r-2", "m-1", grace=600), replies
         )
         assert replies.acks == [("r-2", 1)]

@@ -38,13 +38,13 @@ log = logging.getLogger(__package__)
 Reply = Callable[[pb.OperatorMessage], bool]
 UpcomingLookup = Callable[[str], Iterable[Mapping[str, Any]]]
 """Node name -> UpcomingNodes whose ``status.nodeRef.name`` is that node (e.g. an informer
-index: ``Operator.upcoming_for_node``)."""
+index lookup over the UpcomingNode store, as ``operator/runtime.py`` builds it)."""
 
 
 NodeLookup = Callable[[str], Iterable[Mapping[str, Any]]]
-"""``spec.providerID`` -> Nodes with that providerID (e.g. an informer index:
-``Operator.nodes_for_provider_id``). Each returned Node is re-checked, so a stale index entry is
-harmless."""
+"""``spec.providerID`` -> Nodes with that providerID (e.g. an informer index lookup over the Node
+store, as ``operator/runtime.py`` builds it). Each returned Node is re-checked, so a stale index
+entry is harmless."""
 
 
 @dataclass
