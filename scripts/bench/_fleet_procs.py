@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -22,6 +23,8 @@ from scripts.bench import _common as C
 from scripts.bench._fleet_workload import fleet_catalog
 
 PROCS = ("apiserver", "cluster", "shard", "pod-controller", "operator")
+"""The processes of ``--kube sim``; ``--kube real`` has the control plane's components (etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler, kwok) instead of the first two."""
 
 
 def _free_port() -> int:
@@ -52,8 +55,10 @@ class Fleet:
     """The five processes (see the module docstring)."""
 
     def __init__(self, tmp: Path, machines: int, rollup_interval: str, job_run_seconds: float,
-                 qps: float = 50.0):
+                 qps: float = 50.0, kube: str = "sim", client_args: tuple[str, ...] = ()):
         self.tmp = tmp
+        self.kube = kube
+        self.cp: Any = None  # the real control plane (--kube real)
         self.kubeconfig = str(tmp / "kubeconfig")
         self.api_port = _free_port()
         self.shard_port = _free_port()
@@ -64,7 +69,9 @@ class Fleet:
         self.machines = machines
         self.rollup_interval = rollup_interval
         self.job_run_seconds = job_run_seconds
-        self.qps = ["--qps", f"{qps:g}", "--burst", f"{2 * qps:g}"]
+        # qps 0: the binaries' own defaults (config/ and the flags), not the bench's
+        self.qps = ["--qps", f"{qps:g}", "--burst", f"{2 * qps:g}"] if qps > 0 else []
+        self.qps += list(client_args)
 
     def _spawn(self, name: str, *args: str) -> None:
         out = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - lives with the process
@@ -76,25 +83,39 @@ class Fleet:
     def start(self) -> None:
         cat = self.tmp / "catalog.yaml"
         cat.write_text(yaml.safe_dump(fleet_catalog(self.machines)))
-        self._spawn("apiserver", "-m", "bigfleet_trio.sim.apiserver", str(self.api_port),
-                    self.kubeconfig, "fast")
-        deadline = time.monotonic() + 60
-        while not os.path.exists(self.kubeconfig):
-            if time.monotonic() > deadline or self.procs["apiserver"].popen.poll() is not None:
-                raise RuntimeError(f"apiserver did not start:\n{self.log('apiserver')}")
-            time.sleep(0.1)
         quiet = ["--log-level", "warning"]
-        self._spawn("cluster", "-m", "bigfleet_trio", "sim", "cluster", "--kubeconfig",
-                    self.kubeconfig, "--job-run-seconds", str(self.job_run_seconds), *quiet)
+        op_kc = pc_kc = self.kubeconfig
+        if self.kube == "real":
+            from scripts.bench import _realkube
+
+            self.cp = _realkube.start(self.tmp / "controlplane")
+            self.kubeconfig = str(self.cp.kubeconfig)
+            kcs = _realkube.agent_kubeconfigs(self.cp, self.tmp)
+            op_kc, pc_kc = kcs["bigfleet-operator"], kcs["bigfleet-pod-controller"]
+            for name, popen in self.cp.procs.items():  # sampled here, stopped by the cp
+                self.procs[name] = Proc(name, popen)
+        else:
+            self._spawn("apiserver", "-m", "bigfleet_trio.sim.apiserver", str(self.api_port),
+                        self.kubeconfig, "fast")
+            deadline = time.monotonic() + 60
+            while not os.path.exists(self.kubeconfig):
+                if (time.monotonic() > deadline
+                        or self.procs["apiserver"].popen.poll() is not None):
+                    raise RuntimeError(f"apiserver did not start:\n{self.log('apiserver')}")
+                time.sleep(0.1)
+            op_kc = pc_kc = self.kubeconfig
+            self._spawn("cluster", "-m", "bigfleet_trio", "sim", "cluster", "--kubeconfig",
+                        self.kubeconfig, "--job-run-seconds", str(self.job_run_seconds),
+                        *quiet)
         self._spawn("shard", "-m", "bigfleet_trio", "sim", "shard", "--port",
                     str(self.shard_port), "--kubeconfig", self.kubeconfig, "--catalog", str(cat),
                     "--stats-addr", f"127.0.0.1:{self.stats_port}", *quiet)
         self._spawn("pod-controller", "-m", "bigfleet_trio", "pod-controller", "--kubeconfig",
-                    self.kubeconfig, "--metrics-addr", f"127.0.0.1:{_free_port()}",
+                    pc_kc, "--metrics-addr", f"127.0.0.1:{_free_port()}",
                     "--health-probe-addr", f"127.0.0.1:{self.probe_ports['pod-controller']}",
                     *self.qps, *quiet)
         self._spawn("operator", "-m", "bigfleet_trio", "operator", "--kubeconfig",
-                    self.kubeconfig, "--cluster-id", "fleet", "--shard-addr",
+                    op_kc, "--cluster-id", "fleet", "--shard-addr",
                     f"127.0.0.1:{self.shard_port}", "--metrics-addr",
                     f"127.0.0.1:{self.metrics_port}", "--health-probe-addr",
                     f"127.0.0.1:{self.probe_ports['operator']}", "--rollup-interval",
@@ -118,6 +139,8 @@ class Fleet:
                 time.sleep(0.2)
 
     def log(self, name: str, tail: int = 3000) -> str:
+        if self.cp is not None and name in self.cp.procs:
+            return str(self.cp.log_tail(name))[-tail:]
         try:
             return (self.tmp / f"{name}.log").read_text(errors="replace")[-tail:]
         except OSError:
@@ -132,11 +155,14 @@ class Fleet:
             p.sample(t)
 
     def stop(self) -> None:
-        for p in self.procs.values():
+        own = [p for n, p in self.procs.items() if self.cp is None or n not in self.cp.procs]
+        for p in own:
             if p.popen.poll() is None:
                 p.popen.terminate()
-        for p in self.procs.values():
+        for p in own:
             try:
                 p.popen.wait(15)
             except subprocess.TimeoutExpired:
                 p.popen.kill()
+        if self.cp is not None:
+            self.cp.stop()

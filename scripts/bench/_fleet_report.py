@@ -165,6 +165,8 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                                 + sum(v for k, v in m.items() if "reconnects" in k),
                                 target="0", met=not any(m.values())))
     churn_t = [t for t, name in obs.phase_at if name in ("churn", "reclaim")]
+    frames_down = (len(stats.get("nsu") or []) + len(stats.get("bootstrap") or [])
+                   + sum(r[4] if len(r) > 4 else 1 for r in stats.get("reclaim") or []))
     for name, p in fleet.procs.items():
         if not p.samples:
             continue
@@ -186,6 +188,22 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                                 baseline_label="wall seconds sampled (ratio = cores used)"))
         figures.append(C.figure(f"{name}: RSS growth over churn", "MB/h", growth,
                                 baseline=peak, baseline_label="peak RSS (ratio = share per hour)"))
+        half = [x for x in p.samples if x[0] >= (p.samples[0][0] + p.samples[-1][0]) / 2]
+        if name in ("operator", "pod-controller") and len(half) >= 2:
+            figures.append(C.figure(
+                f"{name}: RSS change over the second half of the run", "MB",
+                half[-1][1] - half[0][1], baseline=half[0][1],
+                baseline_label="RSS at the run's midpoint (ratio ~0 = flat)",
+                target="flat (no leak)"))
+        if name == "operator" and frames_down:
+            figures.append(C.figure(
+                "operator: CPU per downlink frame", "ms", cpu / frames_down * 1000,
+                baseline=frames_down, baseline_label="frames the shard sent (NodeStateUpdates, "
+                "BootstrapRequests, ReclaimInstruction sends)"))
+        if name == "pod-controller" and obs.pod_added:
+            figures.append(C.figure(
+                "pod-controller: CPU per Pod", "ms", cpu / len(obs.pod_added) * 1000,
+                baseline=len(obs.pod_added), baseline_label="Pods created in the run"))
     result["figures"] = figures
     result["extra"]["cr_readds"] = {ph: {
         k: (v if isinstance(v, int) else

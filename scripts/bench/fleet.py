@@ -43,7 +43,7 @@ from scripts.bench._fleet_observe import (
     un_view,
     wire,
 )
-from scripts.bench._fleet_procs import PROCS, Fleet
+from scripts.bench._fleet_procs import Fleet
 from scripts.bench._fleet_report import report
 from scripts.bench._fleet_workload import Workload, fleet_catalog, fleet_workloads
 
@@ -304,7 +304,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args.job_run_seconds = min(args.job_run_seconds, 10.0)
         args.quiesce = min(args.quiesce, 5.0)
     args.rollup_seconds = _seconds(args.rollup_interval)
-    params = {k: getattr(args, k) for k in ("machines", "pods", "per_profile", "duration",
+    params = {k: getattr(args, k) for k in ("kube", "machines", "pods", "per_profile", "duration",
                                             "rollup_interval", "job_run_seconds", "job_share",
                                             "qps", "seed")}
     result = C.result("fleet", params, [], [
@@ -325,14 +325,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tmp = args.keep_logs or tmp_dir
         Path(tmp).mkdir(parents=True, exist_ok=True)
         fleet = Fleet(Path(tmp), args.machines, args.rollup_interval, args.job_run_seconds,
-                      args.qps)
+                      args.qps, kube=args.kube)
         obs = Observed()
         try:
             fleet.start()
             fleet.wait_ready()
             trio.run(_drive, args, fleet, obs, result)
         except BaseException:
-            for n in PROCS:
+            for n in fleet.procs:
                 print(f"--- {n} log tail:\n{fleet.log(n)}", file=sys.stderr)
             raise
         finally:
@@ -358,6 +358,11 @@ def register(sub: Any) -> None:
     p = sub.add_parser("fleet", parents=[sub.common],
                        help="soak: apiserver, sim cluster, sim shard, pod-controller and "
                        "operator as processes; ramp, churn, reclaim, quiesce")
+    p.add_argument("--kube", choices=("sim", "real"), default="sim",
+                   help="sim: the embedded apiserver and `sim cluster` (workload controllers, "
+                   "scheduler/kubelet stand-in); real: etcd, kube-apiserver, "
+                   "kube-controller-manager, kube-scheduler and kwok (python -m scripts.realkube "
+                   "build), the binaries under ServiceAccount tokens (APF applies)")
     p.add_argument("--machines", type=int, default=5000, help="fleet size (--quick: 200)")
     p.add_argument("--pods", type=int, default=50000, help="Pods at base size (--quick: 2000)")
     p.add_argument("--per-profile", type=int, default=100, help="Pods per Profile (~CRs)")
@@ -366,8 +371,8 @@ def register(sub: Any) -> None:
     p.add_argument("--job-run-seconds", type=float, default=60.0,
                    help="how long a Job's Pod runs (--quick: 10)")
     p.add_argument("--qps", type=float, default=500.0,
-                   help="--qps of pod-controller and operator (burst 2x); their default 50 "
-                   "bounds a fleet ramp at ~50 CRs/s")
+                   help="--qps of pod-controller and operator (burst 2x); 0: the binaries' "
+                   "own defaults")
     p.add_argument("--job-share", type=float, default=0.2,
                    help="share of the CPU workloads that are Jobs (each Job Pod finishing costs "
                    "the pod controller a CR delete-collection)")
