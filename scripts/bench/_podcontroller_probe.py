@@ -35,9 +35,30 @@ from bigfleet_trio.podcontroller.translate import build_capacity_request, transl
 UNLIMITED: dict[str, Any] = {"qps": 0, "burst": 1}
 
 
-def pod(i: int) -> dict[str, Any]:
+PRIORITY_CLASSES = 10
+
+
+def priority_class(k: int) -> dict[str, Any]:
+    """PriorityClass ``bench-p<k>`` (value ``100 k``), for :func:`pod` with ``classes``."""
+    return {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": f"bench-p{k}"}, "value": 100 * k}
+
+
+def pod(i: int, classes: bool = False) -> dict[str, Any]:
     """Pod number ``i`` of the workload (a Deployment-like Pod, one container; no owner: the
-    embedded apiserver's garbage collector would remove a Pod whose owner does not exist)."""
+    embedded apiserver's garbage collector would remove a Pod whose owner does not exist).
+
+    ``classes``: a real apiserver's Priority admission refuses ``spec.priority`` set by the
+    client, so the Pod names one of :data:`PRIORITY_CLASSES` PriorityClasses instead of
+    carrying one of 1,000 priority values."""
+    out = _pod(i)
+    if classes:
+        del out["spec"]["priority"]
+        out["spec"]["priorityClassName"] = f"bench-p{i % PRIORITY_CLASSES}"
+    return out
+
+
+def _pod(i: int) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": f"bench-{i:06d}", "namespace": "default",
@@ -94,10 +115,19 @@ def emit(**kw: Any) -> None:
     print(json.dumps(kw), flush=True)
 
 
-async def create_pods(kubeconfig: str, n: int, conc: int = 32) -> float:
-    """Create Pods 0..n-1; returns seconds."""
+async def create_pods(kubeconfig: str, n: int, conc: int = 32, classes: bool = False) -> float:
+    """Create Pods 0..n-1 (``classes``: with PriorityClasses, created first if missing);
+    returns seconds."""
+    from bigfleet_trio.kube import PRIORITY_CLASSES as PCS
+    from bigfleet_trio.kube.errors import AlreadyExists
+
     async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED) as client:
-        return await fan_out(n, conc, lambda i: client.create(PODS, pod(i)))
+        for k in range(PRIORITY_CLASSES if classes else 0):
+            try:
+                await client.create(PCS, priority_class(k))
+            except AlreadyExists:
+                pass
+        return await fan_out(n, conc, lambda i: client.create(PODS, pod(i, classes)))
 
 
 async def run_ours(kubeconfig: str, workers: int) -> None:

@@ -169,7 +169,7 @@ def _round_one(who: str, n: int, workers: int, engine: str, timeout: float,
             server, kc = _apiserver(tmp, engine)
             contestant_kc = kc
         try:
-            trio.run(probe.create_pods, kc, n)
+            trio.run(probe.create_pods, kc, n, 32, real is not None)
             s0 = server.cpu()
             t0 = time.perf_counter()
             child = subprocess.Popen(_contestant(who, contestant_kc, workers),
