@@ -21,6 +21,7 @@ import httpx
 import orjson
 import trio
 
+from ..observability import metrics
 from .config import KubeConfig
 from .errors import (
     ApiError,
@@ -196,7 +197,9 @@ class RequestCore:
     async def _request_once(
         self, method: str, path: str, params: Mapping[str, Any] | None, body: Any, ctype: str
     ) -> Any:
+        t0 = trio.current_time()
         await self._limiter.acquire()
+        metrics.KUBE_LIMITER_WAIT.observe(trio.current_time() - t0)
         headers = dict(self._headers)
         auth = authorization(self.config)
         if auth:
@@ -239,6 +242,7 @@ class RequestCore:
                 # PodDisruptionBudget speaking about one Pod. docs/kube-api.md#retries
                 self._limiter.hold_until(
                     trio.current_time() + min(err.retry_after, self.max_retry_after))
+                metrics.KUBE_THROTTLED.inc()
             raise err
         if not data:
             return None

@@ -97,6 +97,19 @@ BUILD_INFO = Gauge(
     ["version", "python"],
 )
 
+KUBE_THROTTLED = Counter(
+    "bigfleet_kube_client_throttled",
+    "429 answers from the apiserver that held the client for their Retry-After (API Priority "
+    "and Fairness refusals; an eviction's PodDisruptionBudget 429 is not counted).",
+)
+
+KUBE_LIMITER_WAIT = Histogram(
+    "bigfleet_kube_client_rate_limiter_wait_seconds",
+    "Time each request waited before it was sent: the client-side token bucket (--qps/--burst) "
+    "and any hold after a 429.",
+    buckets=(0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+
 LEASE_ERRORS = Counter(
     "bigfleet_leader_election_lease_errors",
     "Leader-election Lease requests refused in a way waiting cannot cure, by reason "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 import trio
+from prometheus_client import REGISTRY
 
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig
@@ -342,6 +343,7 @@ async def test_429_retry_after_holds_every_request_of_the_client(
     resp = status(429, "TooManyRequests", "slow down")
     resp.headers["Retry-After"] = "5"
     fake.inject("GET", "/nodes/n1", resp)
+    throttled = REGISTRY.get_sample_value("bigfleet_kube_client_throttled_total") or 0.0
     async with _client(fake, qps=0) as c, trio.open_nursery() as nursery:
         nursery.start_soon(c.get, NODES, "n1")
         await trio.sleep(1)
@@ -349,6 +351,7 @@ async def test_429_retry_after_holds_every_request_of_the_client(
     sent = {(r.url.path.rsplit("/", 1)[1], t) for r, t in zip(fake.requests, fake.times,
                                                               strict=True)}
     assert sorted(sent) == [("n1", 0.0), ("n1", pytest.approx(5.0)), ("n2", pytest.approx(5.0))]
+    assert REGISTRY.get_sample_value("bigfleet_kube_client_throttled_total") == throttled + 1
 
 
 async def test_eviction_429_does_not_hold_the_client(
