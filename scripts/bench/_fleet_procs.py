@@ -64,6 +64,7 @@ class Fleet:
         self.shard_port = _free_port()
         self.stats_port = _free_port()
         self.metrics_port = _free_port()
+        self.pc_metrics_port = _free_port()
         self.probe_ports = {"pod-controller": _free_port(), "operator": _free_port()}
         self.procs: dict[str, Proc] = {}
         self.machines = machines
@@ -111,7 +112,7 @@ class Fleet:
                     str(self.shard_port), "--kubeconfig", self.kubeconfig, "--catalog", str(cat),
                     "--stats-addr", f"127.0.0.1:{self.stats_port}", *quiet)
         self._spawn("pod-controller", "-m", "bigfleet_trio", "pod-controller", "--kubeconfig",
-                    pc_kc, "--metrics-addr", f"127.0.0.1:{_free_port()}",
+                    pc_kc, "--metrics-addr", f"127.0.0.1:{self.pc_metrics_port}",
                     "--health-probe-addr", f"127.0.0.1:{self.probe_ports['pod-controller']}",
                     *self.qps, *quiet)
         self._spawn("operator", "-m", "bigfleet_trio", "operator", "--kubeconfig",

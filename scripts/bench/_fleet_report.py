@@ -159,6 +159,12 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
         figures.append(C.figure(f"end of {ph}: Pods left pending", "pods",
                                 c["pods"] - c["pods_bound"], baseline=c["pods"],
                                 baseline_label="live Pods"))
+        for who, cl in (c.get("client") or {}).items():
+            figures.append(C.figure(
+                f"end of {ph}: {who}: requests held by 429s (APF) / seconds waited on the "
+                "client limiter, cumulative", "count", cl["throttled_429"],
+                baseline=cl["requests"], baseline_label=f"requests sent; limiter waits "
+                f"{cl['limiter_wait_s']:.1f} s in all"))
         m = c.get("operator_metrics") or {}
         figures.append(C.figure(f"end of {ph}: outbox drops, reconnects", "count",
                                 sum(v for k, v in m.items() if "outbox_dropped" in k)

@@ -228,6 +228,15 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
             s["nsu_duration_buckets"] = await trio.to_thread.run_sync(
                 read_histogram, fleet.metrics_port,
                 "bigfleet_operator_node_state_update_duration_seconds")
+            s["client"] = {}
+            for who, port in (("operator", fleet.metrics_port),
+                              ("pod-controller", fleet.pc_metrics_port)):
+                m = await trio.to_thread.run_sync(read_metrics, port)
+                s["client"][who] = {
+                    "requests": m.get("bigfleet_kube_client_rate_limiter_wait_seconds_count", 0),
+                    "limiter_wait_s": m.get("bigfleet_kube_client_rate_limiter_wait_seconds_sum",
+                                            0),
+                    "throttled_429": m.get("bigfleet_kube_client_throttled_total", 0)}
             counts.append(s)
             print(f"-- end of {name}: {json.dumps(s)}", file=sys.stderr, flush=True)
 
