@@ -85,9 +85,11 @@ class ProcessSettings(Settings):
     kubeconfig: str | None = knob(
         None, "kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)", metavar="PATH"
     )
-    qps: float = knob(50.0, "Kubernetes API requests per second (client-side limiter)",
+    # A guard against a runaway loop, above what a fleet ramp needs; API Priority and Fairness
+    # paces the binaries against the server (docs/kube-api.md#rate-limits).
+    qps: float = knob(500.0, "Kubernetes API requests per second (client-side limiter)",
                       check=positive)
-    burst: int = knob(100, "Kubernetes API request burst above --qps", check=at_least_one)
+    burst: int = knob(1000, "Kubernetes API request burst above --qps", check=at_least_one)
     metrics_addr: str = knob(
         "127.0.0.1:8770", "diagnostics listener (/metrics, /healthz, /readyz; the operator adds "
         "/events); loopback unless given (':8770' is every interface: add --metrics-auth); "

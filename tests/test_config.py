@@ -102,8 +102,8 @@ def test_operator_defaults_match_reference() -> None:
     assert cfg.agent.session.rollup_interval == 10.0
     assert cfg.ack_concurrency == 16
     assert cfg.agent.session.dispatch_concurrency == 32
-    assert cfg.qps == 50
-    assert cfg.burst == 100
+    assert cfg.qps == 500  # a runaway guard above the ramp rate: docs/kube-api.md#rate-limits
+    assert cfg.burst == 1000
     assert cfg.bootstrap_ttl == 600
     assert cfg.sync_timeout == 600.0  # Go 30 s; ours outlives a 60 s apiserver outage
     assert cfg.agent.session.send_timeout == 30.0
@@ -252,8 +252,8 @@ def test_operator_template_loaded(tmp_path) -> None:  # type: ignore[no-untyped-
 def test_pod_controller_defaults_match_reference() -> None:
     cfg = PodControllerConfig()
     assert cfg.metrics_addr == "127.0.0.1:8080"
-    assert cfg.qps == 50
-    assert cfg.burst == 100
+    assert cfg.qps == 500  # a runaway guard above the ramp rate: docs/kube-api.md#rate-limits
+    assert cfg.burst == 1000
     assert cfg.workers == 16
     assert cfg.sync_timeout == 600
     assert cfg.priority_class_defaults is None
