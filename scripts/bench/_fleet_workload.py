@@ -125,7 +125,12 @@ def fleet_workloads(pods: int, per_profile: int, seed: int,
             spec["selector"] = {"matchLabels": {"app": name}}
         if kind == "StatefulSet":
             spec["podManagementPolicy"] = "Parallel"
-            spec.pop("volumeClaimTemplates", None)
+            # no volume provisioner in the sims or under kwok: each claim becomes an emptyDir
+            # of the same name, so the containers' volumeMounts still resolve (a real apiserver
+            # validates them)
+            for claim in spec.pop("volumeClaimTemplates", None) or ():
+                pspec.setdefault("volumes", []).append(
+                    {"name": claim["metadata"]["name"], "emptyDir": {}})
         out.append(Workload(kind, ns, name, replicas, body))
         total += replicas
         i += 1
