@@ -143,12 +143,7 @@ class _RealServer:
         pods = "/api/v1/namespaces/default/pods"
         import httpx
 
-        for path in (crs, f"{pods}?gracePeriodSeconds=0"):
-            try:
-                self.cp.request("DELETE", path)
-            except httpx.TimeoutException:
-                pass  # a big deletecollection outlives the request; polled below
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             try:
                 left = sum(len(self.cp.request("GET", f"{path}?limit=1").json().get("items")
@@ -157,8 +152,13 @@ class _RealServer:
                 left = 1
             if not left:
                 return
-            time.sleep(2)
-        raise RuntimeError("the previous round's Pods/CRs were not deleted within 600 s")
+            # a deletecollection cut short by the request timeout stops where it was: again
+            for path in (crs, f"{pods}?gracePeriodSeconds=0"):
+                try:
+                    self.cp.request("DELETE", path)
+                except httpx.TimeoutException:
+                    pass
+        raise RuntimeError("the previous round's Pods/CRs were not deleted within 900 s")
 
     def stop(self) -> None:
         self.cp.stop()
@@ -245,6 +245,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not have_kopf:
         notes.append("kopf peer skipped: install the bench extra (pip install -e '.[bench]')")
     real: _RealServer | None = None
+    if args.kube == "real":
+        import signal
+
+        def _term(_sig: int, _frame: Any) -> None:
+            raise KeyboardInterrupt  # stop the control plane on the way out
+
+        signal.signal(signal.SIGTERM, _term)
     with tempfile.TemporaryDirectory(prefix="bench-podcontroller-") as tmp:
         if args.kube == "real":
             real = _RealServer(tmp)
