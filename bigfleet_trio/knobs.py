@@ -334,8 +334,24 @@ def probe_addr(value: str) -> str | None:
     return None
 
 
+GRPC_SCHEME = "grpc://"
+"""The plaintext gRPC URL scheme a dial address may carry (what ``demo`` and ``sim shard``
+print); TLS comes from the --tls-* flags, not from a scheme."""
+
+
+def strip_grpc_scheme(value: str) -> str:
+    """``grpc://HOST:PORT[/]`` -> ``HOST:PORT``; anything else unchanged."""
+    if value.startswith(GRPC_SCHEME):
+        return value[len(GRPC_SCHEME):].rstrip("/")
+    return value
+
+
 def dial_addr(value: str) -> str | None:
-    """Check: ``HOST:PORT`` with a host and a non-zero port."""
+    """Check: ``HOST:PORT`` (or ``grpc://HOST:PORT``) with a host and a non-zero port."""
+    if "://" in value and not value.startswith(GRPC_SCHEME):
+        raise ConfigError(f"{{flag}}: invalid address {value!r}: only the grpc:// scheme is "
+                          "accepted (HOST:PORT; mTLS comes from --tls-cert/--tls-key/--tls-ca)")
+    value = strip_grpc_scheme(value)
     host, port = split_host_port(value, flag="{flag}")
     if not host:
         raise ConfigError(f"{{flag}}: invalid address {value!r}: missing host")

@@ -12,6 +12,7 @@ import pytest
 from bigfleet_trio import cli
 from bigfleet_trio.config import OperatorConfig, PodControllerConfig
 from bigfleet_trio.install import apply_crds, load_crds
+from bigfleet_trio.knobs import ConfigError
 from bigfleet_trio.sim import cli as sim_cli
 from bigfleet_trio.sim.demo_options import DemoOptions
 
@@ -436,7 +437,7 @@ def test_sim_and_demo_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_module(
         monkeypatch,
         "bigfleet_trio.sim.shard",
-        run_cli=lambda port, kc: calls.append(("shard", port, kc)) or 0,
+        run_cli=lambda port, kc, host: calls.append(("shard", port, kc)) or 0,
     )
     _fake_module(
         monkeypatch,
@@ -606,9 +607,9 @@ def test_sim_shard_and_demo_catalog_dispatch(monkeypatch: pytest.MonkeyPatch) ->
     assert cli.main(["demo", "--catalog", "d.yaml"]) == 0
     assert cli.main(["demo"]) == 0
     assert calls == [
-        ("shard", 0, None, {"catalog_file": "c.yaml", "seed": 5}),
-        ("shard", 0, "kc", {"seed": 0}),
-        ("shard", 0, None, {}),
+        ("shard", 0, None, {"catalog_file": "c.yaml", "seed": 5, "host": "127.0.0.1"}),
+        ("shard", 0, "kc", {"seed": 0, "host": "127.0.0.1"}),
+        ("shard", 0, None, {"host": "127.0.0.1"}),
         ("demo", DemoOptions(), ("d.yaml",)),
         ("demo", DemoOptions(), ()),
     ]
@@ -775,3 +776,31 @@ def test_ctrl_c_is_one_line_and_130(
     monkeypatch.setattr(cli, "_run_events", interrupted)
     assert cli.main(["events"]) == 130
     assert capsys.readouterr().err == "events: interrupted\n"
+
+
+def test_shard_addr_takes_the_form_the_demo_prints() -> None:
+    """The demo and ``sim shard`` print ``grpc://127.0.0.1:PORT``; --shard-addr takes it."""
+    from bigfleet_trio.shard.grpc import parse_address
+
+    cfg = cli.operator_config(cli.parse_args(
+        ["operator", "--cluster-id", "c", "--shard-addr", "grpc://127.0.0.1:7443"]))
+    cfg.validate()
+    assert parse_address(cfg.shard_addr) == ("127.0.0.1", 7443)
+    assert parse_address("grpc://[::1]:7443/") == ("::1", 7443)
+    bad = cli.operator_config(cli.parse_args(
+        ["operator", "--cluster-id", "c", "--shard-addr", "https://h:443"]))
+    with pytest.raises(ConfigError, match="only the grpc:// scheme"):
+        bad.validate()
+
+
+def test_sim_shard_listens_on_loopback_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def run_cli(port: int, kubeconfig: str | None, **kw: Any) -> int:
+        seen.append(kw)
+        return 0
+
+    _fake_module(monkeypatch, "bigfleet_trio.sim.shard", run_cli=run_cli)
+    assert cli.main(["sim", "shard"]) == 0
+    assert cli.main(["sim", "shard", "--host", "0.0.0.0"]) == 0
+    assert [kw["host"] for kw in seen] == ["127.0.0.1", "0.0.0.0"]

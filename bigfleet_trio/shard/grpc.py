@@ -324,11 +324,14 @@ class GrpcConnector:
 
 
 def parse_address(addr: str) -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port`` accepted) into (host, port).
+    """Split ``host:port`` (``[v6]:port`` and a ``grpc://`` prefix accepted) into (host, port).
 
     Raises:
         ValueError: no port, or a port that is not an integer in 1..65535.
     """
+    from bigfleet_trio.knobs import strip_grpc_scheme
+
+    addr = strip_grpc_scheme(addr)
     host, sep, port_s = addr.rpartition(":")
     if not sep or not host:
         raise ValueError(f"shard address {addr!r} must be host:port")

@@ -52,6 +52,9 @@ def add_sim_command(sub: Any) -> None:
         "shard", command="sim shard", help="simulated BigFleet shard",
         description="Serve a simulated shard speaking the real protocol.",
     )
+    shard.add_argument("--host", default="127.0.0.1", metavar="HOST",
+                       help="listen address (default 127.0.0.1, loopback; 0.0.0.0 or :: for "
+                       "every interface)")
     shard.add_argument("--port", type=port_arg, default=0,
                        help="gRPC listen port; 0 picks a free one (default 0)")
     shard.add_argument("--kubeconfig", default=None, metavar="PATH",
@@ -140,7 +143,7 @@ def run_command(ns: argparse.Namespace) -> int:
         return fn
     # --catalog/--seed are passed only when given: without them the call is unchanged.
     kw = {k: v for k, v in (("catalog_file", ns.catalog), ("seed", ns.seed),
-                            ("stats_addr", ns.stats_addr)) if v is not None}
+                            ("stats_addr", ns.stats_addr), ("host", ns.host)) if v is not None}
     return invoke(name, partial(fn, **kw), ns.port, ns.kubeconfig or None)
 
 

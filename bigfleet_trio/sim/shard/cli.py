@@ -35,7 +35,7 @@ def run_cli(
     port: int,
     kubeconfig: str | None,
     *,
-    host: str = "0.0.0.0",
+    host: str = "127.0.0.1",
     catalog: Catalog | None = None,
     config: EngineConfig | None = None,
     catalog_file: str | None = None,
