@@ -99,7 +99,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
             "requirements": "list",
             "resources": QUANTITY_MAP,
         },
-        "spec_required": ["availability", "availableCount", "cost", "resources"],
+        # cost is optional: unset when the shard sent no price (docs/crds.md#availablecapacity)
+        "spec_required": ["availability", "availableCount", "resources"],
         "status": {},  # "Status is empty."
         "status_required": [],
         "enums": {("spec", "availability"): ["None", "Low", "Medium", "High"]},

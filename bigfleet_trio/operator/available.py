@@ -83,6 +83,15 @@ def cost_quantity(cost_per_hour: float) -> str:
     return str(Quantity.parse(text))
 
 
+def _is_price(cost_per_hour: float) -> bool:
+    """A positive, finite USD/hour (0 is "not sent" on the wire)."""
+    if math.isnan(cost_per_hour) or math.isinf(cost_per_hour) or cost_per_hour < 0:
+        log.warning("available: cost_per_hour=%r is not a price, leaving cost unset",
+                    cost_per_hour)
+        return False
+    return cost_per_hour > 0
+
+
 def requirements_to_spec(
     reqs: list[pb.NodeSelectorRequirement], where: str = ""
 ) -> list[dict[str, Any]]:
@@ -117,8 +126,9 @@ def spec_from_update(u: pb.AvailableCapacityUpdate) -> dict[str, Any]:
     :func:`requirements_to_spec`.
 
     Returns:
-        ``{"availability", "availableCount", "cost", "resources", "requirements"?}``;
-        ``requirements`` is omitted when none survive.
+        ``{"availability", "availableCount", "cost"?, "resources", "requirements"?}``;
+        ``cost`` is omitted when the shard sent no price (0), ``requirements`` when none
+        survive.
     """
     where = f"supersedes_key={u.supersedes_key!r}"
     resources: dict[str, str] = {}
@@ -133,9 +143,13 @@ def spec_from_update(u: pb.AvailableCapacityUpdate) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "availability": availability_for_confidence(u.confidence),
         "availableCount": int(u.available_count),
-        "cost": cost_quantity(u.cost_per_hour),
         "resources": resources,
     }
+    # proto3 cannot tell "no price" from 0: a zero (or a value that is not a price) means the
+    # shard sent none, and an unknown price is left unset rather than shown as free
+    # (docs/crds.md#availablecapacity).
+    if _is_price(u.cost_per_hour):
+        spec["cost"] = cost_quantity(u.cost_per_hour)
     reqs = requirements_to_spec(list(u.requirements), where)
     if reqs:
         spec["requirements"] = reqs
@@ -146,7 +160,7 @@ def _spec_patch(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict
     owned = ("availability", "availableCount", "cost", "resources", "requirements")
     old = {k: existing[k] for k in owned if k in existing}
     diff = merge_diff(old, desired)
-    if "cost" in diff and "cost" in old:
+    if "cost" in diff and "cost" in old and "cost" in desired:
         try:
             if Quantity.parse(old["cost"]) == Quantity.parse(desired["cost"]):
                 del diff["cost"]

@@ -112,12 +112,13 @@ def test_spec_from_update() -> None:
         "resources": {"cpu": "4", "memory": "2Gi"},
         "requirements": [{"key": "zone", "operator": "In", "values": ["a"]}],
     }
+    # no price sent (proto3 0): cost left unset, not shown as free (docs/crds.md)
     assert spec_from_update(pb.AvailableCapacityUpdate(supersedes_key="k")) == {
         "availability": "None",
         "availableCount": 0,
-        "cost": "0",
         "resources": {},
     }
+    assert "cost" not in spec_from_update(acu(cost_per_hour=float("nan")))
 
 
 def _writes(kube: RecordingKube) -> list[tuple[str, Any]]:
@@ -257,10 +258,9 @@ async def test_apiserver_upsert(nursery: trio.Nursery, autojump_clock: trio.abc.
         acu(confidence=Conf.CONFIDENCE_NONE, available_count=0, cost_per_hour=0.0)
     )
     ac = await client.get(AVAILABLE_CAPACITIES, NAME)
-    assert ac["spec"] == {
+    assert ac["spec"] == {  # the price went unknown: the old one is removed, not kept
         "availability": "None",
         "availableCount": 0,
-        "cost": "0",
         "resources": {},
     }
     assert len((await client.list(AVAILABLE_CAPACITIES)).items) == 1
