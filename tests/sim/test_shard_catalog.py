@@ -250,7 +250,7 @@ def test_run_cli_catalog_file_and_seed(monkeypatch: pytest.MonkeyPatch, tmp_path
     path = _write(tmp_path, SMALL)
     assert shard_cli.run_cli(0, None, catalog_file=path, seed=42) == 0
     ((port, kubeconfig, host, catalog, config),) = seen
-    assert (port, kubeconfig, host) == (0, None, "0.0.0.0")
+    assert (port, kubeconfig, host) == (0, None, "127.0.0.1")  # loopback unless --host
     assert catalog == load_catalog(path) and len(catalog) == 3
     assert config == EngineConfig(seed=42)
 
