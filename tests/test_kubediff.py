@@ -148,12 +148,16 @@ def test_project_discovery_picks_the_named_resources() -> None:
     }
 
 
-def test_project_table() -> None:
+def test_project_table_masks_ages() -> None:
     body = {"kind": "Table", "columnDefinitions": [
-        {"name": "Name", "type": "string", "format": "name", "description": "d"}],
-        "rows": [{"cells": ["a"], "object": {}}]}
+        {"name": "Name", "type": "string", "format": "name", "description": "d"},
+        {"name": "Age", "type": "string"}, {"name": "Created", "type": "date"}],
+        "rows": [{"cells": ["a", "3s", "1m"], "object": {}}]}
     assert project("table", body, []) == {
-        "kind": "Table", "columns": [("Name", "string", "name")], "rows": [["a"]]}
+        "kind": "Table",
+        "columns": [("Name", "string", "name"), ("Age", "string", ""), ("Created", "date", "")],
+        "rows": [["a", "<age>", "<age>"]]}
+    assert "rows" not in project("table", body, ["columns"])
 
 
 # ---- compare, allow-list, classify ---------------------------------------------------------

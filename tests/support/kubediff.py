@@ -240,7 +240,9 @@ def project(name: str | None, body: Any, select: Iterable[str]) -> Any:
             ``{"group/version/resource": {scope, kind, verbs, shortNames, categories,
             subresources}}`` for the selected ``group/version/resource`` keys.
         ``keys``: the sorted keys of the selected mapping path (``""`` = the body).
-        ``table``: a meta.k8s.io Table as its column names and types and its rows' cells.
+        ``table``: a meta.k8s.io Table as its column names and types and its rows' cells (Age
+            cells masked as ``<age>``; select ``columns`` for the columns alone, where a
+            controller of the real cluster writes what the cells show).
 
     Raises:
         ValueError: unknown projection name.
@@ -277,12 +279,18 @@ def project(name: str | None, body: Any, select: Iterable[str]) -> Any:
         return {k: found.get(k, ABSENT) for k in select}
     if name == "table":
         body = body or {}
-        return {
+        cols = body.get("columnDefinitions") or []
+        # an Age cell is a duration the server computes when it answers ("0s", "1s")
+        ages = {i for i, c in enumerate(cols) if c.get("name") == "Age" or c.get("type") == "date"}
+        table: dict[str, Any] = {
             "kind": body.get("kind"),
-            "columns": [(c.get("name"), c.get("type"), c.get("format") or "")
-                        for c in body.get("columnDefinitions") or []],
-            "rows": [r.get("cells") for r in body.get("rows") or []],
+            "columns": [(c.get("name"), c.get("type"), c.get("format") or "") for c in cols],
         }
+        if "columns" not in select:
+            table["rows"] = [[("<age>" if i in ages else v)
+                              for i, v in enumerate(r.get("cells") or [])]
+                             for r in body.get("rows") or []]
+        return table
     raise ValueError(f"unknown projection {name!r}")
 
 

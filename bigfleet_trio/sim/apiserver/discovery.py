@@ -45,6 +45,8 @@ def subresources(res: ResourceType) -> list[tuple[str, tuple[str, str, str], lis
     out = []
     if res.status:
         out.append(("status", (res.group, res.version, res.kind), ["get", "patch", "update"]))
+    if res.key == "namespaces":
+        out.append(("finalize", (res.group, res.version, res.kind), ["update"]))
     if "scale" in res.extra_subresources:
         out.append(("scale", ("autoscaling", "v1", "Scale"), ["get", "patch", "update"]))
     if "eviction" in res.extra_subresources:

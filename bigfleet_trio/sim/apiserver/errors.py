@@ -46,7 +46,8 @@ class ApiError(Exception):
             "reason": self.reason,
         }
         if self.details is not None:
-            body["details"] = self.details
+            # StatusDetails' fields are all omitempty: an empty group (core) is left out
+            body["details"] = {k: v for k, v in self.details.items() if v not in ("", None)}
         body["code"] = self.code
         return body
 

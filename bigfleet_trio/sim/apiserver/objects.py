@@ -293,9 +293,10 @@ def check_delete(res: ResourceType, obj: dict[str, Any], options: dict[str, Any]
     pre = options.get("preconditions") or {}
     meta = obj["metadata"]
     name = meta["name"]
+    # kube-apiserver names the Kind (Pod), not the resource, in a failed precondition
     if pre.get("uid") and pre["uid"] != meta.get("uid"):
         raise E.conflict(
-            res.plural,
+            res.kind,
             res.group,
             name,
             f"Precondition failed: UID in precondition: {pre['uid']}, "
@@ -303,7 +304,7 @@ def check_delete(res: ResourceType, obj: dict[str, Any], options: dict[str, Any]
         )
     if pre.get("resourceVersion") and str(pre["resourceVersion"]) != meta["resourceVersion"]:
         raise E.conflict(
-            res.plural,
+            res.kind,
             res.group,
             name,
             "Precondition failed: ResourceVersion in precondition: "

@@ -182,6 +182,8 @@ def builtin_resources() -> list[ResourceType]:
             False,
             ("ns",),
             status=True,
+            # kube-apiserver serves no deletecollection of namespaces
+            verbs=tuple(v for v in ALL_VERBS if v != "deletecollection"),
             selectable=frozenset({"status.phase"}),
             columns=[_col("Status", path=".status.phase"), AGE],
         ),

@@ -16,6 +16,7 @@ from . import discovery as D
 from . import errors as E
 from . import openapi as O
 from .httpio import Request, Response, json_response, not_found
+from .objects import now_rfc3339
 from .patching import apply_patch
 from .rbac import ADMIN, Attributes, User
 from .resources import ResourceType
@@ -366,6 +367,9 @@ def _patch(server: ApiState, c: Call) -> Result:
     ctype = c.req.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype not in PATCH_TYPES:
         raise E.unsupported_media_type(ctype or "(none)")
+    # server-side apply of an absent object creates it: 201, as kube-apiserver answers
+    creates = (ctype == "application/apply-patch+yaml" and c.sub is None
+               and server.store.get(c.res, c.namespace, c.name) is None)
     obj = server.patch(
         c.res,
         c.namespace,
@@ -377,7 +381,7 @@ def _patch(server: ApiState, c: Call) -> Result:
         dry_run=c.dry_run,
         warnings=c.warnings,
     )
-    return json_response(200, obj, warnings=c.warnings)
+    return json_response(201 if creates else 200, obj, warnings=c.warnings)
 
 
 def _delete_options(req: Request) -> dict[str, Any]:
@@ -395,10 +399,37 @@ def _delete_options(req: Request) -> dict[str, Any]:
     return options
 
 
+# Kinds whose kube-apiserver storage answers a DELETE with the deleted object
+# (``ReturnDeletedObject``); every other kind answers with a Status once the object is gone.
+RETURNS_DELETED_OBJECT = frozenset(
+    {"pods", "namespaces", "serviceaccounts", "services", "podtemplates", "resourcequotas",
+     "persistentvolumes", "persistentvolumeclaims"}
+)
+
+
 def _delete(server: ApiState, c: Call) -> Result:
     assert c.name is not None
     obj = server.delete(c.res, c.namespace, c.name, _delete_options(c.req), dry_run=c.dry_run)
-    return json_response(200, obj)
+    return json_response(200, delete_answer(c.res, obj, gone=not c.dry_run and server.store.get(
+        c.res, c.namespace, c.name) is None))
+
+
+def delete_answer(res: ResourceType, obj: dict[str, Any], *, gone: bool) -> dict[str, Any]:
+    """What a DELETE answers, as kube-apiserver: the object while something (finalizers) holds
+    it or for :data:`RETURNS_DELETED_OBJECT` kinds, else a Success Status naming it; a
+    Namespace answers Terminating (kube-apiserver's namespace controller empties it after)."""
+    if res.group == "" and res.plural == "namespaces" and gone:
+        meta = {**obj["metadata"]}
+        meta.setdefault("deletionTimestamp", now_rfc3339())
+        return {**obj, "metadata": meta, "status": {**(obj.get("status") or {}),
+                                                    "phase": "Terminating"}}
+    if not gone or (res.group == "" and res.plural in RETURNS_DELETED_OBJECT):
+        return obj
+    meta = obj.get("metadata") or {}
+    details = {"name": meta.get("name"), "group": res.group, "kind": res.plural,
+               "uid": meta.get("uid")}
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+            "details": {k: v for k, v in details.items() if v}}
 
 
 def _delete_collection(server: ApiState, c: Call) -> Result:

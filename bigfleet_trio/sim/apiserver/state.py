@@ -50,6 +50,8 @@ from .writes import (
     marked_deleted,
     new_object,
     stamp_created,
+    allows_unconditional_update,
+    tracks_generation,
 )
 
 log = logging.getLogger(__name__)
@@ -234,7 +236,7 @@ class ApiState:
         name = meta.get("name", "")
         if namespace:
             self._require_namespace(namespace)
-        stamp_created(obj, meta, namespace)
+        stamp_created(obj, meta, namespace, generation=tracks_generation(res))
         create_defaults(res, obj)
         obj, warns = validate_schema(res, obj, opts.get("field_validation", "Warn"))
         warnings = opts.get("warnings")
@@ -326,7 +328,12 @@ class ApiState:
                 f"the name of the object ({meta.get('name')}) does not match the name on the URL "
                 f"({name})"
             )
-        return self._commit(res, self.get(res, namespace, name), dict(body), opts)
+        old = self.get(res, namespace, name)
+        if not meta.get("resourceVersion") and not allows_unconditional_update(res):
+            raise E.invalid(res.plural, res.group, name, [E.field_cause(
+                "FieldValueInvalid", "metadata.resourceVersion",
+                "Invalid value: 0: must be specified for an update")])
+        return self._commit(res, old, dict(body), opts)
 
     def patch(
         self,
@@ -376,7 +383,9 @@ class ApiState:
             warnings.extend(warns)
         if same(obj, old):
             return old
-        if subresource != "status" and content(obj) != content(old):
+        if not tracks_generation(res):
+            meta.pop("generation", None)
+        elif subresource != "status" and content(obj) != content(old):
             meta["generation"] = int(ometa.get("generation", 1)) + 1
         if opts.get("dry_run", False):
             return obj

@@ -25,7 +25,9 @@ __all__ = [
     "create_options",
     "marked_deleted",
     "new_object",
+    "allows_unconditional_update",
     "stamp_created",
+    "tracks_generation",
 ]
 
 
@@ -77,7 +79,7 @@ def new_object(
     if not meta.get("name") and meta.get("generateName"):
         gen = str(meta["generateName"])
         for _ in range(100):
-            cand = gen + secrets.token_hex(3)[:5]
+            cand = gen + "".join(secrets.choice(NAME_SUFFIX_ALPHABET) for _ in range(5))
             if not taken(cand):
                 break
         meta["name"] = cand
@@ -88,15 +90,56 @@ def new_object(
     return obj, meta
 
 
-def stamp_created(obj: dict[str, Any], meta: dict[str, Any], namespace: str | None) -> None:
-    """Set the server-owned metadata of a new object (uid, creation time, generation 1)."""
+# kube-apiserver's generateName suffix: five of these (no vowels, no 0/1/3: no words, no
+# look-alikes)
+NAME_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+# Built-in kinds whose kube-apiserver strategy keeps metadata.generation (custom resources
+# always do); Namespaces, Nodes, ConfigMaps, Secrets, ServiceAccounts, RBAC objects, Events,
+# Leases and the other built-ins have none.
+GENERATION_KINDS = frozenset({
+    "pods", "podtemplates", "replicationcontrollers", "deployments.apps", "replicasets.apps",
+    "statefulsets.apps", "daemonsets.apps", "jobs.batch", "cronjobs.batch",
+    "poddisruptionbudgets.policy", "priorityclasses.scheduling.k8s.io",
+    "customresourcedefinitions.apiextensions.k8s.io", "horizontalpodautoscalers.autoscaling",
+    "ingresses.networking.k8s.io", "ingressclasses.networking.k8s.io",
+    "networkpolicies.networking.k8s.io", "endpointslices.discovery.k8s.io",
+})
+
+
+def tracks_generation(res: ResourceType) -> bool:
+    """True when objects of ``res`` carry ``metadata.generation`` (:data:`GENERATION_KINDS`)."""
+    return res.custom or res.key in GENERATION_KINDS
+
+
+# Built-in kinds whose kube-apiserver strategy refuses a PUT without metadata.resourceVersion
+# (custom resources and CRDs refuse it too); the others replace unconditionally.
+CONDITIONAL_UPDATE_KINDS = frozenset({
+    "leases.coordination.k8s.io", "poddisruptionbudgets.policy", "runtimeclasses.node.k8s.io",
+    "customresourcedefinitions.apiextensions.k8s.io",
+})
+
+
+def allows_unconditional_update(res: ResourceType) -> bool:
+    """False when a PUT must carry ``metadata.resourceVersion`` (422 Invalid without it)."""
+    return not res.custom and res.key not in CONDITIONAL_UPDATE_KINDS
+
+
+def stamp_created(
+    obj: dict[str, Any], meta: dict[str, Any], namespace: str | None, *, generation: bool = True
+) -> None:
+    """Set the server-owned metadata of a new object (uid, creation time, generation 1 when
+    its kind tracks generation, :func:`tracks_generation`)."""
     if namespace:
         meta["namespace"] = namespace
     else:
         meta.pop("namespace", None)
     meta["uid"] = str(uuid.uuid4())
     meta["creationTimestamp"] = now_rfc3339()
-    meta["generation"] = 1
+    if generation:
+        meta["generation"] = 1
+    else:
+        meta.pop("generation", None)
     for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
         meta.pop(k, None)
     obj["metadata"] = meta
@@ -135,5 +178,6 @@ def marked_deleted(obj: dict[str, Any]) -> dict[str, Any]:
     nmeta = dict(meta)
     nmeta["deletionTimestamp"] = now_rfc3339()
     nmeta["deletionGracePeriodSeconds"] = 0
-    nmeta["generation"] = int(meta.get("generation", 1)) + 1
+    if "generation" in meta:
+        nmeta["generation"] = int(meta["generation"]) + 1
     return {**obj, "metadata": nmeta}
