@@ -45,12 +45,12 @@ from .store import Store, Watcher
 from .writes import (
     CreateOptions,
     WriteOptions,
+    allows_unconditional_update,
     committed_object,
     create_options,
     marked_deleted,
     new_object,
     stamp_created,
-    allows_unconditional_update,
     tracks_generation,
 )
 
