@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,6 +22,7 @@ from grpclib.config import Configuration
 from grpclib.const import Cardinality, Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+from h2.events import ConnectionTerminated
 
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.bridge import (
@@ -44,8 +45,21 @@ log = logging.getLogger(__name__)
 SESSION_METHOD = "/bigfleet.v1alpha1.Shard/Session"
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
+
 class MessageTooLarge(ValueError):
     """An outbound message exceeds the configured limit."""
+
+
+#: How a call ends short of a clean close: a status, a reset or GOAWAY, a protocol error, the
+#: socket, an oversized message.
+_STREAM_ENDS = (GRPCError, StreamTerminatedError, ProtocolError, OSError, MessageTooLarge)
+
+#: Default seconds between keepalive pings: grpc-go's default enforcement MinTime (300 s) plus
+#: a 10 % margin for timer and network jitter (docs/wire.md#keepalive-against-a-go-shard).
+KEEPALIVE_TIME = 330.0
+
+#: Seconds a failed write waits for the shard's status to arrive on the receive side.
+STATUS_GRACE = 1.0
 
 
 class LimitedProtoCodec(ProtoCodec):
@@ -120,7 +134,9 @@ class GrpcConnector:
         host: shard host name or address.
         port: shard port.
         tls: optional :class:`TLSFiles` (plaintext when None or empty); validated here.
-        keepalive_time: seconds between HTTP/2 pings (None disables).
+        keepalive_time: seconds between HTTP/2 pings while the stream is open (None disables);
+            keep it at or above the shard's keepalive enforcement MinTime (grpc-go's default
+            5 min; docs/wire.md#keepalive-against-a-go-shard).
         keepalive_timeout: seconds to wait for a ping ACK before the connection is dropped.
         max_message_bytes: per-message limit both ways (256 MiB).
         connect_timeout: seconds to open the stream before :class:`StreamClosed`.
@@ -143,7 +159,7 @@ class GrpcConnector:
         port: int,
         *,
         tls: TLSFiles | None = None,
-        keepalive_time: float | None = 60.0,
+        keepalive_time: float | None = KEEPALIVE_TIME,
         keepalive_timeout: float = 20.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         connect_timeout: float = 10.0,
@@ -167,12 +183,19 @@ class GrpcConnector:
 
     def _config(self) -> Configuration:
         # HTTP/2 keepalive through grpclib's underscore fields. A Go shard's default enforcement
-        # policy (MinTime 5 min) tolerates 60 s pings while it sends data (the roll-up Acks
-        # every 10 s reset its ping strikes); lower the interval only if the shard permits it.
+        # (MinTime 5 min, no pings without a stream) counts a strike for each ping sooner than
+        # 5 min after the previous one, unless the shard sent DATA or HEADERS in between, and
+        # answers the third strike with GOAWAY ENHANCE_YOUR_CALM "too_many_pings". The downlink
+        # can be idle for hours (no Acks, no machines), so the default interval (330 s) stays
+        # above MinTime on the shard's clock. grpclib also holds pings to one per
+        # `_http2_min_sent_ping_interval_without_data` (300 s by default, whatever
+        # `_keepalive_time` says); set it to the interval so the configured one is the real one.
+        # Proven against grpc-go: tests/interop/test_goshard_keepalive.py.
         return Configuration(
             _keepalive_time=self.keepalive_time,
             _keepalive_timeout=self.keepalive_timeout,
             _keepalive_permit_without_calls=False,
+            _http2_min_sent_ping_interval_without_data=self.keepalive_time or 300.0,
             ssl_target_name_override=self.tls.server_name,
         )
 
@@ -228,6 +251,15 @@ class GrpcConnector:
         end: OperatorBridge,
     ) -> None:
         """asyncio-flavoured: the whole bidi call. Never raises except CancelledError."""
+        unsent: list[Outgoing] = []
+        goaway: list[str] = []  # the shard's GOAWAY, as "GOAWAY <code> <debug data>"
+
+        def why(exc: BaseException) -> str:
+            # A GOAWAY names the real reason; grpclib reports the streams it ends as
+            # "Connection lost" and drops the debug data (docs/wire.md#go-interop).
+            reason = describe_error(exc)
+            return f"{goaway[0]} ({reason})" if goaway else reason
+
         channel = Channel(
             self.host,
             self.port,
@@ -240,13 +272,16 @@ class GrpcConnector:
                 SESSION_METHOD, Cardinality.STREAM_STREAM, pb.OperatorMessage, pb.ShardMessage
             ) as stream:
                 await stream.send_request()
+                self._watch_goaway(channel, goaway)
                 state.opened.set()
-                await self._exchange(stream, up_recv, ord_send, boot_send, state, end)
+                await self._exchange(
+                    stream, up_recv, ord_send, boot_send, state, end, unsent, why
+                )
         except asyncio.CancelledError:
             state.reason = "closed locally"
             raise
-        except (GRPCError, StreamTerminatedError, ProtocolError, OSError, MessageTooLarge) as exc:
-            state.reason = describe_error(exc)
+        except _STREAM_ENDS as exc:
+            state.reason = why(exc)
             if isinstance(exc, GRPCError):
                 state.grpc_status = exc.status.name
             log.info(
@@ -256,6 +291,8 @@ class GrpcConnector:
             state.reason = describe_error(exc)
             log.exception("grpc stream failed host=%s port=%d", self.host, self.port)
         finally:
+            for item in unsent:
+                item.written.set()
             if not state.opened.is_set():
                 state.open_error = StreamClosed(state.reason)
                 state.opened.set()
@@ -278,8 +315,14 @@ class GrpcConnector:
         boot_send: trio.MemorySendChannel[bytes],
         state: BridgeState,
         end: OperatorBridge,
+        unsent: list[Outgoing],
+        why: Callable[[BaseException], str],
     ) -> None:
-        """asyncio-flavoured: pump frames both ways on an opened stream until either side ends."""
+        """asyncio-flavoured: pump frames both ways on an opened stream until either side ends.
+
+        A frame whose write failed goes to ``unsent`` (its sender is woken by the caller once
+        the reason is known); ``why`` names an error (a GOAWAY first).
+        """
 
         async def send_loop() -> None:
             while True:
@@ -290,9 +333,14 @@ class GrpcConnector:
                     return
                 try:
                     await stream.send_message(item.msg)
-                    item.ok = True
-                finally:
-                    item.written.set()
+                except BaseException:
+                    # Woken at the very end, once the reason is known: a failed write
+                    # usually means the shard ended the call, and its status is still
+                    # on its way to the receiver.
+                    unsent.append(item)
+                    raise
+                item.ok = True
+                item.written.set()
 
         sender = asyncio.ensure_future(send_loop())
         receiver = asyncio.ensure_future(
@@ -309,8 +357,14 @@ class GrpcConnector:
             if sender in done and sender.exception() is None:
                 await receiver  # half-closed by us: keep reading until the shard ends
                 done = {sender, receiver}
-            for t in done:
-                t.result()
+            elif sender in done and not receiver.done():
+                # A write failed: the shard's status (trailers) may be a moment behind;
+                # it is the better reason, so give the receiver a little time for it.
+                await asyncio.wait({receiver}, timeout=STATUS_GRACE)
+            # The receiver's outcome first: it carries the shard's status.
+            for t in (receiver, sender):
+                if t.done():
+                    t.result()
             # The shard ended the RPC: end our side too so grpclib can read the status
             # (a non-OK status raises GRPCError on leaving the request context).
             await cancel_and_wait(sender)
@@ -319,8 +373,47 @@ class GrpcConnector:
             except (ProtocolError, StreamTerminatedError):
                 pass  # already ended (we half-closed) or reset by the peer
             state.reason = "peer closed"
+        except _STREAM_ENDS as exc:
+            # Record why before the sender is cancelled below: a send waiting on it
+            # raises StreamClosed with this reason, and the session may tear the call
+            # down before _aio_call's handler runs (a status the shard ended the
+            # stream with must reach the log; docs/wire.md#go-interop).
+            state.reason = why(exc)
+            if isinstance(exc, GRPCError):
+                state.grpc_status = exc.status.name
+            raise
         finally:
             await cancel_and_wait(sender, receiver)
+
+    def _watch_goaway(self, channel: Channel, goaway: list[str]) -> None:
+        """Note the shard's GOAWAY in ``goaway``; on ``too_many_pings``, double the keepalive
+        interval for the next connections (as grpc-go's own client does).
+
+        Reaches into grpclib's event processor (``_protocol.processor.processors``); with
+        another layout the reason stays grpclib's own.
+        """
+        protocol = getattr(channel, "_protocol", None)
+        processors = getattr(getattr(protocol, "processor", None), "processors", None)
+        if not isinstance(processors, dict) or ConnectionTerminated not in processors:
+            return
+        original = processors[ConnectionTerminated]
+
+        def on_goaway(event: ConnectionTerminated) -> None:
+            code = getattr(event.error_code, "name", event.error_code)
+            debug = (event.additional_data or b"").decode("utf-8", "replace")
+            goaway.append(f"GOAWAY {code} {debug}".strip())
+            log.info("shard sent GOAWAY host=%s port=%d code=%s debug=%r", self.host, self.port,
+                     code, debug)
+            if debug == "too_many_pings" and self.keepalive_time:
+                # The shard's enforcement is stricter than our interval: back off, so the
+                # next connection does not earn the same GOAWAY.
+                self.keepalive_time *= 2
+                log.warning("shard refused our keepalive pings (GOAWAY too_many_pings): "
+                            "interval doubled to %gs for the next connections host=%s port=%d",
+                            self.keepalive_time, self.host, self.port)
+            original(event)
+
+        processors[ConnectionTerminated] = on_goaway
 
 
 def parse_address(addr: str) -> tuple[str, int]:
@@ -347,6 +440,7 @@ def parse_address(addr: str) -> tuple[str, int]:
 
 
 __all__ = [
+    "KEEPALIVE_TIME",
     "MAX_MESSAGE_BYTES",
     "SESSION_METHOD",
     "BridgeState",

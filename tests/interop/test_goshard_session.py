@@ -85,3 +85,81 @@ async def test_hello_and_rollup_decoded_by_protobuf_go_reencode_byte_identical(
         assert sorted(n.get("priority", 0) for n in go_needs) == [-5, 7, 100]
         merged = next(n for n in go_needs if n.get("priority") == 100)
         assert merged["aggregate_resources"]["memory"] == "12Gi"
+
+
+INSTANCE = "node.kubernetes.io/instance-type"
+REQ = [{"key": INSTANCE, "operator": "OPERATOR_IN", "values": ["m.go"]}]
+
+
+def nsu(state: str, **extra: Any) -> dict[str, Any]:
+    return {"send": {"node_state_update": {
+        "supersedes_key": "node:go-m-1", "machine_id": "go-m-1", "cluster_id": "c1",
+        "state": state, "labels": {INSTANCE: "m.go", "topology.kubernetes.io/zone": "z-a"},
+        "resources": {"resources": {"cpu": "4", "memory": "16Gi"}},
+        "taints": [{"key": "bigfleet.lucy.sh/new", "value": "1", "effect": "NoSchedule"}],
+        **extra}}}
+
+
+EVERY_KIND = [
+    {"await": "hello"},
+    {"send": {"ack": {"echo": "hello", "coordinator_term": "3", "shard_epoch": "9"}}},
+    {"await": "rollup"},
+    {"send": {"available_capacity": {
+        "supersedes_key": "available:go-1", "requirements": REQ,
+        "resources": {"resources": {"cpu": "4", "memory": "16Gi"}}, "available_count": 5,
+        "confidence": "CONFIDENCE_HIGH", "cost_per_hour": 0.25}}},
+    nsu("MACHINE_STATE_CREATING"),
+    {"send": {"bootstrap_request": {"request_id": "go-boot-1", "cluster_id": "c1",
+                                    "requirements": REQ}}},
+    {"await": "bootstrap_response"},
+    nsu("MACHINE_STATE_CONFIGURED", node_name="go-node-1", provider_id="go://go-m-1"),
+    {"send": {"reclaim_instruction": {"instruction_id": "go-r-1", "nodes": ["go-node-1"],
+                                      "grace_period_seconds": "5", "preemptor_priority": 100}}},
+    {"await": "reclaim_ack"},
+]
+
+
+async def test_downlink_ack_available_capacity_node_state_update_bootstrap_request_reclaim_instruction_from_go_handled(  # noqa: E501 - the name lists the kinds
+    tmp_path: Path, goshard: str
+) -> None:
+    async with world(tmp_path, goshard, {"sessions": [EVERY_KIND]}) as w:
+        await w.until("the ReclaimAck", lambda: w.peer.uplink("reclaim_ack"), 90)
+        log = w.operator_log()
+        assert "shard ack echo=hello term=3 epoch=9 cluster=c1" in log
+        (boot,) = w.peer.uplink("bootstrap_response")
+        answer = boot["frame"]["bootstrap_response"]
+        assert answer["request_id"] == "go-boot-1" and answer.get("user_data")
+        assert not answer.get("error"), answer
+        (ack,) = w.peer.uplink("reclaim_ack")
+        assert ack["frame"]["reclaim_ack"]["instruction_id"] == "go-r-1"
+        # Every uplink frame kind, re-encoded by protobuf-go, is the bytes we sent.
+        ups = w.peer.uplink(session=1)
+        assert {r["kind"] for r in ups} == {"hello", "rollup", "bootstrap_response",
+                                            "reclaim_ack"}
+        assert [r for r in ups if not r["reencoded_identical"]] == []
+
+        from bigfleet_trio.kube import AVAILABLE_CAPACITIES, UPCOMING_NODES
+        from bigfleet_trio.operator.available import available_capacity_name
+
+        ac = await w.client.get(AVAILABLE_CAPACITIES, available_capacity_name("available:go-1"))
+        assert ac["spec"]["availability"] == "High" and ac["spec"]["availableCount"] == 5
+        un = await w.client.get(UPCOMING_NODES, "un-go-m-1")
+        print(un, ac)
+        assert un["status"].get("providerID") == "go://go-m-1"
+
+
+async def test_stream_ended_by_go_with_a_status_is_logged_with_the_shards_message(
+    tmp_path: Path, goshard: str
+) -> None:
+    script = {"sessions": [[
+        {"await": "hello"},
+        {"end": {"code": 14, "message": "shard go-1 draining for upgrade (interop)"}},
+    ]], "default": [{"await": "hello"}]}
+    async with world(tmp_path, goshard, script) as w:
+        await w.until("the redial", lambda: w.peer.records("open", session=2))
+        (end,) = w.peer.records("end", session=1)
+        assert end["code"] == 14
+        await w.until("the status in the operator's log",
+                      lambda: "shard go-1 draining for upgrade (interop)" in w.operator_log())
+        line = next(ln for ln in w.operator_log().splitlines() if "(interop)" in ln)
+        assert "UNAVAILABLE" in line, line
