@@ -273,6 +273,9 @@ type Step struct {
 	Count int    `json:"count,omitempty"`
 	// Sleep for a Go duration.
 	Sleep string `json:"sleep,omitempty"`
+	// WaitFile waits until this file exists (a gate the test opens once it has checked the
+	// agent's reaction to the frames so far).
+	WaitFile string `json:"wait_file,omitempty"`
 	// Burst of NodeStateUpdates with interleaved BootstrapRequests (server mode).
 	Burst *Burst `json:"burst,omitempty"`
 	// AwaitBootstrapAnswers waits until every BootstrapRequest sent so far was answered.
@@ -403,6 +406,23 @@ func (b *bootstraps) outstanding() int {
 	return b.open
 }
 
+func waitFile(ctx context.Context, path string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out waiting for %s", path)
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 func duration(s string, def time.Duration) time.Duration {
 	if s == "" {
 		return def
@@ -513,6 +533,11 @@ func (s *server) play(ctx context.Context, stream grpc.BidiStreamingServer[pb.Op
 			case <-time.After(duration(step.Sleep, 0)):
 			case <-ctx.Done():
 				return ctx.Err()
+			}
+		case step.WaitFile != "":
+			if err := waitFile(ctx, step.WaitFile, timeout); err != nil {
+				s.rec.Put(map[string]any{"t": "await_failed", "session": n, "step": i, "error": err.Error()})
+				return status.Errorf(codes.Aborted, "script step %d: %v", i, err)
 			}
 		case step.Burst != nil:
 			if err := s.burst(stream, n, step.Burst, boots); err != nil {

@@ -169,6 +169,12 @@ class World:
         self.kubeconfig = kubeconfig
         self.operator: trio.Process | None = None
 
+    async def start_operator(self, cluster_id: str = "c1", *flags: str) -> trio.Process:
+        self.operator = await self.procs.start(
+            "operator", *operator_argv(self.kubeconfig, self.peer.addr, cluster_id, *flags)
+        )
+        return self.operator
+
     def operator_log(self) -> str:
         return self.procs.log("operator")
 
@@ -203,10 +209,7 @@ async def world(
             async with KubeClient(load_kubeconfig(kubeconfig, env={})) as client:
                 w = World(procs, peer, client, kubeconfig)
                 if start_operator:
-                    w.operator = await procs.start(
-                        "operator",
-                        *operator_argv(kubeconfig, peer.addr, cluster_id, *operator_flags),
-                    )
+                    await w.start_operator(cluster_id, *operator_flags)
                 yield w
         finally:
             await procs.stop()

@@ -10,9 +10,16 @@ from typing import Any
 
 import pytest
 
-from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
+from bigfleet_trio.kube.errors import NotFound
+from bigfleet_trio.kube.resources import (
+    AVAILABLE_CAPACITIES,
+    CAPACITY_REQUESTS,
+    NODES,
+    UPCOMING_NODES,
+)
+from bigfleet_trio.operator.available import available_capacity_name
 from bigfleet_trio.proto import pb
-from tests.interop._peer import operator_argv, world
+from tests.interop._peer import world
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 
@@ -64,8 +71,7 @@ async def test_hello_and_rollup_decoded_by_protobuf_go_reencode_byte_identical(
     async with world(tmp_path, goshard, {"default": [{"await": "rollup", "count": 2}]},
                      start_operator=False) as w:
         await create_all(w.client, MIXED)
-        w.operator = await w.procs.start(
-            "operator", *operator_argv(w.kubeconfig, w.peer.addr, "c1"))
+        await w.start_operator()
         await w.until("a roll-up with every need", lambda: any(
             len(r["frame"]["rollup"].get("needs", [])) == 3 for r in w.peer.uplink("rollup")))
         first = w.peer.uplink(session=1)
@@ -100,29 +106,54 @@ def nsu(state: str, **extra: Any) -> dict[str, Any]:
         **extra}}}
 
 
-EVERY_KIND = [
-    {"await": "hello"},
-    {"send": {"ack": {"echo": "hello", "coordinator_term": "3", "shard_epoch": "9"}}},
-    {"await": "rollup"},
-    {"send": {"available_capacity": {
-        "supersedes_key": "available:go-1", "requirements": REQ,
-        "resources": {"resources": {"cpu": "4", "memory": "16Gi"}}, "available_count": 5,
-        "confidence": "CONFIDENCE_HIGH", "cost_per_hour": 0.25}}},
-    nsu("MACHINE_STATE_CREATING"),
-    {"send": {"bootstrap_request": {"request_id": "go-boot-1", "cluster_id": "c1",
-                                    "requirements": REQ}}},
-    {"await": "bootstrap_response"},
-    nsu("MACHINE_STATE_CONFIGURED", node_name="go-node-1", provider_id="go://go-m-1"),
-    {"send": {"reclaim_instruction": {"instruction_id": "go-r-1", "nodes": ["go-node-1"],
-                                      "grace_period_seconds": "5", "preemptor_priority": 100}}},
-    {"await": "reclaim_ack"},
-]
+def every_kind(gate: Path) -> list[dict[str, Any]]:
+    return [
+        {"await": "hello"},
+        {"send": {"ack": {"echo": "hello", "coordinator_term": "3", "shard_epoch": "9"}}},
+        {"await": "rollup"},
+        {"send": {"available_capacity": {
+            "supersedes_key": "available:go-1", "requirements": REQ,
+            "resources": {"resources": {"cpu": "4", "memory": "16Gi"}}, "available_count": 5,
+            "confidence": "CONFIDENCE_HIGH", "cost_per_hour": 0.25}}},
+        nsu("MACHINE_STATE_CREATING"),
+        {"send": {"bootstrap_request": {"request_id": "go-boot-1", "cluster_id": "c1",
+                                        "requirements": REQ}}},
+        {"await": "bootstrap_response"},
+        nsu("MACHINE_STATE_CONFIGURED", node_name="go-node-1", provider_id="go://go-m-1"),
+        {"wait_file": str(gate)},  # the test has checked the UpcomingNode
+        {"send": {"reclaim_instruction": {"instruction_id": "go-r-1", "nodes": ["go-node-1"],
+                                          "grace_period_seconds": "5", "preemptor_priority": 100}}},
+        {"await": "reclaim_ack"},
+    ]
 
 
 async def test_downlink_ack_available_capacity_node_state_update_bootstrap_request_reclaim_instruction_from_go_handled(  # noqa: E501 - the name lists the kinds
     tmp_path: Path, goshard: str
 ) -> None:
-    async with world(tmp_path, goshard, {"sessions": [EVERY_KIND]}) as w:
+    gate = tmp_path / "reclaim.gate"
+    script = {"sessions": [every_kind(gate)]}
+    async with world(tmp_path, goshard, script, start_operator=False) as w:
+        await w.client.create(NODES, {"apiVersion": "v1", "kind": "Node",
+                                      "metadata": {"name": "go-node-1"}})
+        await w.start_operator()
+
+        async def upcoming_ready() -> dict[str, Any] | None:
+            try:
+                un = await w.client.get(UPCOMING_NODES, "un-go-m-1")
+            except NotFound:
+                return None
+            return un if (un.get("status") or {}).get("phase") == "Ready" else None
+
+        await w.until("the UpcomingNode Ready", upcoming_ready, 90)
+        un = await upcoming_ready()
+        assert un is not None
+        assert un["spec"]["labels"] == {INSTANCE: "m.go", "topology.kubernetes.io/zone": "z-a"}
+        assert un["spec"]["taints"] == [
+            {"key": "bigfleet.lucy.sh/new", "value": "1", "effect": "NoSchedule"}
+        ]
+        assert un["status"]["providerID"] == "go://go-m-1"
+        assert un["status"]["nodeRef"]["name"] == "go-node-1"
+        gate.touch()
         await w.until("the ReclaimAck", lambda: w.peer.uplink("reclaim_ack"), 90)
         log = w.operator_log()
         assert "shard ack echo=hello term=3 epoch=9 cluster=c1" in log
@@ -131,21 +162,31 @@ async def test_downlink_ack_available_capacity_node_state_update_bootstrap_reque
         assert answer["request_id"] == "go-boot-1" and answer.get("user_data")
         assert not answer.get("error"), answer
         (ack,) = w.peer.uplink("reclaim_ack")
-        assert ack["frame"]["reclaim_ack"]["instruction_id"] == "go-r-1"
+        assert ack["frame"]["reclaim_ack"] == {"instruction_id": "go-r-1", "nodes_started": 1}
+        node = await w.client.get(NODES, "go-node-1")
+        assert node["spec"].get("unschedulable") is True  # cordoned for the drain
         # Every uplink frame kind, re-encoded by protobuf-go, is the bytes we sent.
         ups = w.peer.uplink(session=1)
         assert {r["kind"] for r in ups} == {"hello", "rollup", "bootstrap_response",
                                             "reclaim_ack"}
         assert [r for r in ups if not r["reencoded_identical"]] == []
 
-        from bigfleet_trio.kube import AVAILABLE_CAPACITIES, UPCOMING_NODES
-        from bigfleet_trio.operator.available import available_capacity_name
-
         ac = await w.client.get(AVAILABLE_CAPACITIES, available_capacity_name("available:go-1"))
-        assert ac["spec"]["availability"] == "High" and ac["spec"]["availableCount"] == 5
-        un = await w.client.get(UPCOMING_NODES, "un-go-m-1")
-        print(un, ac)
-        assert un["status"].get("providerID") == "go://go-m-1"
+        assert ac["spec"] == {
+            "availability": "High", "availableCount": 5, "cost": "250m",
+            "resources": {"cpu": "4", "memory": "16Gi"},
+            "requirements": [{"key": INSTANCE, "operator": "In", "values": ["m.go"]}],
+        }
+        # The reclaimed machine's Node drained (no Pods): its UpcomingNode is gone.
+        await w.until("the UpcomingNode drained", lambda: upcoming_ready_gone(w))
+
+
+async def upcoming_ready_gone(w: Any) -> bool:
+    try:
+        await w.client.get(UPCOMING_NODES, "un-go-m-1")
+    except NotFound:
+        return True
+    return False
 
 
 async def test_stream_ended_by_go_with_a_status_is_logged_with_the_shards_message(
