@@ -474,9 +474,15 @@ func (s *server) Session(stream grpc.BidiStreamingServer[pb.OperatorMessage, pb.
 			seq++
 			raw := codec.take(m)
 			kind := kindOf(m)
-			// The roll-ups and the handshake are recorded in full; high-rate answers briefly.
-			full := kind == "hello" || kind == "rollup" || kind == "reclaim_ack" || seq <= 50
-			s.rec.Put(frameRecord("up", n, seq, m, raw, full))
+			// The roll-ups and the handshake are recorded in full (up to -record-full-max
+			// bytes); high-rate answers briefly.
+			full := (kind == "hello" || kind == "rollup" || kind == "reclaim_ack" || seq <= 50) &&
+				len(raw) <= *recordFullMax
+			rec := frameRecord("up", n, seq, m, raw, full)
+			if r := m.GetRollup(); r != nil {
+				rec["needs"] = len(r.GetNeeds())
+			}
+			s.rec.Put(rec)
 			if r := m.GetBootstrapResponse(); r != nil {
 				if d, ok := boots.answer(r.GetRequestId()); ok {
 					s.rec.Put(map[string]any{"t": "bootstrap_answer", "session": n,
@@ -789,18 +795,19 @@ func (s *Script) closes() bool {
 // ---- main ---------------------------------------------------------------------------------
 
 var (
-	listen       = flag.String("listen", "127.0.0.1:0", "server mode: listen address")
-	readyFile    = flag.String("ready-file", "", "server mode: write the bound address here once listening")
-	recordPath   = flag.String("record", "", "JSON-lines record of frames and connection events (default stdout)")
-	scriptPath   = flag.String("script", "", "JSON script (sessions of steps); none = record and hold")
-	kaMinTime    = flag.Duration("keepalive-min-time", 0, "server keepalive enforcement MinTime (0 = grpc-go's default policy, 5m)")
-	kaPermit     = flag.Bool("keepalive-permit-without-stream", false, "with -keepalive-min-time: allow pings without a stream")
-	tlsCert      = flag.String("tls-cert", "", "server certificate (mTLS: with -tls-key and -tls-ca)")
-	tlsKey       = flag.String("tls-key", "", "server private key")
-	tlsCA        = flag.String("tls-ca", "", "CA bundle for client certificates")
-	clusterID    = flag.String("cluster-id", "", "mTLS: the only cluster id accepted in the URI SAN; client mode: unused")
-	bootDeadline = flag.Duration("bootstrap-deadline", 10*time.Second, "an answer later than this is recorded as late")
-	dial         = flag.String("dial", "", "client mode: the shard address to dial")
+	listen        = flag.String("listen", "127.0.0.1:0", "server mode: listen address")
+	readyFile     = flag.String("ready-file", "", "server mode: write the bound address here once listening")
+	recordPath    = flag.String("record", "", "JSON-lines record of frames and connection events (default stdout)")
+	recordFullMax = flag.Int("record-full-max", 1<<20, "frames above this many bytes are recorded without their JSON and bytes")
+	scriptPath    = flag.String("script", "", "JSON script (sessions of steps); none = record and hold")
+	kaMinTime     = flag.Duration("keepalive-min-time", 0, "server keepalive enforcement MinTime (0 = grpc-go's default policy, 5m)")
+	kaPermit      = flag.Bool("keepalive-permit-without-stream", false, "with -keepalive-min-time: allow pings without a stream")
+	tlsCert       = flag.String("tls-cert", "", "server certificate (mTLS: with -tls-key and -tls-ca)")
+	tlsKey        = flag.String("tls-key", "", "server private key")
+	tlsCA         = flag.String("tls-ca", "", "CA bundle for client certificates")
+	clusterID     = flag.String("cluster-id", "", "mTLS: the only cluster id accepted in the URI SAN; client mode: unused")
+	bootDeadline  = flag.Duration("bootstrap-deadline", 10*time.Second, "an answer later than this is recorded as late")
+	dial          = flag.String("dial", "", "client mode: the shard address to dial")
 )
 
 func main() {

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from bigfleet_trio.kube.errors import NotFound
 from bigfleet_trio.kube.resources import (
@@ -204,3 +205,52 @@ async def test_stream_ended_by_go_with_a_status_is_logged_with_the_shards_messag
                       lambda: "shard go-1 draining for upgrade (interop)" in w.operator_log())
         line = next(ln for ln in w.operator_log().splitlines() if "(interop)" in ln)
         assert "UNAVAILABLE" in line, line
+
+
+async def test_rollup_above_4mib_decoded_by_protobuf_go_byte_identical(
+    tmp_path: Path, goshard: str
+) -> None:
+    # grpc-go's default receive limit is 4 MiB; the shard raises it to 256 MiB, as the agent
+    # does for its sends. 720 needs of ~6 KB each (a long In list) make a ~4.4 MB roll-up.
+    values = [f"instance-type-{i:03d}-" + "x" * 40 for i in range(100)]
+    crs = [cr(f"big-{i:04d}", i, {"cpu": "1"},
+              requirements=[{"key": INSTANCE, "operator": "In", "values": values}])
+           for i in range(720)]
+    async with world(tmp_path, goshard, {"default": [{"await": "rollup", "count": 3}]},
+                     start_operator=False) as w:
+        async with trio.open_nursery() as nursery:
+            for chunk in range(0, len(crs), 90):
+                nursery.start_soon(create_all, w.client, crs[chunk:chunk + 90])
+        await w.start_operator()
+        await w.until("the > 4 MiB roll-up", lambda: [
+            r for r in w.peer.uplink("rollup") if r["needs"] == 720], 180)
+        big = next(r for r in w.peer.uplink("rollup") if r["needs"] == 720)
+        assert big["raw_len"] > 4 * 1024 * 1024
+        assert big["reencoded_identical"], big
+        assert w.peer.records("end") == []  # no RESOURCE_EXHAUSTED, the stream stays up
+
+
+async def test_node_state_update_burst_30k_from_go_every_bootstrap_request_answered_on_time(
+    tmp_path: Path, goshard: str
+) -> None:
+    # 10K machines x 3 states, written by grpc-go as fast as flow control lets it, with a
+    # BootstrapRequest after every 300 updates. The shard gives each request one roll-up cycle
+    # (10 s, the peer's -bootstrap-deadline) before it counts a shortfall
+    # (docs/wire.md#bootstrap-first).
+    script = {"sessions": [[
+        {"await": "hello"},
+        {"await": "rollup"},
+        {"burst": {"cluster_id": "c1", "machines": 10_000, "bootstrap_every": 300,
+                   "states": ["MACHINE_STATE_IDLE", "MACHINE_STATE_CONFIGURING",
+                              "MACHINE_STATE_CONFIGURED"]}},
+        {"await_bootstrap_answers": True, "timeout": "120s"},
+    ]]}
+    async with world(tmp_path, goshard, script) as w:
+        await w.until("every bootstrap request answered",
+                      lambda: w.peer.records("bootstrap_all_answered"), 240)
+        (sent,) = w.peer.records("burst_sent")
+        assert (sent["node_state_updates"], sent["bootstrap_requests"]) == (30_000, 100)
+        answers = w.peer.records("bootstrap_answer")
+        assert len(answers) == 100
+        assert [a for a in answers if a["late"] or a["error"]] == []
+        assert w.peer.records("end") == []
