@@ -159,6 +159,14 @@ class OperatorConfig(ProcessSettings):
     tls_server_name: str | None = knob(
         None, "expected shard certificate name (default: the --shard-addr host)", metavar="NAME"
     )
+    keepalive_time: float = knob(
+        330.0,
+        "HTTP/2 ping interval on the shard stream; 0 disables. Stay at or above the shard's "
+        "keepalive enforcement (grpc-go's default: 5m)",
+        unit=DURATION, check=non_negative,
+    )
+    keepalive_timeout: float = knob(20.0, "close the connection when a ping is not answered "
+                                    "within this", unit=DURATION, check=positive)
     drain_shutdown_timeout: float = knob(
         30.0, "on SIGTERM, how long running drains may continue", unit=DURATION,
         check=non_negative,

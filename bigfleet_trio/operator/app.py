@@ -301,7 +301,8 @@ def _grpc_connector(cfg: OperatorConfig) -> Connector:
         key=cfg.tls_key or None,
         server_name=cfg.tls_server_name or None,
     )
-    return GrpcConnector(host, port, tls=tls)
+    return GrpcConnector(host, port, tls=tls, keepalive_time=cfg.keepalive_time or None,
+                         keepalive_timeout=cfg.keepalive_timeout)
 
 
 def _separate_listener(probe: str | None, metrics_addr: str) -> bool:

@@ -30,7 +30,10 @@ def test_max_message_bytes_is_256_mib_and_the_default_everywhere() -> None:
 
 def test_keepalive_defaults_in_built_configuration() -> None:
     conf = GrpcConnector("shard", 7443)._config()
-    assert conf._keepalive_time == 60.0
+    # Above grpc-go's default enforcement MinTime (5 min) with room for jitter: an idle
+    # downlink never earns a ping strike (docs/wire.md#keepalive-against-a-go-shard).
+    assert conf._keepalive_time == 330.0
+    assert conf._http2_min_sent_ping_interval_without_data == 330.0
     assert conf._keepalive_timeout == 20.0
     assert conf._keepalive_permit_without_calls is False
     assert conf.ssl_target_name_override is None
@@ -45,6 +48,9 @@ def test_keepalive_and_server_name_from_arguments_in_built_configuration() -> No
         keepalive_timeout=3.0,
     )._config()
     assert (conf._keepalive_time, conf._keepalive_timeout) == (7.5, 3.0)
+    # The configured interval is the real one: grpclib would otherwise hold pings to one per
+    # 300 s (its own floor) whatever keepalive_time says.
+    assert conf._http2_min_sent_ping_interval_without_data == 7.5
     assert conf.ssl_target_name_override == "shard.bigfleet.test"
     # None switches the pings off (grpclib's own client default)
     assert GrpcConnector("shard", 7443, keepalive_time=None)._config()._keepalive_time is None
@@ -87,7 +93,7 @@ async def test_keepalive_and_message_limit_reach_the_grpclib_channel(
     assert channel._codec.max_message_bytes == 4096
 
 
-async def test_default_connector_channel_gets_60s_20s_and_256_mib(
+async def test_default_connector_channel_gets_330s_20s_and_256_mib(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     channels: list[Channel] = []
@@ -106,6 +112,23 @@ async def test_default_connector_channel_gets_60s_20s_and_256_mib(
             async with GrpcConnector("127.0.0.1", 7443).connect():
                 pytest.fail("should not connect")
     [channel] = channels
-    assert (channel._config._keepalive_time, channel._config._keepalive_timeout) == (60.0, 20.0)
+    assert (channel._config._keepalive_time, channel._config._keepalive_timeout) == (330.0, 20.0)
     assert isinstance(channel._codec, LimitedProtoCodec)
     assert channel._codec.max_message_bytes == 268_435_456
+
+
+def test_operator_keepalive_flags_reach_the_connector() -> None:
+    from bigfleet_trio import cli
+    from bigfleet_trio.operator.app import _grpc_connector
+
+    base = ["operator", "--cluster-id", "c1", "--shard-addr", "127.0.0.1:7443"]
+    default = _grpc_connector(cli.operator_config(cli.parse_args(base)))
+    assert isinstance(default, GrpcConnector)
+    assert (default.keepalive_time, default.keepalive_timeout) == (330.0, 20.0)
+    cfg = cli.operator_config(cli.parse_args(
+        [*base, "--keepalive-time", "1s", "--keepalive-timeout", "500ms"]))
+    tight = _grpc_connector(cfg)
+    assert isinstance(tight, GrpcConnector)
+    assert (tight.keepalive_time, tight.keepalive_timeout) == (1.0, 0.5)
+    off = _grpc_connector(cli.operator_config(cli.parse_args([*base, "--keepalive-time", "0"])))
+    assert isinstance(off, GrpcConnector) and off.keepalive_time is None
