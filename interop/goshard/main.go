@@ -737,6 +737,10 @@ func runClient(rec *Recorder, script *Script) error {
 						NodesStarted: int32(len(r.GetNodes()))}}})
 			}
 			seen.add(kindOf(m))
+			if u := m.GetNodeStateUpdate(); u != nil {
+				// Awaitable as "node_state_update:MACHINE_STATE_<X>" too.
+				seen.add("node_state_update:" + u.GetState().String())
+			}
 		}
 	}()
 	for i, step := range script.forSession(1) {
