@@ -128,7 +128,7 @@ def every_kind(gate: Path) -> list[dict[str, Any]]:
     ]
 
 
-async def test_downlink_ack_available_capacity_node_state_update_bootstrap_request_reclaim_instruction_from_go_handled(  # noqa: E501 - the name lists the kinds
+async def test_go_downlink_ack_available_capacity_node_state_update_bootstrap_request_reclaim_instruction_handled_uplink_hello_rollup_bootstrap_response_reclaim_ack_byte_identical(  # noqa: E501 - the name lists the kinds
     tmp_path: Path, goshard: str
 ) -> None:
     gate = tmp_path / "reclaim.gate"
