@@ -273,6 +273,7 @@ NOT_OUR_CLASSES = {
     "CapacityRequestRejected", "ResourceVersionTooLarge", "DoesNotExist", "NotIn",
     "RetryOnConflict",  # client-go's helper
     "SandboxedEnvironment", "StrictUndefined",  # jinja2
+    "MinTime",  # grpc-go's keepalive.EnforcementPolicy field
 }
 
 
