@@ -85,7 +85,8 @@ async def apply_crds(
             action = "created"
         except AlreadyExists:
             action = await _update(client, res, crd, Conflict)
-        log.info("crd applied", extra={"crd": name, "action": action})
+        # DEBUG: install_crds prints each result on stdout; an INFO line on stderr said it twice
+        log.debug("crd applied", extra={"crd": name, "action": action})
         results.append((name, action))
     return results
 

@@ -36,3 +36,14 @@ def test_rollup_smallest_result_is_well_formed() -> None:
     out = io.StringIO()
     common.print_result(res, out)
     assert "idle cycle @100 CRs" in out.getvalue()
+
+
+def test_help_hides_internal_sub_commands() -> None:
+    """``python -m scripts.bench --help`` lists the scenarios, not the helpers they start."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "scripts.bench", "--help"], check=True,
+                         capture_output=True, text=True).stdout
+    assert "_stream-server" not in out and "_bootstrap-burst-shard" not in out
+    assert "rollup" in out

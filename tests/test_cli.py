@@ -804,3 +804,25 @@ def test_sim_shard_listens_on_loopback_unless_told(monkeypatch: pytest.MonkeyPat
     assert cli.main(["sim", "shard"]) == 0
     assert cli.main(["sim", "shard", "--host", "0.0.0.0"]) == 0
     assert [kw["host"] for kw in seen] == ["127.0.0.1", "0.0.0.0"]
+
+
+async def test_install_crds_says_each_result_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """stdout and stderr together name each CRD once (an INFO log line repeated each one)."""
+    import trio
+
+    from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
+
+    api = ApiServer(crd_paths=[])
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve, api)
+        kc = tmp_path / "kc.yaml"
+        write_kubeconfig(url, str(kc), ca_pem=api.tls_ca_pem)
+        rc = await trio.to_thread.run_sync(cli.main, ["install-crds", "--kubeconfig", str(kc)])
+        nursery.cancel_scope.cancel()
+    assert rc == 0
+    both = capsys.readouterr()
+    for crd in load_crds():
+        name = crd["metadata"]["name"]
+        assert (both.out + both.err).count(name) == 1, (both.out, both.err)

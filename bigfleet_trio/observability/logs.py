@@ -7,9 +7,10 @@ standard library::
     log.info("reclaim acknowledged", extra={"cluster": cid, "node": name, "grace_s": 30})
 
 ``json`` prints one object per line: ``{"ts", "level", "logger", "msg", **extra}`` (plus ``exc``
-with the traceback when there is one); identifying ``key=value`` pairs written into the message
-itself (``cluster=``, ``machine_id=``, ``node=``, ``cr=``, ``instruction_id=`` …) also become
-keys when no ``extra`` gave them. ``text`` prints ``ts LEVEL logger msg k=v ...``.
+with the traceback when there is one); every ``key=%s`` placeholder of the format string becomes
+a key with its argument's value, and identifying ``key=value`` text in the message
+(``cluster=``, ``machine_id=``, ``node=`` …) too, when no ``extra`` gave them. ``text`` prints
+``ts LEVEL logger msg k=v ...``, leaving out an ``extra`` key the message already shows.
 
 A redaction filter on the handler scrubs bearer tokens, ``Authorization`` headers, PEM blocks,
 JWTs and values of secret-named fields (token, password, key data, user_data…) so credentials
@@ -41,7 +42,7 @@ REDACTED = "[REDACTED]"
 # Attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD_ATTRS = frozenset(
     vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None)).keys()
-) | {"message", "asctime", "taskName", "_bf_redacted"}
+) | {"message", "asctime", "taskName", "_bf_redacted", "_bf_pairs"}
 
 # Field names whose values are secrets (substring match, case-insensitive, "-" == "_").
 _SECRET_NAME_PARTS = (
@@ -132,6 +133,9 @@ class RedactingFilter(logging.Filter):
         if getattr(record, "_bf_redacted", False):
             return True
         try:
+            # the values of "key=%s" placeholders, before args go (JSON lines carry them)
+            record._bf_pairs = {k: _redact_value(k, _jsonable(v))
+                                for k, v in _template_pairs(record).items()}
             record.msg = redact(record.getMessage())
             record.args = None
         except Exception:  # a broken %-format must not kill logging
@@ -191,6 +195,38 @@ def _pairs_in(msg: str) -> dict[str, str]:
     return out
 
 
+_CONVERSION_RE = re.compile(
+    r"%(?:\((?P<mapkey>\w+)\))?[#0\- +]*(?:\*|\d+)?(?:\.(?:\*|\d+))?[hlL]?"
+    r"(?P<conv>[diouxXeEfFgGcrsa%])"
+)
+_KEY_BEFORE_RE = re.compile(r"(?<![\w.-])([a-z][a-z0-9_]*)=$")
+
+
+def _template_pairs(record: logging.LogRecord) -> dict[str, Any]:
+    """``key=%s`` placeholders of the record's format string, with their argument values
+    (``"kube listed informer=%s rv=%s objects=%d"`` -> informer, rv, objects): every value a
+    message carries becomes a JSON key, typed as passed, not only text inside ``msg``."""
+    msg, args = record.msg, record.args
+    if not isinstance(msg, str) or not args:
+        return {}
+    out: dict[str, Any] = {}
+    index = 0
+    for m in _CONVERSION_RE.finditer(msg):
+        if m.group("conv") == "%":
+            continue
+        key_m = _KEY_BEFORE_RE.search(msg, 0, m.start())
+        if m.group("mapkey") is not None:  # "%(name)s" with a mapping argument
+            if isinstance(args, Mapping) and key_m is not None:
+                out.setdefault(key_m.group(1), args.get(m.group("mapkey")))
+            continue
+        if not isinstance(args, tuple) or index >= len(args):
+            return out
+        if key_m is not None:
+            out.setdefault(key_m.group(1), args[index])
+        index += 1
+    return out
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``ts`` (RFC 3339 UTC, ms), ``level``, ``logger``, ``msg``,
     then the record's ``extra`` fields, then identifying ``key=value`` pairs of the message
@@ -206,6 +242,13 @@ class JsonFormatter(logging.Formatter):
         for k, v in _extras(record).items():
             if k not in obj:
                 obj[k] = _jsonable(v)
+        pairs = getattr(record, "_bf_pairs", None)
+        if pairs is None:
+            pairs = {k: _redact_value(k, _jsonable(v))
+                     for k, v in _template_pairs(record).items()}
+        for k, v in pairs.items():
+            if k not in obj:
+                obj[k] = v
         for k, v in _pairs_in(obj["msg"]).items():
             obj.setdefault(k, v)
         if record.exc_info:
@@ -239,6 +282,8 @@ class TextFormatter(logging.Formatter):
         msg = record.getMessage().replace("\n", "\\n")
         parts = [_iso(record.created), record.levelname, record.name, msg]
         for k, v in _extras(record).items():
+            if re.search(rf"(?<![\w.-]){re.escape(k)}=", msg):
+                continue  # the message already says it: no "phase=X ... phase=X"
             parts.append(f"{k}={_text_value(v)}")
         if record.exc_info:
             parts.append("exc=" + json.dumps(redact(self.formatException(record.exc_info))))

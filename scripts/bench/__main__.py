@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Sub-commands: " + ", ".join(ALL_ORDER) + ", all (every scenario, one process "
         "each; `all --quick` is the CI smoke run: it reports, it never asserts on timing).",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    # SCENARIO, not the choices: the internal sub-commands (_stream-server...) stay out of --help
+    sub = parser.add_subparsers(dest="command", required=True, metavar="SCENARIO")
     scenarios = load_scenarios(sub, common)
     p_all = sub.add_parser("all", parents=[common], help="run every scenario, one at a time")
     p_all.add_argument("--only", default="", help="comma-separated subset")

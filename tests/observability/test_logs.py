@@ -206,3 +206,25 @@ def test_operator_log_lines_carry_their_keys(stream: io.StringIO) -> None:
         "operator: stopped", extra={"cluster": "c1"})
     (line,) = _lines(stream)
     assert line.endswith("INFO bigfleet_trio.operator.app operator: stopped cluster=c1")
+
+
+def test_json_values_of_the_message_are_keys(stream: io.StringIO) -> None:
+    """Every ``key=%s`` of the format string is a JSON key with its value, typed as passed."""
+    setup_logging("json", "info", stream=stream)
+    log = logging.getLogger("bigfleet_trio.kube.informer")
+    log.info("kube listed informer=%s rv=%s objects=%d diff=%s", "pods", "155", 0, {"ADDED": 0})
+    log.info("session established cluster=%s protocol=%s after %.1fs", "c1", "v1alpha1", 0.5)
+    log.info("token=%s", "s3cret")
+    first, second, third = (json.loads(ln) for ln in _lines(stream))
+    assert (first["informer"], first["rv"], first["objects"], first["diff"]) == (
+        "pods", "155", 0, {"ADDED": 0})
+    assert (second["cluster"], second["protocol"]) == ("c1", "v1alpha1")
+    assert third["token"] == REDACTED
+
+
+def test_text_lines_do_not_repeat_keys(stream: io.StringIO) -> None:
+    setup_logging("text", "info", stream=stream)
+    logging.getLogger("x").info("upcoming node written phase=%s", "Launched",
+                                extra={"phase": "Launched", "node": "n-1"})
+    (line,) = _lines(stream)
+    assert line.count("phase=") == 1 and line.endswith("phase=Launched node=n-1")
