@@ -107,3 +107,30 @@ def test_no_module_only_re_exports() -> None:
 ])
 def test_reexport_detector(source: str, expected: bool) -> None:
     assert _only_reexports(ast.parse(source)) is expected
+
+
+def _defined_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_all_lists_only_the_modules_own_names() -> None:
+    """``__all__`` names what a module defines: a name imported from elsewhere and listed
+    there is a re-export for old import paths (import it from its defining module)."""
+    found: list[str] = []
+    for path, tree in _trees():
+        for node in tree.body:
+            if (isinstance(node, ast.Assign | ast.AnnAssign)
+                    and "__all__" in ast.dump(node.targets[0] if isinstance(node, ast.Assign)
+                                              else node.target)
+                    and isinstance(node.value, ast.List | ast.Tuple)):
+                own = _defined_names(tree)
+                found += [f"{path}: {e.value}" for e in node.value.elts
+                          if isinstance(e, ast.Constant) and e.value not in own]
+    assert not found, f"re-exported names: {found}"

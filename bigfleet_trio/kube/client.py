@@ -24,7 +24,7 @@ from .resources import EVENTS, Resource
 from .retry import TRANSIENT, write_retry_on
 from .watchstream import WatchStream
 
-__all__ = ["KubeClient", "ObjectList", "WatchStream", "PatchType", "rfc3339", "rfc3339_micro"]
+__all__ = ["KubeClient", "ObjectList", "PatchType", "rfc3339", "rfc3339_micro"]
 
 log = logging.getLogger(__name__)
 

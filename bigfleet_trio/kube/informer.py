@@ -32,8 +32,8 @@ from .errors import (
     error_from_status,
 )
 from .resources import BIGFLEET_GROUP, Resource
+from .retry import Backoff
 from .watch import (
-    Backoff,
     ResourceVersionTracker,
     WatchEvent,
     is_expired,

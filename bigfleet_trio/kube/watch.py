@@ -6,9 +6,6 @@
 * :func:`is_expired` recognises the "too old resource version" ERROR event (code 410).
 * :func:`relist_diff` compares the cache with a fresh LIST and synthesises the events that were
   missed while disconnected (DELETED for vanished keys, MODIFIED for changed ones, ADDED for new).
-* :class:`Backoff` (defined in :mod:`.retry`, re-exported here for older imports) is client-go's
-  reflector backoff by default (0.8 s → ×2 → 30 s cap, jitter 1.0, reset after 2 min without
-  failures).
 
 Nothing here does I/O or reads a clock.
 """
@@ -21,8 +18,6 @@ from typing import Any, Literal
 
 import orjson
 
-from .retry import Backoff
-
 __all__ = [
     "EventType",
     "WatchEvent",
@@ -33,7 +28,6 @@ __all__ = [
     "object_key",
     "is_expired",
     "relist_diff",
-    "Backoff",
 ]
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]

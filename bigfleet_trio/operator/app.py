@@ -424,7 +424,7 @@ async def serve_operator(
         KubeConfigError, TLSConfigError, BootstrapTemplateError, ValueError: bad configuration.
         OSError: a diagnostics address cannot be bound.
     """
-    from bigfleet_trio.shard.grpc import open_loop
+    from bigfleet_trio.shard.bridge import open_loop
 
     kcfg = kube_config if kube_config is not None else load_kubeconfig(cfg.kubeconfig)
     conn = connector if connector is not None else _grpc_connector(cfg)

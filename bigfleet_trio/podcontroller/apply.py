@@ -23,6 +23,7 @@ from bigfleet_trio.kube.errors import (
 from bigfleet_trio.kube.informer import Store
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS
 
+from ..kube.mergepatch import merge_diff
 from ..kube.workqueue import WorkQueue
 from . import projections as proj
 from .keys import PodKey, QueueKey, StampKey
@@ -31,7 +32,6 @@ from .plan import (
     REASON_UNSUPPORTED,
     EventReport,
     PodPlan,
-    merge_patch_diff,
     plan_rejected,
 )
 
@@ -160,7 +160,7 @@ class PlanApplier:
                 live = await self.client.patch(
                     CAPACITY_REQUESTS,
                     name,
-                    {"spec": merge_patch_diff(live.get("spec") or {}, body["spec"])},
+                    {"spec": merge_diff(live.get("spec") or {}, body["spec"])},
                     ns,
                 )
                 log.info("cr updated pod=%s cr=%s (found on create)", key, name)

@@ -28,7 +28,7 @@ from bigfleet_trio.kube.errors import (
 from bigfleet_trio.kube.informer import Informer, SyncTimeout
 from bigfleet_trio.kube.leader import LeaderElector
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS
-from bigfleet_trio.kube.startup import Unauthenticated, sync_or_refused
+from bigfleet_trio.kube.startup import sync_or_refused
 
 from ..kube.workqueue import WorkQueue
 from . import metrics
@@ -37,12 +37,7 @@ from .apply import PlanApplier
 from .defaults import PriorityClassDefaults
 from .keys import OrphanKey, PodKey, QueueKey, RecreateKey, StampKey
 from .plan import (
-    REASON_FAILED,
-    REASON_REJECTED,
-    REASON_UNSUPPORTED,
-    REASON_WARNING,
     REASONS,
-    merge_patch_diff,
     plan_pod,
 )
 from .projections import slim_cr, slim_pod
@@ -54,15 +49,6 @@ __all__ = [
     "OWNER_UID_INDEX",
     "POD_UID_INDEX",
     "PodController",
-    "REASON_FAILED",
-    "REASON_REJECTED",
-    "REASON_UNSUPPORTED",
-    "REASON_WARNING",
-    "SyncTimeout",
-    "Unauthenticated",
-    "merge_patch_diff",
-    "slim_cr",
-    "slim_pod",
 ]
 
 log = logging.getLogger(__name__)

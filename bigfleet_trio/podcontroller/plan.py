@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bigfleet_trio.kube.mergepatch import merge_diff as merge_patch_diff
+from bigfleet_trio.kube.mergepatch import merge_diff
 
 from .defaults import PriorityClassDefaults
 from .translate import (
@@ -35,7 +35,6 @@ __all__ = [
     "REASON_UNSUPPORTED",
     "REASON_WARNING",
     "REASONS",
-    "merge_patch_diff",  # kube.mergepatch.merge_diff under the name the controller used
     "plan_pod",
     "plan_rejected",
 ]
@@ -190,7 +189,7 @@ def plan_pod(
     extras = tuple(cr for cr in owned_crs if cr is not keep)
     spec = body["spec"]
     if keep.get("spec") != spec:
-        patch = {"spec": merge_patch_diff(keep.get("spec") or {}, spec)}
+        patch = {"spec": merge_diff(keep.get("spec") or {}, spec)}
         return PodPlan("update", "cr_updated", uid, body=body, target=keep, patch=patch,
                        delete=extras, delete_reason="duplicate", warnings=warnings,
                        clear=tuple(clear))

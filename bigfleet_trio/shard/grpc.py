@@ -26,7 +26,6 @@ from h2.events import ConnectionTerminated
 
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.bridge import (
-    BridgedStream,
     BridgeState,
     aio_get,
     cancel_and_wait,
@@ -443,13 +442,9 @@ __all__ = [
     "KEEPALIVE_TIME",
     "MAX_MESSAGE_BYTES",
     "SESSION_METHOD",
-    "BridgeState",
-    "BridgedStream",
     "GrpcConnector",
     "LimitedProtoCodec",
     "MessageTooLarge",
-    "OperatorBridge",
     "OperatorCodec",
-    "open_loop",
     "parse_address",
 ]

@@ -221,7 +221,8 @@ async def run_scenario(
     Returns:
         The :class:`DemoSummary` (``ok`` False with ``failure`` on timeout).
     """
-    from bigfleet_trio.shard.grpc import GrpcConnector, open_loop
+    from bigfleet_trio.shard.bridge import open_loop
+    from bigfleet_trio.shard.grpc import GrpcConnector
     from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 
     timing = timing or DemoTiming()

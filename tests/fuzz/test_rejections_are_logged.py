@@ -76,12 +76,8 @@ from bigfleet_trio.operator.upcoming.plan import (
     upcoming_node_name,
 )
 from bigfleet_trio.operator.wiring import CapacityRequestRollup, OperatorHandlers
-from bigfleet_trio.podcontroller.controller import (
-    REASON_FAILED,
-    REASON_REJECTED,
-    REASON_UNSUPPORTED,
-    PodController,
-)
+from bigfleet_trio.podcontroller.controller import PodController
+from bigfleet_trio.podcontroller.plan import REASON_FAILED, REASON_REJECTED, REASON_UNSUPPORTED
 from bigfleet_trio.proto import pb
 from bigfleet_trio.quantity import Quantity, QuantityError
 from bigfleet_trio.sim.apiserver import ApiServer

@@ -13,7 +13,7 @@ from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.informer import Informer
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, UPCOMING_NODES
-from bigfleet_trio.kube.watch import Backoff
+from bigfleet_trio.kube.retry import Backoff
 
 from .fakekube import FakeKube, status
 

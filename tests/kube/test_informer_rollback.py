@@ -22,7 +22,7 @@ from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.errors import ApiError, Expired, ServerError, error_from_status
 from bigfleet_trio.kube.informer import Informer
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
-from bigfleet_trio.kube.watch import Backoff
+from bigfleet_trio.kube.retry import Backoff
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
 

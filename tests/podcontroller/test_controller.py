@@ -19,8 +19,10 @@ import trio.testing
 
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
+from bigfleet_trio.kube.informer import SyncTimeout
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, EVENTS, PODS
-from bigfleet_trio.podcontroller.controller import PodController, SyncTimeout, Unauthenticated
+from bigfleet_trio.kube.startup import Unauthenticated
+from bigfleet_trio.podcontroller.controller import PodController
 from bigfleet_trio.podcontroller.defaults import parse_priority_class_defaults
 from bigfleet_trio.podcontroller.keys import StampKey
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig

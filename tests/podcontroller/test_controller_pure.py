@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bigfleet_trio.podcontroller.controller import merge_patch_diff, slim_cr, slim_pod
+from bigfleet_trio.kube.mergepatch import merge_diff as merge_patch_diff
+from bigfleet_trio.podcontroller.projections import slim_cr, slim_pod
 from bigfleet_trio.podcontroller.translate import translate_pod
 
 REQ = "requiredDuringSchedulingIgnoredDuringExecution"

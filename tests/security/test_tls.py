@@ -27,7 +27,8 @@ from cryptography.x509.oid import NameOID
 
 from bigfleet_trio import cli
 from bigfleet_trio.proto import pb
-from bigfleet_trio.shard.grpc import GrpcConnector, open_loop
+from bigfleet_trio.shard.bridge import open_loop
+from bigfleet_trio.shard.grpc import GrpcConnector
 from bigfleet_trio.shard.server import serve_shard
 from bigfleet_trio.shard.tls import TLSFiles, client_ssl_context, server_ssl_context
 from bigfleet_trio.shard.transport import ShardStream, StreamClosed

@@ -17,7 +17,8 @@ import trio
 from bigfleet_trio.operator.session import Session
 from bigfleet_trio.operator.sessiontypes import Reply, SessionConfig
 from bigfleet_trio.proto import pb
-from bigfleet_trio.shard.grpc import GrpcConnector, open_loop
+from bigfleet_trio.shard.bridge import open_loop
+from bigfleet_trio.shard.grpc import GrpcConnector
 from bigfleet_trio.shard.server import serve_shard
 from bigfleet_trio.shard.transport import ShardStream, StreamClosed
 

@@ -14,8 +14,9 @@ import pytest
 import trio
 
 from bigfleet_trio.proto import pb
+from bigfleet_trio.shard.bridge import open_loop
 from bigfleet_trio.shard.downlink import _BulkReader
-from bigfleet_trio.shard.grpc import GrpcConnector, open_loop
+from bigfleet_trio.shard.grpc import GrpcConnector
 from bigfleet_trio.shard.server import serve_shard
 from bigfleet_trio.shard.transport import ShardStream, StreamClosed
 

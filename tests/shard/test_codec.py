@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from bigfleet_trio.proto import pb
+from bigfleet_trio.shard.bridge import open_loop
 from bigfleet_trio.shard.codec import (
     MALFORMED_FRAMES,
     EncodedFrame,
@@ -23,7 +24,7 @@ from bigfleet_trio.shard.codec import (
     decode_shard_message,
     is_bootstrap_frame,
 )
-from bigfleet_trio.shard.grpc import GrpcConnector, open_loop
+from bigfleet_trio.shard.grpc import GrpcConnector
 from bigfleet_trio.shard.server import serve_shard
 from bigfleet_trio.shard.transport import ShardStream
 

@@ -21,11 +21,11 @@ from grpclib.exceptions import GRPCError
 from bigfleet_trio.operator.agent import Agent, AgentConfig
 from bigfleet_trio.operator.sessiontypes import Reply, SessionConfig
 from bigfleet_trio.proto import pb
+from bigfleet_trio.shard.bridge import open_loop
 from bigfleet_trio.shard.grpc import (
     GrpcConnector,
     LimitedProtoCodec,
     MessageTooLarge,
-    open_loop,
     parse_address,
 )
 from bigfleet_trio.shard.server import serve_shard

@@ -21,8 +21,9 @@ import trio
 from bigfleet_trio.operator.session import Session
 from bigfleet_trio.operator.sessiontypes import Reply, SendStalled, SessionConfig
 from bigfleet_trio.proto import pb
+from bigfleet_trio.shard.bridge import open_loop
 from bigfleet_trio.shard.codec import EncodedFrame
-from bigfleet_trio.shard.grpc import GrpcConnector, open_loop
+from bigfleet_trio.shard.grpc import GrpcConnector
 from bigfleet_trio.shard.transport import OperatorStream
 
 SERVER = Path(__file__).with_name("stalled_h2_shard.py")
