@@ -118,8 +118,8 @@ def emit(**kw: Any) -> None:
 async def create_pods(kubeconfig: str, n: int, conc: int = 32, classes: bool = False) -> float:
     """Create Pods 0..n-1 (``classes``: with PriorityClasses, created first if missing);
     returns seconds."""
-    from bigfleet_trio.kube import PRIORITY_CLASSES as PCS
     from bigfleet_trio.kube.errors import AlreadyExists
+    from bigfleet_trio.kube.resources import PRIORITY_CLASSES as PCS
 
     async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED) as client:
         for k in range(PRIORITY_CLASSES if classes else 0):
