@@ -71,11 +71,19 @@ class AsyncRateLimiter:
         """The current hold's end (Trio time; -inf: none was set)."""
         return self._hold
 
-    async def acquire(self) -> None:
+    async def acquire(self) -> float:
         """Wait out any hold, then for a token (cancellable; a cancelled wait for a token still
-        consumed its reservation)."""
-        if self._hold > trio.current_time():
+        consumed its reservation).
+
+        Returns:
+            Seconds the hold and the bucket imposed (0.0 when neither did; the scheduling
+            latency of the checkpoint is not counted).
+        """
+        imposed = 0.0
+        start = trio.current_time()
+        if self._hold > start:
             # one wait: a hold extended meanwhile is met by this request's own 429
+            imposed = self._hold - start
             await trio.sleep_until(self._hold)
         now = trio.current_time()
         delay = self._bucket.reserve(now)
@@ -83,3 +91,4 @@ class AsyncRateLimiter:
             await trio.sleep(delay)
         else:
             await trio.lowlevel.checkpoint()
+        return imposed + delay

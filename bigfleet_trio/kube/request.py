@@ -197,9 +197,7 @@ class RequestCore:
     async def _request_once(
         self, method: str, path: str, params: Mapping[str, Any] | None, body: Any, ctype: str
     ) -> Any:
-        t0 = trio.current_time()
-        await self._limiter.acquire()
-        metrics.KUBE_LIMITER_WAIT.observe(trio.current_time() - t0)
+        metrics.KUBE_LIMITER_WAIT.observe(await self._limiter.acquire())
         headers = dict(self._headers)
         auth = authorization(self.config)
         if auth:

@@ -105,8 +105,8 @@ KUBE_THROTTLED = Counter(
 
 KUBE_LIMITER_WAIT = Histogram(
     "bigfleet_kube_client_rate_limiter_wait_seconds",
-    "Time each request waited before it was sent: the client-side token bucket (--qps/--burst) "
-    "and any hold after a 429.",
+    "Time the client-side token bucket (--qps/--burst) and any hold after a 429 imposed on "
+    "each request before it was sent (not the event loop's scheduling latency).",
     buckets=(0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 

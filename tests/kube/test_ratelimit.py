@@ -23,3 +23,15 @@ def test_disabled() -> None:
 def test_bad_burst() -> None:
     with pytest.raises(ValueError):
         TokenBucket(qps=1, burst=0)
+
+
+async def test_acquire_returns_what_the_hold_and_the_bucket_imposed(autojump_clock: object) -> None:
+    import trio
+
+    from bigfleet_trio.kube.ratelimit import AsyncRateLimiter
+
+    lim = AsyncRateLimiter(qps=2, burst=1)
+    assert await lim.acquire() == 0.0  # the banked token
+    assert await lim.acquire() == pytest.approx(0.5)  # the bucket's wait
+    lim.hold_until(trio.current_time() + 3)
+    assert await lim.acquire() == pytest.approx(3.0)  # the hold; the bucket refilled meanwhile
