@@ -21,6 +21,7 @@ from tests.support.kubediff import (
     normalise,
     parse_allowlist,
     project,
+    protobuf_envelope,
     substitute,
 )
 
@@ -117,6 +118,16 @@ def test_normalise_is_pure() -> None:
     answer = {"status": 200, "body": {"metadata": {"uid": "0f8fad5b-d9cb-469f-a165-70867728950e"}}}
     normalise(answer)
     assert answer["body"]["metadata"]["uid"] == "0f8fad5b-d9cb-469f-a165-70867728950e"
+
+
+def test_protobuf_envelope_reads_type_meta() -> None:
+    import base64
+
+    ns = base64.b64decode("azhzAAoPCgJ2MRIJTmFtZXNwYWNlEiAKGAoIa2RpZmYtcGISABoAIgAqADIAOABCABIA"
+                          "GgIKABoAIgA=")
+    assert protobuf_envelope(ns) == {"apiVersion": "v1", "kind": "Namespace"}
+    assert protobuf_envelope(b"not protobuf") == {"protobuf": "undecodable"}
+    assert protobuf_envelope(b"k8s\x00\x0a\xff") == {"protobuf": "undecodable"}
 
 
 # ---- project -------------------------------------------------------------------------------

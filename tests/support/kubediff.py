@@ -13,6 +13,7 @@ credential, requests sent in corpus order).
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import json
 import re
@@ -37,6 +38,7 @@ __all__ = [
     "normalise",
     "parse_allowlist",
     "project",
+    "protobuf_envelope",
     "substitute",
 ]
 
@@ -105,13 +107,13 @@ class Case:
 
 def load_corpus(path: Path, crds: Mapping[str, Any] | None = None) -> list[Case]:
     """Read the corpus YAML (a list of mappings); ``body_crd: NAME`` takes the body from
-    ``crds`` (name → CRD document).
+    ``crds`` (name → CRD document), ``body_base64`` is a binary body (kubectl's protobuf).
 
     Raises:
         ValueError: unknown field, duplicate id, or a ``body_crd`` not in ``crds``.
     """
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    known = set(Case.__dataclass_fields__) | {"body_crd"}
+    known = set(Case.__dataclass_fields__) | {"body_crd", "body_base64"}
     out: list[Case] = []
     seen: set[str] = set()
     for entry in raw:
@@ -122,6 +124,9 @@ def load_corpus(path: Path, crds: Mapping[str, Any] | None = None) -> list[Case]
         if entry["id"] in seen:
             raise ValueError(f"corpus case {entry['id']!r} appears twice")
         seen.add(entry["id"])
+        raw64 = entry.pop("body_base64", None)
+        if raw64 is not None:
+            entry["body"] = base64.b64decode(raw64)
         crd = entry.pop("body_crd", None)
         if crd is not None:
             if not crds or crd not in crds:
@@ -520,7 +525,9 @@ class Runner:
         content: bytes | None = None
         if body is not None:
             headers["Content-Type"] = case.content_type
-            if isinstance(body, str):
+            if isinstance(body, bytes):
+                content = body
+            elif isinstance(body, str):
                 content = body.encode()
             elif "yaml" in case.content_type:
                 content = yaml.safe_dump(body).encode()
@@ -558,9 +565,28 @@ class Runner:
         return out
 
 
+def protobuf_envelope(data: bytes) -> dict[str, Any]:
+    """``{"apiVersion", "kind"}`` of a Kubernetes protobuf answer (``k8s\\x00`` + Unknown),
+    ``{"protobuf": "undecodable"}`` when it is not one."""
+    from bigfleet_trio.sim.apiserver.protobuf import MAGIC, ProtobufError, fields
+
+    try:
+        if not data.startswith(MAGIC):
+            raise ProtobufError("no magic")
+        unknown = {n: v for n, _, v in fields(data[len(MAGIC):])}
+        type_meta = {n: v for n, _, v in fields(unknown.get(1, b""))}
+        return {"apiVersion": type_meta.get(1, b"").decode(),
+                "kind": type_meta.get(2, b"").decode()}
+    except (ProtobufError, UnicodeDecodeError, AttributeError):
+        return {"protobuf": "undecodable"}
+
+
 def _answer(r: httpx.Response, data: bytes) -> dict[str, Any]:
     body: Any = None
-    if data:
+    if data and r.headers.get("content-type", "").startswith(
+            "application/vnd.kubernetes.protobuf"):
+        body = protobuf_envelope(data)
+    elif data:
         try:
             body = json.loads(data)
         except ValueError:
