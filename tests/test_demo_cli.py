@@ -157,3 +157,46 @@ async def test_ctrl_c_in_any_phase_is_one_line_and_exit_130(phase: str) -> None:
     assert "Traceback" not in text, text
     assert text.splitlines()[-1] == "demo: interrupted by SIGINT; everything it started has stopped"
     assert len([ln for ln in text.splitlines() if ln.strip()]) == 1, text
+
+
+def test_workloads_that_are_not_kubernetes_objects_name_file_and_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "ok.yaml").write_text(DEPLOYMENT % "100m")
+    (tmp_path / "values.yaml").write_text("---\nreplicaCount: 3\nimage: {tag: x}\n")
+    assert cli.main(["demo", "--workloads", str(tmp_path), "--quiet"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"demo: {tmp_path / 'values.yaml'}: document 1 of 1: not a Kubernetes "
+                    "object (no apiVersion or kind; top-level keys: image, replicaCount)")
+    (tmp_path / "values.yaml").write_text(DEPLOYMENT % "1" + "---\nkind: Pod\napiVersion: v1\n")
+    assert demo.check_workloads(str(tmp_path)) == (
+        f"{tmp_path / 'values.yaml'}: document 2 of 2: Pod without metadata.name")
+
+
+def test_an_empty_workloads_directory_fails_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "README.md").write_text("not a manifest")
+    assert cli.main(["demo", "--workloads", str(tmp_path), "--quiet"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"demo: --workloads: {tmp_path}: no Kubernetes manifests there")
+
+
+def test_summary_explains_idle_machines_and_recreated_pods() -> None:
+    from bigfleet_trio.sim.demo_render import render_summary
+    from bigfleet_trio.sim.demo_world import DemoSummary
+
+    text = render_summary(DemoSummary(ok=True, pods_replaced=2))
+    assert "2 (the drain evicted them; their controllers made new ones" in text
+    assert "idle = warm in the shard's pool, bound to no cluster" in text
+
+
+@pytest.mark.slow
+def test_json_summary_has_no_kubeconfig_that_is_gone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "web.yaml").write_text(DEPLOYMENT % "100m")
+    assert cli.main(["demo", "--workloads", str(tmp_path), "--json", "--quiet",
+                     "--timeout", "60s"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["kubeconfig"] is None  # its temporary directory was removed at exit

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import Any
 
 import trio
 
@@ -59,6 +60,7 @@ def check_workloads(directory: str) -> str | None:
 
     from bigfleet_trio.sim.expand import ExpandError, load_manifests
 
+    documents = 0
     for path in manifest_paths(directory):
         try:
             load_manifests([path])
@@ -66,6 +68,29 @@ def check_workloads(directory: str) -> str | None:
             if isinstance(exc.__cause__, yaml.YAMLError):
                 return yaml_error_line(str(path), exc.__cause__)
             return " ".join(str(exc).split())
+        with open(path, encoding="utf-8") as fh:
+            docs = [d for d in yaml.safe_load_all(fh) if d is not None]
+        for number, doc in enumerate(docs, 1):
+            problem = _not_a_manifest(doc)
+            if problem:
+                return f"{path}: document {number} of {len(docs)}: {problem}"
+        documents += len(docs)
+    if documents == 0:
+        # nothing to apply means nothing to wait for: say so now, not after the timeout
+        return (f"--workloads: {directory}: no Kubernetes manifests there (*.yaml, *.yml, "
+                "*.json with apiVersion, kind and metadata.name)")
+    return None
+
+
+def _not_a_manifest(doc: dict[str, Any]) -> str | None:
+    """What keeps ``doc`` from being a Kubernetes object the demo can apply, or None."""
+    missing = [k for k in ("apiVersion", "kind") if not isinstance(doc.get(k), str) or not doc[k]]
+    if missing:
+        return (f"not a Kubernetes object (no {' or '.join(missing)}; top-level keys: "
+                f"{', '.join(sorted(map(str, doc))[:6]) or 'none'})")
+    meta = doc.get("metadata")
+    if not isinstance(meta, dict) or not (meta.get("name") or meta.get("generateName")):
+        return f"{doc['kind']} without metadata.name"
     return None
 
 
@@ -150,6 +175,9 @@ def run_demo(opts: DemoOptions, catalog_file: str | None = None) -> int:
         summary = None
     if interrupted and printed:  # --keep-running: the summary is out; a signal ends it
         return 0
+    if summary is not None and not opts.keep_running and not opts.kubeconfig_out:
+        # the kubeconfig was in a temporary directory, removed at exit: do not point at it
+        summary.kubeconfig = None
     if interrupted or summary is None:
         name = interrupted[0] if interrupted else "SIGINT"
         print(f"demo: interrupted by {name}; everything it started has stopped",

@@ -57,7 +57,8 @@ def render_summary(s: DemoSummary) -> str:
         ("machines drained and released", f"{s.machines_released} "
                                           f"({', '.join(s.reclaimed_nodes) or '-'})"),
         ("drains finished (operator)", str(s.drains_completed)),
-        ("evicted Pods recreated", str(s.pods_replaced)),
+        ("evicted Pods recreated", f"{s.pods_replaced} (the drain evicted them; their "
+                                   "controllers made new ones on the remaining Nodes)"),
         ("UpcomingNodes deleted", str(s.upcoming_deleted)),
         ("time from scale-down to drained", _secs(t.get("reclaim"))),
         ("after: machines Configured", f"{s.final_machines_configured} "
@@ -70,6 +71,10 @@ def render_summary(s: DemoSummary) -> str:
     lines += [f"{k:<{width}}  {v}" for k, v in rows]
     if s.diagnostics:
         lines.append(f"{'diagnostics':<{width}}  {diagnostics_urls(s.diagnostics)}")
+    lines.append("")
+    lines.append("machine states in the live lines: creating -> configuring -> configured (a "
+                 "Node of this cluster); idle = warm in the shard's pool, bound to no cluster "
+                 "(released machines return there)")
     if s.failure:
         lines.append(f"{'did not converge':<{width}}  {s.failure}")
     return "\n".join(lines)

@@ -112,7 +112,7 @@ class DemoSummary:
 
     ok: bool = False
     failure: str | None = None
-    kubeconfig: str = ""
+    kubeconfig: str | None = ""  # None once removed at exit (a temporary directory)
     workloads: list[str] = field(default_factory=list)
     pods_created: int = 0
     crs: int = 0
