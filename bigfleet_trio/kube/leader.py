@@ -245,27 +245,7 @@ class LeaderElector:
             try:
                 lease = await self.client.get(LEASES, self.name, self.namespace)
             except NotFound:
-                spec = {
-                    "holderIdentity": self.identity,
-                    "leaseDurationSeconds": int(self.lease_duration),
-                    "acquireTime": now,
-                    "renewTime": now,
-                    "leaseTransitions": 0,
-                }
-                created = await self.client.create(
-                    LEASES,
-                    {
-                        "apiVersion": "coordination.k8s.io/v1",
-                        "kind": "Lease",
-                        "metadata": {"name": self.name, "namespace": self.namespace},
-                        "spec": spec,
-                    },
-                    self.namespace,
-                )
-                self._lease = created
-                self._observe(created.get("spec") or spec)
-                self.last_error = None
-                return True
+                return await self._create_lease(now)
             spec = dict(lease.get("spec") or {})
             self._observe(spec)
             holder = spec.get("holderIdentity") or ""
@@ -320,6 +300,34 @@ class LeaderElector:
                 exc,
             )
             return False
+
+    async def _create_lease(self, now: str) -> bool:
+        """Create the Lease held by this identity (there was none); returns True.
+
+        Raises:
+            AlreadyExists: another candidate created it first (the caller logs the lost race).
+        """
+        spec = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(self.lease_duration),
+            "acquireTime": now,
+            "renewTime": now,
+            "leaseTransitions": 0,
+        }
+        created = await self.client.create(
+            LEASES,
+            {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": spec,
+            },
+            self.namespace,
+        )
+        self._lease = created
+        self._observe(created.get("spec") or spec)
+        self.last_error = None
+        return True
 
     def _lease_error(self, exc: ApiError, reason: str, fix: str) -> None:
         """Count a Lease error that waiting cannot cure and say, at ERROR, how to fix it."""

@@ -422,6 +422,59 @@ class DrainManager:
         )
         return not left
 
+    async def _evict_one(
+        self, job: _Job, pod: dict[str, Any], key: str, deadline: float
+    ) -> tuple[str, str] | None:
+        """Evict one listed Pod: ``("evicted" | "blocked" | "stopped", why)`` for the drain's
+        pods_left, or None when the Pod is already gone."""
+        meta = pod.get("metadata") or {}
+        remaining = deadline - trio.current_time()
+        # No timeout of our own here. A disruption webhook (Podseidon) may take up to 10 s
+        # to answer; KubeClient.request_timeout (30 s default) bounds the call, and so does
+        # the drain deadline (test_eviction_waits_for_a_slow_disruption_webhook).
+        try:
+            # The UID precondition: this Pod, not one recreated under its name (a
+            # StatefulSet's) on another node since the LIST; that one answers 409, and
+            # the next LIST no longer shows it here (docs/rules.md#reclaim-drain).
+            await self._client.evict(
+                meta.get("name", ""),
+                meta.get("namespace", ""),
+                grace_period_seconds=eviction_grace_seconds(pod, remaining),
+                uid=meta.get("uid") or None,
+            )
+        except KubeError as exc:
+            outcome = classify_eviction_error(exc)
+            metrics.EVICTIONS.labels(eviction_result_label(outcome)).inc()
+            text = error_text(exc)
+            if outcome is EvictionOutcome.GONE:
+                log.info("drain: pod already gone node=%s pod=%s", job.node, key)
+                return None
+            self._eviction_blocked(job, pod, key, text)
+            if outcome is EvictionOutcome.STOP:
+                log.warning(
+                    "drain: eviction refused, giving up on pod node=%s pod=%s error=%s",
+                    job.node,
+                    key,
+                    text,
+                )
+                return "stopped", f"eviction refused, not retried: {text}"
+            log.info(
+                "drain: eviction blocked, will retry node=%s pod=%s error=%s",
+                job.node,
+                key,
+                text,
+            )
+            return "blocked", f"eviction blocked: {text}"
+        metrics.EVICTIONS.labels("evicted").inc()
+        log.info("drain: evicted node=%s pod=%s", job.node, key)
+        if self._events is not None:
+            self._events.record(
+                pod_object(pod), reason=REASON_EVICTED,
+                message=f"Evicted to drain node {job.node} "
+                f"(reclaim {job.instruction_id})",
+            )
+        return "evicted", "evicted, terminating"
+
     async def _evict_until_empty(self, job: _Job, deadline: float) -> None:
         stopped: dict[str, str] = {}
         fast = self._fast_poll
@@ -448,57 +501,16 @@ class DrainManager:
                     pending[key] = "terminating"
                     terminating = True
                     continue
-                remaining = deadline - trio.current_time()
-                # No timeout of our own here. A disruption webhook (Podseidon) may take up to 10 s
-                # to answer; KubeClient.request_timeout (30 s default) bounds the call, and so does
-                # the drain deadline (test_eviction_waits_for_a_slow_disruption_webhook).
-                try:
-                    # The UID precondition: this Pod, not one recreated under its name (a
-                    # StatefulSet's) on another node since the LIST; that one answers 409, and
-                    # the next LIST no longer shows it here (docs/rules.md#reclaim-drain).
-                    await self._client.evict(
-                        meta.get("name", ""),
-                        meta.get("namespace", ""),
-                        grace_period_seconds=eviction_grace_seconds(pod, remaining),
-                        uid=meta.get("uid") or None,
-                    )
-                except KubeError as exc:
-                    outcome = classify_eviction_error(exc)
-                    metrics.EVICTIONS.labels(eviction_result_label(outcome)).inc()
-                    text = error_text(exc)
-                    if outcome is EvictionOutcome.GONE:
-                        log.info("drain: pod already gone node=%s pod=%s", job.node, key)
-                        continue
-                    self._eviction_blocked(job, pod, key, text)
-                    if outcome is EvictionOutcome.STOP:
-                        stopped[key] = f"eviction refused, not retried: {text}"
-                        pending[key] = stopped[key]
-                        log.warning(
-                            "drain: eviction refused, giving up on pod node=%s pod=%s error=%s",
-                            job.node,
-                            key,
-                            text,
-                        )
-                        continue
-                    pending[key] = f"eviction blocked: {text}"
+                result = await self._evict_one(job, pod, key, deadline)
+                if result is None:
+                    continue  # already gone
+                state, pending[key] = result
+                if state == "stopped":
+                    stopped[key] = pending[key]
+                elif state == "blocked":
                     blocked = True
-                    log.info(
-                        "drain: eviction blocked, will retry node=%s pod=%s error=%s",
-                        job.node,
-                        key,
-                        text,
-                    )
-                    continue
-                metrics.EVICTIONS.labels("evicted").inc()
-                pending[key] = "evicted, terminating"
-                evicted_now = terminating = True
-                log.info("drain: evicted node=%s pod=%s", job.node, key)
-                if self._events is not None:
-                    self._events.record(
-                        pod_object(pod), reason=REASON_EVICTED,
-                        message=f"Evicted to drain node {job.node} "
-                        f"(reclaim {job.instruction_id})",
-                    )
+                else:
+                    evicted_now = terminating = True
             job.pods_left.clear()
             job.pods_left.update(pending)
             if not pending:

@@ -421,20 +421,7 @@ def plan_node_state_update(
         return UpcomingPlan(
             "ignore", name, None, "DRAINING after our drain finished and deleted it"
         )
-    held = stored_phase == PHASE_DRAINING and phase in NEW_LIFECYCLE_PHASES
-    if held:
-        # Draining is only left forward (Drained, Failed, deleted), never back: a Provisioning/
-        # Registered/Ready frame here was sent before the reclaim (a retried write, a replay, a
-        # frame coalesced behind it), and taking the phase back mid-drain would hide the drain
-        # from a restarted operator, which resumes only Draining objects with the record.
-        phase = PHASE_DRAINING
-        mem_op: MemoryOp = "keep"
-    elif phase in NEW_LIFECYCLE_PHASES:
-        mem_op = "forget" if memory is not None else "keep"
-    elif phase == PHASE_DRAINING:
-        mem_op = "draining"
-    else:
-        mem_op = "keep"
+    phase, mem_op, held = _phase_and_memory(phase, stored_phase, memory)
     spec = spec_from_update(u, quiet=True)  # pure: the handler logs skipped quantities
     status = _desired_status(u, phase, existing_status, now)
     if existing is None:
@@ -467,6 +454,23 @@ def plan_node_state_update(
         status_patch=status_patch,
         memory=mem_op,
     )
+
+
+def _phase_and_memory(
+    phase: str, stored_phase: object, memory: DrainMark | None
+) -> tuple[str, MemoryOp, bool]:
+    """The phase to write, the drain-memory change, and whether a Draining phase was held."""
+    if stored_phase == PHASE_DRAINING and phase in NEW_LIFECYCLE_PHASES:
+        # Draining is only left forward (Drained, Failed, deleted), never back: a Provisioning/
+        # Registered/Ready frame here was sent before the reclaim (a retried write, a replay, a
+        # frame coalesced behind it), and taking the phase back mid-drain would hide the drain
+        # from a restarted operator, which resumes only Draining objects with the record.
+        return PHASE_DRAINING, "keep", True
+    if phase in NEW_LIFECYCLE_PHASES:
+        return phase, "forget" if memory is not None else "keep", False
+    if phase == PHASE_DRAINING:
+        return phase, "draining", False
+    return phase, "keep", False
 
 
 def apply_memory(memory: DrainMemory, plan: UpcomingPlan) -> None:
