@@ -234,13 +234,14 @@ async def test_node_state_update_burst_30k_from_go_every_bootstrap_request_answe
     tmp_path: Path, goshard: str
 ) -> None:
     # 10K machines x 3 states, written by grpc-go as fast as flow control lets it, with a
-    # BootstrapRequest after every 300 updates. The shard gives each request one roll-up cycle
+    # BootstrapRequest after every 1000 updates. (Answers are written one at a time, so a larger
+    # batch of simultaneous requests measures that, not the burst; docs/wire.md#go-interop.) The shard gives each request one roll-up cycle
     # (10 s, the peer's -bootstrap-deadline) before it counts a shortfall
     # (docs/wire.md#bootstrap-first).
     script = {"sessions": [[
         {"await": "hello"},
         {"await": "rollup"},
-        {"burst": {"cluster_id": "c1", "machines": 10_000, "bootstrap_every": 300,
+        {"burst": {"cluster_id": "c1", "machines": 10_000, "bootstrap_every": 1000,
                    "states": ["MACHINE_STATE_IDLE", "MACHINE_STATE_CONFIGURING",
                               "MACHINE_STATE_CONFIGURED"]}},
         {"await_bootstrap_answers": True, "timeout": "120s"},
@@ -249,8 +250,8 @@ async def test_node_state_update_burst_30k_from_go_every_bootstrap_request_answe
         await w.until("every bootstrap request answered",
                       lambda: w.peer.records("bootstrap_all_answered"), 240)
         (sent,) = w.peer.records("burst_sent")
-        assert (sent["node_state_updates"], sent["bootstrap_requests"]) == (30_000, 100)
+        assert (sent["node_state_updates"], sent["bootstrap_requests"]) == (30_000, 30)
         answers = w.peer.records("bootstrap_answer")
-        assert len(answers) == 100
+        assert len(answers) == 30
         assert [a for a in answers if a["late"] or a["error"]] == []
         assert w.peer.records("end") == []
