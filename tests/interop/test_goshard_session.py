@@ -235,9 +235,9 @@ async def test_node_state_update_burst_30k_from_go_every_bootstrap_request_answe
 ) -> None:
     # 10K machines x 3 states, written by grpc-go as fast as flow control lets it, with a
     # BootstrapRequest after every 1000 updates. (Answers are written one at a time, so a larger
-    # batch of simultaneous requests measures that, not the burst; docs/wire.md#go-interop.) The shard gives each request one roll-up cycle
-    # (10 s, the peer's -bootstrap-deadline) before it counts a shortfall
-    # (docs/wire.md#bootstrap-first).
+    # batch of simultaneous requests measures that, not the burst; docs/wire.md#go-interop.)
+    # The shard gives each request one roll-up cycle (10 s, the peer's -bootstrap-deadline)
+    # before it counts a shortfall (docs/wire.md#bootstrap-first).
     script = {"sessions": [[
         {"await": "hello"},
         {"await": "rollup"},
