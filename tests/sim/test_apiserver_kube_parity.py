@@ -145,3 +145,29 @@ async def test_namespaces_serve_no_deletecollection_and_advertise_finalize(
     names = {res["name"]: res for res in doc["resources"]}
     assert "deletecollection" not in names["namespaces"]["verbs"]
     assert names["namespaces/finalize"]["verbs"] == ["update"]
+
+
+async def test_event_defaults(client: httpx.AsyncClient) -> None:
+    r = (await client.post("/api/v1/namespaces/default/events", json={
+        "metadata": {"name": "e"}, "involvedObject": {"kind": "Pod", "name": "p"},
+        "reason": "R", "message": "m"})).json()
+    assert r["eventTime"] is None
+    assert r["reportingComponent"] == "" and r["reportingInstance"] == ""
+    assert r["firstTimestamp"] is None and r["lastTimestamp"] is None
+
+
+async def test_custom_resource_lists_carry_an_empty_continue(client: httpx.AsyncClient) -> None:
+    await client.post(CR_PATH, json=cr_body("a"))
+    assert (await client.get(CR_PATH)).json()["metadata"]["continue"] == ""
+    assert "continue" not in (await client.get(PODS)).json()["metadata"]
+
+
+async def test_deleted_pod_answers_its_final_state(client: httpx.AsyncClient) -> None:
+    """The sim removes a Pod at once (no kubelet), so its answer is kube-apiserver's for a
+    zero-grace deletion: the Pod marked with deletionTimestamp and grace 0."""
+    await client.post(PODS, json=pod_body("p"))
+    r = (await client.request("DELETE", f"{PODS}/p",
+                              json={"gracePeriodSeconds": 0})).json()
+    assert r["kind"] == "Pod"
+    assert r["metadata"]["deletionGracePeriodSeconds"] == 0
+    assert r["metadata"]["deletionTimestamp"]

@@ -219,8 +219,8 @@ def merge_write(
 def create_defaults(res: ResourceType, obj: dict[str, Any]) -> None:
     """Fill what the apiserver sets on create (in place, on a fresh object): Pods start
     Pending with their QoS class; Namespaces Active with the name label and the kubernetes
-    finalizer; other kinds with a status subresource drop a client-sent status (Nodes keep
-    theirs: kubelets register with one)."""
+    finalizer; Events their zero fields; other kinds with a status subresource drop a
+    client-sent status (Nodes keep theirs: kubelets register with one)."""
     meta = obj["metadata"]
     if res.plural == "pods" and not res.group:
         obj["status"] = {"phase": "Pending", "qosClass": pod_qos(obj)}
@@ -230,6 +230,12 @@ def create_defaults(res: ResourceType, obj: dict[str, Any]) -> None:
         )
         obj["status"] = {"phase": "Active"}
         obj["spec"] = {"finalizers": ["kubernetes"]}
+    elif res.plural == "events" and not res.group:
+        # core/v1 Event fields without omitempty (zero times serialise as null)
+        for key, zero in (("eventTime", None), ("firstTimestamp", None),
+                          ("lastTimestamp", None), ("reportingComponent", ""),
+                          ("reportingInstance", "")):
+            obj.setdefault(key, zero)
     elif res.status and res.plural != "nodes":
         obj.pop("status", None)
 

@@ -249,7 +249,7 @@ def list_response(
 ) -> Response:
     """A ``<Kind>List`` body (items encoded once, without re-wrapping)."""
     meta: dict[str, Any] = {"resourceVersion": rv}
-    if cont:
+    if cont or res.custom:  # kube-apiserver writes an empty continue in custom-resource lists
         meta["continue"] = cont
     if remaining is not None:
         meta["remainingItemCount"] = remaining
@@ -423,6 +423,11 @@ def delete_answer(res: ResourceType, obj: dict[str, Any], *, gone: bool) -> dict
         meta.setdefault("deletionTimestamp", now_rfc3339())
         return {**obj, "metadata": meta, "status": {**(obj.get("status") or {}),
                                                     "phase": "Terminating"}}
+    if gone and res.group == "" and res.plural == "pods":
+        # removed at once (no kubelet): kube-apiserver's answer to a zero-grace deletion
+        meta = {**obj["metadata"], "deletionGracePeriodSeconds": 0}
+        meta.setdefault("deletionTimestamp", now_rfc3339())
+        return {**obj, "metadata": meta}
     if not gone or (res.group == "" and res.plural in RETURNS_DELETED_OBJECT):
         return obj
     meta = obj.get("metadata") or {}
