@@ -513,35 +513,77 @@ def test_dockerignore_keeps_build_inputs() -> None:
     assert {".git", ".venv", "tests", "config"} <= ignored
 
 
-def _readme_deploy_block() -> str:
+def _readme_blocks() -> list[str]:
+    """The ``sh`` blocks of the README's deploy section, in order."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("## Deploying to a cluster") :]
-    return section[section.index("```sh\n") + 6 : section.index("```\n", section.index("```sh"))]
+    section = text[text.index("## Deploying to a cluster"):]
+    section = section[:section.index("\n## ", 5)]
+    return re.findall(r"```sh\n(.*?)```\n", section, re.S)
+
+
+def _venv_bin(work: Path) -> None:
+    """``work/.venv/bin`` with the ``kubectl`` and ``bigfleet-trio`` of the environment running
+    the tests, so the README's ``.venv/bin/...`` lines run in any virtualenv (tox, a
+    distribution's build), not only a ``.venv`` in the checkout."""
+    import stat
+    import sys
+
+    assert KUBECTL is not None
+    bin_dir = work / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "kubectl").symlink_to(KUBECTL)
+    tool = bin_dir / "bigfleet-trio"
+    # -P: the checkout-shaped cwd has a bigfleet_trio/ directory (the manifests) of its own
+    tool.write_text(f'#!/bin/sh\nexec "{sys.executable}" -P -m bigfleet_trio "$@"\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
 
 
 async def test_readme_deploy_block_runs_verbatim(tmp_path: Path) -> None:
     """The README's deploy commands, as written, from a checkout-shaped directory, against the
-    RBAC-enforcing simulated apiserver (KUBECONFIG points there)."""
+    RBAC-enforcing simulated apiserver (KUBECONFIG points there); then the removal command,
+    which must keep the CRDs and the CRs."""
+    deploy, remove = _readme_blocks()
     work = tmp_path / "checkout"
     work.mkdir()
     shutil.copytree(CONFIG, work / "config")
     shutil.copytree(ROOT / "bigfleet_trio" / "manifests", work / "bigfleet_trio" / "manifests")
-    (work / ".venv").symlink_to(ROOT / ".venv")
+    _venv_bin(work)
     api = ApiServer(authorization_mode="RBAC", crd_paths=[])
     async with trio.open_nursery() as nursery:
         url = await nursery.start(serve, api)
         kc = tmp_path / "kc.yaml"
         write_kubeconfig(url, str(kc), token=api.access.admin_token, ca_pem=api.tls_ca_pem)
-        proc = await trio.run_process(
-            ["bash", "-euo", "pipefail", "-c", _readme_deploy_block()], cwd=work,
-            env={**os.environ, "KUBECONFIG": str(kc)}, capture_stdout=True,
-            capture_stderr=True, check=False)
-        out, err = proc.stdout.decode(), proc.stderr.decode()
-        assert proc.returncode == 0, (out, err)
+        env = {**os.environ, "KUBECONFIG": str(kc)}
+
+        async def sh(block: str) -> str:
+            proc = await trio.run_process(
+                ["bash", "-euo", "pipefail", "-c", block], cwd=work, env=env,
+                capture_stdout=True, capture_stderr=True, check=False)
+            out, err = proc.stdout.decode(), proc.stderr.decode()
+            assert proc.returncode == 0, (block, out, err)
+            return out
+
+        out = await sh(deploy)
         assert "configmap/bigfleet-operator-settings-" in out
         assert "deployment.apps/bigfleet-operator created" in out
         assert ("customresourcedefinition.apiextensions.k8s.io/capacityrequests.bigfleet.lucy.sh "
-                "unchanged") in out  # install-crds after apply -k: the same file
+                "created") in out
+        # install-crds, the alternative, applies the same file: nothing changes
+        alt = await sh(".venv/bin/bigfleet-trio install-crds")
+        assert ("customresourcedefinition.apiextensions.k8s.io/capacityrequests.bigfleet.lucy.sh "
+                "unchanged") in alt
+        await sh(".venv/bin/kubectl apply -k config/samples")  # CRs that must survive
+        out = await sh(remove)
+        assert 'namespace "bigfleet-system" deleted' in out, out  # and what it holds
+        assert "customresourcedefinition" not in out, out
+        kubectl = ".venv/bin/kubectl"
+        left = await sh(f"{kubectl} get crd -o name; {kubectl} get cr -A -o name; "
+                        f"{kubectl} get deployment -A -o name; {kubectl} get ns -o name")
+        assert "customresourcedefinition.apiextensions.k8s.io/capacityrequests.bigfleet.lucy.sh" \
+            in left
+        assert "capacityrequest.bigfleet.lucy.sh/trainer-0" in left
+        assert "deployment.apps/bigfleet-operator" not in left
+        assert "namespace/bigfleet-system" not in left
         nursery.cancel_scope.cancel()
 
 
