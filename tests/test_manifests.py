@@ -659,3 +659,42 @@ async def test_overlay_in_another_namespace_elects_a_leader(
         assert got["spec"]["holderIdentity"] == "pod-0_1"
         assert server.access.denials == []
         nursery.cancel_scope.cancel()
+
+
+async def test_upcoming_node_and_available_capacity_columns_follow_escaped_paths(
+    kubectl: list[str], tmp_path: Path,
+) -> None:
+    """INSTANCE-TYPE and ZONE come from JSONPaths with escaped dots
+    (``.spec.labels.node\\.kubernetes\\.io/instance-type``) and filters
+    (``[?(@.key=="topology.kubernetes.io/zone")]``): printed as kube-apiserver prints them."""
+    await _run([*kubectl, "apply", "-k", str(CONFIG / "crd")])
+    objs = tmp_path / "objs.yaml"
+    objs.write_text(yaml.safe_dump_all([
+        {"apiVersion": "bigfleet.lucy.sh/v1alpha1", "kind": "UpcomingNode",
+         "metadata": {"name": "m-1"},
+         "spec": {"resources": {"cpu": "4"},
+                  "labels": {"node.kubernetes.io/instance-type": "m5.large",
+                             "topology.kubernetes.io/zone": "zone-a"}}},
+        {"apiVersion": "bigfleet.lucy.sh/v1alpha1", "kind": "AvailableCapacity",
+         "metadata": {"name": "m5-large-zone-a"},
+         "spec": {"availability": "High", "availableCount": 3, "cost": "41600u",
+                  "resources": {"cpu": "4"},
+                  "requirements": [
+                      {"key": "node.kubernetes.io/instance-type", "operator": "In",
+                       "values": ["m5.large"]},
+                      {"key": "topology.kubernetes.io/zone", "operator": "In",
+                       "values": ["zone-a"]}]}},
+    ]))
+    await _run([*kubectl, "apply", "-f", str(objs)])
+
+    def cells(table: str) -> dict[str, str]:
+        head, row = table.splitlines()[:2]
+        names = head.split()
+        starts = [head.index(n) for n in names]
+        return {n: row[a:b].strip() for n, a, b in
+                zip(names, starts, [*starts[1:], None], strict=True)}
+
+    upn = cells(await _run([*kubectl, "get", "upcomingnodes"]))
+    assert (upn["INSTANCE-TYPE"], upn["ZONE"]) == ("m5.large", "zone-a"), upn
+    avc = cells(await _run([*kubectl, "get", "availablecapacities"]))
+    assert (avc["INSTANCE-TYPE"], avc["ZONE"]) == ('["m5.large"]', '["zone-a"]'), avc

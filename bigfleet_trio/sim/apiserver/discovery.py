@@ -195,25 +195,83 @@ def human_duration(seconds: float) -> str:
     return f"{d // 365}y{d % 365}d" if d % 365 else f"{d // 365}y"
 
 
-_SEG = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+_FILTER = re.compile(r"""\?\(@((?:\.(?:\\.|[^.\s=!<>])+)+)\s*(==|!=)\s*(?:"([^"]*)"|'([^']*)'|(\S+?))\)$""")
+
+
+def _path_steps(path: str) -> list[tuple[str, str]]:
+    """``.a.b\\.c[0][?(@.k=="v")]`` -> [("field", "a"), ("field", "b.c"), ("index", "0"),
+    ("filter", '?(@.k=="v")')]: client-go's JSONPath syntax as CRD printer columns use it
+    (``\\.`` escapes a dot inside a field name)."""
+    steps: list[tuple[str, str]] = []
+    i, n = 0, len(path)
+    while i < n:
+        c = path[i]
+        if c == ".":
+            i += 1
+            name = []
+            while i < n and path[i] not in ".[":
+                if path[i] == "\\" and i + 1 < n:
+                    name.append(path[i + 1])
+                    i += 2
+                    continue
+                name.append(path[i])
+                i += 1
+            if name:
+                steps.append(("field", "".join(name)))
+        elif c == "[":
+            depth, j = 0, i
+            while j < n:
+                if path[j] == "[":
+                    depth += 1
+                elif path[j] == "]":
+                    depth -= 1
+                    if depth == 0:
+                        break
+                j += 1
+            inner = path[i + 1:j]
+            steps.append(("filter", inner) if inner.startswith("?") else ("index", inner))
+            i = j + 1
+        else:  # a leading name without a dot
+            j = i
+            while j < n and path[j] not in ".[":
+                j += 1
+            steps.append(("field", path[i:j]))
+            i = j
+    return steps
 
 
 def jsonpath_get(obj: Any, path: str) -> Any:
-    """Evaluate a simple JSONPath (``.a.b[0].c``); None when absent."""
-    cur = obj
-    for m in _SEG.finditer(path.strip().lstrip("{").rstrip("}")):
-        name, idx = m.group(1), m.group(2)
-        if name is not None:
-            if not isinstance(cur, dict):
-                return None
-            cur = cur.get(name)
-        else:
-            if not isinstance(cur, list) or int(idx) >= len(cur):
-                return None
-            cur = cur[int(idx)]
-        if cur is None:
+    """Evaluate a printer-column JSONPath as kube-apiserver's table convertor does: fields
+    (``\\.`` escapes a dot in a name, ``.spec.labels.node\\.kubernetes\\.io/zone``), indexes
+    (``[0]``, ``[*]``) and ``[?(@.key=="v")]`` filters; the first result, None when absent."""
+    current: list[Any] = [obj]
+    for kind, arg in _path_steps(path.strip().lstrip("{").rstrip("}")):
+        nxt: list[Any] = []
+        for cur in current:
+            if kind == "field":
+                if isinstance(cur, dict) and cur.get(arg) is not None:
+                    nxt.append(cur[arg])
+            elif kind == "index":
+                if not isinstance(cur, list):
+                    continue
+                if arg == "*":
+                    nxt.extend(cur)
+                elif arg.lstrip("-").isdigit() and -len(cur) <= int(arg) < len(cur):
+                    nxt.append(cur[int(arg)])
+            else:
+                m = _FILTER.match(arg)
+                if m is None or not isinstance(cur, list):
+                    continue
+                rel, op = m.group(1), m.group(2)
+                want = next(g for g in (m.group(3), m.group(4), m.group(5), "") if g is not None)
+                for item in cur:
+                    got = jsonpath_get(item, rel)
+                    if (str(got) == want if got is not None else False) == (op == "=="):
+                        nxt.append(item)
+        current = nxt
+        if not current:
             return None
-    return cur
+    return current[0] if current else None
 
 
 def _cell(col: dict[str, Any], obj: dict[str, Any], now: _dt.datetime) -> Any:
