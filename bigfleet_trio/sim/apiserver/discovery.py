@@ -195,7 +195,10 @@ def human_duration(seconds: float) -> str:
     return f"{d // 365}y{d % 365}d" if d % 365 else f"{d // 365}y"
 
 
-_FILTER = re.compile(r"""\?\(@((?:\.(?:\\.|[^.\s=!<>])+)+)\s*(==|!=)\s*(?:"([^"]*)"|'([^']*)'|(\S+?))\)$""")
+_FILTER = re.compile(
+    r"""\?\(@((?:\.(?:\\.|[^.\s=!<>])+)+)\s*(==|!=)\s*"""
+    r"""(?:"([^"]*)"|'([^']*)'|(\S+?))\)$"""
+)
 
 
 def _path_steps(path: str) -> list[tuple[str, str]]:
