@@ -278,3 +278,28 @@ async def test_failed_pod_deletes_are_retried_not_fatal(
         await client.patch(DEPLOYMENTS, "web", {"spec": {"replicas": 0}}, "default")
         await eventually(lambda: _count(client, "web-", 0), 300)
         assert services.controllers.errors >= 1
+
+
+async def test_running_pods_get_their_own_ips(autojump_clock: trio.testing.MockClock) -> None:
+    """Each Running Pod has its own podIP, and hostIP is its Node's (not 10.1.0.1 for all)."""
+    async with cluster() as (client, _services):
+        await add_node(client, node("n1", cpu="4"))
+        await add_node(client, node("n2", cpu="4"))
+        await client.create(DEPLOYMENTS, {
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"replicas": 6, "selector": {"matchLabels": {"app": "web"}},
+                     "template": template("web")}})
+
+        async def six_running() -> bool:
+            return len([p for p in await pods_of(client, "web-")
+                        if (p.get("status") or {}).get("podIP")]) == 6
+
+        await eventually(six_running)
+        pods = await pods_of(client, "web-")
+        assert len({p["status"]["podIP"] for p in pods}) == 6
+        host_of = {p["spec"]["nodeName"]: set() for p in pods}
+        for p in pods:
+            host_of[p["spec"]["nodeName"]].add(p["status"]["hostIP"])
+            assert p["status"]["podIPs"] == [{"ip": p["status"]["podIP"]}]
+        assert all(len(ips) == 1 for ips in host_of.values())
+        assert len(set().union(*host_of.values())) == len(host_of)

@@ -149,6 +149,7 @@ class PodScheduler:
         self._classes: dict[str, tuple[str, str]] = {}
         self._to_start: dict[str, dict[str, Any]] = {}
         self._binding: set[str] = set()
+        self._ips: dict[str, list[int]] = {}  # node -> [node index, last pod host number]
         self._finishing: list[tuple[float, str, str]] = []
         self._scheduled_finish: set[str] = set()
         self._wake = trio.Event()
@@ -369,9 +370,20 @@ class PodScheduler:
         if self.on_event is not None:
             self.on_event(kind, fields)
 
-    @staticmethod
-    def _running_status(pod: Mapping[str, Any]) -> dict[str, Any]:
+    def _addresses(self, node: str) -> tuple[str, str]:
+        """(hostIP, a fresh podIP) on ``node``, as a kubelet with a per-node pod CIDR hands
+        them out: node n is host 10.0.x.y, its Pods 10.244+.n.2..254 (an address is reused
+        only after 253 Pods on one node)."""
+        slot = self._ips.setdefault(node, [len(self._ips), 1])
+        n = slot[0]
+        slot[1] = slot[1] % 253 + 1
+        return (f"10.0.{n // 250}.{n % 250 + 1}",
+                f"10.{244 + n // 256}.{n % 256}.{slot[1] + 1}")
+
+    def _running_status(self, pod: Mapping[str, Any], node: str | None = None) -> dict[str, Any]:
         stamp = rfc3339_now()
+        host_ip, pod_ip = self._addresses(
+            node or str((pod.get("spec") or {}).get("nodeName") or ""))
         containers = (pod.get("spec") or {}).get("containers") or []
         return {
             "phase": "Running",
@@ -386,8 +398,10 @@ class PodScheduler:
                  "started": True, "restartCount": 0, "state": {"running": {"startedAt": stamp}}}
                 for c in containers if isinstance(c, Mapping)
             ],
-            "hostIP": "10.0.0.1",
-            "podIP": "10.1.0.1",
+            "hostIP": host_ip,
+            "hostIPs": [{"ip": host_ip}],
+            "podIP": pod_ip,
+            "podIPs": [{"ip": pod_ip}],
             "startTime": stamp,
         }
 
@@ -399,7 +413,8 @@ class PodScheduler:
             async with self._limiter:
                 await self.client.patch(PODS, meta["name"], {"spec": {"nodeName": node}},
                                         meta.get("namespace"))
-                await self.client.patch(PODS, meta["name"], {"status": self._running_status(pod)},
+                await self.client.patch(PODS, meta["name"],
+                                        {"status": self._running_status(pod, node)},
                                         meta.get("namespace"), subresource="status")
         except NotFound:
             self._assumed.pop(key, None)
