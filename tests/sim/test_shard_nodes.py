@@ -62,16 +62,33 @@ async def test_kube_hooks_create_then_status_patch(nursery: trio.Nursery) -> Non
     kube = RecordingKube.over_sim(nursery)
     await KubeNodeHooks(kube).on_machine_configured(MACHINE)
     assert _calls(kube) == [("create", NODES.plural, "gpu-z-a-abc"),
-                            ("patch", "nodes", "gpu-z-a-abc", "status", ["status"])]
+                            ("patch", "nodes", "gpu-z-a-abc", "status", ["status"]),
+                            ("create", "leases", "gpu-z-a-abc")]
     node = kube.objects(NODES)["gpu-z-a-abc"]
     assert node["status"]["allocatable"] == {"cpu": "16", "nvidia.com/gpu": "4"}
+
+
+async def test_a_registered_node_has_its_kubelet_lease(nursery: trio.Nursery) -> None:
+    """``kubectl describe node`` reads ``kube-node-lease/<node>``: the sim writes it, owned by
+    the Node."""
+    from bigfleet_trio.kube.resources import LEASES
+
+    kube = RecordingKube.over_sim(nursery)
+    await KubeNodeHooks(kube).on_machine_configured(MACHINE)
+    node = kube.objects(NODES)["gpu-z-a-abc"]
+    lease = await kube.get(LEASES, "gpu-z-a-abc", "kube-node-lease")
+    assert lease["spec"]["holderIdentity"] == "gpu-z-a-abc"
+    assert lease["spec"]["renewTime"] and lease["spec"]["leaseDurationSeconds"] == 40
+    (owner,) = lease["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "Node", "gpu-z-a-abc", node["metadata"]["uid"])
 
 
 async def test_kube_hooks_existing_node_is_patched(nursery: trio.Nursery) -> None:
     kube = RecordingKube.over_sim(nursery)
     kube.seed(NODES, {"metadata": {"name": "gpu-z-a-abc"}})
     await KubeNodeHooks(kube).on_machine_configured(MACHINE)
-    assert [c[0] for c in _calls(kube)] == ["create", "patch", "patch"]
+    assert [c[0] for c in _calls(kube)] == ["create", "patch", "patch", "create"]
     assert _calls(kube)[1] == ("patch", "nodes", "gpu-z-a-abc", None, ["metadata", "spec"])
     assert kube.objects(NODES)["gpu-z-a-abc"]["spec"]["providerID"] == "sim://r/z-a/i-1"
 

@@ -76,6 +76,9 @@ def node_status(machine: MachineInfo, stamp: str) -> dict[str, Any]:
     }
 
 
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+
+
 class KubeNodeHooks:
     """Create/delete Nodes through a :class:`bigfleet_trio.kube.KubeClient` (owned by the caller).
 
@@ -94,9 +97,9 @@ class KubeNodeHooks:
 
         body = node_manifest(machine)
         try:
-            await self.client.create(NODES, body)
+            node = await self.client.create(NODES, body)
         except AlreadyExists:
-            await self.client.patch(
+            node = await self.client.patch(
                 NODES, machine.node_name,
                 {"metadata": {"labels": body["metadata"]["labels"],
                               "annotations": body["metadata"]["annotations"]},
@@ -104,7 +107,30 @@ class KubeNodeHooks:
             )
         await self.client.patch(NODES, machine.node_name, {"status": body["status"]},
                                 subresource="status")
+        await self._node_lease(node)
         log.info("node registered node=%s machine=%s", machine.node_name, machine.machine_id)
+
+    async def _node_lease(self, node: dict[str, Any]) -> None:
+        """The kubelet's heartbeat Lease (``kube-node-lease/<node>``, owned by the Node so it
+        goes with it), which ``kubectl describe node`` shows; renewed once, at registration."""
+        from bigfleet_trio.kube.client import rfc3339_micro
+        from bigfleet_trio.kube.errors import AlreadyExists
+        from bigfleet_trio.kube.resources import LEASES
+
+        meta = node["metadata"]
+        now = rfc3339_micro(dt.datetime.now(dt.UTC))
+        lease = {
+            "metadata": {"name": meta["name"], "namespace": NODE_LEASE_NAMESPACE,
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Node",
+                                              "name": meta["name"], "uid": meta.get("uid", "")}]},
+            "spec": {"holderIdentity": meta["name"], "leaseDurationSeconds": 40,
+                     "renewTime": now},
+        }
+        try:
+            await self.client.create(LEASES, lease, NODE_LEASE_NAMESPACE)
+        except AlreadyExists:
+            await self.client.patch(LEASES, meta["name"], {"spec": lease["spec"]},
+                                    NODE_LEASE_NAMESPACE)
 
     async def on_machine_released(self, machine: MachineInfo) -> None:
         """Delete the machine's Node."""
