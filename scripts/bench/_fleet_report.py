@@ -129,7 +129,9 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 baseline_label="Pods deleted in the run"))
         if roll.get(ph):
             figures += _rows(f"{ph}: CR change -> roll-up carrying it", roll[ph],
-                             baseline=cycle, label="one roll-up interval")
+                             baseline=cycle, label="one roll-up interval",
+                             target=f"p99 <= {cycle + 1:g} s (interval + 1 s)",
+                             met=pct(roll[ph], 0.99) <= cycle + 1)
         figures += _matched_rows(ph, "NodeStateUpdate -> UpcomingNode written", nsu, cycle,
                                  apart="superseded (phase never written, a later one was)",
                                  apart_name="superseded update -> the write replacing it",
