@@ -19,7 +19,11 @@ IDENTITIES = ("bigfleet-operator", "bigfleet-pod-controller")
 
 def binaries() -> Any:
     """The built binaries, or raise SystemExit naming the build command."""
-    from scripts.realkube import BUILD_HINT, find_binaries
+    try:
+        from scripts.realkube import BUILD_HINT, find_binaries
+    except ImportError as exc:
+        raise SystemExit(f"--kube real needs scripts/realkube (the control-plane launcher): "
+                         f"{exc}") from None
 
     found = find_binaries()
     if found is None:
