@@ -59,7 +59,9 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1
 USER 65532:65532
 WORKDIR /tmp
-EXPOSE 8770 8080
+# metrics (operator, pod controller; served beyond loopback only with --metrics-addr=:PORT and
+# --metrics-auth, as the Deployments do) and the probes' own port (--health-probe-addr=:8081)
+EXPOSE 8770 8080 8081
 ENTRYPOINT ["bigfleet-trio"]
 CMD ["--help"]
 
