@@ -228,7 +228,7 @@ class AvailableCapacityHandler:
                     name,
                     spec["availability"],
                     spec["availableCount"],
-                    spec["cost"],
+                    spec.get("cost", "unknown"),  # unset when the shard sent no price
                 )
                 return
         old_spec = existing.get("spec") if isinstance(existing.get("spec"), Mapping) else {}

@@ -264,3 +264,13 @@ async def test_apiserver_upsert(nursery: trio.Nursery, autojump_clock: trio.abc.
         "resources": {},
     }
     assert len((await client.list(AVAILABLE_CAPACITIES)).items) == 1
+
+
+async def test_an_offer_without_a_price_is_created_without_cost(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    """The create path with no price (the wire's 0): created, no cost, no error."""
+    kube = RecordingKube.over_sim(nursery)
+    await AvailableCapacityHandler(kube).on_available_capacity(acu(cost_per_hour=0.0))
+    assert [c[0] for c in kube.writes()] == ["create"]
+    assert "cost" not in kube.objects(AVAILABLE_CAPACITIES)[NAME]["spec"]
