@@ -223,3 +223,20 @@ async def test_address_in_use_names_the_address() -> None:
                 await nursery.start(partial(serve_observability, addr))
         assert str(info.value) == f"cannot listen on {addr}: Address already in use"
         assert info.value.errno == errno.EADDRINUSE
+
+
+async def test_events_follower_says_when_the_agent_goes_away() -> None:
+    feed = EventFeed()
+    out, notice = io.StringIO(), io.StringIO()
+    with trio.fail_after(10):
+        async with _server(feed=feed) as addr, trio.open_nursery() as nursery:
+
+            async def closer() -> None:
+                await _wait_subscribers(feed, 1)
+                feed.publish("x")
+                feed.close()  # the operator stopping
+
+            nursery.start_soon(closer)
+            assert await follow_events(addr, out, notice=notice) == 1
+    assert notice.getvalue() == (
+        f"events: the agent at {addr} ended the feed (code 1001); 1 events received\n")
