@@ -7,6 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
+# The realkube tier's fixtures (`realkube`, `kube_backend`): tests/support/realkube.py.
+pytest_plugins = ["tests.support.realkube"]
+
 
 @pytest.fixture(autouse=True)
 def restore_root_logging() -> Iterator[None]:
@@ -56,4 +59,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     for item in items:
         if item.nodeid.startswith(SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)
+        # The realkube tier: real processes, so slow too (`-m realkube` runs only the tier).
+        if (item.nodeid.startswith("tests/realkube/") or item.get_closest_marker("realkube")
+                or "realkube" in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.realkube)
             item.add_marker(pytest.mark.slow)

@@ -1,0 +1,98 @@
+"""The control plane itself (scripts/realkube): kwok runs bound Pods and finishes deletions, the
+real scheduler binds, TokenRequest issues tokens the shipped RBAC governs, and ``up`` works as
+a command (ready line, admin kubeconfig, every process stopped by pid on SIGTERM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bigfleet_trio.kube import CAPACITY_REQUESTS, NODES, PODS
+from bigfleet_trio.kube.errors import Forbidden, NotFound
+from bigfleet_trio.sim.apiserver.testing import find_kubectl
+from tests.realkube.agent import phase
+from tests.support.realkube import RealKube, require_binaries, until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pod(name: str, **spec: object) -> dict[str, object]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"t": name}},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}], **spec}}
+
+
+async def test_kwok_runs_bound_pods_and_finishes_deletions(realkube: RealKube) -> None:
+    realkube.reset()
+    ns = realkube.namespace("kwok")
+    node = realkube.cp.create_nodes(1, prefix=f"{ns}-node-")[0]
+    try:
+        async with realkube.client() as kube:
+            # the real scheduler binds it (no nodeName given), kwok reports it Running
+            await kube.create(PODS, pod("scheduled"), ns)
+
+            async def running() -> bool:
+                return phase(await kube.get(PODS, "scheduled", ns)) == "Running"
+
+            await until("the Pod Running", running, 60)
+            assert (await kube.get(PODS, "scheduled", ns))["spec"]["nodeName"] == node
+            await kube.delete(PODS, "scheduled", ns)
+
+            async def gone() -> bool:
+                try:
+                    await kube.get(PODS, "scheduled", ns)
+                except NotFound:
+                    return True
+                return False
+
+            # a kubelet confirms the deletion (grace period) and the Pod is then gone
+            await until("the Pod gone", gone, 60)
+    finally:
+        realkube.cp.request("DELETE", f"/api/v1/nodes/{node}")
+
+
+async def test_service_account_tokens_are_bound_by_the_shipped_rbac(realkube: RealKube) -> None:
+    async with realkube.client(realkube.pod_controller_kubeconfig) as pc, \
+            realkube.client(realkube.operator_kubeconfig) as op:
+        await pc.list(CAPACITY_REQUESTS)           # granted
+        await op.list(NODES)                       # granted
+        with pytest.raises(Forbidden):
+            await op.create(PODS, pod("nope"), "default")
+        with pytest.raises(Forbidden):
+            await pc.delete(NODES, "anything")
+
+
+def test_up_prints_ready_writes_a_kubeconfig_and_stops_every_process(tmp_path: Path) -> None:
+    require_binaries()
+    kubeconfig = tmp_path / "kc.yaml"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scripts.realkube", "up", "--kubeconfig-out", str(kubeconfig),
+         "--nodes", "1"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("ready "), (line, proc.stderr.read() if proc.poll() else "")
+        fields = dict(w.split("=", 1) for w in line.split()[1:])
+        assert fields["kubeconfig"] == str(kubeconfig) and kubeconfig.exists()
+        pids = [int(fields[c]) for c in ("etcd", "kube-apiserver", "kube-controller-manager",
+                                         "kube-scheduler", "kwok")]
+        kubectl = find_kubectl()
+        assert kubectl is not None
+        nodes = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "get", "nodes",
+                                "-o", "name"], capture_output=True, text=True, check=True)
+        assert nodes.stdout.split() == ["node/kwok-node-0"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        for pid in pids:  # every component stopped (reaped by `up`)
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+        assert not Path(fields["workdir"]).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
