@@ -26,8 +26,9 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 
 def up(kubeconfig_out: Path, nodes: int) -> int:
-    """Start the control plane, copy the admin kubeconfig to ``kubeconfig_out``, print
-    ``ready ...`` and block until SIGTERM/SIGINT (or a component exits: exit 1)."""
+    """Start the control plane, install the project's CRDs, copy the admin kubeconfig to
+    ``kubeconfig_out``, print ``ready ...`` and block until SIGTERM/SIGINT (or a component
+    exits: exit 1)."""
     binaries = find_binaries()
     if binaries is None:
         print(f"the real control-plane binaries are not built: run `{BUILD_HINT}`",
@@ -39,6 +40,7 @@ def up(kubeconfig_out: Path, nodes: int) -> int:
     cp = ControlPlane(binaries, workdir, nodes=nodes)
     try:
         cp.start()
+        cp.install_crds()  # so the agent's pieces run against it as they are
         # the kubeconfig names the certificates inside workdir by absolute path
         kubeconfig_out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(cp.kubeconfig, kubeconfig_out)

@@ -128,7 +128,15 @@ class ControlPlane:
     def restart(self, name: str) -> None:
         """Stop component ``name`` (SIGTERM) and start it again with the same flags and data;
         returns once it is ready."""
+        self.stop_component(name)
+        self.start_component(name)
+
+    def stop_component(self, name: str) -> None:
+        """Stop component ``name`` (SIGTERM, SIGKILL after 10 s); its data stays."""
         self._stop(name)
+
+    def start_component(self, name: str) -> None:
+        """Start a stopped component again with the same flags and data; returns once ready."""
         self._start(name)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -322,6 +330,30 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         path.chmod(0o600)
         return path
+
+    # ---- the project's CRDs ------------------------------------------------------------------
+
+    def install_crds(self) -> None:
+        """Create the project's CRDs (``bigfleet_trio/manifests/crds.yaml``) and wait until each
+        is Established."""
+        from bigfleet_trio.install import load_crds
+
+        path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        names = []
+        for crd in load_crds():
+            r = self.request("POST", path, crd)
+            if r.status_code not in (201, 409):
+                raise ControlPlaneError(f"creating CRD {crd['metadata']['name']}: "
+                                        f"{r.status_code} {r.text}")
+            names.append(crd["metadata"]["name"])
+
+        def established(name: str) -> bool:
+            conds = (self.request("GET", f"{path}/{name}").json().get("status") or {}).get(
+                "conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+        for name in names:
+            self._wait(f"CRD {name} Established", lambda n=name: established(n))  # type: ignore[misc]
 
     # ---- Nodes ---------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The kube layer against the embedded apiserver (bigfleet_trio.sim.apiserver).
 
 One test goes over a real loopback socket (serve + write_kubeconfig + load_kubeconfig, real
-clock, short); the rest use the in-process ASGI transport so ``autojump_clock`` drives time.
+clock, short), on both backends (the embedded apiserver and the real one); the rest use the
+in-process ASGI transport so ``autojump_clock`` drives time.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, LEASES, PODS
 from bigfleet_trio.kube.retry import Backoff
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
+from tests.support.realkube import RealKube
 
 
 def _cr(name: str, priority: int = 1) -> dict[str, Any]:
@@ -37,11 +39,16 @@ def _slim(obj: dict[str, Any]) -> dict[str, Any]:
     return {"name": obj["metadata"]["name"], "priority": obj["spec"]["priority"]}
 
 
-async def test_real_socket_crud_list_informer(nursery: trio.Nursery, tmp_path: Path) -> None:
-    server = ApiServer()
-    url = await nursery.start(serve, server)
-    kc = tmp_path / "kubeconfig"
-    write_kubeconfig(url, str(kc), token="t0k")
+async def test_real_socket_crud_list_informer(
+    nursery: trio.Nursery, tmp_path: Path, kube_backend: RealKube | None
+) -> None:
+    # both backends (tests/support/realkube.py): the embedded apiserver, or the real one
+    if kube_backend is not None:
+        kc = kube_backend.kubeconfig
+    else:
+        url = await nursery.start(serve, ApiServer())
+        kc = tmp_path / "kubeconfig"
+        write_kubeconfig(url, str(kc), token="t0k")
     cfg = load_kubeconfig(str(kc), env={})
     with trio.fail_after(20):
         async with KubeClient(cfg) as c:

@@ -83,13 +83,16 @@ class Agent:
                 return False
         await self.until(f"{name} ready", ok, seconds)
 
-    async def metric(self, name: str, family: str) -> float:
-        """Sum of the samples of ``family`` on process ``name``'s /metrics."""
+    async def metric(self, name: str, family: str, **labels: str) -> float:
+        """Sum of the samples of ``family`` (with these label values) on process ``name``'s
+        /metrics."""
         async with httpx.AsyncClient(timeout=5) as c:
             text = (await c.get(f"http://{self.metrics[name]}/metrics")).text
         total = 0.0
+        want = [f'{k}="{v}"' for k, v in labels.items()]
         for line in text.splitlines():
-            if line.startswith(family) and line[len(family):len(family) + 1] in ("{", " "):
+            if (line.startswith(family) and line[len(family):len(family) + 1] in ("{", " ")
+                    and all(w in line for w in want)):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 

@@ -8,6 +8,10 @@ A Deployment applied with kubectl -> its Pods -> one CapacityRequest each -> the
 machines, UpcomingNodes go Ready, Nodes register -> the Pods are bound; ``kubectl scale
 --replicas=0`` -> the shard reclaims the machines -> the operator drains them -> UpcomingNodes and
 Nodes are gone.
+
+Runs on both backends (``kube_backend``, tests/support/realkube.py): ``sim`` starts ``sim cluster``
+as the README says; ``real`` uses the real control plane (kube-apiserver, kube-controller-manager,
+kube-scheduler, kwok) in its place, everything else unchanged.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,6 +32,7 @@ import pytest
 import trio
 
 from bigfleet_trio.sim.apiserver.testing import find_kubectl
+from tests.support.realkube import RealKube
 
 KUBECTL = find_kubectl()
 pytestmark = [
@@ -140,7 +146,7 @@ def localize(argv: list[str], subst: dict[str, str]) -> list[str]:
 
 
 @asynccontextmanager
-async def pieces(tmp: Path) -> AsyncIterator[Pieces]:
+async def pieces(tmp: Path, real: RealKube | None = None) -> AsyncIterator[Pieces]:
     p = Pieces(tmp)
     shard_port, op_port = free_port(), free_port()
     subst = {
@@ -164,7 +170,11 @@ async def pieces(tmp: Path) -> AsyncIterator[Pieces]:
         "operator": ["--health-probe-addr", f"127.0.0.1:{free_port()}", "--rollup-interval", "1s"],
     }
     async with trio.open_nursery() as nursery:
-        await p.start(nursery, "cluster", *localize(cmds["cluster"], subst)[1:], *extra["cluster"])
+        if real is not None:  # the real control plane stands where `sim cluster` would
+            shutil.copyfile(real.kubeconfig, p.kubeconfig)
+        else:
+            await p.start(nursery, "cluster", *localize(cmds["cluster"], subst)[1:],
+                          *extra["cluster"])
         with trio.fail_after(30):
             while not os.path.exists(p.kubeconfig):  # noqa: ASYNC110, ASYNC240 - local file
                 await trio.sleep(0.1)
@@ -203,8 +213,10 @@ def test_the_readme_pieces_block_is_what_the_test_runs() -> None:
     ]
 
 
-async def test_readme_pieces_path_with_kubectl(tmp_path: Path) -> None:
-    async with pieces(tmp_path) as p:
+async def test_readme_pieces_path_with_kubectl(
+    tmp_path: Path, kube_backend: RealKube | None
+) -> None:
+    async with pieces(tmp_path, kube_backend) as p:
         await p.until("the apiserver", lambda: _ok(p.kubectl("get", "ns", ok=False)))
         # The README's last line, as written: KUBECONFIG=... kubectl apply -f my-deployment.yaml
         (tmp_path / "my-deployment.yaml").write_text(DEPLOYMENT)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,34 +124,51 @@ class RealKube:
         assert r.status_code == 201, r.text
         return name
 
-    def reset(self) -> None:
-        """Delete what earlier tests left: UpcomingNodes, AvailableCapacities, Nodes not run by
-        ``up`` (the shard's), test namespaces, and the operator's leader Lease."""
-        for path in ("/apis/bigfleet.lucy.sh/v1alpha1/upcomingnodes",
-                     "/apis/bigfleet.lucy.sh/v1alpha1/availablecapacities"):
-            for item in self.cp.request("GET", path).json().get("items", []):
+    def reset(self, timeout: float = 90.0) -> None:
+        """Delete what earlier tests left, and wait until it is gone: UpcomingNodes,
+        AvailableCapacities, Nodes other than kwok's ``up`` ones, the test namespaces (their
+        Pods force-deleted first), the leader Leases, and Deployments, Jobs, Pods and
+        CapacityRequests in ``default`` (the backend-neutral tests use it)."""
+        req = self.cp.request
+        crs = "/apis/bigfleet.lucy.sh/v1alpha1"
+        for path in (f"{crs}/upcomingnodes", f"{crs}/availablecapacities"):
+            for item in req("GET", path).json().get("items", []):
                 name = item["metadata"]["name"]
                 # finalizers would keep it: strip them first
-                self.cp.request("PATCH", f"{path}/{name}", {"metadata": {"finalizers": None}},
-                                content_type="application/merge-patch+json")
-                self.cp.request("DELETE", f"{path}/{name}")
-        for node in self.cp.request("GET", "/api/v1/nodes").json().get("items", []):
+                req("PATCH", f"{path}/{name}", {"metadata": {"finalizers": None}},
+                    content_type="application/merge-patch+json")
+                req("DELETE", f"{path}/{name}")
+        for node in req("GET", "/api/v1/nodes").json().get("items", []):
             name = node["metadata"]["name"]
             if not name.startswith(KWOK_NODE_PREFIX):
-                self.cp.request("DELETE", f"/api/v1/nodes/{name}")
-        listed = self.cp.request("GET", f"/api/v1/namespaces?labelSelector={TEST_NS_LABEL}=1")
-        for ns in listed.json().get("items", []):
-            self.cp.request("DELETE", f"/api/v1/namespaces/{ns['metadata']['name']}")
-        for lease in self.cp.request(
-                "GET", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases").json().get(
-                    "items", []):
-            self.cp.request("DELETE", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/"
-                                      f"{lease['metadata']['name']}")
-        # Pods left in default (backend-neutral tests use it) and their CRs
-        for kind in ("apps/v1/namespaces/default/deployments",
-                     "batch/v1/namespaces/default/jobs"):
-            self.cp.request("DELETE", f"/apis/{kind}?propagationPolicy=Background")
-        self.cp.request("DELETE", "/api/v1/namespaces/default/pods?gracePeriodSeconds=0")
+                req("DELETE", f"/api/v1/nodes/{name}")
+        leases = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+        for lease in req("GET", leases).json().get("items", []):
+            req("DELETE", f"{leases}/{lease['metadata']['name']}")
+        for api in ("/apis/apps/v1/namespaces/default/deployments",
+                    "/apis/apps/v1/namespaces/default/replicasets",
+                    "/apis/batch/v1/namespaces/default/jobs"):
+            req("DELETE", f"{api}?propagationPolicy=Background")
+        namespaces = [ns["metadata"]["name"] for ns in req(
+            "GET", f"/api/v1/namespaces?labelSelector={TEST_NS_LABEL}=1").json().get("items", [])]
+        for ns in [*namespaces, "default"]:
+            # force: a Pod on a Node that is gone would wait for podgc otherwise
+            req("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
+        req("DELETE", f"{crs}/namespaces/default/capacityrequests")
+        for ns in namespaces:
+            req("DELETE", f"/api/v1/namespaces/{ns}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            left_ns = req("GET", f"/api/v1/namespaces?labelSelector={TEST_NS_LABEL}=1").json()
+            left = (left_ns.get("items", [])
+                    + req("GET", "/api/v1/namespaces/default/pods").json().get("items", [])
+                    + req("GET", f"{crs}/capacityrequests").json().get("items", [])
+                    + req("GET", f"{crs}/upcomingnodes").json().get("items", []))
+            if not left:
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"reset: still present after {timeout:.0f} s: "
+                             f"{[(o.get('kind'), o['metadata']['name']) for o in left]}")
 
 
 @pytest.fixture(scope="session")

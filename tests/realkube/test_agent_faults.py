@@ -1,0 +1,108 @@
+"""Faults of the real control plane under both binaries (processes, tests/realkube/agent.py):
+leader election on a real Lease with the leader killed -9, and an apiserver restart with etcd
+compacted meanwhile (watches resumed from a compacted resourceVersion get 410 Gone and relist),
+with nothing lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from bigfleet_trio.kube import CAPACITY_REQUESTS, DEPLOYMENTS, LEASES, PODS
+from tests.realkube.agent import Agent, phase, running_agent
+from tests.realkube.test_agent_loop import deployment, record
+from tests.support.realkube import NS, RealKube
+
+LEASE = "bigfleet-operator"
+
+
+async def acknowledged(a: Agent, ns: str, app: str, count: int) -> None:
+    """Wait until ``count`` Pods of ``app`` exist, each with an Acknowledged CR, and no more."""
+    async def check() -> bool:
+        pods = (await a.admin.list(PODS, ns, label_selector=f"app={app}")).items
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        crs = (await a.admin.list(CAPACITY_REQUESTS, ns)).items
+        by_owner = {c["metadata"]["ownerReferences"][0]["uid"]: c for c in crs}
+        return (len(live) == count and len(crs) == count
+                and all(phase(by_owner.get(p["metadata"]["uid"], {})) == "Acknowledged"
+                        for p in live))
+    await a.until(f"{count} {app} Pods with an Acknowledged CR each", check)
+
+
+async def test_leader_killed_another_replica_takes_over_the_real_lease(
+    realkube: RealKube, tmp_path: Path
+) -> None:
+    realkube.reset()
+    ns = realkube.namespace("lease")
+    async with running_agent(realkube, tmp_path, operators=2, leader_elect=True) as a:
+        kube = a.admin
+        leases: list[dict[str, Any]] = []
+        await a.nursery.start(record, kube, LEASES, NS, leases)
+
+        async def held() -> bool:
+            return bool((await kube.get(LEASES, LEASE, NS))["spec"].get("holderIdentity"))
+
+        await a.until("a leader", held)
+        lease = await kube.get(LEASES, LEASE, NS)
+        first = lease["spec"]["holderIdentity"].split("_")[0]
+        other = next(n for n in ("operator-0", "operator-1") if n != first)
+        await a.ready(first)
+        await kube.create(DEPLOYMENTS, deployment("web", 1), ns)
+        await acknowledged(a, ns, "web", 1)  # the leader acts
+
+        a.kill(first)  # kill -9: no release, the Lease must expire
+        duration = int(lease["spec"]["leaseDurationSeconds"])
+
+        async def taken_over() -> bool:
+            spec = (await kube.get(LEASES, LEASE, NS))["spec"]
+            return str(spec.get("holderIdentity", "")).startswith(f"{other}_")
+
+        # the clause's bound (lease duration + 5 s) as the wait's deadline
+        await a.until(f"{other} to take the Lease", taken_over, duration + 5)
+        holders = [(v["spec"].get("holderIdentity") or "").split("_")[0]
+                   for v in leases if v["metadata"]["name"] == LEASE]
+        # the first leader renewed until killed, then the other held it: never back
+        assert holders[-1] == other and first not in holders[holders.index(other):], holders
+        after = await kube.get(LEASES, LEASE, NS)
+        assert after["spec"]["leaseTransitions"] == lease["spec"].get("leaseTransitions", 0) + 1
+        # the new leader acts: a new Pod's CR is acknowledged
+        await a.ready(other)
+        await kube.patch(DEPLOYMENTS, "web", {"spec": {"replicas": 2}}, ns)
+        await acknowledged(a, ns, "web", 2)
+
+
+async def test_apiserver_restart_and_etcd_compaction_relist_and_lose_nothing(
+    realkube: RealKube, tmp_path: Path
+) -> None:
+    realkube.reset()
+    ns = realkube.namespace("restart")
+    cp = realkube.cp
+    async with running_agent(realkube, tmp_path) as a:
+        kube = a.admin
+        await kube.create(DEPLOYMENTS, deployment("web", 2), ns)
+        await acknowledged(a, ns, "web", 2)
+        expired_before = {name: await a.metric(name, "bigfleet_informer_relists_total",
+                                               reason="expired")
+                          for name in ("pod-controller", "operator")}
+
+        # Down: the informers' watches break. etcd moves on and is compacted past every
+        # resourceVersion they hold, so their resumed watches are refused 410 Gone.
+        await trio.to_thread.run_sync(cp.stop_component, "kube-apiserver")
+        cp.bump_etcd_revision(20)
+        cp.compact_etcd()
+        await trio.to_thread.run_sync(cp.start_component, "kube-apiserver")
+
+        # Changes right after the restart are all seen: scale up, and delete one Pod.
+        await kube.patch(DEPLOYMENTS, "web", {"spec": {"replicas": 4}}, ns)
+        await acknowledged(a, ns, "web", 4)
+        victim = (await kube.list(PODS, ns, label_selector="app=web")).items[0]
+        await kube.delete(PODS, victim["metadata"]["name"], ns)
+        await acknowledged(a, ns, "web", 4)  # a replacement Pod, its CR; the victim's CR gone
+        crs = (await kube.list(CAPACITY_REQUESTS, ns)).items
+        assert victim["metadata"]["uid"] not in {
+            c["metadata"]["ownerReferences"][0]["uid"] for c in crs}
+        for name, before in expired_before.items():
+            after = await a.metric(name, "bigfleet_informer_relists_total", reason="expired")
+            assert after > before, (name, before, after, a.logs())

@@ -1,0 +1,276 @@
+"""Both binaries on the real control plane, as users run them (tests/realkube/agent.py): CLI
+processes with ServiceAccount tokens under the shipped RBAC, the sim shard registering Nodes,
+kube-scheduler binding, kwok running the Pods, the real controllers (Deployment, ReplicaSet, Job,
+garbage collector, disruption) doing the rest.
+
+Every wait is a bounded poll on what the cluster shows; no test asserts how long anything took.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from bigfleet_trio.kube import (
+    CAPACITY_REQUESTS,
+    DEPLOYMENTS,
+    EVENTS,
+    JOBS,
+    NODES,
+    PDBS,
+    PODS,
+    UPCOMING_NODES,
+    KubeClient,
+    Resource,
+)
+from tests.realkube.agent import phase, running_agent
+from tests.support.realkube import RealKube
+
+UPCOMING_ORDER = ["Provisioning", "Launched", "Registered", "Ready", "Draining", "Drained"]
+
+
+def container(cpu: str) -> dict[str, Any]:
+    return {"name": "c", "image": "registry.example/app:1",
+            "resources": {"requests": {"cpu": cpu, "memory": "256Mi"}}}
+
+
+def deployment(name: str, replicas: int, cpu: str = "1") -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [container(cpu)]}}}}
+
+
+def job(name: str) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"completions": 1, "backoffLimit": 0,
+                     "template": {"metadata": {"labels": {"job": name}},
+                                  "spec": {"restartPolicy": "Never",
+                                           "containers": [container("1")]}}}}
+
+
+async def record(kube: KubeClient, res: Resource, namespace: str | None,
+                 sink: list[dict[str, Any]], *, task_status: Any = trio.TASK_STATUS_IGNORED
+                 ) -> None:
+    """Append every object version of ``res`` from now on to ``sink`` (one watch, reopened
+    from the last resourceVersion if the server ends it)."""
+    rv = (await kube.list(res, namespace)).resource_version
+    task_status.started()
+    while True:
+        async with kube.watch(res, namespace, resource_version=rv) as stream:
+            async for ev in stream:
+                if ev.type in ("ADDED", "MODIFIED", "DELETED"):
+                    sink.append({"type": ev.type, **ev.object})
+                rv = ev.object.get("metadata", {}).get("resourceVersion") or rv
+
+
+def is_ordered(seen: list[str], order: list[str]) -> bool:
+    """Each phase in ``seen`` is at or after the previous one in ``order``."""
+    idx = [order.index(p) for p in seen]
+    return idx == sorted(idx)
+
+
+def dedup(seq: list[str]) -> list[str]:
+    return [x for i, x in enumerate(seq) if i == 0 or seq[i - 1] != x]
+
+
+async def test_deployment_crs_acknowledged_job_finishes_gc_removes_crs(
+    realkube: RealKube, tmp_path: Path
+) -> None:
+    realkube.reset()
+    ns = realkube.namespace("loop")
+    async with running_agent(realkube, tmp_path) as a:
+        kube = a.admin
+        crs_seen: list[dict[str, Any]] = []
+        await a.nursery.start(record, kube, CAPACITY_REQUESTS, ns, crs_seen)
+        await kube.create(DEPLOYMENTS, deployment("web", 3), ns)
+
+        async def all_acknowledged() -> bool:
+            pods = (await kube.list(PODS, ns, label_selector="app=web")).items
+            crs = (await kube.list(CAPACITY_REQUESTS, ns)).items
+            by_owner = {c["metadata"]["ownerReferences"][0]["uid"]: c for c in crs}
+            return (len(pods) == 3 and len(crs) == 3
+                    and all(phase(by_owner.get(p["metadata"]["uid"], {})) == "Acknowledged"
+                            for p in pods))
+
+        await a.until("3 Pods with an Acknowledged CR each", all_acknowledged)
+        pods = {p["metadata"]["uid"]: p for p in (await kube.list(PODS, ns)).items}
+        for cr in (await kube.list(CAPACITY_REQUESTS, ns)).items:
+            (ref,) = cr["metadata"]["ownerReferences"]
+            assert (ref["kind"], ref["apiVersion"]) == ("Pod", "v1")
+            assert ref["name"] == pods[ref["uid"]]["metadata"]["name"]
+            history = dedup([phase(v) for v in crs_seen
+                             if v["metadata"]["name"] == cr["metadata"]["name"]])
+            # created without a phase (the apiserver drops status on create), stamped Pending
+            # by the pod controller, Acknowledged by the operator after a roll-up
+            assert [p for p in history if p] == ["Pending", "Acknowledged"], history
+
+        # The Pods run on Nodes the shard registered for the roll-up's demand.
+        async def running() -> bool:
+            got = (await kube.list(PODS, ns, label_selector="app=web")).items
+            return len(got) == 3 and all(phase(p) == "Running" for p in got)
+
+        await a.until("the web Pods Running", running)
+
+        # A Job: its Pod gets a CR, runs, succeeds (kwok), the Job completes, the CR goes.
+        await kube.create(JOBS, job("once"), ns)
+
+        async def job_complete() -> bool:
+            status = (await kube.get(JOBS, "once", ns)).get("status") or {}
+            conds = {c["type"]: c["status"] for c in status.get("conditions") or []}
+            return conds.get("Complete") == "True"
+
+        await a.until("the Job Complete", job_complete)
+        job_cr_names = {v["metadata"]["name"] for v in crs_seen
+                        if v["metadata"].get("labels", {}).get("job") == "once"
+                        or any(r["name"].startswith("once-")
+                               for r in v["metadata"].get("ownerReferences", []))}
+        assert job_cr_names, "the Job's Pod never had a CR"
+
+        async def job_cr_gone() -> bool:
+            names = {c["metadata"]["name"] for c in (await kube.list(CAPACITY_REQUESTS, ns)).items}
+            return not (names & job_cr_names)
+
+        await a.until("the finished Job's CR deleted", job_cr_gone)
+
+        # The real garbage collector: with the pod controller stopped, deleting the Pods
+        # (via their Deployment) removes their CRs through the ownerReferences alone.
+        a.procs["pod-controller"].terminate()
+        await a.procs["pod-controller"].wait()
+        await kube.delete(DEPLOYMENTS, "web", ns, propagation_policy="Foreground")
+
+        async def crs_collected() -> bool:
+            return (await kube.list(CAPACITY_REQUESTS, ns)).items == []
+
+        await a.until("the garbage collector to delete every CR", crs_collected)
+
+
+async def test_node_state_updates_walk_upcoming_nodes_and_register_nodes(
+    realkube: RealKube, tmp_path: Path
+) -> None:
+    realkube.reset()
+    ns = realkube.namespace("nsu")
+    async with running_agent(realkube, tmp_path) as a:
+        kube = a.admin
+        seen: list[dict[str, Any]] = []
+        await a.nursery.start(record, kube, UPCOMING_NODES, None, seen)
+        await kube.create(DEPLOYMENTS, deployment("demand", 2, "3"), ns)
+
+        async def ready_with_nodes() -> bool:
+            ups = (await kube.list(UPCOMING_NODES)).items
+            nodes = {n["metadata"]["name"] for n in (await kube.list(NODES)).items}
+            return bool(ups) and all(
+                phase(u) == "Ready" and (u["status"].get("nodeRef") or {}).get("name") in nodes
+                for u in ups)
+
+        await a.until("UpcomingNodes Ready with their Nodes registered", ready_with_nodes)
+        for up in (await kube.list(UPCOMING_NODES)).items:
+            history = dedup([phase(v) for v in seen
+                             if v["metadata"]["name"] == up["metadata"]["name"]])
+            assert history[-1] == "Ready" and is_ordered(history, UPCOMING_ORDER), history
+            node = await kube.get(NODES, up["status"]["nodeRef"]["name"])
+            assert up["spec"]["labels"].items() <= node["metadata"]["labels"].items()
+
+        # Demand withdrawn: the machines are reclaimed, drained, their UpcomingNodes deleted
+        # after Drained, their Nodes deleted by the shard.
+        names = {u["metadata"]["name"] for u in (await kube.list(UPCOMING_NODES)).items}
+        await kube.patch(DEPLOYMENTS, "demand", {"spec": {"replicas": 0}}, ns)
+
+        async def all_gone() -> bool:
+            return (await kube.list(UPCOMING_NODES)).items == []
+
+        await a.until("every UpcomingNode deleted", all_gone, 120)
+        for name in names:
+            history = dedup([phase(v) for v in seen if v["metadata"]["name"] == name])
+            assert is_ordered(history, UPCOMING_ORDER), history
+            assert history[-1] in ("Draining", "Drained"), history
+            assert seen[-1]["type"] == "DELETED" or any(
+                v["type"] == "DELETED" and v["metadata"]["name"] == name for v in seen)
+
+
+async def test_reclaim_cordons_and_drains_against_a_real_pod_disruption_budget(
+    realkube: RealKube, tmp_path: Path
+) -> None:
+    """Two guarded Pods on a machine, a PDB allowing no disruption: the reclaim cordons the
+    Node, the apiserver answers the evictions 429 (EvictionBlocked Events), an unguarded Pod
+    is evicted, and the UpcomingNode is walked to Drained and deleted."""
+    realkube.reset()
+    ns = realkube.namespace("pdb")
+    async with running_agent(realkube, tmp_path) as a:
+        kube = a.admin
+        seen: list[dict[str, Any]] = []
+        await a.nursery.start(record, kube, UPCOMING_NODES, None, seen)
+        await kube.create(DEPLOYMENTS, deployment("demand", 1, "1"), ns)
+
+        async def one_ready() -> bool:
+            ups = (await kube.list(UPCOMING_NODES)).items
+            return len(ups) == 1 and phase(ups[0]) == "Ready"
+
+        await a.until("one UpcomingNode Ready", one_ready)
+        (up,) = (await kube.list(UPCOMING_NODES)).items
+        node = up["status"]["nodeRef"]["name"]
+        # Pods the agent does not count as demand (a Gt requirement the wire cannot carry: no
+        # CR, an UnsupportedRequirement Event), placed on the machine directly.
+        gt = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "bigfleet.test/generation", "operator": "Gt", "values": ["0"]}]}]}}}
+        for name, labels in (("guarded-0", {"app": "guarded"}), ("guarded-1", {"app": "guarded"}),
+                             ("loose", {"app": "loose"})):
+            await kube.create(PODS, {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+                "spec": {"nodeName": node, "affinity": gt, "containers": [container("100m")]},
+            }, ns)
+        await kube.create(PDBS, {
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "guarded"},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}}, ns)
+
+        async def budget_computed() -> bool:  # the disruption controller's status
+            pdb = await kube.get(PDBS, "guarded", ns)
+            st = pdb.get("status") or {}
+            return (st.get("observedGeneration") == pdb["metadata"]["generation"]
+                    and st.get("currentHealthy") == 2 and st.get("disruptionsAllowed") == 0)
+
+        await a.until("the PDB's status (2 healthy, 0 disruptions allowed)", budget_computed)
+        await kube.patch(DEPLOYMENTS, "demand", {"spec": {"replicas": 0}}, ns)
+
+        async def reasons(kind: str, name: str) -> set[str]:
+            return {e["reason"] for e in (await kube.list(EVENTS, ns)).items
+                    + (await kube.list(EVENTS, "default")).items
+                    if e["involvedObject"]["kind"] == kind
+                    and e["involvedObject"]["name"] == name
+                    and e.get("source", {}).get("component") == "bigfleet-operator"}
+
+        async def blocked() -> bool:
+            return "EvictionBlocked" in await reasons("Pod", "guarded-0") | await reasons(
+                "Pod", "guarded-1")
+
+        await a.until("an eviction refused by the PodDisruptionBudget", blocked, 120)
+        blocked_events = [e for e in (await kube.list(EVENTS, ns)).items
+                          if e["reason"] == "EvictionBlocked"]
+        assert any("disruption budget" in e["message"] for e in blocked_events), blocked_events
+
+        async def loose_evicted() -> bool:
+            return "Evicted" in await reasons("Pod", "loose")
+
+        await a.until("the unguarded Pod evicted", loose_evicted, 120)
+
+        async def upcoming_deleted() -> bool:
+            return any(v["type"] == "DELETED" and v["metadata"]["name"] == up["metadata"]["name"]
+                       for v in seen)
+
+        await a.until("the UpcomingNode deleted after Drained", upcoming_deleted, 120)
+        history = dedup([phase(v) for v in seen if v["metadata"]["name"] == up["metadata"]["name"]])
+        assert "Draining" in history and is_ordered(history, UPCOMING_ORDER), history
+        assert {"Reclaim", "Cordoned"} <= set(await node_events(kube, node))
+        # the budget held: neither guarded Pod was evicted
+        assert "Evicted" not in await reasons("Pod", "guarded-0") | await reasons(
+            "Pod", "guarded-1")
+
+
+async def node_events(kube: KubeClient, node: str) -> list[str]:
+    return [e["reason"] for e in (await kube.list(EVENTS, "default")).items
+            if e["involvedObject"]["kind"] == "Node" and e["involvedObject"]["name"] == node]
+
