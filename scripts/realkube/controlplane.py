@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Callable
@@ -267,12 +268,17 @@ class ControlPlane:
 
     # ---- HTTP --------------------------------------------------------------------------------
 
+    def httpx_kwargs(self) -> dict[str, Any]:
+        """``base_url`` and ``verify`` (an SSLContext: the CA plus the admin's client
+        certificate, in system:masters) for an httpx client, sync or async."""
+        assert self.pki is not None
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca_crt))
+        ctx.load_cert_chain(str(self.pki.admin_crt), str(self.pki.admin_key))
+        return {"base_url": self.server, "verify": ctx}
+
     def admin_client(self, timeout: float = 30.0) -> httpx.Client:
         """A synchronous httpx client authenticated as the admin (system:masters)."""
-        assert self.pki is not None
-        return httpx.Client(base_url=self.server, verify=str(self.pki.ca_crt),
-                            cert=(str(self.pki.admin_crt), str(self.pki.admin_key)),
-                            timeout=timeout)
+        return httpx.Client(timeout=timeout, **self.httpx_kwargs())
 
     def _http_ok(self, url: str, *, admin: bool = False, expect: str = "ok") -> bool:
         if admin:
