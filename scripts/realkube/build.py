@@ -62,9 +62,14 @@ class Binaries:
 
     @property
     def kwok(self) -> str | None:
-        """kwok's path, or None when it could not be built (the kubelet stand-in is used)."""
+        """kwok's path, or None when it could not be built (then no kubelet runs Pods)."""
         path = self.bin_dir / "kwok"
-        return str(path) if path.exists() else None
+        return str(path) if path.exists() and (self.bin_dir / KWOK_CONFIG).exists() else None
+
+    @property
+    def kwok_config(self) -> str:
+        """kwok's Stages (:data:`KWOK_CONFIG`)."""
+        return str(self.bin_dir / KWOK_CONFIG)
 
 
 def bin_dir(root: Path | None = None) -> Path:
@@ -193,10 +198,33 @@ def _build_etcd(root: Path, out: Path, env: dict[str, str]) -> None:
     _run(["go", "build", "-o", str(out / "etcd"), "."], src, log, env)
 
 
+# kwok on its own (without kwokctl) has no behaviour until given Stages: the ones kwokctl
+# configures by default, read from the module's kustomize/stage tree.
+KWOK_STAGES = ("node/fast/node-initialize.yaml",
+               "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+               "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml")
+KWOK_CONFIG = "kwok-stages.yaml"
+
+
+def _kwok_stages(root: Path, out: Path, env: dict[str, str]) -> None:
+    dl = subprocess.run(["go", "mod", "download", "-json", f"sigs.k8s.io/kwok@{KWOK_VERSION}"],
+                        capture_output=True, text=True, check=False, cwd=root,
+                        env={**os.environ, **env})
+    if dl.returncode != 0:
+        raise BuildError(f"go mod download sigs.k8s.io/kwok@{KWOK_VERSION}: {dl.stderr.strip()}")
+    stage_dir = Path(json.loads(dl.stdout)["Dir"]) / "kustomize" / "stage"
+    docs = [(stage_dir / rel).read_text().strip() for rel in KWOK_STAGES]
+    (out / KWOK_CONFIG).write_text(
+        f"# kwok {KWOK_VERSION}'s default Stages (kustomize/stage/...), as kwokctl sets them\n"
+        + "\n---\n".join(docs) + "\n")
+
+
 def _build_kwok(root: Path, out: Path, env: dict[str, str]) -> None:
     log = root / "kwok-build.log"
-    _run(["go", "install", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"], root, log,
-         {**env, "GOBIN": str(out)})
+    if not _current(out / "kwok", "kwok"):
+        _run(["go", "install", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"], root, log,
+             {**env, "GOBIN": str(out)})
+    _kwok_stages(root, out, env)
 
 
 def _log_seconds(log: Path) -> float | None:
@@ -236,7 +264,8 @@ def build(root: Path | None = None, *, echo: bool = True) -> Binaries:
         (("kwok",), _build_kwok, root / "kwok-build.log"),
     ]
     for names, step, log in steps:
-        if all(_current(out / n, n) for n in names):
+        if all(_current(out / n, n) for n in names) and (
+                names != ("kwok",) or (out / KWOK_CONFIG).exists()):
             for n in names:
                 if n not in record:  # built before this script kept a record (a shell's `time`)
                     record[n] = {"seconds": _log_seconds(log), "cached": True}

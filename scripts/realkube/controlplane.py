@@ -185,7 +185,10 @@ class ControlPlane:
                     "--service-account-key-file", str(pki.sa_pub),
                     "--service-account-signing-key-file", str(pki.sa_key),
                     "--authorization-mode", "Node,RBAC",
-                    "--allow-privileged=true"]
+                    "--allow-privileged=true",
+                    # the `kubernetes` Service's endpoints may not be a loopback address, and
+                    # nothing here runs in a Pod that would need them
+                    "--endpoint-reconciler-type", "none"]
         if name == "kube-controller-manager":
             return [bins[name], "--kubeconfig", kc, *secure,
                     "--secure-port", str(p.controller_manager),
@@ -204,8 +207,8 @@ class ControlPlane:
                     "--leader-elect=false"]
         if name == "kwok":
             assert bins.kwok is not None
-            return [bins.kwok, "--kubeconfig", kc, "--manage-all-nodes=true",
-                    "--server-address", f"127.0.0.1:{p.kwok}"]
+            return [bins.kwok, "--kubeconfig", kc, "--config", bins.kwok_config,
+                    "--manage-all-nodes=true", "--server-address", f"127.0.0.1:{p.kwok}"]
         raise KeyError(name)
 
     def _ready_check(self, name: str) -> Callable[[], bool]:
