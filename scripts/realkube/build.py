@@ -263,6 +263,7 @@ def build(root: Path | None = None, *, echo: bool = True) -> Binaries:
         (("etcd",), _build_etcd, root / f"etcd-{ETCD_VERSION}" / "build.log"),
         (("kwok",), _build_kwok, root / "kwok-build.log"),
     ]
+    rebuilt: set[str] = set()
     for names, step, log in steps:
         if all(_current(out / n, n) for n in names) and (
                 names != ("kwok",) or (out / KWOK_CONFIG).exists()):
@@ -280,6 +281,7 @@ def build(root: Path | None = None, *, echo: bool = True) -> Binaries:
                   file=sys.stderr)
             continue
         took = time.monotonic() - start
+        rebuilt.update(names)
         for n in names:
             record[n] = {"seconds": round(took, 1),
                          "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
@@ -295,8 +297,10 @@ def build(root: Path | None = None, *, echo: bool = True) -> Binaries:
             continue
         if echo:
             shared = " (one go build for the three kube-*)" if n in KUBE_COMMANDS else ""
-            print(f"{n:<24} {binary_version(path):<40} built in "
-                  f"{_fmt(record.get(n, {}).get('seconds'))}{shared}  {path}")  # type: ignore[arg-type]
+            state = "now" if n in rebuilt else "cached"
+            took_s = record.get(n, {}).get("seconds")
+            print(f"{n:<24} {binary_version(path):<44} {state}, built in "
+                  f"{_fmt(took_s)}{shared}  {path}")  # type: ignore[arg-type]
     found = find_binaries(root)
     if found is None:
         raise BuildError(f"binaries missing in {out} after the build")

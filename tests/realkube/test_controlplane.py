@@ -96,3 +96,18 @@ def test_up_prints_ready_writes_a_kubeconfig_and_stops_every_process(tmp_path: P
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_build_again_is_a_no_op_that_prints_each_version() -> None:
+    require_binaries()
+    out = subprocess.run([sys.executable, "-m", "scripts.realkube", "build"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "built " not in out.stderr  # nothing rebuilt
+    lines = {line.split()[0]: line for line in out.stdout.splitlines()}
+    assert set(lines) == {"kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd",
+                          "kwok"}
+    for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+        assert "Kubernetes v1.37.2" in lines[name], lines[name]
+    assert "3.6.16" in lines["etcd"]
+    assert all(" built in " in line for line in lines.values()), lines
