@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import trio
 
-from bigfleet_trio.kube import KubeClient
+from bigfleet_trio.kube.client import KubeClient
 from scripts.realkube import free_port
 from tests.support.realkube import RealKube, until
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, DEPLOYMENTS, LEASES, PODS
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, DEPLOYMENTS, LEASES, PODS
 from tests.realkube.agent import Agent, phase, running_agent
 from tests.realkube.test_agent_loop import deployment, record
 from tests.support.realkube import NS, RealKube

@@ -13,7 +13,8 @@ from typing import Any
 
 import trio
 
-from bigfleet_trio.kube import (
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.resources import (
     CAPACITY_REQUESTS,
     DEPLOYMENTS,
     EVENTS,
@@ -22,7 +23,6 @@ from bigfleet_trio.kube import (
     PDBS,
     PODS,
     UPCOMING_NODES,
-    KubeClient,
     Resource,
 )
 from tests.realkube.agent import phase, running_agent

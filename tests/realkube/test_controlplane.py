@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bigfleet_trio.kube import CAPACITY_REQUESTS, NODES, PODS
 from bigfleet_trio.kube.errors import Forbidden, NotFound
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, NODES, PODS
 from bigfleet_trio.sim.apiserver.testing import find_kubectl
 from tests.realkube.agent import phase
 from tests.support.realkube import RealKube, require_binaries, until

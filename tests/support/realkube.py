@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 import trio
 
-from bigfleet_trio.kube import KubeClient, load_kubeconfig
+from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.config import load_kubeconfig
 from bigfleet_trio.sim.apiserver.testing import find_kubectl
 from scripts.realkube import BUILD_HINT, ControlPlane, find_binaries
 from scripts.realkube.controlplane import KWOK_NODE_PREFIX
