@@ -89,3 +89,28 @@ async def test_kubectl_get_events_lists_the_reclaim(tmp_path: Path) -> None:
     assert by_reason["EvictionBlocked"]["metadata"]["namespace"] == "default"
     assert by_reason["Drained"]["involvedObject"].get("uid")
 
+
+
+async def test_kubectl_describe_node_finds_the_node_lease(tmp_path: Path) -> None:
+    """A Node the simulated shard registers has its kubelet Lease: ``kubectl describe node``
+    prints its holder instead of reporting the Lease missing."""
+    from bigfleet_trio.sim.shard.nodes import KubeNodeHooks
+    from tests.sim.test_shard_nodes import MACHINE
+
+    assert KUBECTL is not None
+    server = ApiServer()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(partial(serve, server, engine="fast"))
+        kubeconfig = str(tmp_path / "kubeconfig")
+        write_kubeconfig(url, kubeconfig)
+        async with KubeClient(KubeConfig(server=url)) as client:
+            await KubeNodeHooks(client).on_machine_configured(MACHINE)
+        proc = await trio.run_process(
+            [KUBECTL, "--kubeconfig", kubeconfig, "--cache-dir", str(tmp_path / "cache"),
+             "describe", "node", MACHINE.node_name],
+            capture_stdout=True, capture_stderr=True, check=False)
+        nursery.cancel_scope.cancel()
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, proc.stderr.decode()
+    lease = out[out.index("Lease:"):].splitlines()
+    assert lease[1].split() == ["HolderIdentity:", MACHINE.node_name], out
