@@ -1,7 +1,8 @@
 """The embedded apiserver against kube-apiserver: one corpus of requests (corpus.yaml: what the
 kube client, both binaries, the simulation's writers and kubectl for the demo send) goes to
 each over HTTP, and the normalised answers must agree, except where docs/deviations.md lists
-the difference ("The embedded API server against kube-apiserver", read by this test).
+the difference ("The embedded API server against kube-apiserver", read by this test). The
+``realkube`` fixture starts the real control plane, or skips the tier with one line.
 
 The machinery is tests/support/kubediff.py. The report names the corpus size and the number of
 differences, listed and unlisted; an unlisted one fails the test. A row of the allow-list that
@@ -11,7 +12,6 @@ no longer matches anything is reported as STALE (delete it from the table).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,19 +24,15 @@ from tests.support.kubediff import (
     load_corpus,
     parse_allowlist,
 )
+from tests.support.realkube import RealKube
 from tests.support.simproc import sim_apiserver_process
-
-# The realkube tier's fixture (tests/support/realkube.py): it starts the real control plane, or
-# skips with one line naming the build command when the binaries are absent.
-pytest.importorskip("tests.support.realkube")
-pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 DEVIATIONS = HERE.parents[1] / "docs" / "deviations.md"
 
 
 def test_sim_apiserver_answers_the_corpus_like_kube_apiserver(
-    realkube: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    realkube: RealKube, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cases = load_corpus(HERE / "corpus.yaml", {c["metadata"]["name"]: c for c in load_crds()})
     allowed = parse_allowlist(DEVIATIONS.read_text(encoding="utf-8"))
