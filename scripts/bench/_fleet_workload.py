@@ -48,6 +48,22 @@ def _set_requests(spec: dict[str, Any], cpu: str, memory: str) -> None:
         c.pop("resources", None)
 
 
+def _co_locate_with_itself(spec: dict[str, Any], name: str) -> None:
+    """Point each required podAffinity term of a clone at the clone's own Pods (``app: name``).
+
+    The clones are relabelled ``app: <clone>``, so a term kept from the source manifest (the MySQL
+    router's ``app In (mysql)`` on the zone) would select no Pod of the fleet. kube-scheduler
+    places a Pod with a required podAffinity term only in a topology domain already running a Pod
+    the term selects, or -- while no Pod matches -- if the Pod matches its own term; a term that
+    selects nothing leaves every Pod of the clone Pending for ever on a real control plane. The
+    clone keeps the term's topology key: one co-location group per clone. Anti-affinity and
+    spread terms keep the source's selectors (they select nothing, so they never block).
+    """
+    pod_affinity = (spec.get("affinity") or {}).get("podAffinity") or {}
+    for term in pod_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or []:
+        term["labelSelector"] = {"matchLabels": {"app": name}}
+
+
 @dataclass
 class Workload:
     """One workload clone: kind, namespace, name, base size, and its body."""
@@ -70,7 +86,8 @@ def fleet_workloads(pods: int, per_profile: int, seed: int,
 
     Each clone gets its own cpu/memory requests (one Profile per clone), label ``app: <name>``
     (own selector), ~``per_profile`` replicas (GPU clones: 10); StatefulSets ``Parallel``;
-    ``job_share`` of the CPU clones are Jobs, the rest 3:1 Deployments:StatefulSets.
+    ``job_share`` of the CPU clones are Jobs, the rest 3:1 Deployments:StatefulSets. A clone's
+    required podAffinity terms select the clone's own Pods (:func:`_co_locate_with_itself`).
     """
     from bigfleet_trio.sim.demo_world import bundled_workloads_dir, manifest_paths
     from bigfleet_trio.sim.expand import load_manifests
@@ -111,6 +128,7 @@ def fleet_workloads(pods: int, per_profile: int, seed: int,
         tpl = spec.setdefault("template", {})
         tpl.setdefault("metadata", {})["labels"] = {"app": name}
         pspec = tpl.setdefault("spec", {})
+        _co_locate_with_itself(pspec, name)
         cpu = f"{250 + (i * 37) % 500}m"
         memory = f"{512 + (i * 53) % 1024}Mi"
         _set_requests(pspec, "2" if gpu else cpu, "8Gi" if gpu else memory)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bigfleet_trio.sim.shard.catalog import parse_catalog
@@ -124,3 +126,36 @@ def test_own_nsu_p99_from_bucket_growth_per_phase() -> None:
               {"end_of": "churn", "nsu_duration_buckets": {"0.5": 180.0, "1.0": 198.0,
                                                            "2.0": 200.0, "+Inf": 200.0}}]
     assert _own_nsu_p99(counts) == {"ramp": 1.0, "churn": 1.0}
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A LabelSelector's matchLabels and In/NotIn/Exists/DoesNotExist expressions over labels."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        has, value = e["key"] in labels, labels.get(e["key"])
+        ok = {"In": has and value in e.get("values", []),
+              "NotIn": not has or value not in e.get("values", []),
+              "Exists": has, "DoesNotExist": not has}[e["operator"]]
+        if not ok:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("pods", [300, 2000, 3090])
+def test_every_clones_required_pod_affinity_selects_pods_of_the_fleet(pods: int) -> None:
+    # kube-scheduler places a Pod with a required podAffinity term only next to a Pod the term
+    # selects, or -- when no Pod matches yet -- if the Pod matches its own term. The clones are
+    # relabelled `app: <clone>`, so a term still naming the source manifest's `app: mysql` selects
+    # nothing and the Pods stay Pending for ever on a real control plane.
+    _, workloads = fleet_workloads(pods, 100, seed=1)
+    labels = [w.body["spec"]["template"]["metadata"]["labels"] for w in workloads]
+    checked = 0
+    for w in workloads:
+        affinity = w.body["spec"]["template"]["spec"].get("affinity") or {}
+        required = (affinity.get("podAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution")
+        for term in required or []:
+            checked += 1
+            assert any(_selects(term["labelSelector"], lab) for lab in labels), w.name
+    assert checked
