@@ -18,7 +18,7 @@ from typing import Any, Literal
 import trio
 
 from bigfleet_trio.kube.api import KubeAPI
-from bigfleet_trio.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
+from bigfleet_trio.kube.errors import AlreadyExists, Conflict, Forbidden, KubeError, NotFound
 from bigfleet_trio.kube.resources import UPCOMING_NODES
 from bigfleet_trio.kube.retry import TRANSIENT, Replan, conflict_retrying
 from bigfleet_trio.observability import events as kinds
@@ -50,6 +50,12 @@ __all__ = [
 # The package's logger: log lines keep the logger name they had before the package was split.
 log = logging.getLogger(__package__)
 
+
+# What a NodeStateUpdate's write repeats (the shard never resends the update): the transient
+# failures, plus 403, which kube-apiserver answers after a (re)start until its RBAC authorizer's
+# caches are synced (seen on the real control plane: tests/realkube/test_agent_faults.py). A
+# grant that is really missing costs the same budget and ends in the same ERROR line.
+NODE_STATE_RETRY: tuple[type[Exception], ...] = (*TRANSIENT, Forbidden)
 
 # bigfleet_operator_upcoming_node_writes_total{op,outcome} counts every write attempt. conflict is
 # AlreadyExists/Conflict, or a patch finding the object deleted: all resolved by re-planning; noop
@@ -257,7 +263,7 @@ class UpcomingNodeHandler:
         name = upcoming_node_name(u.machine_id) if u.machine_id else None
         warn_quantities = _once(lambda: spec_from_update(u))
         try:
-            async for attempt in conflict_retrying(self._attempts, also=TRANSIENT):
+            async for attempt in conflict_retrying(self._attempts, also=NODE_STATE_RETRY):
                 with attempt:
                     try:
                         await self._apply_once(u, name, warn_quantities, live=live)
