@@ -10,7 +10,13 @@ from typing import Any
 
 import trio
 
-from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, DEPLOYMENTS, LEASES, PODS
+from bigfleet_trio.kube.resources import (
+    CAPACITY_REQUESTS,
+    DEPLOYMENTS,
+    LEASES,
+    PODS,
+    UPCOMING_NODES,
+)
 from tests.realkube.agent import Agent, phase, running_agent
 from tests.realkube.test_agent_loop import deployment, record
 from tests.support.realkube import NS, RealKube
@@ -103,6 +109,14 @@ async def test_apiserver_restart_and_etcd_compaction_relist_and_lose_nothing(
         crs = (await kube.list(CAPACITY_REQUESTS, ns)).items
         assert victim["metadata"]["uid"] not in {
             c["metadata"]["ownerReferences"][0]["uid"] for c in crs}
+        # the operator's side too: every machine's UpcomingNode reached Ready (a 403 from the
+        # restarting apiserver once lost a CONFIGURED update here). Not the Nodes: the sim
+        # shard, standing in for the cloud, registers a Node once and does not retry it.
+        async def upcoming_ready() -> bool:
+            ups = (await kube.list(UPCOMING_NODES)).items
+            return bool(ups) and all(phase(u) == "Ready" for u in ups)
+
+        await a.until("every UpcomingNode Ready after the restart", upcoming_ready)
         for name, before in expired_before.items():
             after = await a.metric(name, "bigfleet_informer_relists_total", reason="expired")
             assert after > before, (name, before, after, a.logs())
