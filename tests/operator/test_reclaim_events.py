@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -15,68 +14,78 @@ import trio
 from prometheus_client import REGISTRY
 
 from bigfleet_trio.kube.errors import Forbidden
+from bigfleet_trio.kube.resources import EVENTS, NODES, PDBS, PODS, UPCOMING_NODES
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.kubeevents import EVENT_COMPONENT, EventRecorder
 from bigfleet_trio.operator.reclaim.drain import DrainManager
 from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
 from bigfleet_trio.operator.upcoming.plan import DrainMemory
-from tests.operator.test_reclaim import FakeCluster, Replies, _pod, instr, pdb_block
+from tests.operator.test_reclaim import Replies, instr
+from tests.support.kube import RecordingKube
 
 PDB_TEXT = "429: Cannot evict pod as it would violate the pod's disruption budget."
 
 
-@dataclass
-class EventCluster(FakeCluster):
-    """The reclaim fake plus ``create_event`` (KubeClient's signature; True when written)."""
-
-    events: list[dict[str, Any]] = field(default_factory=list)
-    event_failure: BaseException | None = None
-    event_refused: bool = False
-
-    async def create_event(
-        self,
-        involved: Mapping[str, Any],
-        *,
-        reason: str,
-        message: str,
-        type: str = "Normal",  # noqa: A002
-        component: str = "bigfleet-trio",
-    ) -> bool:
-        await trio.lowlevel.checkpoint()
-        if self.event_failure is not None:
-            raise self.event_failure
-        if self.event_refused:
-            return False
-        meta = involved.get("metadata") or {}
-        self.events.append({
-            "kind": involved.get("kind"),
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-            "type": type,
-            "reason": reason,
-            "message": message,
-            "component": component,
-        })
-        return True
-
-    def seen(self) -> list[tuple[str, str, str, str]]:
-        """(kind, name, type, reason) of every Event written, in order."""
-        return [(e["kind"], e["name"], e["type"], e["reason"]) for e in self.events]
+def cluster(nursery: trio.Nursery) -> RecordingKube:
+    """The sim with Node n-1 and its UpcomingNode un-m-1 (Ready, nodeRef n-1)."""
+    kube = RecordingKube.over_sim(nursery)
+    kube.seed(NODES, {"metadata": {"name": "n-1"}})
+    kube.seed(UPCOMING_NODES, {
+        "metadata": {"name": "un-m-1"}, "spec": {"resources": {}},
+        "status": {"phase": "Ready", "nodeRef": {"kind": "Node", "name": "n-1"}},
+    })
+    return kube
 
 
-def cluster() -> EventCluster:
-    c = EventCluster()
-    c.add_node("n-1")
-    c.nodes["n-1"]["metadata"]["uid"] = "uid-n-1"
-    c.add_un("un-m-1", nodeRef={"kind": "Node", "name": "n-1"})
-    return c
+def pod(kube: RecordingKube, name: str, ns: str = "default") -> str:
+    """A Running, Ready Pod on n-1 (label app=<name>); its ``ns/name``."""
+    kube.seed(PODS, {
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+        "spec": {"nodeName": "n-1", "containers": [{"name": "c", "image": "busybox"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    })
+    return f"{ns}/{name}"
 
 
-def pod(name: str, **kw: Any) -> dict[str, Any]:
-    p = _pod(name, **kw)
-    p["metadata"]["uid"] = f"uid-{name}"
-    return p
+def pdb_blocks(kube: RecordingKube, name: str, ns: str = "default") -> None:
+    """A PodDisruptionBudget over Pod ``name`` that allows no disruption: the sim answers its
+    eviction with 429."""
+    kube.seed(PDBS, {
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": name}}},
+        "status": {"observedGeneration": 1, "disruptionsAllowed": 0, "currentHealthy": 1,
+                   "desiredHealthy": 1, "expectedPods": 1},
+    })
+
+
+def evicted(kube: RecordingKube, key: str) -> int:
+    """Eviction calls sent for Pod ``ns/name``."""
+    return sum(1 for r in kube.of("evict") if f"{r.namespace}/{r.name}" == key)
+
+
+def uid(kube: RecordingKube, node: str) -> str:
+    return kube.objects(NODES)[node]["metadata"]["uid"]  # type: ignore[no-any-return]
+
+
+def events(kube: RecordingKube) -> list[dict[str, Any]]:
+    """Every Event stored in the sim, in write order, as the fields these tests read."""
+    stored = sorted(kube.objects(EVENTS).values(),
+                    key=lambda e: int(e["metadata"]["resourceVersion"]))
+    return [{
+        "kind": e["involvedObject"].get("kind"),
+        "name": e["involvedObject"].get("name"),
+        "namespace": e["involvedObject"].get("namespace"),
+        "uid": e["involvedObject"].get("uid"),
+        "type": e["type"],
+        "reason": e["reason"],
+        "message": e["message"],
+        "component": e["source"]["component"],
+    } for e in stored]
+
+
+def seen(kube: RecordingKube) -> list[tuple[str, str, str, str]]:
+    """(kind, name, type, reason) of every Event written, in order."""
+    return [(e["kind"], e["name"], e["type"], e["reason"]) for e in events(kube)]
 
 
 @dataclass
@@ -87,7 +96,7 @@ class Rig:
     feed: EventFeed
 
 
-def rig(c: EventCluster) -> Rig:
+def rig(c: RecordingKube) -> Rig:
     memory = DrainMemory()
     recorder = EventRecorder(c)
     feed = EventFeed()
@@ -119,26 +128,28 @@ async def reclaim(r: Rig, *batches: Any) -> list[dict[str, Any]]:
 
 
 async def test_reclaim_that_drains_tells_its_story_in_events(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
 ) -> None:
-    c = cluster()
-    c.add_pod(pod("app"))
+    c = cluster(nursery)
+    pod(c, "app")
+    app_uid = c.objects(PODS, "default")["app"]["metadata"]["uid"]
     r = rig(c)
     feed = await reclaim(r, instr("r-1", "n-1", grace=30))
-    assert c.seen() == [
+    assert seen(c) == [
         ("Node", "n-1", "Normal", "Reclaim"),
         ("Node", "n-1", "Normal", "Cordoned"),
         ("Pod", "app", "Normal", "Evicted"),
         ("Node", "n-1", "Normal", "Drained"),
     ]
-    reclaim_ev, cordoned, evicted, drained = c.events
+    written = events(c)
+    reclaim_ev, cordoned, evicted_ev, drained = written
     assert "r-1" in reclaim_ev["message"]
-    assert all(e["component"] == EVENT_COMPONENT == "bigfleet-operator" for e in c.events)
+    assert all(e["component"] == EVENT_COMPONENT == "bigfleet-operator" for e in written)
     # the Node's uid (from the cordon's answer) makes `kubectl describe node` find them
     for e in (reclaim_ev, cordoned, drained):
-        assert (e["uid"], e["namespace"]) == ("uid-n-1", None)
-    assert (evicted["namespace"], evicted["uid"]) == ("default", "uid-app")
-    assert "n-1" in evicted["message"]
+        assert (e["uid"], e["namespace"]) == (uid(c, "n-1"), None)
+    assert (evicted_ev["namespace"], evicted_ev["uid"]) == ("default", app_uid)
+    assert "n-1" in evicted_ev["message"]
     assert [(e["kind"], e["node"], e["instruction_id"]) for e in feed] == [
         ("drain_started", "n-1", "r-1"),
         ("drain_finished", "n-1", "r-1"),
@@ -149,26 +160,27 @@ async def test_reclaim_that_drains_tells_its_story_in_events(
 
 
 async def test_pdb_refusals_one_event_per_pod_then_drain_failed(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
 ) -> None:
-    c = cluster()
-    db = c.add_pod(pod("db", ns="prod"))
-    c.eviction_policy[db] = pdb_block(None)
+    c = cluster(nursery)
+    db = pod(c, "db", ns="prod")
+    pdb_blocks(c, "db", ns="prod")
+    db_uid = c.objects(PODS, "prod")["db"]["metadata"]["uid"]
     r = rig(c)
     feed = await reclaim(r, instr("r-1", "n-1", grace=10))
-    assert c.evicted(db) >= 4  # refused round after round ...
-    assert c.seen() == [  # ... but one EvictionBlocked for the Pod in this drain
+    assert evicted(c, db) >= 4  # refused round after round ...
+    assert seen(c) == [  # ... but one EvictionBlocked for the Pod in this drain
         ("Node", "n-1", "Normal", "Reclaim"),
         ("Node", "n-1", "Normal", "Cordoned"),
         ("Pod", "db", "Warning", "EvictionBlocked"),
         ("Node", "n-1", "Warning", "DrainFailed"),
     ]
-    blocked, failed = c.events[2], c.events[3]
-    assert (blocked["namespace"], blocked["uid"]) == ("prod", "uid-db")
+    blocked, failed = events(c)[2:]
+    assert (blocked["namespace"], blocked["uid"]) == ("prod", db_uid)
     assert PDB_TEXT in blocked["message"]
-    last_error = c.upcoming["un-m-1"]["status"]["lastError"]
+    last_error = c.objects(UPCOMING_NODES)["un-m-1"]["status"]["lastError"]
     assert failed["message"] == last_error
-    assert failed["uid"] == "uid-n-1"
+    assert failed["uid"] == uid(c, "n-1")
     finished = feed[-1]
     assert (finished["kind"], finished["outcome"], finished["pods_left"]) == (
         "drain_finished", "failed", 1)
@@ -176,30 +188,31 @@ async def test_pdb_refusals_one_event_per_pod_then_drain_failed(
 
 
 async def test_refused_eviction_names_the_apiservers_message(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
 ) -> None:
-    c = cluster()
-    stuck = c.add_pod(pod("stuck"))
-    c.eviction_policy[stuck] = lambda attempt: Forbidden(403, "Forbidden", "pdb misconfigured")
+    c = cluster(nursery)
+    pod(c, "stuck")
+    c.fail[("evict", "stuck")] = [Forbidden(403, "Forbidden", "pdb misconfigured")]
     r = rig(c)
     await reclaim(r, instr("r-1", "n-1", grace=8))
-    blocked = [e for e in c.events if e["reason"] == "EvictionBlocked"]
+    blocked = [e for e in events(c) if e["reason"] == "EvictionBlocked"]
     assert len(blocked) == 1
     assert blocked[0]["type"] == "Warning" and "403: pdb misconfigured" in blocked[0]["message"]
 
 
 async def test_a_second_drain_reports_a_still_blocked_pod_again(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
 ) -> None:
-    c = cluster()
-    db = c.add_pod(pod("db"))
-    c.eviction_policy[db] = pdb_block(None)
+    c = cluster(nursery)
+    pod(c, "db")
+    pdb_blocks(c, "db")
     r = rig(c)
     await reclaim(r, [instr("r-1", "n-1", grace=5), instr("r-2", "n-1", grace=5)],
                   instr("r-3", "n-1", grace=5))
     # r-2 arrives while r-1 drains (no second drain); r-3 after it failed: a new drain
-    assert [e["reason"] for e in c.events].count("EvictionBlocked") == 2
-    assert [e["reason"] for e in c.events].count("DrainFailed") == 2
+    reasons = [e["reason"] for e in events(c)]
+    assert reasons.count("EvictionBlocked") == 2
+    assert reasons.count("DrainFailed") == 2
 
 
 def _event_metric(reason: str, outcome: str) -> float:
@@ -211,59 +224,70 @@ def _event_metric(reason: str, outcome: str) -> float:
 
 @pytest.mark.parametrize("how", ["raises", "refused"])
 async def test_event_failures_never_fail_the_drain(
-    how: str, autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+    how: str, nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    c = cluster()
-    c.add_pod(pod("app"))
+    c = cluster(nursery)
+    pod(c, "app")
     if how == "raises":
-        c.event_failure = RuntimeError("apiserver on fire")
+        async def on_fire(*a: Any, **kw: Any) -> bool:
+            raise RuntimeError("apiserver on fire")
+
+        c.create_event = on_fire  # type: ignore[method-assign]
     else:
-        c.event_refused = True  # KubeClient.create_event: logged there, False here
+        # the sim refuses every Event: KubeClient.create_event logs that and returns False
+        c.server.faults.fail_next(1000, code=403, verb="create", resource="events")
     before = _event_metric("Drained", "failed")
     r = rig(c)
     with caplog.at_level(logging.DEBUG, logger="bigfleet_trio.operator.kubeevents"):
         await reclaim(r, instr("r-1", "n-1"))
     assert r.drains.results["n-1"].outcome == "drained"
-    assert "un-m-1" not in c.upcoming
-    assert c.events == []
+    assert "un-m-1" not in c.objects(UPCOMING_NODES)
+    assert events(c) == []
     assert _event_metric("Drained", "failed") == before + 1
     failures = [rec for rec in caplog.records if rec.name == "bigfleet_trio.operator.kubeevents"]
     assert failures and all(rec.levelno == logging.DEBUG for rec in failures)
 
 
-async def test_written_events_are_counted(autojump_clock: trio.abc.Clock) -> None:
-    c = cluster()
-    c.add_pod(pod("app"))
+async def test_written_events_are_counted(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = cluster(nursery)
+    pod(c, "app")
     before = _event_metric("Evicted", "written")
     await reclaim(rig(c), instr("r-1", "n-1"))
     assert _event_metric("Evicted", "written") == before + 1
 
 
-async def test_recorder_is_bounded_and_drops_newest(autojump_clock: trio.abc.Clock) -> None:
-    c = cluster()
+async def test_recorder_is_bounded_and_drops_newest(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = cluster(nursery)
     recorder = EventRecorder(c, capacity=2)
     before = _event_metric("Evicted", "dropped")
     for i in range(3):
         recorder.record({"kind": "Pod", "metadata": {"name": f"p{i}"}}, reason="Evicted",
                         message="m")
     assert _event_metric("Evicted", "dropped") == before + 1
-    async with trio.open_nursery() as nursery:
-        await nursery.start(recorder.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(recorder.run)
         await recorder.wait_written()
-        nursery.cancel_scope.cancel()
-    assert [e["name"] for e in c.events] == ["p0", "p1"]
+        inner.cancel_scope.cancel()
+    assert [e["name"] for e in events(c)] == ["p0", "p1"]
 
 
-async def test_drain_without_recorder_or_feed_still_works(autojump_clock: trio.abc.Clock) -> None:
-    c = cluster()
-    c.add_pod(pod("app"))
+async def test_drain_without_recorder_or_feed_still_works(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = cluster(nursery)
+    pod(c, "app")
     memory = DrainMemory()
     drains = DrainManager(c, memory, rng=random.Random(7))
     handler = ReclaimHandler(c, drains, memory)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r-1", "n-1"), Replies())
         await drains.wait_idle()
-        nursery.cancel_scope.cancel()
-    assert c.events == []
+        inner.cancel_scope.cancel()
+    assert events(c) == []
     assert drains.results["n-1"].outcome == "drained"
