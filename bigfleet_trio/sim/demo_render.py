@@ -60,6 +60,9 @@ def render_summary(s: DemoSummary) -> str:
         ("evicted Pods recreated", f"{s.pods_replaced} (the drain evicted them; their "
                                    "controllers made new ones on the remaining Nodes)"),
         ("UpcomingNodes deleted", str(s.upcoming_deleted)),
+        ("machines bound while reclaiming", f"{s.machines_bound_while_reclaiming} (demand that "
+                                            "came back, e.g. evicted Pods; a just-released warm "
+                                            "machine is the cheapest pick)"),
         ("time from scale-down to drained", _secs(t.get("reclaim"))),
         ("after: machines Configured", f"{s.final_machines_configured} "
                                        f"(${s.final_hourly_cost:.2f}/h)"),

@@ -49,6 +49,7 @@ from .demo_world import (
     pick_scale_down,
     pod_body,
     read_world,
+    reclaimed_binding_left,
     workload_of,
 )
 
@@ -386,7 +387,10 @@ async def _drive(opts: DemoOptions, operator: Any, client: KubeClient, shard: Si
             await trio.sleep(timing.poll_interval)
 
     workloads: Workloads
-    floor = drains_floor = 0  # the scale-down's starting counts (read after a timeout too)
+    # the scale-down's starting counts (read after a timeout too): reclaims, drains, shard
+    # bindings started and ended by a failure
+    floor = drains_floor = 0
+    floors = (0, 0, 0)
     deadline = trio.current_time() + opts.timeout
     async with trio.open_nursery() as nursery:
         nursery.start_soon(progress)
@@ -412,6 +416,7 @@ async def _drive(opts: DemoOptions, operator: Any, client: KubeClient, shard: Si
             summary.pods_deleted = len(victims)
             floor = len(shard.reclaims_issued)
             drains_floor = _drains(operator)[1]
+            floors = (floor, shard.engine.binds, shard.engine.failed)
             t_down = clock()
             say("")
             say(f"scaling {victim} down to 0: deleting {len(victims)} Pods")
@@ -422,7 +427,7 @@ async def _drive(opts: DemoOptions, operator: Any, client: KubeClient, shard: Si
                                    + _drains_pending(operator, shard, floor, drains_floor))
             summary.timings["reclaim"] = round(clock() - t_down, 2)
             say(progress_line(clock(), world, shard, stage))
-            _fill_down(summary, world, shard, floor)
+            _fill_down(summary, world, shard, floors)
             summary.pods_replaced = workloads.replaced
             summary.drains_completed = _drains(operator)[1] - drains_floor
             summary.failure = None
@@ -435,7 +440,7 @@ async def _drive(opts: DemoOptions, operator: Any, client: KubeClient, shard: Si
         if last_world and stage == "scale-up":
             _fill_up(summary, last_world[-1], shard)
         elif last_world and stage == "reclaim":
-            _fill_down(summary, last_world[-1], shard, floor)
+            _fill_down(summary, last_world[-1], shard, floors)
             summary.drains_completed = _drains(operator)[1] - drains_floor
         summary.failure = failure_line(opts.timeout, stage, summary.failure)
 
@@ -455,14 +460,17 @@ def _fill_up(s: DemoSummary, world: World, shard: SimShard) -> None:
     s.hourly_cost = hourly_cost(shard)
 
 
-def _fill_down(s: DemoSummary, world: World, shard: SimShard, floor: int) -> None:
+def _fill_down(s: DemoSummary, world: World, shard: SimShard,
+               floors: tuple[int, int, int]) -> None:
+    floor, binds_floor, failed_floor = floors
     recs = shard.reclaims_issued[floor:]
     s.reclaims_issued = len(recs)
     s.reclaims_acked = sum(1 for r in recs if r.acked_at is not None)
     s.machines_released = shard.engine.released
     s.reclaimed_nodes = [r.node_name for r in recs]
-    names = {(u.get("metadata") or {}).get("name") for u in world.upcoming}
-    s.upcoming_deleted = sum(1 for r in recs if f"un-{r.machine_id}" not in names)
+    s.upcoming_deleted = sum(1 for r in recs if reclaimed_binding_left(world, shard, r)[1])
+    s.machines_bound_while_reclaiming = shard.engine.binds - binds_floor
+    s.machines_failed_while_reclaiming = shard.engine.failed - failed_floor
     s.final_pods = len(world.live_pods)
     s.final_machines_configured = world.shard["machines"].get("CONFIGURED", 0)
     s.final_hourly_cost = hourly_cost(shard)

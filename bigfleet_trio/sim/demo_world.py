@@ -19,7 +19,7 @@ from typing import Any
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, NODES, PODS, UPCOMING_NODES
 from bigfleet_trio.sim.shard.catalog import Catalog, ShapeTaint, offer
-from bigfleet_trio.sim.shard.engine import EngineConfig
+from bigfleet_trio.sim.shard.engine import EngineConfig, ReclaimRecord
 from bigfleet_trio.sim.shard.session import SimShard
 
 from .binder import is_terminal
@@ -28,7 +28,8 @@ __all__ = [
     "CLUSTER_ID", "GPU", "GPU_TAINT", "OWNED_BY_POD", "DemoSummary", "DemoTiming", "World",
     "add_extended_resource_tolerations", "bound_machines", "bundled_workloads_dir",
     "converged_down", "converged_up", "demo_catalog", "hourly_cost", "manifest_paths",
-    "pick_scale_down", "pod_body", "read_world", "rollup_matches_crs", "workload_of",
+    "pick_scale_down", "pod_body", "read_world", "reclaimed_binding_left", "reclaims_pending",
+    "rollup_matches_crs", "workload_of",
 ]
 
 CLUSTER_ID = "demo-cluster"
@@ -132,6 +133,9 @@ class DemoSummary:
     machines_released: int = 0
     reclaimed_nodes: list[str] = field(default_factory=list)
     upcoming_deleted: int = 0
+    machines_bound_while_reclaiming: int = 0
+    """Bindings started during the scale-down (demand that came back, e.g. evicted Pods)."""
+    machines_failed_while_reclaiming: int = 0
     drains_completed: int = 0
     pods_replaced: int = 0
     final_pods: int = 0
@@ -323,8 +327,38 @@ def converged_up(world: World, shard: SimShard) -> list[str]:
     return why
 
 
-def converged_down(world: World, shard: SimShard, reclaim_floor: int) -> list[str]:
-    """Why the scale-down phase is not done yet ([] = converged)."""
+# UpcomingNode phases of a binding being reclaimed (the operator deletes the record at Drained).
+_RECLAIM_PHASES = ("Draining", "Drained")
+
+
+def reclaimed_binding_left(world: World, shard: SimShard,
+                           rec: ReclaimRecord) -> tuple[bool, bool, bool]:
+    """Whether the binding ``rec`` reclaimed is over: ``(released, upcoming_gone, node_gone)``.
+
+    A released machine may be bound again (warm reuse: Pods the drain evicted come back through
+    their controllers and the cheapest pool machine is the one just released), and its next
+    binding has an UpcomingNode and a Node of the same names. So once the machine is in a later
+    binding, an UpcomingNode still in a reclaim phase (Draining/Drained) or a cordoned Node of
+    that name is the reclaimed binding's, anything else the new binding's (docs/rules.md#reclaim).
+    """
+    m = shard.engine.machine(rec.machine_id)
+    released = rec.released_at is not None
+    later = m is not None and m.binding != rec.binding
+    un = next((u for u in world.upcoming
+               if (u.get("metadata") or {}).get("name") == f"un-{rec.machine_id}"), None)
+    node = next((n for n in world.nodes
+                 if (n.get("metadata") or {}).get("name") == rec.node_name), None)
+    if later:
+        un_gone = un is None or (un.get("status") or {}).get("phase") not in _RECLAIM_PHASES
+        node_gone = node is None or not (node.get("spec") or {}).get("unschedulable")
+    else:
+        un_gone, node_gone = un is None, node is None
+    return released, un_gone, node_gone
+
+
+def reclaims_pending(world: World, shard: SimShard, reclaim_floor: int) -> list[str]:
+    """Why the reclaims issued since ``reclaim_floor`` are not done yet ([] = done): each
+    acknowledged, its binding released, that binding's UpcomingNode and Node deleted."""
     why: list[str] = []
     recs = shard.reclaims_issued[reclaim_floor:]
     if not recs:
@@ -332,17 +366,23 @@ def converged_down(world: World, shard: SimShard, reclaim_floor: int) -> list[st
     unacked = [r for r in recs if r.acked_at is None]
     if unacked:
         why.append(f"{len(unacked)} ReclaimInstructions not acknowledged")
-    upcoming = {(u.get("metadata") or {}).get("name") for u in world.upcoming}
-    node_names = {(n.get("metadata") or {}).get("name") for n in world.nodes}
     for r in recs:
-        m = shard.engine.machine(r.machine_id)
-        if m is not None and m.bound:
-            why.append(f"machine {r.machine_id} ({r.node_name}) still bound "
-                       f"({str(m.state.name).lower()})")
-        elif f"un-{r.machine_id}" in upcoming:
+        released, un_gone, node_gone = reclaimed_binding_left(world, shard, r)
+        if not released:
+            m = shard.engine.machine(r.machine_id)
+            state = str(m.state.name).lower() if m is not None else "?"
+            why.append(f"machine {r.machine_id} ({r.node_name}) still bound ({state})")
+        elif not un_gone:
             why.append(f"UpcomingNode un-{r.machine_id} not deleted yet")
-        elif r.node_name in node_names:
+        elif not node_gone:
             why.append(f"Node {r.node_name} not deleted yet")
+    return why
+
+
+def converged_down(world: World, shard: SimShard, reclaim_floor: int) -> list[str]:
+    """Why the scale-down phase is not done yet ([] = converged): :func:`reclaims_pending`, then
+    the scale-up checks over what is left (machines bound again included)."""
+    why = reclaims_pending(world, shard, reclaim_floor)
     why += [w for w in converged_up(world, shard) if not w.startswith("no Pods")]
     return why
 

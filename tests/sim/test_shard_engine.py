@@ -531,3 +531,28 @@ def test_reconnect_replays_bound_machines_and_pending_work() -> None:
         (a0, S.SPECULATIVE), (a1, S.SPECULATIVE), (warm, S.IDLE)]  # catalog order
     assert [b.request_id for b in of_kind(fx, "bootstrap_request")] == ["bootstrap-000001"]
     assert len(of_kind(fx, "available_capacity")) == 4  # change cache reset
+
+
+def test_a_released_machine_is_reused_warm_in_a_new_binding_and_its_record_says_so() -> None:
+    """A reclaimed machine back in the pool is Idle (created): the cheapest pick for demand that
+    comes back (the drained Pods recreated by their controllers). The reclaim record names the
+    binding it ended and when the machine was released; the reused machine is a later binding."""
+    e, now, order = _three_configured()
+    e.on_rollup(rollup(need({"cpu": "1"}, {"cpu": "1"})), now)
+    m = e.machine(order[1])
+    assert m.binding == 1
+    rec = e.reclaims[0]
+    assert (rec.machine_id, rec.binding, rec.released_at) == (m.machine_id, 1, None)
+    e.on_reclaim_ack(pb.ReclaimAck("reclaim-000001", 1), now + 1)
+    e.on_reclaim_ack(pb.ReclaimAck("reclaim-000002", 1), now + 1)
+    e.advance(now + 1 + 4.0)  # drain_wait -> Draining
+    e.advance(now + 1 + 4.5)  # drain_step -> Idle, released
+    assert not m.bound and m.free and m.state == S.IDLE
+    assert e.reclaims[0].released_at == now + 1 + 4.5 and e.reclaims[0].binding == 1
+    # the demand comes back: the warm released machines are bound again, a new binding each
+    fx = e.on_rollup(rollup(need({"cpu": "5"}, {"cpu": "1"})), now + 10)
+    assert m.bound and m.binding == 2
+    assert m.machine_id in e.needs[0].machines
+    assert e.binds == 5
+    run_to_configured(e, fx, now + 10)
+    assert e.reclaims[0].binding == 1 and e.reclaims[0].released_at == now + 1 + 4.5

@@ -48,6 +48,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import Counter, deque
+from dataclasses import replace
 from fractions import Fraction
 
 from bigfleet_trio.proto import pb
@@ -117,6 +118,8 @@ class ShardEngine(MachineLifecycle):
         self.rollups_accepted = 0
         self.rollups_rejected = 0
         self.released = 0
+        self.binds = 0  # bindings started (a machine bound again counts again)
+        self.failed = 0  # bindings ended by a failure (bootstrap error or timeout)
         self.needs: list[NeedStatus] = []
         self.reclaims: list[ReclaimRecord] = []
         self.shortfalls: deque[EngineEvent] = deque(maxlen=1000)
@@ -276,18 +279,8 @@ class ShardEngine(MachineLifecycle):
         if m.reclaim.acked_at is not None:
             log.info("duplicate reclaim ack instruction_id=%s", ack.instruction_id)
             return []
-        rec = ReclaimRecord(
-            instruction_id=m.reclaim.instruction_id,
-            machine_id=m.machine_id,
-            node_name=m.node_name,
-            grace_seconds=m.reclaim.grace_seconds,
-            issued_at=m.reclaim.issued_at,
-            acked_at=now,
-            nodes_started=ack.nodes_started,
-        )
-        m.reclaim = rec
-        self.reclaims = [rec if r.instruction_id == rec.instruction_id else r
-                         for r in self.reclaims]
+        rec = replace(m.reclaim, acked_at=now, nodes_started=ack.nodes_started)
+        self._record_reclaim(m, rec)
         m.due = now + self.config.drain_wait
         self._event(now, "reclaim_acked", machine=m.machine_id, node=m.node_name,
                     instruction_id=rec.instruction_id, nodes_started=ack.nodes_started)
@@ -399,6 +392,8 @@ class ShardEngine(MachineLifecycle):
             # Bind the new machines (bootstrapping the deficit).
             for m in plan.new:
                 m.bound = True
+                m.binding += 1
+                self.binds += 1
                 m.need = key
                 m.priority = need.priority
                 m.seq = next(self._seq)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 from bigfleet_trio.proto import pb
@@ -38,6 +39,7 @@ class MachineLifecycle:
     config: EngineConfig
     cluster_id: str
     released: int
+    failed: int
     reclaims: list[ReclaimRecord]
     shortfalls: deque[EngineEvent]
     events: deque[EngineEvent]
@@ -73,6 +75,8 @@ class MachineLifecycle:
             info = m.info()
             self._event(now, "released", machine=m.machine_id, node=m.node_name)
             self.released += 1
+            if m.reclaim is not None:
+                self._record_reclaim(m, replace(m.reclaim, released_at=now))
             m.bound = False
             m.need = None
             m.reclaim = None
@@ -92,6 +96,7 @@ class MachineLifecycle:
 
     def _fail(self, m: Machine, error: str, now: float) -> list[Effect]:
         m.last_error = error
+        self.failed += 1
         frame = self._set_state(m, State.FAILED, now, None)
         log.warning("machine failed machine=%s node=%s need=%s error=%s",
                     m.machine_id, m.node_name, m.need, error)
@@ -164,6 +169,7 @@ class MachineLifecycle:
             node_name=m.node_name,
             grace_seconds=grace,
             issued_at=now,
+            binding=m.binding,
         )
         m.reclaim = rec
         m.due = now + self.config.reclaim_ack_timeout
@@ -173,6 +179,12 @@ class MachineLifecycle:
         log.info("reclaim issued instruction=%s machine=%s node=%s grace=%ss",
                  rec.instruction_id, m.machine_id, m.node_name, grace)
         return [self._reclaim_frame(m)]
+
+    def _record_reclaim(self, m: Machine, rec: ReclaimRecord) -> None:
+        """Store an updated record (acked, released) on the machine and in the issue-order list."""
+        m.reclaim = rec
+        self.reclaims = [rec if r.instruction_id == rec.instruction_id else r
+                         for r in self.reclaims]
 
     # ---------------------------------------------------------------- log
 

@@ -166,7 +166,13 @@ class NeedStatus:
 
 @dataclass(frozen=True)
 class ReclaimRecord:
-    """A ReclaimInstruction the engine issued (``acked_at`` None until the ReclaimAck)."""
+    """A ReclaimInstruction the engine issued (``acked_at`` None until the ReclaimAck).
+
+    ``binding``: which binding of the machine it ends (:attr:`Machine.binding`); ``released_at``:
+    when the machine walked back to the pool (None while that binding lasts). A released machine
+    may be bound again later (a warm one is the cheapest pick), so "reclaimed" is a fact about
+    one binding, never about the machine for good.
+    """
 
     instruction_id: str
     machine_id: str
@@ -175,6 +181,8 @@ class ReclaimRecord:
     issued_at: float
     acked_at: float | None = None
     nodes_started: int | None = None
+    binding: int = 0
+    released_at: float | None = None
 
 
 class InvalidRollup(ValueError):
@@ -195,6 +203,8 @@ class Machine:
 
     ``bound``: it belongs to the cluster (its NodeStateUpdates go to the agent). Unbound machines
     are the free pool, in state SPECULATIVE (not created yet) or IDLE (created, warm).
+    ``binding``: how many times it was bound (0 = never); each binding is one life in the cluster,
+    ended by a release or a failure. The node name stays the same across bindings.
     """
 
     machine_id: str
@@ -211,6 +221,7 @@ class Machine:
     surplus_count: int = 0
     last_error: str = ""
     seq: int = 0
+    binding: int = 0
     index: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     alloc: dict[str, Fraction] = field(default_factory=dict)
