@@ -339,7 +339,8 @@ def reclaimed_binding_left(world: World, shard: SimShard,
     their controllers and the cheapest pool machine is the one just released), and its next
     binding has an UpcomingNode and a Node of the same names. So once the machine is in a later
     binding, an UpcomingNode still in a reclaim phase (Draining/Drained) or a cordoned Node of
-    that name is the reclaimed binding's, anything else the new binding's (docs/rules.md#reclaim).
+    that name is the reclaimed binding's, anything else the new binding's
+    (docs/rules.md#reclaim-the-same-machine-again).
     """
     m = shard.engine.machine(rec.machine_id)
     released = rec.released_at is not None

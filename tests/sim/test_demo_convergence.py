@@ -1,6 +1,6 @@
 """The demo's scale-down check over a shard whose reclaimed machine was bound again (warm reuse):
 converged once the reclaimed binding ended, its UpcomingNode and Node are gone, whatever the
-machine does in a later binding (docs/rules.md#reclaim)."""
+machine does in a later binding (docs/rules.md#reclaim-the-same-machine-again)."""
 
 from __future__ import annotations
 
