@@ -243,7 +243,7 @@ async def test_readme_pieces_path_with_kubectl(
 
         async def bound_on_ready_machines() -> bool:
             pods = await p.items("pods", "-l", "app=web")
-            ups = await p.items("upcomingnodes")
+            ups = _not_bootstrap_failed(await p.items("upcomingnodes"))
             return (
                 len(pods) == 3
                 and all(x["spec"].get("nodeName") for x in pods)
@@ -268,13 +268,26 @@ async def test_readme_pieces_path_with_kubectl(
         assert "scaled" in await p.kubectl("scale", "deployment/web", "--replicas=0")
 
         async def reclaimed() -> bool:
-            ups = await p.items("upcomingnodes")
+            ups = _not_bootstrap_failed(await p.items("upcomingnodes"))
             left = {n["metadata"]["name"] for n in await p.items("nodes")}
             return not ups and not (nodes & left)
 
         await p.until("the reclaim to delete every UpcomingNode and Node", reclaimed, 120)
         assert await p.items("pods", "-l", "app=web") == []
         assert await p.items("capacityrequests") == []
+
+
+def _not_bootstrap_failed(ups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """UpcomingNodes but the Failed ones of a bootstrap pull past its deadline (the operator did
+    not answer in time on a loaded machine): the shard took that machine back and provisions
+    another, and the record stays for the retention period (docs/rules.md#upcomingnode-retention).
+    A drain that failed is still seen (its lastError names the Pods left)."""
+    def failed_pull(u: dict[str, Any]) -> bool:
+        status = u.get("status") or {}
+        return (status.get("phase") == "Failed"
+                and str(status.get("lastError", "")).startswith("bootstrap: "))
+
+    return [u for u in ups if not failed_pull(u)]
 
 
 async def _ok(run: Awaitable[str]) -> bool:
