@@ -136,6 +136,7 @@ class DemoSummary:
     machines_bound_while_reclaiming: int = 0
     """Bindings started during the scale-down (demand that came back, e.g. evicted Pods)."""
     machines_failed_while_reclaiming: int = 0
+    """Bindings ended by a failure during the scale-down (a bootstrap pull past its deadline)."""
     drains_completed: int = 0
     pods_replaced: int = 0
     final_pods: int = 0
