@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -23,7 +21,7 @@ from bigfleet_trio.kube.errors import (
     ServerError,
     TooManyRequests,
 )
-from bigfleet_trio.kube.resources import NODES, PODS, UPCOMING_NODES, Resource
+from bigfleet_trio.kube.resources import NODES, PDBS, PODS, UPCOMING_NODES, Resource
 from bigfleet_trio.operator.reclaim.drain import DrainManager
 from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
 from bigfleet_trio.operator.reclaim.plan import (
@@ -36,6 +34,7 @@ from bigfleet_trio.operator.reclaim.plan import (
 )
 from bigfleet_trio.operator.upcoming.plan import DrainMemory
 from bigfleet_trio.proto import pb
+from tests.support.kube import MERGE, RecordingKube, sim_kube
 
 # --------------------------------------------------------------------------- pure
 
@@ -129,168 +128,133 @@ def test_drain_failure_message() -> None:
     assert len(drain_failure_message("n", 1.0, {f"ns/p{i}": "x" * 50 for i in range(100)})) == 2000
 
 
-# --------------------------------------------------------------------------- fake cluster
+# --------------------------------------------------------------------------- on the sim
+
+PDB_REFUSED = "Cannot evict pod as it would violate the pod's disruption budget."
+OWNERS = {
+    "ReplicaSet": Resource("apps", "v1", "replicasets", "ReplicaSet", True),
+    "DaemonSet": Resource("apps", "v1", "daemonsets", "DaemonSet", True),
+    "Job": Resource("batch", "v1", "jobs", "Job", True),
+}
+HOLD = "test.bigfleet/hold"  # a finalizer: an evicted Pod stays Terminating until released
 
 
-@dataclass
-class Listing:
-    items: list[dict[str, Any]]
-    resource_version: str = "1"
+def add_node(kube: RecordingKube, name: str, provider_id: str = "") -> None:
+    kube.seed(NODES, {"metadata": {"name": name}, "spec": {"providerID": provider_id}})
 
 
-@dataclass
-class FakeCluster:
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    upcoming: dict[str, dict[str, Any]] = field(default_factory=dict)
-    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # pod key -> callable(attempt_number) returning an exception to raise, or None to allow
-    eviction_policy: dict[str, Callable[[int], Exception | None]] = field(default_factory=dict)
-    evictions: list[tuple[str, int | None, float]] = field(default_factory=list)
-    node_patches: list[tuple[str, Any]] = field(default_factory=list)
-    un_writes: list[tuple[str, str, Any, float]] = field(default_factory=list)
-    # pod key -> seconds it stays Terminating after an admitted eviction (default: gone at once)
-    terminate_delay: dict[str, float] = field(default_factory=dict)
-    # pod key -> clock time at which a Terminating pod disappears
-    vanish_at: dict[str, float] = field(default_factory=dict)
-    pod_lists: list[float] = field(default_factory=list)
-
-    def add_node(self, name: str, provider_id: str = "") -> None:
-        self.nodes[name] = {"metadata": {"name": name}, "spec": {"providerID": provider_id}}
-
-    def add_un(self, name: str, phase: str = "Ready", **status: Any) -> None:
-        self.upcoming[name] = {
-            "metadata": {"name": name},
-            "spec": {"resources": {}},
-            "status": {"phase": phase, **status},
-        }
-
-    def add_pod(self, pod: dict[str, Any]) -> str:
-        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
-        self.pods[key] = pod
-        return key
-
-    def _store(self, res: Resource) -> dict[str, dict[str, Any]]:
-        if res == NODES:
-            return self.nodes
-        if res == UPCOMING_NODES:
-            return self.upcoming
-        raise AssertionError(res)
-
-    async def get(self, res: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
-        await trio.lowlevel.checkpoint()
-        store = self._store(res)
-        if name not in store:
-            raise NotFound(404, "NotFound", name)
-        return copy.deepcopy(store[name])
-
-    def terminate(self, key: str, after: float) -> None:
-        """Mark a pod Terminating; it disappears ``after`` seconds from now."""
-        self.pods[key]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-        self.vanish_at[key] = trio.current_time() + after
-
-    async def list(self, res: Resource, namespace: str | None = None, **kw: Any) -> Listing:
-        await trio.lowlevel.checkpoint()
-        if res == PODS:
-            self.pod_lists.append(trio.current_time())
-            for key, at in list(self.vanish_at.items()):
-                if at <= trio.current_time():
-                    self.pods.pop(key, None)
-                    del self.vanish_at[key]
-            sel = kw["field_selector"]
-            assert sel.startswith("spec.nodeName=")
-            node = sel.split("=", 1)[1]
-            return Listing(
-                [copy.deepcopy(p) for p in self.pods.values() if p["spec"]["nodeName"] == node]
-            )
-        return Listing([copy.deepcopy(o) for o in self._store(res).values()])
-
-    async def create(self, *a: Any, **kw: Any) -> dict[str, Any]:
-        raise AssertionError("reclaim never creates")
-
-    async def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Any,
-        namespace: str | None = None,
-        *,
-        patch_type: str = "merge",
-        subresource: str | None = None,
-    ) -> dict[str, Any]:
-        await trio.lowlevel.checkpoint()
-        if res == NODES:
-            self.node_patches.append((name, patch))
-            if name not in self.nodes:
-                raise NotFound(404, "NotFound", name)
-            self.nodes[name]["spec"].update(patch["spec"])
-            return self.nodes[name]
-        assert res == UPCOMING_NODES
-        if subresource is None:  # drain annotations: docs/rules.md#reclaim-resume-after-restart
-            assert set(patch) == {"metadata"}
-            if name not in self.upcoming:
-                raise NotFound(404, "NotFound", name)
-            annotations = self.upcoming[name]["metadata"].setdefault("annotations", {})
-            annotations.update(patch["metadata"]["annotations"])
-            return self.upcoming[name]
-        assert subresource == "status"
-        self.un_writes.append(("patch", name, patch["status"], trio.current_time()))
-        if name not in self.upcoming:
-            raise NotFound(404, "NotFound", name)
-        self.upcoming[name]["status"].update(patch["status"])
-        return self.upcoming[name]
-
-    async def delete(
-        self, res: Resource, name: str, namespace: str | None = None, **kw: Any
-    ) -> None:
-        await trio.lowlevel.checkpoint()
-        assert res == UPCOMING_NODES
-        self.un_writes.append(("delete", name, None, trio.current_time()))
-        if name not in self.upcoming:
-            raise NotFound(404, "NotFound", name)
-        del self.upcoming[name]
-
-    async def evict(
-        self,
-        name: str,
-        namespace: str,
-        *,
-        grace_period_seconds: int | None = None,
-        uid: str | None = None,
-    ) -> None:
-        await trio.lowlevel.checkpoint()
-        key = f"{namespace}/{name}"
-        self.evictions.append((key, grace_period_seconds, trio.current_time()))
-        if key not in self.pods:
-            raise NotFound(404, "NotFound", key)
-        policy = self.eviction_policy.get(key)
-        attempt = sum(1 for k, _, _ in self.evictions if k == key)
-        if policy is not None:
-            err = policy(attempt)
-            if err is not None:
-                raise err
-        if key in self.terminate_delay:
-            if not self.pods[key]["metadata"].get("deletionTimestamp"):
-                self.terminate(key, self.terminate_delay[key])
-            return
-        del self.pods[key]  # terminates at once in this fake
-
-    def evicted(self, key: str) -> int:
-        return sum(1 for k, _, _ in self.evictions if k == key)
+def add_un(kube: RecordingKube, name: str, phase: str = "Ready", **status: Any) -> None:
+    kube.seed(UPCOMING_NODES, {"metadata": {"name": name}, "spec": {"resources": {}},
+                               "status": {"phase": phase, **status}})
 
 
-def pdb_block(times: int | None) -> Callable[[int], Exception | None]:
-    """429 for the first ``times`` attempts (forever if None), then allowed."""
+def _owner(kube: RecordingKube, kind: str, ns: str) -> str:
+    """The uid of owner ``o`` of ``kind`` in ``ns`` (stored when missing: the sim's garbage
+    collector deletes a Pod whose owner does not exist)."""
+    res = OWNERS[kind]
+    have = kube.objects(res, ns).get("o")
+    if have is None:
+        labels = {"app": "o"}
+        template = {"metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+        spec: dict[str, Any] = {"selector": {"matchLabels": labels}, "template": template}
+        if kind == "Job":
+            template["spec"]["restartPolicy"] = "Never"
+            spec = {"template": template}
+        have = kube.seed(res, {"metadata": {"name": "o", "namespace": ns}, "spec": spec})
+    return have["metadata"]["uid"]  # type: ignore[no-any-return]
 
-    def policy(attempt: int) -> Exception | None:
-        if times is None or attempt <= times:
-            return TooManyRequests(
-                429,
-                "TooManyRequests",
-                "Cannot evict pod as it would violate the pod's disruption budget.",
-            )
-        return None
 
-    return policy
+def add_pod(kube: RecordingKube, pod: dict[str, Any], *, hold: bool = False) -> str:
+    """Store :func:`_pod`'s ``pod`` in the sim (containers, label app=<name>, Ready); with
+    ``hold``, a finalizer keeps it Terminating after its eviction until :func:`release`.
+    Returns ``ns/name``."""
+    pod = copy.deepcopy(pod)
+    meta = pod["metadata"]
+    ns = meta["namespace"]
+    meta["labels"] = {"app": meta["name"]}
+    for ref in meta.get("ownerReferences", []):
+        ref["uid"] = _owner(kube, ref["kind"], ns)
+    if hold:
+        meta["finalizers"] = [HOLD]
+    pod["spec"]["containers"] = [{"name": "c", "image": "busybox"}]
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    kube.seed(PODS, pod)
+    return f"{ns}/{meta['name']}"
+
+
+def terminate(kube: RecordingKube, key: str) -> None:
+    """Delete held Pod ``ns/name`` in-process: it is Terminating (deletionTimestamp set)."""
+    ns, name = key.split("/")
+    kube.server.delete(kube.server.find("pods"), ns, name)
+
+
+def release_at(nursery: trio.Nursery, kube: RecordingKube, key: str, at: float) -> None:
+    """At clock time ``at``, drop the held Pod's finalizer: a Terminating Pod then vanishes."""
+    ns, name = key.split("/")
+
+    async def release() -> None:
+        await trio.sleep_until(at)
+        kube.server.patch(kube.server.find("pods"), ns, name, {"metadata": {"finalizers": None}},
+                          MERGE)
+
+    nursery.start_soon(release)
+
+
+def pdb_blocks(kube: RecordingKube, key: str) -> None:
+    """A PodDisruptionBudget over Pod ``ns/name`` allowing no disruption: every eviction of it
+    is answered 429 by the sim."""
+    ns, name = key.split("/")
+    kube.seed(PDBS, {
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": name}}},
+        "status": {"observedGeneration": 1, "disruptionsAllowed": 0, "currentHealthy": 1,
+                   "desiredHealthy": 1, "expectedPods": 1},
+    })
+
+
+def refuse(
+    kube: RecordingKube, key: str, times: int, code: int = 429, message: str = PDB_REFUSED
+) -> None:
+    """The sim answers the next ``times`` evictions of Pod ``ns/name`` with ``code`` (default:
+    the 429 of a PodDisruptionBudget that allows no disruption), then evaluates them."""
+    kube.server.faults.fail_next(times, code=code, verb="create", resource="pods/eviction",
+                                 name=key.split("/")[1], message=message)
+
+
+def evictions(kube: RecordingKube) -> list[tuple[str, int | None, float]]:
+    """Eviction calls as ``(ns/name, gracePeriodSeconds, time)``, failed ones included."""
+    return [(f"{r.namespace}/{r.name}", r.body["gracePeriodSeconds"], r.at)
+            for r in kube.of("evict")]
+
+
+def evicted(kube: RecordingKube, key: str) -> int:
+    return sum(1 for k, _, _ in evictions(kube) if k == key)
+
+
+def node_patches(kube: RecordingKube) -> list[tuple[str, Any]]:
+    return [(r.name, r.body) for r in kube.of("patch", "nodes")]
+
+
+def un_writes(kube: RecordingKube) -> list[tuple[str, str, Any, float]]:
+    """UpcomingNode status patches and deletes: ``("patch", name, status, t)`` /
+    ``("delete", name, None, t)`` (the drain-annotation patches are not listed)."""
+    return [("patch", r.name, r.body["status"], r.at) if r.op == "patch/status"
+            else ("delete", r.name, None, r.at)
+            for r in kube.history
+            if r.plural == "upcomingnodes" and r.op in ("patch/status", "delete")]
+
+
+def pod_lists(kube: RecordingKube) -> list[float]:
+    return [r.at for r in kube.of("list", "pods")]
+
+
+def pods(kube: RecordingKube) -> set[str]:
+    return set(kube.objects(PODS))
+
+
+def upcoming(kube: RecordingKube) -> dict[str, dict[str, Any]]:
+    return kube.objects(UPCOMING_NODES)
 
 
 class Replies:
@@ -309,16 +273,16 @@ def instr(iid: str, *nodes: str, grace: int = 30) -> pb.ReclaimInstruction:
     )
 
 
-def make(cluster: FakeCluster, **kw: Any) -> tuple[DrainManager, ReclaimHandler, DrainMemory]:
+def make(cluster: RecordingKube, **kw: Any) -> tuple[DrainManager, ReclaimHandler, DrainMemory]:
     memory = DrainMemory()
     drains = DrainManager(cluster, memory, rng=random.Random(7), **kw)
     return drains, ReclaimHandler(cluster, drains, memory), memory
 
 
-def standard_cluster() -> FakeCluster:
-    c = FakeCluster()
-    c.add_node("n-1")
-    c.add_un("un-m-1", nodeRef={"kind": "Node", "name": "n-1"})
+def standard_cluster(nursery: trio.Nursery) -> RecordingKube:
+    c = RecordingKube.over_sim(nursery)
+    add_node(c, "n-1")
+    add_un(c, "un-m-1", nodeRef={"kind": "Node", "name": "n-1"})
     return c
 
 
@@ -326,28 +290,28 @@ def standard_cluster() -> FakeCluster:
 
 
 async def test_cordon_ack_drain_skips_daemonset_mirror_terminal(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
 ) -> None:
-    c = standard_cluster()
-    app = c.add_pod(_pod("app", tgps=20))
-    ds = c.add_pod(_pod("fluentd", owner="DaemonSet"))
-    mirror = c.add_pod(_pod("kube-proxy", owner=None, mirror=True))
-    done = c.add_pod(_pod("job-1", owner="Job", phase="Succeeded"))
+    c = standard_cluster(nursery)
+    app = add_pod(c, _pod("app", tgps=20))
+    ds = add_pod(c, _pod("fluentd", owner="DaemonSet"))
+    mirror = add_pod(c, _pod("kube-proxy", owner=None, mirror=True))
+    done = add_pod(c, _pod("job-1", owner="Job", phase="Succeeded"))
     drains, handler, memory = make(c)
     replies = Replies()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r-1", "n-1"), replies)
         # the ack went out after the cordon, before the drain finished
         assert replies.acks == [("r-1", 1)]
-        assert c.node_patches == [("n-1", {"spec": {"unschedulable": True}})]
-        assert c.un_writes[0][:3] == ("patch", "un-m-1", {"phase": "Draining"})
+        assert node_patches(c) == [("n-1", {"spec": {"unschedulable": True}})]
+        assert un_writes(c)[0][:3] == ("patch", "un-m-1", {"phase": "Draining"})
         assert memory.get("un-m-1") == "draining"
         await drains.wait_idle()
-        nursery.cancel_scope.cancel()
-    assert [(k, g) for k, g, _ in c.evictions] == [(app, 20)]
-    assert set(c.pods) == {ds, mirror, done}
-    assert [w[:3] for w in c.un_writes] == [
+        inner.cancel_scope.cancel()
+    assert [(k, g) for k, g, _ in evictions(c)] == [(app, 20)]
+    assert pods(c) == {ds, mirror, done}
+    assert [w[:3] for w in un_writes(c)] == [
         ("patch", "un-m-1", {"phase": "Draining"}),
         ("patch", "un-m-1", {"phase": "Drained"}),
         ("delete", "un-m-1", None),
@@ -357,170 +321,162 @@ async def test_cordon_ack_drain_skips_daemonset_mirror_terminal(
 
 
 async def test_machine_id_resolved_through_upcoming_node_ref(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
 ) -> None:
-    c = FakeCluster()
-    c.add_node("ip-10-0-0-7")
-    c.add_un("un-m-7", nodeRef={"kind": "Node", "name": "ip-10-0-0-7"})
+    c = RecordingKube.over_sim(nursery)
+    add_node(c, "ip-10-0-0-7")
+    add_un(c, "un-m-7", nodeRef={"kind": "Node", "name": "ip-10-0-0-7"})
     drains, handler, _ = make(c)
     replies = Replies()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r", "m-7"), replies)
         await drains.wait_idle()
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert replies.acks == [("r", 1)]
-    assert c.node_patches == [("ip-10-0-0-7", {"spec": {"unschedulable": True}})]
-    assert "un-m-7" not in c.upcoming  # drained (no pods) and deleted
+    assert node_patches(c) == [("ip-10-0-0-7", {"spec": {"unschedulable": True}})]
+    assert "un-m-7" not in upcoming(c)  # drained (no pods) and deleted
 
 
 async def test_node_name_upcoming_found_through_injected_lookup(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
 ) -> None:
     # the shard names the Node itself; its UpcomingNode (un-m-1, nodeRef n-1) comes from the
     # injected lookup (the operator's informer index), not from listing every UpcomingNode.
-    c = standard_cluster()
-    lists: list[Resource] = []
-    real_list = c.list
-
-    async def counting_list(res: Resource, namespace: str | None = None, **kw: Any) -> Listing:
-        lists.append(res)
-        return await real_list(res, namespace, **kw)
-
-    c.list = counting_list  # type: ignore[method-assign]
+    c = standard_cluster(nursery)
     asked: list[str] = []
 
     def lookup(node: str) -> list[dict[str, Any]]:
         asked.append(node)
-        return [copy.deepcopy(c.upcoming["un-m-1"])] if node == "n-1" else []
+        return [upcoming(c)["un-m-1"]] if node == "n-1" else []
 
     memory = DrainMemory()
     drains = DrainManager(c, memory, rng=random.Random(7))
     handler = ReclaimHandler(c, drains, memory, upcoming_lookup=lookup)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r", "n-1"), Replies())
         await drains.wait_idle()
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert asked == ["n-1"]
-    assert UPCOMING_NODES not in lists
-    assert c.un_writes[0][:3] == ("patch", "un-m-1", {"phase": "Draining"})
-    assert "un-m-1" not in c.upcoming  # drained and deleted
+    assert c.of("list", "upcomingnodes") == []
+    assert un_writes(c)[0][:3] == ("patch", "un-m-1", {"phase": "Draining"})
+    assert "un-m-1" not in upcoming(c)  # drained and deleted
 
 
 async def test_node_name_upcoming_found_by_listing_without_lookup(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
 ) -> None:
-    c = standard_cluster()
+    c = standard_cluster(nursery)
     drains, handler, _ = make(c)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r", "n-1"), Replies())
         await drains.wait_idle()
-        nursery.cancel_scope.cancel()
-    assert c.un_writes[0][:3] == ("patch", "un-m-1", {"phase": "Draining"})
+        inner.cancel_scope.cancel()
+    assert un_writes(c)[0][:3] == ("patch", "un-m-1", {"phase": "Draining"})
 
 
-async def test_machine_id_resolved_through_provider_id(autojump_clock: trio.abc.Clock) -> None:
-    c = FakeCluster()
-    c.add_node("other", provider_id="aws:///us-east-1a/i-2")
-    c.add_node("ip-10-0-0-9", provider_id="aws:///us-east-1a/i-9")
-    c.add_un("un-m-9", phase="Ready", providerID="aws:///us-east-1a/i-9")
+async def test_machine_id_resolved_through_provider_id(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = RecordingKube.over_sim(nursery)
+    add_node(c, "other", provider_id="aws:///us-east-1a/i-2")
+    add_node(c, "ip-10-0-0-9", provider_id="aws:///us-east-1a/i-9")
+    add_un(c, "un-m-9", phase="Ready", providerID="aws:///us-east-1a/i-9")
     drains, handler, _ = make(c)
     replies = Replies()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r", "m-9"), replies)
-        nursery.cancel_scope.cancel()
-    assert c.node_patches == [("ip-10-0-0-9", {"spec": {"unschedulable": True}})]
+        inner.cancel_scope.cancel()
+    assert node_patches(c) == [("ip-10-0-0-9", {"spec": {"unschedulable": True}})]
     assert replies.acks == [("r", 1)]
 
 
 async def test_machine_id_resolved_through_injected_provider_id_lookup(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
 ) -> None:
     # un-m-9 has no nodeRef, only a providerID: the Node comes from the injected lookup (the
     # operator's Node informer indexed by spec.providerID), never from listing every Node.
-    c = FakeCluster()
-    c.add_node("other", provider_id="aws:///us-east-1a/i-2")
-    c.add_node("ip-10-0-0-9", provider_id="aws:///us-east-1a/i-9")
-    c.add_un("un-m-9", phase="Ready", providerID="aws:///us-east-1a/i-9")
-    lists: list[Resource] = []
-    real_list = c.list
-
-    async def counting_list(res: Resource, namespace: str | None = None, **kw: Any) -> Listing:
-        lists.append(res)
-        return await real_list(res, namespace, **kw)
-
-    c.list = counting_list  # type: ignore[method-assign]
+    c = RecordingKube.over_sim(nursery)
+    add_node(c, "other", provider_id="aws:///us-east-1a/i-2")
+    add_node(c, "ip-10-0-0-9", provider_id="aws:///us-east-1a/i-9")
+    add_un(c, "un-m-9", phase="Ready", providerID="aws:///us-east-1a/i-9")
     asked: list[str] = []
 
     def by_provider(provider_id: str) -> list[dict[str, Any]]:
         asked.append(provider_id)
         # a stale index entry (providerID since changed) is ignored, the matching one used
         stale = {"metadata": {"name": "stale"}, "spec": {"providerID": "aws:///x/i-0"}}
-        return [stale] + [copy.deepcopy(n) for n in c.nodes.values()
+        return [stale] + [n for n in c.objects(NODES).values()
                           if n["spec"]["providerID"] == provider_id]
 
     memory = DrainMemory()
     drains = DrainManager(c, memory, rng=random.Random(7))
     handler = ReclaimHandler(c, drains, memory, node_lookup=by_provider)
     replies = Replies()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r", "m-9"), replies)
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert asked == ["aws:///us-east-1a/i-9"]
-    assert NODES not in lists
-    assert c.node_patches == [("ip-10-0-0-9", {"spec": {"unschedulable": True}})]
+    assert c.of("list", "nodes") == []
+    assert node_patches(c) == [("ip-10-0-0-9", {"spec": {"unschedulable": True}})]
     assert replies.acks == [("r", 1)]
 
 
-async def test_provider_id_lookup_miss_is_no_node(autojump_clock: trio.abc.Clock) -> None:
-    c = FakeCluster()
-    c.add_un("un-m-9", phase="Ready", providerID="aws:///us-east-1a/i-9")
+async def test_provider_id_lookup_miss_is_no_node(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = RecordingKube.over_sim(nursery)
+    add_un(c, "un-m-9", phase="Ready", providerID="aws:///us-east-1a/i-9")
     memory = DrainMemory()
     drains = DrainManager(c, memory, rng=random.Random(7))
     handler = ReclaimHandler(c, drains, memory, node_lookup=lambda pid: [])
     replies = Replies()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r", "m-9"), replies)
-        nursery.cancel_scope.cancel()
-    assert c.node_patches == []
+        inner.cancel_scope.cancel()
+    assert node_patches(c) == []
     assert replies.acks == [("r", 0)]  # acked, nothing cordoned
-    assert c.upcoming["un-m-9"]["status"]["phase"] == "Draining"
+    assert upcoming(c)["un-m-9"]["status"]["phase"] == "Draining"
 
 
-async def test_nodes_started_counts_only_cordoned(autojump_clock: trio.abc.Clock) -> None:
-    c = standard_cluster()
-    c.add_un("un-m-2", phase="Launched")  # a machine with no Node yet
+async def test_nodes_started_counts_only_cordoned(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = standard_cluster(nursery)
+    add_un(c, "un-m-2", phase="Launched")  # a machine with no Node yet
     drains, handler, memory = make(c)
     replies = Replies()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r", "m-2", "n-1", "nonexistent"), replies)
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert replies.acks == [("r", 1)]
     # the node-less machine is still walked to Draining and remembered
-    assert c.upcoming["un-m-2"]["status"]["phase"] == "Draining"
+    assert upcoming(c)["un-m-2"]["status"]["phase"] == "Draining"
     assert memory.get("un-m-2") == "draining"
 
 
-async def test_pdb_blocks_then_allows(autojump_clock: trio.abc.Clock) -> None:
-    c = standard_cluster()
-    key = c.add_pod(_pod("web"))
-    c.eviction_policy[key] = pdb_block(2)
+async def test_pdb_blocks_then_allows(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = standard_cluster(nursery)
+    key = add_pod(c, _pod("web"))
+    refuse(c, key, 2)
     drains, handler, _ = make(c)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         t0 = trio.current_time()
         await handler.on_reclaim_instruction(instr("r", "n-1", grace=30), Replies())
         await drains.wait_idle()
         elapsed = trio.current_time() - t0
-        nursery.cancel_scope.cancel()
-    assert c.evicted(key) == 3
-    times = [t - t0 for k, _, t in c.evictions]
+        inner.cancel_scope.cancel()
+    assert evicted(c, key) == 3
+    times = [t - t0 for k, _, t in evictions(c)]
     # retries every ~2 s with +-25 % jitter
     for a, b in zip(times, times[1:], strict=False):
         assert 1.5 <= b - a <= 2.5
@@ -528,21 +484,23 @@ async def test_pdb_blocks_then_allows(autojump_clock: trio.abc.Clock) -> None:
     # -> two ~2 s pauses (1.5..2.5 s each) + 0.25 s
     assert 3.25 <= elapsed <= 5.25
     assert drains.results["n-1"].outcome == "drained"
-    assert "un-m-1" not in c.upcoming
+    assert "un-m-1" not in upcoming(c)
 
 
-async def test_pdb_never_allows_fails_at_deadline(autojump_clock: trio.abc.Clock) -> None:
-    c = standard_cluster()
-    key = c.add_pod(_pod("db", ns="prod"))
-    c.eviction_policy[key] = pdb_block(None)
+async def test_pdb_never_allows_fails_at_deadline(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = standard_cluster(nursery)
+    key = add_pod(c, _pod("db", ns="prod"))
+    pdb_blocks(c, key)
     drains, handler, memory = make(c)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         t0 = trio.current_time()
         await handler.on_reclaim_instruction(instr("r", "n-1", grace=10), Replies())
         await drains.wait_idle()
-        nursery.cancel_scope.cancel()
-    kind, name, status, at = c.un_writes[-1]
+        inner.cancel_scope.cancel()
+    kind, name, status, at = un_writes(c)[-1]
     assert (kind, name) == ("patch", "un-m-1")
     assert at - t0 == pytest.approx(10.0)
     assert status == {
@@ -552,138 +510,153 @@ async def test_pdb_never_allows_fails_at_deadline(autojump_clock: trio.abc.Clock
         "budget.)",
     }
     assert drains.results["n-1"].outcome == "failed"
-    assert c.upcoming["un-m-1"]["status"]["phase"] == "Failed"
+    assert upcoming(c)["un-m-1"]["status"]["phase"] == "Failed"
     assert memory.get("un-m-1") == "draining"  # a later Idle still means Drained
     # first eviction got the whole (bounded) grace: 10 s left < the pod's 30 s
-    assert c.evictions[0][1] == 10
-    assert 4 <= c.evicted(key) <= 7
+    assert evictions(c)[0][1] == 10
+    assert 4 <= evicted(c, key) <= 7
 
 
 async def test_short_grace_pod_gone_soon_after_eviction_is_drained(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
 ) -> None:
     # grace 2 s; the evicted pod terminates in 0.3 s. Re-check quickly after an eviction:
     # list at 0 (evict), 0.25 (still Terminating), 0.25 + 0.5 = 0.75 (gone) -> Drained at 0.75.
-    c = standard_cluster()
-    key = c.add_pod(_pod("web", tgps=1))
-    c.terminate_delay[key] = 0.3
+    c = standard_cluster(nursery)
+    key = add_pod(c, _pod("web", tgps=1), hold=True)
     drains, handler, _ = make(c)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         t0 = trio.current_time()
+        release_at(nursery, c, key, t0 + 0.3)
         await handler.on_reclaim_instruction(instr("r", "n-1", grace=2), Replies())
         await drains.wait_idle()
-        nursery.cancel_scope.cancel()
-    assert [t - t0 for t in c.pod_lists] == pytest.approx([0.0, 0.25, 0.75])
-    assert c.evicted(key) == 1  # a Terminating pod is not evicted again
+        inner.cancel_scope.cancel()
+    assert [t - t0 for t in pod_lists(c)] == pytest.approx([0.0, 0.25, 0.75])
+    assert evicted(c, key) == 1  # a Terminating pod is not evicted again
     assert drains.results["n-1"].outcome == "drained"
-    assert [w[:3] for w in c.un_writes][-2:] == [
+    assert [w[:3] for w in un_writes(c)][-2:] == [
         ("patch", "un-m-1", {"phase": "Drained"}),
         ("delete", "un-m-1", None),
     ]
-    assert c.un_writes[-1][3] - t0 == pytest.approx(0.75)
+    assert un_writes(c)[-1][3] - t0 == pytest.approx(0.75)
 
 
-async def test_final_check_at_deadline(autojump_clock: trio.abc.Clock) -> None:
+async def test_final_check_at_deadline(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
     # A pod already Terminating vanishes at 2.9 s; grace 3 s. Polls at 0, 0.25, 0.75, 1.75
     # (0.25/0.5/1.0 s apart), then the pause reaches the ~2 s interval (>= 1.5 s -> past 3 s):
     # the deadline cuts it, and the check made right at the deadline sees no pod -> Drained.
-    c = standard_cluster()
-    key = c.add_pod(_pod("web"))
+    c = standard_cluster(nursery)
+    key = add_pod(c, _pod("web"), hold=True)
     drains, handler, _ = make(c)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         t0 = trio.current_time()
-        c.terminate(key, 2.9)
+        terminate(c, key)
+        release_at(nursery, c, key, t0 + 2.9)
         await handler.on_reclaim_instruction(instr("r", "n-1", grace=3), Replies())
         await drains.wait_idle()
         assert trio.current_time() - t0 == pytest.approx(3.0)
-        nursery.cancel_scope.cancel()
-    assert [t - t0 for t in c.pod_lists] == pytest.approx([0.0, 0.25, 0.75, 1.75, 3.0])
-    assert c.evicted(key) == 0
+        inner.cancel_scope.cancel()
+    assert [t - t0 for t in pod_lists(c)] == pytest.approx([0.0, 0.25, 0.75, 1.75, 3.0])
+    assert evicted(c, key) == 0
     assert drains.results["n-1"].outcome == "drained"
-    assert "un-m-1" not in c.upcoming
+    assert "un-m-1" not in upcoming(c)
 
 
-async def test_forbidden_stops_for_that_pod(autojump_clock: trio.abc.Clock) -> None:
-    c = standard_cluster()
-    stuck = c.add_pod(_pod("stuck"))
-    ok = c.add_pod(_pod("ok"))
-    c.eviction_policy[stuck] = lambda attempt: Forbidden(403, "Forbidden", "pdb misconfigured")
+async def test_forbidden_stops_for_that_pod(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = standard_cluster(nursery)
+    stuck = add_pod(c, _pod("stuck"))
+    ok = add_pod(c, _pod("ok"))
+    refuse(c, stuck, 5, 403, "pdb misconfigured")
     drains, handler, _ = make(c)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r", "n-1", grace=8), Replies())
         await drains.wait_idle()
-        nursery.cancel_scope.cancel()
-    assert c.evicted(stuck) == 1
-    assert c.evicted(ok) == 1
+        inner.cancel_scope.cancel()
+    assert evicted(c, stuck) == 1
+    assert evicted(c, ok) == 1
     assert drains.results["n-1"].outcome == "failed"
     assert drains.results["n-1"].pods_left == {
         stuck: "eviction refused, not retried: 403: pdb misconfigured"
     }
 
 
-async def test_gone_pod_counts_as_done(autojump_clock: trio.abc.Clock) -> None:
-    c = standard_cluster()
-    key = c.add_pod(_pod("ghost"))
-    c.eviction_policy[key] = lambda attempt: NotFound(404, "NotFound", "ghost")
+async def test_gone_pod_counts_as_done(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = standard_cluster(nursery)
+    key = add_pod(c, _pod("ghost"))
+    real_list = c.list
 
-    async def list_then_forget(res: Resource, namespace: str | None = None, **kw: Any) -> Listing:
-        listing = await FakeCluster.list(c, res, namespace, **kw)
-        c.pods.pop(key, None)  # the pod disappears right after it was listed
+    async def list_then_forget(res: Resource, namespace: str | None = None, **kw: Any) -> Any:
+        listing = await real_list(res, namespace, **kw)
+        if res == PODS and key in pods(c):  # the pod disappears right after it was listed
+            ns, name = key.split("/")
+            c.server.delete(c.server.find("pods"), ns, name)
         return listing
 
     c.list = list_then_forget  # type: ignore[method-assign]
     drains, handler, _ = make(c)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         t0 = trio.current_time()
         await handler.on_reclaim_instruction(instr("r", "n-1"), Replies())
         await drains.wait_idle()
         assert trio.current_time() == t0  # no retry round needed
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert drains.results["n-1"].outcome == "drained"
 
 
-async def test_duplicate_instruction_one_drain_two_acks(autojump_clock: trio.abc.Clock) -> None:
-    c = standard_cluster()
-    key = c.add_pod(_pod("web"))
-    c.eviction_policy[key] = pdb_block(1)
+async def test_duplicate_instruction_one_drain_two_acks(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = standard_cluster(nursery)
+    key = add_pod(c, _pod("web"))
+    refuse(c, key, 1)
     drains, handler, _ = make(c)
     replies = Replies()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r-1", "n-1"), replies)
         await handler.on_reclaim_instruction(instr("r-1", "n-1"), replies)
         # a different instruction naming a node already draining: acked, no second drain
         await handler.on_reclaim_instruction(instr("r-2", "n-1"), replies)
         assert drains.active == frozenset({"n-1"})
         await drains.wait_idle()
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert replies.acks == [("r-1", 1), ("r-1", 1), ("r-2", 1)]
-    assert len(c.node_patches) == 2  # r-1 once, r-2 (idempotent cordon); the duplicate did nothing
-    assert c.evicted(key) == 2  # one drain: 429, then allowed
+    assert len(node_patches(c)) == 2  # r-1 once, r-2 (idempotent cordon); the duplicate did nothing
+    assert evicted(c, key) == 2  # one drain: 429, then allowed
 
 
-async def test_concurrent_duplicate_waits_for_first(autojump_clock: trio.abc.Clock) -> None:
-    c = standard_cluster()
+async def test_concurrent_duplicate_waits_for_first(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = standard_cluster(nursery)
     drains, handler, _ = make(c)
     replies = Replies()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         async with trio.open_nursery() as session:
             session.start_soon(handler.on_reclaim_instruction, instr("r", "n-1"), replies)
             session.start_soon(handler.on_reclaim_instruction, instr("r", "n-1"), replies)
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert replies.acks == [("r", 1), ("r", 1)]
-    assert len(c.node_patches) == 1
+    assert len(node_patches(c)) == 1
 
 
-async def test_reconnect_does_not_cancel_drain(autojump_clock: trio.abc.Clock) -> None:
-    c = standard_cluster()
-    key = c.add_pod(_pod("web"))
-    c.eviction_policy[key] = pdb_block(3)
+async def test_reconnect_does_not_cancel_drain(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = standard_cluster(nursery)
+    key = add_pod(c, _pod("web"))
+    refuse(c, key, 3)
     drains, handler, _ = make(c)
     replies = Replies()
     async with trio.open_nursery() as operator:
@@ -702,24 +675,28 @@ async def test_reconnect_does_not_cancel_drain(autojump_clock: trio.abc.Clock) -
         operator.cancel_scope.cancel()
     assert replies.acks == [("r", 1), ("r", 1)]
     assert drains.results["n-1"].outcome == "drained"
-    assert c.evicted(key) == 4
+    assert evicted(c, key) == 4
 
 
-async def test_ack_dropped_is_logged_not_raised(autojump_clock: trio.abc.Clock) -> None:
-    c = standard_cluster()
+async def test_ack_dropped_is_logged_not_raised(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = standard_cluster(nursery)
     drains, handler, _ = make(c)
     replies = Replies(accept=False)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r", "n-1"), replies)
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert replies.acks == [("r", 1)]
 
 
-async def test_shutdown_lets_drains_finish_within_timeout(autojump_clock: trio.abc.Clock) -> None:
-    c = standard_cluster()
-    key = c.add_pod(_pod("web"))
-    c.eviction_policy[key] = pdb_block(3)  # allowed at ~6 s
+async def test_shutdown_lets_drains_finish_within_timeout(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = standard_cluster(nursery)
+    key = add_pod(c, _pod("web"))
+    refuse(c, key, 3)  # allowed at ~6 s
     drains, handler, _ = make(c, shutdown_timeout=20.0)
     async with trio.open_nursery() as operator:
         await operator.start(drains.run)
@@ -727,13 +704,15 @@ async def test_shutdown_lets_drains_finish_within_timeout(autojump_clock: trio.a
         await trio.sleep(1)
         operator.cancel_scope.cancel()  # SIGTERM
     assert drains.results["n-1"].outcome == "drained"
-    assert "un-m-1" not in c.upcoming
+    assert "un-m-1" not in upcoming(c)
 
 
-async def test_shutdown_timeout_abandons_drain(autojump_clock: trio.abc.Clock) -> None:
-    c = standard_cluster()
-    key = c.add_pod(_pod("web"))
-    c.eviction_policy[key] = pdb_block(None)
+async def test_shutdown_timeout_abandons_drain(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = standard_cluster(nursery)
+    key = add_pod(c, _pod("web"))
+    pdb_blocks(c, key)
     drains, handler, _ = make(c, shutdown_timeout=20.0)
     async with trio.open_nursery() as operator:
         await operator.start(drains.run)
@@ -771,57 +750,61 @@ def _delta(before: dict[str, float]) -> dict[str, float]:
     return {k: after[k] - before[k] for k in after if after[k] != before[k]}
 
 
-async def test_drain_metrics_and_totals(autojump_clock: trio.abc.Clock) -> None:
+async def test_drain_metrics_and_totals(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
     # n-1: "web" blocked once (429) then evicted, "ghost" 404, "stuck" 403 -> Failed at 8 s.
     # n-2: "api" evicted at once -> Drained.
-    c = standard_cluster()
-    c.add_node("n-2")
-    web = c.add_pod(_pod("web"))
-    ghost = c.add_pod(_pod("ghost"))
-    stuck = c.add_pod(_pod("stuck"))
-    c.add_pod(_pod("api", node="n-2"))
-    c.eviction_policy[web] = pdb_block(1)
-    c.eviction_policy[ghost] = lambda attempt: NotFound(404, "NotFound", "ghost")
-    c.eviction_policy[stuck] = lambda attempt: Forbidden(403, "Forbidden", "no")
+    c = standard_cluster(nursery)
+    add_node(c, "n-2")
+    web = add_pod(c, _pod("web"))
+    ghost = add_pod(c, _pod("ghost"))
+    stuck = add_pod(c, _pod("stuck"))
+    add_pod(c, _pod("api", node="n-2"))
+    refuse(c, web, 1)
+    refuse(c, ghost, 100, 404, "ghost")  # listed, yet 404 on eviction
+    refuse(c, stuck, 5, 403, "no")
     before = _drain_metrics()
     active0 = _sample("bigfleet_operator_drains_active")
     drains, handler, _ = make(c)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r", "n-1", "n-2", grace=8), Replies())
         assert _sample("bigfleet_operator_drains_active") - active0 == 2
         await drains.wait_idle()
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert _sample("bigfleet_operator_drains_active") == active0
-    # the fake keeps "ghost" listed (404 on eviction each round): counted per eviction call
-    assert c.evicted(ghost) >= 2
+    # "ghost" stays listed (404 on eviction each round): counted per eviction call
+    assert evicted(c, ghost) >= 2
     assert _delta(before) == {
         "drains/drained": 1,
         "drains/failed": 1,
         "evictions/evicted": 2,
         "evictions/blocked": 1,
-        "evictions/gone": c.evicted(ghost),
+        "evictions/gone": evicted(c, ghost),
         "evictions/refused": 1,
     }
     assert (drains.completed_total, drains.failed_total, drains.abandoned_total) == (1, 1, 0)
 
 
-async def test_totals_not_bounded_by_results_ring(autojump_clock: trio.abc.Clock) -> None:
-    c = FakeCluster()
+async def test_totals_not_bounded_by_results_ring(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    c = RecordingKube.over_sim(nursery)
     for i in range(3):
-        c.add_node(f"n-{i}")
+        add_node(c, f"n-{i}")
     drains, handler, _ = make(c, results_capacity=1)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r", "n-0", "n-1", "n-2"), Replies())
         await drains.wait_idle()
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert len(drains.results) == 1
     assert drains.completed_total == 3
 
 
-async def test_start_without_run_is_an_error() -> None:
-    drains = DrainManager(FakeCluster(), DrainMemory())
+async def test_start_without_run_is_an_error(nursery: trio.Nursery) -> None:
+    drains = DrainManager(RecordingKube.over_sim(nursery), DrainMemory())
     with pytest.raises(RuntimeError):
         drains.start("n", un_name=None, grace_seconds=1, instruction_id="x")
 
@@ -830,20 +813,11 @@ async def test_start_without_run_is_an_error() -> None:
 
 
 def _server_and_client(nursery: trio.Nursery) -> tuple[Any, Any]:
-    from bigfleet_trio.kube.client import KubeClient
-    from bigfleet_trio.kube.config import KubeConfig
-    from bigfleet_trio.sim.apiserver import ApiServer
-    from bigfleet_trio.sim.apiserver.testing import InProcessTransport
-
-    server = ApiServer()
-    client = KubeClient(
-        KubeConfig(server="http://apiserver"), transport=InProcessTransport(server.app, nursery)
-    )
-    return server, client
+    # the product client's own retries and rate limit (KubeClient's defaults), not the seam's
+    return sim_kube(nursery, qps=50, burst=100, max_attempts=5)
 
 
-PDB = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
-DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet", True)
+DAEMONSETS = OWNERS["DaemonSet"]
 
 
 async def _seed(client: Any) -> None:
@@ -905,7 +879,7 @@ async def _seed(client: Any) -> None:
             subresource="status",
         )
     await client.create(
-        PDB,
+        PDBS,
         {
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
@@ -919,7 +893,7 @@ async def _seed(client: Any) -> None:
 
 async def _pdb_allows(client: Any, allowed: int) -> None:
     await client.patch(
-        PDB,
+        PDBS,
         "web",
         {
             "status": {
@@ -1030,29 +1004,29 @@ async def test_apiserver_duplicate_instruction_one_drain_two_acks(
 # --------------------------------------------------------------------------- operator wiring
 
 
-def _operator_runtime() -> Any:
+def _operator_runtime(nursery: trio.Nursery) -> Any:
     from bigfleet_trio.config import OperatorConfig
     from bigfleet_trio.operator.app import Operator
     from bigfleet_trio.shard.transport import MemoryConnector
 
     cfg = OperatorConfig(cluster_id="c1", shard_addr="h:1")
-    op = Operator(cfg, client=FakeCluster(), connector=MemoryConnector())  # type: ignore[arg-type]
+    op = Operator(cfg, client=RecordingKube.over_sim(nursery), connector=MemoryConnector())
     op._rt = op.build()
     return op
 
 
-def test_statistics_use_cumulative_drain_totals() -> None:
-    op = _operator_runtime()
+async def test_statistics_use_cumulative_drain_totals(nursery: trio.Nursery) -> None:
+    op = _operator_runtime(nursery)
     drains = op.parts.drains
     drains.completed_total, drains.failed_total, drains.abandoned_total = 5000, 7, 2
     stats = op.statistics()
     assert (stats.drains_completed, stats.drains_failed, stats.drains_abandoned) == (5000, 7, 2)
 
 
-def test_reclaim_handler_reads_the_informer_stores_directly() -> None:
+async def test_reclaim_handler_reads_the_informer_stores_directly(nursery: trio.Nursery) -> None:
     from bigfleet_trio.operator.wiring import slim_node
 
-    op = _operator_runtime()
+    op = _operator_runtime(nursery)
     handler = op.parts.handlers.reclaim
     nodes = op.parts.node_informer.store
     for name, pid in [("a", "sim://1"), ("b", "sim://2"), ("c", ""), ("d", "sim://1")]:
@@ -1100,13 +1074,15 @@ async def test_eviction_waits_for_a_slow_disruption_webhook(autojump_clock: trio
     ]
 
 
-async def test_multi_node_cordons_all_then_acks_then_drains(autojump_clock: trio.abc.Clock) -> None:
+async def test_multi_node_cordons_all_then_acks_then_drains(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
     """docs/rules.md#reclaim-cordon: cordon every named node, ack, and only then drain; no
     eviction may start while a later node of the same instruction is still being cordoned."""
-    c = FakeCluster()
+    c = RecordingKube.over_sim(nursery)
     for n in ("n-1", "n-2", "n-3"):
-        c.add_node(n)
-        c.add_pod(_pod(f"app-{n}", node=n))
+        add_node(c, n)
+        add_pod(c, _pod(f"app-{n}", node=n))
     drains, handler, _ = make(c)
     order: list[str] = []
 
@@ -1119,22 +1095,25 @@ async def test_multi_node_cordons_all_then_acks_then_drains(autojump_clock: trio
 
     async def slow_patch(res: Resource, name: str, patch: Any, *a: Any, **kw: Any) -> Any:
         if res == NODES:
-            await trio.sleep(1.0)  # a slow cordon gives a premature drain time to evict
+            answer = await original_patch(res, name, patch, *a, **kw)
             order.append(f"cordon {name}")
+            return answer
         return await original_patch(res, name, patch, *a, **kw)
 
     async def recording_evict(name: str, namespace: str, **kw: Any) -> None:
         order.append(f"evict {name}")
         await original_evict(name, namespace, **kw)
 
+    # a slow cordon (1 s in the apiserver) gives a premature drain time to evict
+    c.server.faults.add_latency(1.0, verb="patch", resource="nodes")
     c.patch = slow_patch  # type: ignore[method-assign]
     c.evict = recording_evict  # type: ignore[method-assign]
     replies = Recording()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         await handler.on_reclaim_instruction(instr("r", "n-1", "n-2", "n-3"), replies)
         await drains.wait_idle()
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert sorted(order[:3]) == ["cordon n-1", "cordon n-2", "cordon n-3"]
     assert order[3] == "ack"
     assert sorted(order[4:]) == ["evict app-n-1", "evict app-n-2", "evict app-n-3"]
@@ -1145,31 +1124,24 @@ async def test_multi_node_cordons_all_then_acks_then_drains(autojump_clock: trio
 
 
 async def test_many_nodes_are_cordoned_concurrently_before_the_ack(
-    autojump_clock: trio.abc.Clock,
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
 ) -> None:
     """100 nodes whose cordon takes 1 s each: the ack must not wait 100 s (bounded concurrency,
     16 by default -> ceil(100 / 16) = 7 rounds), and nodes_started counts all of them."""
-    c = FakeCluster()
+    c = RecordingKube.over_sim(nursery)
     names = [f"n-{i:03d}" for i in range(100)]
     for n in names:
-        c.add_node(n)
+        add_node(c, n)
     drains, handler, _ = make(c)
-    original_patch = c.patch
-
-    async def slow_patch(res: Resource, name: str, patch: Any, *a: Any, **kw: Any) -> Any:
-        if res == NODES:
-            await trio.sleep(1.0)
-        return await original_patch(res, name, patch, *a, **kw)
-
-    c.patch = slow_patch  # type: ignore[method-assign]
+    c.server.faults.add_latency(1.0, verb="patch", resource="nodes")
     replies = Replies()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(drains.run)
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
         start = trio.current_time()
         await handler.on_reclaim_instruction(instr("r", *names), replies)
         took = trio.current_time() - start
         await drains.wait_idle()
-        nursery.cancel_scope.cancel()
+        inner.cancel_scope.cancel()
     assert replies.acks == [("r", 100)]
     assert 7.0 <= took < 8.0, took
-    assert {name for name, _ in c.node_patches} == set(names)
+    assert {name for name, _ in node_patches(c)} == set(names)

@@ -13,7 +13,6 @@ import pytest
 import trio
 from prometheus_client import REGISTRY
 
-from bigfleet_trio.kube.errors import Forbidden
 from bigfleet_trio.kube.resources import EVENTS, NODES, PDBS, PODS, UPCOMING_NODES
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.kubeevents import EVENT_COMPONENT, EventRecorder
@@ -192,7 +191,8 @@ async def test_refused_eviction_names_the_apiservers_message(
 ) -> None:
     c = cluster(nursery)
     pod(c, "stuck")
-    c.fail[("evict", "stuck")] = [Forbidden(403, "Forbidden", "pdb misconfigured")]
+    c.server.faults.fail_next(5, code=403, verb="create", resource="pods/eviction",
+                              name="stuck", message="pdb misconfigured")
     r = rig(c)
     await reclaim(r, instr("r-1", "n-1", grace=8))
     blocked = [e for e in events(c) if e["reason"] == "EvictionBlocked"]

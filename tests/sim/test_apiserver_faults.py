@@ -26,6 +26,21 @@ async def test_fail_next_matching_requests(api: ApiServer, client: httpx.AsyncCl
     assert (await client.get(f"{CR_PATH}/a")).status_code == 409
 
 
+async def test_fail_next_for_one_object_with_its_message(
+    api: ApiServer, client: httpx.AsyncClient
+) -> None:
+    # a rule naming an object answers only requests on that object (a per-Pod eviction answer)
+    await client.post(CR_PATH, json=cr_body("a"))
+    await client.post(CR_PATH, json=cr_body("b"))
+    api.faults.fail_next(1, code=429, verb="get", resource="capacityrequests", name="b",
+                         message="budget says no")
+    assert (await client.get(f"{CR_PATH}/a")).status_code == 200
+    assert (await client.get(CR_PATH)).status_code == 200  # a list names no object
+    r = await client.get(f"{CR_PATH}/b")
+    assert r.status_code == 429 and r.json()["message"] == "budget says no"
+    assert (await client.get(f"{CR_PATH}/b")).status_code == 200
+
+
 async def test_counters(api: ApiServer, client: httpx.AsyncClient) -> None:
     await client.post(CR_PATH, json=cr_body("a"))
     await client.get(CR_PATH)

@@ -90,7 +90,7 @@ async def handle(server: ApiState, req: Request) -> routes.Result:
     delay = server.faults.latency_for(call.verb, resource)
     if delay > 0:
         await trio.sleep(delay)
-    fault = server.faults.take(call.verb, resource)
+    fault = server.faults.take(call.verb, resource, call.name)
     if fault is not None:
         raise fault
     routes.prepare(call)

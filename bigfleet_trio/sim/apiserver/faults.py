@@ -33,10 +33,14 @@ class _Rule:
     code: int
     verb: str | None
     resource: str | None
+    name: str | None = None
+    message: str | None = None
 
-    def matches(self, verb: str, resource: str) -> bool:
-        return (self.verb is None or self.verb == verb) and (
-            self.resource is None or self.resource == resource
+    def matches(self, verb: str, resource: str, name: str | None = None) -> bool:
+        return (
+            (self.verb is None or self.verb == verb)
+            and (self.resource is None or self.resource == resource)
+            and (self.name is None or self.name == name)
         )
 
 
@@ -52,7 +56,8 @@ class Faults:
 
     ``verb`` is one of get/list/watch/create/update/patch/delete/deletecollection; ``resource``
     is the plural, with ``/subresource`` for subresources (``pods/eviction``,
-    ``capacityrequests/status``). None matches anything.
+    ``capacityrequests/status``); ``name`` the object a request names (none for a list).
+    None matches anything.
     """
 
     def __init__(self, store: Store) -> None:
@@ -61,10 +66,20 @@ class Faults:
         self._latency: list[_Latency] = []
 
     def fail_next(
-        self, n: int = 1, *, code: int = 500, verb: str | None = None, resource: str | None = None
+        self,
+        n: int = 1,
+        *,
+        code: int = 500,
+        verb: str | None = None,
+        resource: str | None = None,
+        name: str | None = None,
+        message: str | None = None,
     ) -> None:
-        """Make the next ``n`` matching requests fail with ``code`` (a Status body)."""
-        self._rules.append(_Rule(n, code, verb, resource))
+        """Make the next ``n`` matching requests fail with ``code`` (a Status body whose
+        message is ``message``, or ``injected fault (<verb> <resource>)``). With ``name``, only
+        requests on that object match: a per-Pod eviction answer is ``fail_next(code=429,
+        verb="create", resource="pods/eviction", name="web")``."""
+        self._rules.append(_Rule(n, code, verb, resource, name, message))
 
     def add_latency(
         self, seconds: float, *, verb: str | None = None, resource: str | None = None
@@ -94,19 +109,18 @@ class Faults:
             if (rule.verb in (None, verb)) and (rule.resource in (None, resource))
         )
 
-    def take(self, verb: str, resource: str) -> ApiError | None:
+    def take(self, verb: str, resource: str, name: str | None = None) -> ApiError | None:
         """Consume a matching failure rule, returning the error to answer with."""
         for rule in self._rules:
-            if rule.count > 0 and rule.matches(verb, resource):
+            if rule.count > 0 and rule.matches(verb, resource, name):
                 rule.count -= 1
                 if rule.count == 0:
                     self._rules.remove(rule)
                 reason = _REASONS.get(rule.code, "InternalError")
                 headers = {"Retry-After": "1"} if rule.code == 429 else None
                 details = {"retryAfterSeconds": 1} if rule.code == 429 else None
-                return ApiError(
-                    rule.code, reason, f"injected fault ({verb} {resource})", details, headers
-                )
+                message = rule.message or f"injected fault ({verb} {resource})"
+                return ApiError(rule.code, reason, message, details, headers)
         return None
 
 
