@@ -39,7 +39,11 @@ sys.exit(0 if '${VERSION}' == want else f'build with --build-arg VERSION={want} 
 # compiled like the rest).
 FROM builder AS builder-demo
 COPY bigfleet_trio/sim /src/sim
-RUN python -c "import os, shutil, bigfleet_trio as b; \
+# From / and in isolated mode: in /src, `import bigfleet_trio` would find the source tree in the
+# working directory instead of the installed package, and the sim would land beside the wrong one.
+WORKDIR /
+RUN python -I -c "import os, shutil, bigfleet_trio as b; \
+assert b.__file__.startswith('/opt/venv/'), b.__file__; \
 shutil.copytree('/src/sim', os.path.join(os.path.dirname(b.__file__), 'sim'))" \
  && python -m compileall -q /opt/venv/lib
 

@@ -444,6 +444,15 @@ def test_dockerfile_shape() -> None:
     assert final[1:] == ["COPY --from=builder /opt/venv /opt/venv"]
     demo = lines[lines.index(froms[3]) : lines.index(froms[4])]
     assert demo[1:] == ["COPY --from=builder-demo /opt/venv /opt/venv"]
+    # The demo venv gets the sim beside the *installed* package: the step that finds it by
+    # importing bigfleet_trio runs outside /src (the builder's WORKDIR, whose source tree without
+    # the sim would shadow the installed package) and in isolated mode. Run from /src, the sim
+    # landed in /src and the demo image had no `demo` or `sim` command (scripts/image-smoke).
+    builder_demo = lines[lines.index(froms[1]) : lines.index(froms[2])]
+    step = next(i for i, ln in enumerate(builder_demo) if "import" in ln and "bigfleet_trio" in ln)
+    workdirs = [ln for ln in builder_demo[:step] if ln.startswith("WORKDIR ")]
+    assert workdirs and workdirs[-1] != "WORKDIR /src", builder_demo
+    assert builder_demo[step].startswith("RUN python -I "), builder_demo[step]
     # the version label comes from the build argument the builder checks against pyproject.toml
     assert "ARG VERSION" in builder[package:] and "ARG VERSION" in runtime
     assert 'org.opencontainers.image.version="${VERSION}" \\' in runtime
