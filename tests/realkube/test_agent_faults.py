@@ -94,43 +94,51 @@ async def test_apiserver_restart_and_etcd_compaction_relist_and_lose_nothing(
     realkube.reset()
     ns = realkube.namespace("restart")
     cp = realkube.cp
-    async with running_agent(realkube, tmp_path) as a:
-        kube = a.admin
-        await kube.create(DEPLOYMENTS, deployment("web", 2), ns)
-        await acknowledged(a, ns, "web", 2)
-        expired_before = {name: await a.metric(name, "bigfleet_informer_relists_total",
-                                               reason="expired")
-                          for name in ("pod-controller", "operator")}
+    try:
+        async with running_agent(realkube, tmp_path) as a:
+            kube = a.admin
+            await kube.create(DEPLOYMENTS, deployment("web", 2), ns)
+            await acknowledged(a, ns, "web", 2)
+            expired_before = {name: await a.metric(name, "bigfleet_informer_relists_total",
+                                                   reason="expired")
+                              for name in ("pod-controller", "operator")}
 
-        # Down: the informers' watches break. etcd moves on and is compacted past every
-        # resourceVersion they hold, so their resumed watches are refused 410 Gone.
-        await trio.to_thread.run_sync(cp.stop_component, "kube-apiserver")
-        cp.bump_etcd_revision(20)
-        cp.compact_etcd()
-        await trio.to_thread.run_sync(cp.start_component, "kube-apiserver")
+            # Down: the informers' watches break. etcd moves on and is compacted past every
+            # resourceVersion they hold, so their resumed watches are refused 410 Gone.
+            await trio.to_thread.run_sync(cp.stop_component, "kube-apiserver")
+            cp.bump_etcd_revision(20)
+            cp.compact_etcd()
+            await trio.to_thread.run_sync(cp.start_component, "kube-apiserver")
 
-        # Changes right after the restart are all seen: two new Pods, then one of them deleted.
-        # Bare Pods, not a Deployment's: kube-controller-manager's own informers recover from
-        # the compaction on their own schedule (its ReplicaSet controller once took more than
-        # 90 s to replace a deleted Pod here), and this test is about our informers, not its.
-        for i in range(2):
-            await kube.create(PODS, bare_pod(f"bare-{i}"), ns)
-        await acknowledged(a, ns, "bare", 2, total=4)
-        victim = await kube.get(PODS, "bare-0", ns)
-        await kube.delete(PODS, "bare-0", ns)
-        await acknowledged(a, ns, "bare", 1, total=3)  # the victim's CR gone with it
-        crs = (await kube.list(CAPACITY_REQUESTS, ns)).items
-        assert victim["metadata"]["uid"] not in {
-            c["metadata"]["ownerReferences"][0]["uid"] for c in crs}
-        await acknowledged(a, ns, "web", 2, total=3)  # the Deployment's CRs untouched
-        # the operator's side too: every machine's UpcomingNode reached Ready (a 403 from the
-        # restarting apiserver once lost a CONFIGURED update here). Not the Nodes: the sim
-        # shard, standing in for the cloud, registers a Node once and does not retry it.
-        async def upcoming_ready() -> bool:
-            ups = (await kube.list(UPCOMING_NODES)).items
-            return bool(ups) and all(phase(u) == "Ready" for u in ups)
+            # Changes right after the restart are all seen: two new Pods, then one of them deleted.
+            # Bare Pods, not a Deployment's: kube-controller-manager's own informers recover from
+            # the compaction on their own schedule (its ReplicaSet controller once took more than
+            # 90 s to replace a deleted Pod here), and this test is about our informers, not its.
+            for i in range(2):
+                await kube.create(PODS, bare_pod(f"bare-{i}"), ns)
+            await acknowledged(a, ns, "bare", 2, total=4)
+            victim = await kube.get(PODS, "bare-0", ns)
+            await kube.delete(PODS, "bare-0", ns)
+            await acknowledged(a, ns, "bare", 1, total=3)  # the victim's CR gone with it
+            crs = (await kube.list(CAPACITY_REQUESTS, ns)).items
+            assert victim["metadata"]["uid"] not in {
+                c["metadata"]["ownerReferences"][0]["uid"] for c in crs}
+            await acknowledged(a, ns, "web", 2, total=3)  # the Deployment's CRs untouched
+            # the operator's side too: every machine's UpcomingNode reached Ready (a 403 from the
+            # restarting apiserver once lost a CONFIGURED update here). Not the Nodes: the sim
+            # shard, standing in for the cloud, registers a Node once and does not retry it.
+            async def upcoming_ready() -> bool:
+                ups = (await kube.list(UPCOMING_NODES)).items
+                return bool(ups) and all(phase(u) == "Ready" for u in ups)
 
-        await a.until("every UpcomingNode Ready after the restart", upcoming_ready)
-        for name, before in expired_before.items():
-            after = await a.metric(name, "bigfleet_informer_relists_total", reason="expired")
-            assert after > before, (name, before, after, a.logs())
+            await a.until("every UpcomingNode Ready after the restart", upcoming_ready)
+            for name, before in expired_before.items():
+                after = await a.metric(name, "bigfleet_informer_relists_total", reason="expired")
+                assert after > before, (name, before, after, a.logs())
+    finally:
+        # The control plane is shared by the session: give the later tests controllers whose
+        # informers are fresh (see above), as an operator restarting them after such an
+        # outage would.
+        for comp in ("kube-controller-manager", "kube-scheduler"):
+            await trio.to_thread.run_sync(cp.stop_component, comp)
+            await trio.to_thread.run_sync(cp.start_component, comp)
