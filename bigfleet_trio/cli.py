@@ -30,12 +30,15 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
 from .config import OperatorConfig, PodControllerConfig
 from .durations import format_duration, parse_duration
 from .knobs import DURATION, ConfigError, ConfigFileError, KnobSpec, Settings, knob_specs
+
+if TYPE_CHECKING:
+    import ssl
 
 __all__ = ["main", "build_parser", "parse_args", "UsageError", "PROG"]
 
@@ -276,7 +279,17 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ev.add_argument("--addr", default="127.0.0.1:8770", metavar="HOST:PORT",
-                    help="the agent's --metrics-addr (default 127.0.0.1:8770)")
+                    help="the agent's --metrics-addr (default 127.0.0.1:8770); https://HOST:PORT "
+                    "for an agent serving TLS (--metrics-auth; implied by the TLS flags below)")
+    ev.add_argument("--certificate-authority", default=None, metavar="PATH",
+                    help="PEM CA bundle that signed the agent's certificate (default: the "
+                    "system's CAs; docs/crds.md#diagnostics-tls)")
+    ev.add_argument("--insecure-skip-tls-verify", action="store_true",
+                    help="do not verify the agent's certificate (a self-signed one): encrypted, "
+                    "but the peer is unproven")
+    ev.add_argument("--tls-server-name", default=None, metavar="NAME",
+                    help="verify the certificate against this name, not the --addr host (a "
+                    "port-forward to a certificate issued for the Service's DNS name)")
     ev.add_argument("--kind", action="append", default=[], metavar="KIND",
                     help="only this event kind (repeatable)")
     ev.add_argument("--max-events", type=int_arg, default=0, metavar="N",
@@ -439,8 +452,12 @@ def _run_command(ns: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(command, f"unknown --kind {', '.join(map(repr, unknown))} "
                              "(see events --help for the kinds)")
+        if ns.insecure_skip_tls_verify and (ns.certificate_authority or ns.tls_server_name):
+            raise UsageError(command, "--insecure-skip-tls-verify contradicts "
+                             "--certificate-authority and --tls-server-name")
         return invoke(command, _run_events, ns.addr, list(ns.kind), ns.max_events,
-                      ns.kubeconfig)
+                      ns.kubeconfig, events_tls(ns.certificate_authority,
+                                                ns.insecure_skip_tls_verify, ns.tls_server_name))
     raise UsageError(PROG, f"unknown command {command!r}")  # pragma: no cover
 
 
@@ -465,8 +482,23 @@ def events_token(kubeconfig: str | None) -> str | None:
     return kcfg.bearer_token()
 
 
+def events_tls(ca_file: str | None, insecure: bool,
+               server_name: str | None) -> ssl.SSLContext | None:
+    """The client TLS context of ``events`` from its kubectl-style flags; None when none is
+    given (then only an ``https://`` ``--addr`` means TLS, verified by the system's CAs).
+
+    Raises:
+        ConfigFileError: ``--certificate-authority`` unreadable or not PEM (exit 1).
+    """
+    if not (ca_file or insecure or server_name):
+        return None
+    from .observability.tls import client_context
+
+    return client_context(ca_file, insecure=insecure, server_name=server_name)
+
+
 def _run_events(addr: str, kinds: list[str], max_events: int,
-                kubeconfig: str | None = None) -> int:
+                kubeconfig: str | None = None, tls: ssl.SSLContext | None = None) -> int:
     import trio
 
     from .observability.events import follow_events
@@ -475,7 +507,7 @@ def _run_events(addr: str, kinds: list[str], max_events: int,
 
     async def _follow() -> int:
         return await follow_events(addr, sys.stdout, kinds=kinds, max_events=max_events,
-                                   token=token, notice=sys.stderr)
+                                   token=token, notice=sys.stderr, tls=tls)
 
     trio.run(_follow)
     return 0

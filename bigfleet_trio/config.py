@@ -24,12 +24,20 @@ from bigfleet_trio.knobs import (
     knob,
     knob_specs,
     listen_addr,
+    loopback_addr,
     nested,
     non_negative,
     positive,
     probe_addr,
     read_text,
     rebased,
+)
+from bigfleet_trio.observability.tls import (
+    DEFAULT_CERT_NAME,
+    DEFAULT_KEY_NAME,
+    TLSPlan,
+    check_pair,
+    plan_tls,
 )
 from bigfleet_trio.operator.agent import AgentConfig
 from bigfleet_trio.operator.sessiontypes import SessionConfig
@@ -98,7 +106,25 @@ class ProcessSettings(Settings):
     )
     metrics_auth: bool = knob(
         False, "serve /metrics and /events only to callers whose bearer token passes "
-        "TokenReview and SubjectAccessReview (get on the path; docs/crds.md#diagnostics-access)",
+        "TokenReview and SubjectAccessReview (get on the path; docs/crds.md#diagnostics-access), "
+        "over HTTPS",
+    )
+    metrics_cert_path: str | None = knob(
+        None, "directory with the metrics listener's TLS certificate and key (a mounted "
+        "kubernetes.io/tls Secret, e.g. cert-manager's), re-read when they change; serves "
+        "HTTPS. Default with --metrics-auth: a self-signed certificate generated at start "
+        "(docs/crds.md#diagnostics-tls)", metavar="DIR",
+    )
+    metrics_cert_name: str = knob(
+        DEFAULT_CERT_NAME, "certificate (PEM, leaf first) file name in --metrics-cert-path",
+        metavar="NAME")
+    metrics_cert_key: str = knob(
+        DEFAULT_KEY_NAME, "private key (PEM, unencrypted) file name in --metrics-cert-path",
+        metavar="NAME")
+    metrics_plain_http: bool = knob(
+        False, "with --metrics-auth, serve plain HTTP anyway: only with a loopback "
+        "--metrics-addr (a proxy in the same pod, kubectl port-forward), where no token "
+        "crosses a network",
     )
     health_probe_addr: str | None = knob(
         None, "separate plain-HTTP listener for /healthz and /readyz only (default: the "
@@ -122,10 +148,40 @@ class ProcessSettings(Settings):
                           check=_log_level, global_flag=True)
 
     def validate_process(self) -> None:
-        """Cross-knob rules of the process group (leader election names)."""
+        """Cross-knob rules of the process group (leader election names, diagnostics TLS) and
+        the metrics certificate files.
+
+        Raises:
+            ConfigError: a usage problem (exit 2). ConfigFileError: a certificate or key file
+                that is unreadable or not a pair (exit 1; docs/reference.md#exit-codes).
+        """
         if self.leader_elect:
             if not self.leader_election_id:
                 raise ConfigError("--leader-election-id must not be empty")
+        for flag, name in (("--metrics-cert-name", self.metrics_cert_name),
+                           ("--metrics-cert-key", self.metrics_cert_key)):
+            if not name:
+                raise ConfigError(f"{flag} must not be empty")
+        if self.metrics_plain_http:
+            if self.metrics_cert_path:
+                raise ConfigError("--metrics-plain-http contradicts --metrics-cert-path")
+            if self.metrics_addr.strip() != "0" and not loopback_addr(self.metrics_addr):
+                # The opt-out exists for a proxy in the pod's own network namespace; on any
+                # other address a bearer token would cross the network in clear text.
+                raise ConfigError(
+                    f"--metrics-plain-http needs a loopback --metrics-addr (127.0.0.1:PORT or "
+                    f"[::1]:PORT), got {self.metrics_addr!r}: elsewhere bearer tokens would "
+                    "cross the network in clear text")
+        plan = self.metrics_tls()
+        if plan.mode == "files" and self.metrics_addr.strip() != "0":
+            check_pair(plan.cert_file, plan.key_file)
+
+    def metrics_tls(self) -> TLSPlan:
+        """How the metrics listener speaks: files, self-signed or plain
+        (:func:`~bigfleet_trio.observability.tls.plan_tls`; docs/crds.md#diagnostics-tls)."""
+        return plan_tls(auth=self.metrics_auth, plain_http=self.metrics_plain_http,
+                        cert_dir=self.metrics_cert_path, cert_name=self.metrics_cert_name,
+                        key_name=self.metrics_cert_key)
 
 
 @dataclass(init=False, eq=True)

@@ -27,6 +27,7 @@ __all__ = [
     "knob",
     "knob_specs",
     "listen_addr",
+    "loopback_addr",
     "nested",
     "non_negative",
     "positive",
@@ -318,6 +319,21 @@ def split_host_port(addr: str, *, flag: str = "address") -> tuple[str, int]:
         except ValueError as exc:
             raise ConfigError(f"{flag}: invalid address {addr!r}: bad IPv6 host") from exc
     return host, port
+
+
+def loopback_addr(addr: str) -> bool:
+    """True for a listen ``HOST:PORT`` on 127.0.0.0/8, ``[::1]`` or ``localhost`` (an empty
+    host is every interface: False). Malformed: False."""
+    try:
+        host, _ = split_host_port(addr, flag="address")
+    except ConfigError:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def listen_addr(value: str) -> str | None:

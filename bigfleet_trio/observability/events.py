@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -36,6 +37,7 @@ __all__ = [
     "EventSubscription",
     "FeedStatistics",
     "follow_events",
+    "token_may_travel",
     "DROPPED",
     "KINDS",
     "unknown_kinds",
@@ -298,14 +300,15 @@ def default_feed() -> EventFeed:
     return _default_feed
 
 
-def events_url(addr: str, kinds: Iterable[str] = ()) -> str:
+def events_url(addr: str, kinds: Iterable[str] = (), *, tls: bool = False) -> str:
     """Turn ``HOST:PORT`` (or an http(s)/ws(s) URL) into the ``/events`` WebSocket URL.
 
     Examples: ``"127.0.0.1:8770" -> "ws://127.0.0.1:8770/events"``,
-    ``"http://h:1" -> "ws://h:1/events"``, ``":8770" -> "ws://127.0.0.1:8770/events"``.
+    ``"http://h:1" -> "ws://h:1/events"``, ``":8770" -> "ws://127.0.0.1:8770/events"``; with
+    ``tls`` (TLS options given) a bare ``HOST:PORT`` becomes ``wss://``.
     """
     a = addr.strip()
-    scheme = "ws"
+    scheme = "wss" if tls else "ws"
     for prefix, sch in (("https://", "wss"), ("wss://", "wss"), ("http://", "ws"), ("ws://", "ws")):
         if a.startswith(prefix):
             a, scheme = a[len(prefix) :], sch
@@ -330,6 +333,7 @@ async def follow_events(
     max_events: int = 0,
     token: str | None = None,
     notice: IO[str] | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> int:
     """Follow a server's ``/events`` WebSocket and write each event as one JSON line to ``out``.
 
@@ -341,6 +345,10 @@ async def follow_events(
         token: bearer token sent with the upgrade (a listener with ``--metrics-auth`` checks
             it; docs/crds.md#diagnostics-access).
         notice: where to say, in one line, that the agent ended the feed (None: silent).
+        tls: client context for ``wss://`` (``observability.tls.client_context``); given, a
+            bare ``HOST:PORT`` means ``wss://``. An ``https://``/``wss://`` address without one
+            verifies against the system's CAs. The token is never sent over plain ``ws://``
+            beyond loopback (docs/crds.md#diagnostics-tls).
 
     Returns:
         Number of lines written.
@@ -350,10 +358,17 @@ async def follow_events(
     """
     from trio_websocket import ConnectionClosed
 
-    url = events_url(addr, kinds)
+    url = events_url(addr, kinds, tls=tls is not None)
     written = 0
+    if token and not token_may_travel(url):
+        token = None
+        if notice is not None:
+            notice.write(f"events: not sending the kubeconfig's token over plain ws:// to "
+                         f"{addr}; use https://{_host_port(url)} (an agent with --metrics-auth "
+                         "serves TLS)\n")
+            notice.flush()
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else None
-    async with _connect(url, headers) as ws:
+    async with _connect(url, headers, tls) as ws:
         while max_events <= 0 or written < max_events:
             try:
                 message = await ws.get_message()
@@ -381,15 +396,91 @@ async def follow_events(
     return written
 
 
+def _host_port(url: str) -> str:
+    return url.split("://", 1)[-1].split("/", 1)[0]
+
+
+def token_may_travel(url: str) -> bool:
+    """Whether a bearer token may be sent to ``url``: over ``wss://``, or over ``ws://`` to a
+    loopback address (a port-forward); never in clear text across a network."""
+    from bigfleet_trio.knobs import loopback_addr
+
+    return url.startswith("wss://") or loopback_addr(_host_port(url))
+
+
+_TLS_HINT = ("; the agent's certificate is not trusted: pass --certificate-authority with the CA "
+             "that signed it (and --tls-server-name if it names another host), or "
+             "--insecure-skip-tls-verify for a self-signed one")
+_PLAIN_HINT = ("; does the agent serve TLS (an agent with --metrics-auth does)? use "
+               "https://{addr}")
+
+
+def _why(exc: BaseException) -> tuple[str, str]:
+    """The innermost cause of a failed connection and the hint that goes with it."""
+    seen: BaseException | None = exc
+    last = exc
+    while seen is not None:
+        last = seen
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return f"certificate verify failed: {seen.verify_message}", _TLS_HINT
+        seen = seen.__cause__ or seen.__context__
+    return str(last) or type(last).__name__, ""
+
+
+async def _preflight(url: str, tls: ssl.SSLContext | None) -> None:
+    """Check the transport before the WebSocket handshake: trio-websocket (0.12) waits out its
+    60 s connect timeout when the connection fails under it (its reader stops without waking
+    the opener), so an untrusted certificate, or plain HTTP to a TLS listener, would hang
+    instead of saying so. ``wss://``: one TLS handshake; ``ws://``: one ``GET /healthz``, whose
+    answer must be HTTP.
+
+    Raises:
+        trio.BrokenResourceError (cause: the ssl error), OSError: no usable connection.
+    """
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    if parts.scheme == "wss":
+        tls_stream = await trio.open_ssl_over_tcp_stream(
+            host, parts.port or 443, ssl_context=tls or ssl.create_default_context(),
+            https_compatible=True)
+        try:
+            await tls_stream.do_handshake()
+        finally:
+            await tls_stream.aclose()
+        return
+    stream = await trio.open_tcp_stream(host, parts.port or 80)
+    try:
+        await stream.send_all(f"GET /healthz HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                              "Connection: close\r\n\r\n".encode())
+        head = b""
+        with trio.move_on_after(10):
+            while len(head) < 5:
+                chunk = await stream.receive_some(5 - len(head))
+                if not chunk:
+                    break
+                head += chunk
+    except trio.BrokenResourceError:
+        head = b""
+    finally:
+        await stream.aclose()
+    if not head.startswith(b"HTTP/"):
+        raise OSError("the listener did not answer plain HTTP")
+
+
 @asynccontextmanager
 async def _connect(url: str, headers: list[tuple[bytes, bytes]] | None = None,
-                   ) -> AsyncIterator[Any]:
+                   tls: ssl.SSLContext | None = None) -> AsyncIterator[Any]:
     """``open_websocket_url`` with connection/handshake failures turned into one-line OSErrors."""
     from trio_websocket import ConnectionRejected, HandshakeError, open_websocket_url
 
     entered = False
+    secure = url.startswith("wss://")
     try:
-        async with open_websocket_url(url, extra_headers=headers) as ws:
+        await _preflight(url, tls if secure else None)
+        async with open_websocket_url(url, tls if secure else None,
+                                      extra_headers=headers) as ws:
             entered = True
             yield ws
     except ConnectionRejected as exc:
@@ -404,5 +495,15 @@ async def _connect(url: str, headers: list[tuple[bytes, bytes]] | None = None,
     except HandshakeError as exc:
         if entered:  # pragma: no cover
             raise
-        cause = exc.__cause__ or exc.__context__
-        raise OSError(f"cannot connect to {url}: {cause or 'handshake failed'}") from exc
+        why, hint = _why(exc)
+        if not hint and url.startswith("ws://"):
+            # a TLS listener drops a plain HTTP upgrade without an answer
+            hint = _PLAIN_HINT.format(addr=_host_port(url))
+        raise OSError(f"cannot connect to {url}: {why}{hint}") from exc
+    except (trio.BrokenResourceError, OSError) as exc:
+        if entered:
+            raise
+        why, hint = _why(exc)
+        if not hint and not secure and "did not answer plain HTTP" in why:
+            hint = _PLAIN_HINT.format(addr=_host_port(url))
+        raise OSError(f"cannot connect to {url}: {why}{hint}") from exc

@@ -3,7 +3,9 @@
 A Starlette app served by hypercorn's Trio worker on ``--metrics-addr`` (default
 ``127.0.0.1:8770``, loopback; ``:8770`` = all interfaces, ``"0"`` disables). With an
 ``auth`` (``--metrics-auth``), ``/metrics`` and ``/events`` answer only callers whose bearer
-token passes TokenReview and SubjectAccessReview (``kube.authz``); the probes stay open.
+token passes TokenReview and SubjectAccessReview (``kube.authz``); the probes stay open. With a
+``tls`` certificate (``.tls``; on by default with ``--metrics-auth``) the listener speaks only
+HTTPS/WSS, so no token crosses the network in clear text.
 
 Endpoints:
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -38,11 +41,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from ..excgroups import find_in_group
-from ..knobs import split_host_port
+from ..knobs import loopback_addr, split_host_port
 from .authz import PROTECTED_PATHS, Authorizer
 from .events import EventFeed
+from .tls import ServingCertificate
 
-__all__ = ["build_app", "serve_observability", "Readiness", "ReadinessResult"]
+__all__ = ["build_app", "separate_probe_listener", "serve_observability", "Readiness",
+           "ReadinessResult"]
 
 log = logging.getLogger(__name__)
 
@@ -211,17 +216,14 @@ def build_app(
     return _Guard(app, auth) if auth is not None else app
 
 
-def _loopback(bind: str) -> bool:
-    """True for a ``host:port`` bind on 127.0.0.0/8, ::1 or localhost."""
-    import ipaddress
-
-    host = bind.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
+def separate_probe_listener(probe: str | None, metrics_addr: str) -> bool:
+    """True when ``--health-probe-addr`` needs its own listener (a port-0 address always does:
+    two ``127.0.0.1:0`` are two ports)."""
+    if not probe or not probe.strip() or probe.strip() == "0":
         return False
+    if probe.strip() != metrics_addr.strip():
+        return True
+    return probe.strip().endswith(":0")
 
 
 def _bind_for(addr: str) -> str:
@@ -241,6 +243,7 @@ async def serve_observability(
     registry: CollectorRegistry = REGISTRY,
     auth: Authorizer | None = None,
     probes_only: bool = False,
+    tls: ServingCertificate | None = None,
     task_status: trio.TaskStatus[str | None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve :func:`build_app` on ``addr`` until cancelled.
@@ -254,6 +257,8 @@ async def serve_observability(
         feed: see :func:`build_app`.
         registry: Prometheus registry for ``/metrics``.
         auth, probes_only: see :func:`build_app`.
+        tls: serve HTTPS (and WSS) with this certificate, re-read while serving when it comes
+            from files (docs/crds.md#diagnostics-tls); None: plain HTTP.
         task_status: receives the bound ``"host:port"`` once the socket listens.
 
     Raises:
@@ -264,7 +269,7 @@ async def serve_observability(
         task_status.started(None)
         return
     bind = _bind_for(addr)
-    config = HypercornConfig()
+    config = HypercornConfig() if tls is None else _TLSConfig(tls.context)
     config.bind = [bind]
     config.accesslog = None
     config.errorlog = logging.getLogger(__name__ + ".server")
@@ -272,7 +277,7 @@ async def serve_observability(
     config.keep_alive_timeout = 30.0
     app = build_app(readiness=readiness, feed=feed, registry=registry, auth=auth,
                     probes_only=probes_only)
-    if auth is None and not probes_only and not _loopback(bind):
+    if auth is None and not probes_only and not loopback_addr(bind):
         log.warning(
             "diagnostics listener on %s without authentication: anyone who can reach it reads "
             "/metrics and /events; set --metrics-auth=true or a loopback --metrics-addr "
@@ -285,7 +290,7 @@ async def serve_observability(
         task_status.started(bound)
 
     try:
-        binds: list[str] = await _start_hypercorn(app, config, mark_started)
+        binds: list[str] = await _start_hypercorn(app, config, mark_started, tls)
     except BaseException as exc:
         # A bind failure surfaces as a bare "[Errno 98] Address already in use" from inside
         # hypercorn's task group; say which address, so the user knows which flag to change.
@@ -298,12 +303,37 @@ async def serve_observability(
     del binds  # pragma: no cover - serve never returns before cancellation
 
 
+class _TLSConfig(HypercornConfig):
+    """Hypercorn's settings with our server context: hypercorn builds its own only from
+    ``certfile``/``keyfile`` paths, which can be neither re-read nor held in memory."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__()
+        self._context = context
+
+    @property
+    def ssl_enabled(self) -> bool:
+        return True
+
+    def create_ssl_context(self) -> ssl.SSLContext:
+        return self._context
+
+
 async def _start_hypercorn(
-    app: ASGIApp, config: HypercornConfig, started: Callable[[str | None], None]
+    app: ASGIApp, config: HypercornConfig, started: Callable[[str | None], None],
+    tls: ServingCertificate | None = None,
 ) -> list[str]:
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(serve, app, config)
         bound = binds[0].split("://", 1)[-1] if binds else None
-        log.info("diagnostics listening", extra={"addr": bound})
+        if tls is None:
+            log.info("diagnostics listening", extra={"addr": bound, "scheme": "http"})
+        else:
+            nursery.start_soon(tls.watch)
+            source = ("a self-signed certificate generated at start (give --metrics-cert-path "
+                      "for one your scraper can verify)" if tls.self_signed
+                      else tls.plan.cert_file)
+            log.info("diagnostics listening over TLS with %s", source,
+                     extra={"addr": bound, "scheme": "https", "sha256": tls.fingerprint})
         started(bound)
     return binds

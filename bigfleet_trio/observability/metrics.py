@@ -124,6 +124,13 @@ DIAGNOSTICS_AUTH = Counter(
     ["decision"],
 )
 
+DIAGNOSTICS_CERT_RELOADS = Counter(
+    "bigfleet_diagnostics_cert_reloads",
+    "Reads of changed --metrics-cert-path files by result (loaded: now served; error: "
+    "unreadable or not a pair, the previous certificate stays).",
+    ["result"],
+)
+
 
 # --- operator: the Go binary's names -----------------------------------------------------------
 

@@ -305,15 +305,6 @@ def _grpc_connector(cfg: OperatorConfig) -> Connector:
                          keepalive_timeout=cfg.keepalive_timeout)
 
 
-def _separate_listener(probe: str | None, metrics_addr: str) -> bool:
-    """True when ``--health-probe-addr`` needs its own listener (a port-0 address always does)."""
-    if not probe or not probe.strip() or probe.strip() == "0":
-        return False
-    if probe.strip() != metrics_addr.strip():
-        return True
-    return probe.strip().endswith(":0")
-
-
 async def _watch_signals(
     signals: Any, stop: Callable[[], None], everything: trio.CancelScope, grace: float
 ) -> None:
@@ -373,18 +364,20 @@ async def _start_diagnostics(
     """Start the diagnostics listener (and the separate probe listener if configured) in
     ``nursery``; returns their bound addresses (metrics first; None for a disabled one)."""
     from bigfleet_trio.kube.authz import KubeAuthorizer
-    from bigfleet_trio.observability.http import serve_observability
+    from bigfleet_trio.observability.http import separate_probe_listener, serve_observability
     from bigfleet_trio.observability.metrics import BinaryRegistry
+    from bigfleet_trio.observability.tls import serving_certificate
 
     auth = KubeAuthorizer(client) if cfg.metrics_auth else None
+    tls = serving_certificate(cfg.metrics_tls(), cfg.metrics_addr)
     bound = [
         await nursery.start(
             partial(serve_observability, cfg.metrics_addr, readiness=readiness, feed=events,
-                    registry=BinaryRegistry("operator"), auth=auth)
+                    registry=BinaryRegistry("operator"), auth=auth, tls=tls)
         )
     ]
     probe = cfg.health_probe_addr
-    if probe is not None and _separate_listener(probe, cfg.metrics_addr):
+    if probe is not None and separate_probe_listener(probe, cfg.metrics_addr):
         bound.append(
             await nursery.start(
                 partial(serve_observability, probe, readiness=readiness, probes_only=True)

@@ -25,9 +25,10 @@ from bigfleet_trio.kube.authz import KubeAuthorizer
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
 from bigfleet_trio.kube.leader import LeaderElector, lease_namespace
-from bigfleet_trio.observability.http import serve_observability
+from bigfleet_trio.observability.http import separate_probe_listener, serve_observability
 from bigfleet_trio.observability.looplag import watch_loop_lag
 from bigfleet_trio.observability.metrics import BinaryRegistry
+from bigfleet_trio.observability.tls import serving_certificate
 
 from .controller import CONTROLLER_NAME, PodController
 from .defaults import (
@@ -109,9 +110,11 @@ async def serve_pod_controller(
             # Runs until the nursery is cancelled, like the diagnostics listeners.
             await nursery.start(watch_loop_lag)
             auth = KubeAuthorizer(client) if cfg.metrics_auth else None
+            tls = serving_certificate(cfg.metrics_tls(), cfg.metrics_addr)
             listeners = [partial(serve_observability, cfg.metrics_addr, readiness=readiness,
-                                 registry=BinaryRegistry(COMMAND), auth=auth)]
-            if cfg.health_probe_addr and cfg.health_probe_addr != cfg.metrics_addr:
+                                 registry=BinaryRegistry(COMMAND), auth=auth, tls=tls)]
+            if cfg.health_probe_addr and separate_probe_listener(cfg.health_probe_addr,
+                                                                 cfg.metrics_addr):
                 listeners.append(partial(serve_observability, cfg.health_probe_addr,
                                          readiness=readiness, probes_only=True))
             for listener in listeners:

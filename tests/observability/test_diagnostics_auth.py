@@ -2,7 +2,8 @@
 TokenReview and a SubjectAccessReview for the path, checked by the RBAC-enforcing simulated
 apiserver with the shipped ClusterRoles (config/rbac/metrics.yaml); probes stay open
 (docs/crds.md#diagnostics-access). Real sockets: the apiserver over HTTPS, the listener over
-HTTP, ``bigfleet-trio events`` with a kubeconfig."""
+HTTPS as the binaries serve it with --metrics-auth (a trustme certificate in a cert directory,
+docs/crds.md#diagnostics-tls), ``bigfleet-trio events`` over WSS with a kubeconfig."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trustme
 import yaml
 
 from bigfleet_trio import cli
@@ -26,6 +28,7 @@ from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import load_kubeconfig
 from bigfleet_trio.observability.events import EventFeed, follow_events
 from bigfleet_trio.observability.http import serve_observability
+from bigfleet_trio.observability.tls import ServingCertificate, client_context, plan_tls
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,6 +51,20 @@ def _sa(name: str) -> dict[str, Any]:
 class World:
     def __init__(self, server: ApiServer, addr: str, tmp: Path, url: str) -> None:
         self.server, self.addr, self.tmp, self.url = server, addr, tmp, url
+        self.ca = trustme.CA()
+        certs = tmp / "metrics-certs"  # a mounted kubernetes.io/tls Secret
+        certs.mkdir()
+        leaf = self.ca.issue_cert("127.0.0.1", "localhost")
+        (certs / "tls.crt").write_bytes(leaf.cert_chain_pems[0].bytes())
+        (certs / "tls.key").write_bytes(leaf.private_key_pem.bytes())
+        self.tls = ServingCertificate(plan_tls(auth=True, plain_http=False,
+                                               cert_dir=str(certs)))
+        self.ca_file = str(tmp / "metrics-ca.pem")
+        self.ca.cert_pem.write_to_path(self.ca_file)
+
+    def https(self) -> httpx.AsyncClient:
+        """A scraper that trusts the listener's CA."""
+        return httpx.AsyncClient(verify=client_context(self.ca_file))
 
     def token(self, sa: str) -> str:
         return str(self.server.issue_token(NS, sa)["status"]["token"])
@@ -80,15 +97,16 @@ async def world(tmp_path: Path, feed: EventFeed) -> AsyncIterator[World]:
         kcfg = load_kubeconfig(w.kubeconfig("bigfleet-operator"))
         async with KubeClient(kcfg) as client:
             w.addr = await nursery.start(partial(
-                serve_observability, "127.0.0.1:0", feed=feed, auth=KubeAuthorizer(client)))
+                serve_observability, "127.0.0.1:0", feed=feed, auth=KubeAuthorizer(client),
+                tls=w.tls))
             yield w
         nursery.cancel_scope.cancel()
 
 
 async def test_metrics_only_for_an_authorized_caller(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with world(tmp_path, EventFeed()) as w, httpx.AsyncClient() as http:
-            base = f"http://{w.addr}"
+        async with world(tmp_path, EventFeed()) as w, w.https() as http:
+            base = f"https://{w.addr}"
             r = await http.get(f"{base}/metrics")
             assert r.status_code == 401 and "bearer token is required" in r.text
             r = await http.get(f"{base}/metrics", headers={"Authorization": "Bearer forged"})
@@ -103,22 +121,26 @@ async def test_metrics_only_for_an_authorized_caller(tmp_path: Path) -> None:
             assert r.status_code == 200 and "bigfleet_diagnostics_auth_decisions_total" in r.text
             for probe in ("/healthz", "/readyz"):  # the kubelet sends no token
                 assert (await http.get(base + probe)).status_code == 200
+        async with httpx.AsyncClient() as plain:  # the token never travels in clear text
+            with pytest.raises(httpx.TransportError):
+                await plain.get(f"http://{w.addr}/metrics", headers=reader)
 
 
 async def test_events_follower_sends_the_kubeconfig_token(tmp_path: Path) -> None:
     feed = EventFeed()
     with trio.fail_after(30):
         async with world(tmp_path, feed) as w:
+            tls = cli.events_tls(w.ca_file, False, None)
             with pytest.raises(OSError, match=r"HTTP 401.*--kubeconfig"):
-                await follow_events(w.addr, io.StringIO())
+                await follow_events(w.addr, io.StringIO(), tls=tls)
             with pytest.raises(OSError, match=r"HTTP 403.*bigfleet-metrics-reader"):
-                await follow_events(w.addr, io.StringIO(),
+                await follow_events(w.addr, io.StringIO(), tls=tls,
                                     token=cli.events_token(w.kubeconfig("stranger")))
             out = io.StringIO()
             token = cli.events_token(w.kubeconfig("prometheus"))
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(partial(follow_events, w.addr, out, max_events=1,
-                                           token=token))
+                nursery.start_soon(partial(follow_events, f"https://{w.addr}", out,
+                                           max_events=1, token=token, tls=tls))
                 while feed.statistics().subscribers == 0:  # noqa: ASYNC110
                     await trio.sleep(0.01)
                 feed.publish("rollup", needs=1)
@@ -130,11 +152,11 @@ async def test_a_binary_without_the_review_grant_says_what_to_bind(
 ) -> None:
     caplog.set_level(logging.INFO)
     with trio.fail_after(30):
-        async with world(tmp_path, EventFeed()) as w, httpx.AsyncClient() as http:
+        async with world(tmp_path, EventFeed()) as w, w.https() as http:
             w.server.delete(next(r for r in w.server.resources.values()
                                  if r.plural == "clusterrolebindings"),
                             None, "bigfleet-metrics-auth")
-            r = await http.get(f"http://{w.addr}/metrics",
+            r = await http.get(f"https://{w.addr}/metrics",
                                headers={"Authorization": f"Bearer {w.token('prometheus')}"})
             assert r.status_code == 500
     assert any("bigfleet-metrics-auth" in rec.getMessage() and rec.levelno == logging.ERROR
