@@ -183,6 +183,11 @@ def test_pod_controller_defaults_and_flags() -> None:
                 "0",
                 "--health-probe-addr",
                 ":8081",
+                "--metrics-auth",
+                "--metrics-cert-path",
+                "/certs",
+                "--metrics-cert-name=c.pem",
+                "--metrics-cert-key=k.pem",
                 "--workers",
                 "4",
                 "--sync-timeout",
@@ -204,6 +209,10 @@ def test_pod_controller_defaults_and_flags() -> None:
         burst=10,
         metrics_addr="0",
         health_probe_addr=":8081",
+        metrics_auth=True,
+        metrics_cert_path="/certs",
+        metrics_cert_name="c.pem",
+        metrics_cert_key="k.pem",
         workers=4,
         sync_timeout=120.0,
         leader_elect=True,
@@ -458,7 +467,21 @@ def test_events_command_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[Any, ...]] = []
     monkeypatch.setattr(cli, "_run_events", lambda *a: seen.append(a) or 0)
     assert cli.main(["events", "--addr", "h:1", "--kind", "reclaim", "--max-events", "2"]) == 0
-    assert seen == [("h:1", ["reclaim"], 2, None)]
+    assert seen == [("h:1", ["reclaim"], 2, None, None)]
+    seen.clear()
+    assert cli.main(["events", "--addr", "h:1", "--insecure-skip-tls-verify"]) == 0
+    (args,) = seen
+    assert args[4] is not None and args[4].check_hostname is False  # the TLS client context
+
+
+def test_events_tls_flag_conflicts_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["events", "--insecure-skip-tls-verify", "--certificate-authority",
+                     "/ca.pem"]) == 2
+    assert "--insecure-skip-tls-verify contradicts --certificate-authority" in _err_lines(
+        capsys)[-1]
+    assert cli.main(["events", "--certificate-authority", "/nonexistent/ca.pem"]) == 1
+    assert _err_lines(capsys)[-1] == ("events: --certificate-authority: read /nonexistent/ca.pem: "
+                                      "No such file or directory")
 
 
 def test_events_command_connection_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -152,6 +152,13 @@ def test_deployment_args_are_accepted_by_the_cli(name: str) -> None:
     assert ports["probes"] == split_host_port(cfg_any.health_probe_addr)[1] != port
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
+    # the bearer tokens travel over HTTPS only (docs/crds.md#diagnostics-tls): a scraper that
+    # follows the annotations dials https on the metrics port
+    assert cfg_any.metrics_tls().mode in ("self-signed", "files")
+    assert cfg_any.metrics_plain_http is False
+    annotations = _deployment(name)["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scheme"] == "https"
+    assert annotations["prometheus.io/port"] == str(port)
 
 
 @pytest.mark.parametrize("name", DEPLOYMENTS)
