@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 import trustme
 
 from bigfleet_trio import cli
@@ -313,3 +314,27 @@ async def test_pod_controller_metrics_https_probes_plain(
                 assert r.status_code == 200
                 assert (await client.get(f"http://{probes}/metrics")).status_code == 404
             nursery.cancel_scope.cancel()
+
+
+async def test_watch_rereads_the_files_every_interval(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The listener's own loop (not a test's reload()): a renewal lands within one interval."""
+    first, second = trustme.CA(), trustme.CA()
+    certs = _write_pair(first, tmp_path / "certs")
+    tls = ServingCertificate(plan_tls(auth=True, plain_http=False, cert_dir=str(certs)))
+    before = tls.fingerprint
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(tls.watch, interval=10.0))
+            await trio.sleep(25)
+            assert tls.reloads == 0
+            _write_pair(second, certs)
+            while tls.reloads == 0:  # noqa: ASYNC110 - the read runs in a worker thread
+                await trio.sleep(1)
+            nursery.cancel_scope.cancel()
+    assert tls.fingerprint != before
+    # a self-signed certificate has no files to watch
+    self_signed = ServingCertificate(plan_tls(auth=True, plain_http=False, cert_dir=None))
+    with trio.fail_after(1):
+        await self_signed.watch(interval=1.0)
