@@ -338,3 +338,30 @@ async def test_watch_rereads_the_files_every_interval(
     self_signed = ServingCertificate(plan_tls(auth=True, plain_http=False, cert_dir=None))
     with trio.fail_after(1):
         await self_signed.watch(interval=1.0)
+
+
+async def test_operator_metrics_and_events_https_probes_plain(tmp_path: Path) -> None:
+    """The operator's listeners as it starts them: a certificate directory, /metrics and the
+    /events WebSocket over TLS only (401 without a token, before any review), probes plain."""
+    from bigfleet_trio.config import OperatorConfig
+    from bigfleet_trio.operator.app import _start_diagnostics
+
+    ca = trustme.CA()
+    cfg = OperatorConfig(cluster_id="c1", shard_addr="127.0.0.1:1", metrics_auth=True,
+                         metrics_addr="127.0.0.1:0", health_probe_addr="127.0.0.1:0",
+                         metrics_cert_path=str(_write_pair(ca, tmp_path / "certs")))
+    cfg.validate()
+    cafile = _ca_file(ca, tmp_path / "ca.pem")
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            client: Any = object()  # never asked: no token means 401 before any review
+            metrics, probes = await _start_diagnostics(
+                nursery, cfg, client, lambda: (True, ["ok"]), EventFeed())
+            async with httpx.AsyncClient(verify=client_context(cafile)) as https:
+                assert (await https.get(f"https://{metrics}/metrics")).status_code == 401
+                with pytest.raises(httpx.TransportError):
+                    await https.get(f"http://{metrics}/metrics")
+                assert (await https.get(f"http://{probes}/readyz")).status_code == 200
+            with pytest.raises(OSError, match="HTTP 401"):
+                await follow_events(str(metrics), io.StringIO(), tls=client_context(cafile))
+            nursery.cancel_scope.cancel()
