@@ -6,6 +6,7 @@
 - :mod:`.session`: :class:`SimShard` (serves ``ShardStream`` sessions on the Trio clock),
   :class:`NodeHooks` / :class:`NoopNodeHooks`, :class:`SessionRejected`.
 - :mod:`.nodes`: :class:`KubeNodeHooks` (Nodes through the Kubernetes API), :func:`node_manifest`.
+- :mod:`.noderetry`: :class:`NodeHookRunner` (failed node hooks retried with capped backoff).
 - :mod:`.cli`: :func:`run_cli` for ``bigfleet-trio sim shard``.
 """
 

@@ -84,7 +84,8 @@ class KubeNodeHooks:
 
     Create: POST the Node; on AlreadyExists merge-patch its metadata/spec instead; then
     merge-patch the ``status`` subresource (an apiserver drops status on create). Delete: DELETE,
-    NotFound ignored. Errors propagate (the shard logs them and carries on).
+    NotFound ignored. Both are idempotent; errors propagate (the shard retries the call with
+    backoff: :mod:`.noderetry`).
     """
 
     def __init__(self, client: Any) -> None:

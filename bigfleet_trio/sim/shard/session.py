@@ -9,7 +9,8 @@ roll-up it accepts; a new session for the cluster replaces (and closes) the prev
 All decisions live in :class:`~bigfleet_trio.sim.shard.engine.ShardEngine` (sans-IO). This module
 only moves frames: one task per session receives frames and feeds the engine, one clock task calls
 ``engine.advance`` at the engine's deadlines, and one executor task performs the engine's effects
-in order (send a frame on the session that was current when it was produced, or call a node hook).
+in order (send a frame on the session that was current when it was produced, or call a node hook;
+a failed hook is retried in the background by :class:`~.noderetry.NodeHookRunner`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .engine import (
     SendFrame,
     ShardEngine,
 )
+from .noderetry import HookKind, NodeHookRunner, node_hook_due
 from .stats import ShardStats
 
 log = logging.getLogger(__name__)
@@ -51,9 +53,12 @@ PROTOCOL_VERSION = "v1alpha1"
 class NodeHooks(Protocol):
     """Called when a machine's Kubernetes Node should appear or disappear.
 
-    The demo implements this by creating/deleting a Node through the Kubernetes API. Errors are
-    logged by the shard and never stop it. Calls are made one at a time, in engine order, before
-    the frames that follow them (so the Node exists when the agent hears Configured).
+    The demo implements this by creating/deleting a Node through the Kubernetes API. Calls are
+    made one at a time, in engine order, before the frames that follow them (so the Node exists
+    when the agent hears Configured). A call that raises is retried by the shard with capped
+    exponential backoff, as a kubelet retries its registration, until it succeeds or the machine
+    leaves the state (docs/deviations.md, "Simulated shard: Node registration retried"), so a
+    hook must be idempotent; errors never stop the shard.
     """
 
     async def on_machine_configured(self, machine: MachineInfo) -> None:
@@ -116,8 +121,9 @@ class SimShard:
         hooks: node registration callbacks (default :class:`NoopNodeHooks`).
         hello_timeout: seconds to wait for the first frame (default ``config.bootstrap_timeout``,
             one cycle).
-        hook_timeout: a node hook taking longer than this is cancelled and counted as failed
-            (frames queue behind hooks, so a stuck apiserver must not stall the shard).
+        hook_timeout: a node hook attempt taking longer than this is cancelled and counted as
+            failed, then retried (frames queue behind the first attempt, so a stuck apiserver
+            must not stall the shard).
         stats: shard-side timestamps to record (:class:`~.stats.ShardStats`; benchmarks).
     """
 
@@ -133,14 +139,14 @@ class SimShard:
     ) -> None:
         self.engine = ShardEngine(catalog or default_catalog(), config)
         self.hooks: NodeHooks = hooks or NoopNodeHooks()
+        self.node_hooks = NodeHookRunner(self.hooks, self._hook_due, timeout=hook_timeout,
+                                         on_change=self._pulse)
         self.hello_timeout = (
             hello_timeout if hello_timeout is not None else self.engine.config.bootstrap_timeout
         )
-        self.hook_timeout = hook_timeout
         self.stats = stats
         self.sessions_started = 0
         self.rejections: list[str] = []
-        self.hook_errors = 0
         self._gen = 0
         self._current: _Session | None = None
         self._running = False
@@ -149,6 +155,20 @@ class SimShard:
         self._fx_send, self._fx_recv = trio.open_memory_channel[tuple[int, Effect]](math.inf)
 
     # ---------------------------------------------------------------- views for the demo
+
+    @property
+    def hook_timeout(self) -> float:
+        """Seconds one node hook attempt may take (settable)."""
+        return self.node_hooks.timeout
+
+    @hook_timeout.setter
+    def hook_timeout(self, value: float) -> None:
+        self.node_hooks.timeout = value
+
+    @property
+    def hook_errors(self) -> int:
+        """Failed node hook attempts (retries included)."""
+        return self.node_hooks.errors
 
     @property
     def connected(self) -> bool:
@@ -190,7 +210,9 @@ class SimShard:
         Keys: ``connected``, ``cluster_id``, ``machines`` (:meth:`machines_by_state`), ``needs``
         (in the last accepted roll-up), ``short_needs``, ``reclaims_issued``, ``reclaims_acked``,
         ``released`` (machines walked back to Idle), ``shortfalls``, ``rollups_accepted``,
-        ``rollups_rejected``, ``hook_errors``, ``rejections``.
+        ``rollups_rejected``, ``hook_errors`` (failed node hook attempts), ``node_hook_retries``
+        (attempts after a failure), ``node_hooks_pending`` (Nodes with a retry waiting),
+        ``rejections``.
         """
         eng = self.engine
         return {
@@ -206,6 +228,8 @@ class SimShard:
             "rollups_accepted": eng.rollups_accepted,
             "rollups_rejected": eng.rollups_rejected,
             "hook_errors": self.hook_errors,
+            "node_hook_retries": self.node_hooks.retries,
+            "node_hooks_pending": self.node_hooks.pending,
             "rejections": len(self.rejections),
         }
 
@@ -217,12 +241,14 @@ class SimShard:
     # ---------------------------------------------------------------- background
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the engine clock and the effect executor until cancelled."""
+        """Run the engine clock, the effect executor and the node hook retries until cancelled."""
         if self._running:
             raise RuntimeError("SimShard.run() is already running")
         self._running = True
         try:
             async with trio.open_nursery() as nursery:
+                # owner of every node hook retry task: cancelling run() (SIGTERM) ends them
+                await nursery.start(self.node_hooks.run)
                 nursery.start_soon(self._clock)
                 nursery.start_soon(self._executor)
                 task_status.started()
@@ -253,19 +279,15 @@ class SimShard:
                         if self.stats is not None:
                             self.stats.sent(eff.frame)
             elif isinstance(eff, MachineConfigured):
-                await self._hook("on_machine_configured", eff.machine)
+                await self.node_hooks.call("register", eff.machine)
             elif isinstance(eff, MachineReleased):
-                await self._hook("on_machine_released", eff.machine)
+                await self.node_hooks.call("deregister", eff.machine)
             self._pulse()
 
-    async def _hook(self, name: str, machine: MachineInfo) -> None:
-        try:
-            with trio.fail_after(self.hook_timeout):
-                await getattr(self.hooks, name)(machine)
-        except Exception:
-            self.hook_errors += 1
-            log.exception("node hook %s failed machine=%s node=%s", name, machine.machine_id,
-                          machine.node_name)
+    def _hook_due(self, kind: HookKind, machine: MachineInfo) -> bool:
+        # Not tied to the agent's session: the machine stays bound (and is replayed on
+        # reconnect) while no agent is connected, and so does its Node.
+        return node_hook_due(kind, self.engine.machine(machine.machine_id))
 
     def _enqueue(self, gen: int, effects: list[Effect]) -> None:
         for eff in effects:
