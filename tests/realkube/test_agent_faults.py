@@ -1,10 +1,13 @@
 """Faults of the real control plane under both binaries (processes, tests/realkube/agent.py):
 leader election on a real Lease with the leader killed -9, and an apiserver restart with etcd
 compacted meanwhile (watches resumed from a compacted resourceVersion get 410 Gone and relist),
-with nothing lost."""
+with nothing lost: every CONFIGURED machine's Node included, one of them refused while the
+apiserver was down (the sim shard retries registration as a kubelet does)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +21,12 @@ from bigfleet_trio.kube.resources import (
     PODS,
     UPCOMING_NODES,
 )
+from bigfleet_trio.sim.shard.catalog import Catalog, MachineShape, ShapeTaint
+from bigfleet_trio.sim.shard.nodes import KubeNodeHooks
+from bigfleet_trio.sim.shard.session import SimShard
 from tests.realkube.agent import Agent, phase, running_agent
 from tests.realkube.test_agent_loop import container, deployment, record
+from tests.sim.test_shard_session import CFG, configured_session
 from tests.support.realkube import NS, RealKube
 
 LEASE = "bigfleet-operator"
@@ -30,6 +37,30 @@ def bare_pod(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": {"app": "bare"}},
             "spec": {"containers": [container("1")]}}
+
+
+@asynccontextmanager
+async def inprocess_shard(rk: RealKube) -> AsyncIterator[tuple[SimShard, trio.Nursery]]:
+    """A second sim shard, in this process, registering Nodes on the control plane with the admin
+    identity and a client that makes one attempt per request (so a refusal reaches the shard's
+    own retry). One machine, tainted NoSchedule so kube-scheduler puts nothing on its Node; the
+    Node is deleted on exit."""
+    shape = MachineShape("down", "z-a", {"cpu": "2", "memory": "4Gi"}, 0.1, count=1, warm=1,
+                         taints=(ShapeTaint("bigfleet.test/no-pods", "", "NoSchedule"),))
+    async with rk.client(max_attempts=1) as client, trio.open_nursery() as nursery:
+        shard = SimShard(Catalog([shape]), CFG, hooks=KubeNodeHooks(client))
+        await nursery.start(shard.run)
+        try:
+            yield shard, nursery
+        finally:
+            nursery.cancel_scope.cancel()
+            with trio.CancelScope(shield=True), trio.move_on_after(30):
+                async with rk.client() as admin:
+                    for m in shard.engine.machines:
+                        try:
+                            await admin.delete(NODES, m.node_name)
+                        except Exception:  # noqa: BLE001 - cleanup: absent is fine
+                            pass
 
 
 async def acknowledged(a: Agent, ns: str, app: str, count: int, *, total: int | None = None
@@ -96,7 +127,8 @@ async def test_apiserver_restart_and_etcd_compaction_relist_and_lose_nothing(
     ns = realkube.namespace("restart")
     cp = realkube.cp
     try:
-        async with running_agent(realkube, tmp_path) as a:
+        async with (running_agent(realkube, tmp_path) as a,
+                    inprocess_shard(realkube) as (down_shard, down_nursery)):
             kube = a.admin
             await kube.create(DEPLOYMENTS, deployment("web", 2), ns)
             await acknowledged(a, ns, "web", 2)
@@ -107,6 +139,11 @@ async def test_apiserver_restart_and_etcd_compaction_relist_and_lose_nothing(
             # Down: the informers' watches break. etcd moves on and is compacted past every
             # resourceVersion they hold, so their resumed watches are refused 410 Gone.
             await trio.to_thread.run_sync(cp.stop_component, "kube-apiserver")
+            # Meanwhile a machine of the second sim shard reaches CONFIGURED: its Node
+            # registration is refused (connection refused) and must land once the apiserver is
+            # back, as a kubelet's would.
+            _, down_node = await configured_session(down_shard, down_nursery)
+            assert down_shard.hook_errors >= 1, a.logs()
             cp.bump_etcd_revision(20)
             cp.compact_etcd()
             await trio.to_thread.run_sync(cp.start_component, "kube-apiserver")
@@ -143,6 +180,14 @@ async def test_apiserver_restart_and_etcd_compaction_relist_and_lose_nothing(
                     (u.get("status", {}).get("nodeRef") or {}).get("name") in nodes for u in ups)
 
             await a.until("every CONFIGURED machine's Node registered", nodes_registered)
+
+            async def down_node_registered() -> bool:
+                names = {n["metadata"]["name"] for n in (await kube.list(NODES)).items}
+                return down_node in names and down_shard.snapshot()["node_hooks_pending"] == 0
+
+            await a.until("the Node refused while the apiserver was down registered",
+                          down_node_registered)
+            assert down_shard.snapshot()["node_hook_retries"] >= 1
             for name, before in expired_before.items():
                 after = await a.metric(name, "bigfleet_informer_relists_total", reason="expired")
                 assert after > before, (name, before, after, a.logs())
