@@ -341,3 +341,33 @@ async def test_events_log_records_decisions(autojump_clock: trio.abc.Clock) -> N
         kinds = [e.kind for e in shard.events]
         for k in ("connected", "rollup", "bind", "bootstrap_requested", "bootstrap_ok"):
             assert k in kinds
+
+
+async def test_a_slow_node_registration_holds_only_its_own_machines_frames(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The apiserver taking 20 s over one machine's Node must not hold the frames of others:
+    the next machines' BootstrapRequests go out on time (a real shard does not wait on one
+    kubelet to talk to the agent), while that machine's CONFIGURED still follows its Node."""
+    class Slow(RecordingHooks):
+        async def on_machine_configured(self, machine: MachineInfo) -> None:
+            await trio.sleep(20)
+            self.configured.append(machine)
+
+    hooks = Slow()
+    async with running(hooks) as (shard, nursery):
+        op = await open_session(shard, nursery)
+        await recv_until(op, lambda k, v: k == "available_capacity")
+        t0 = trio.current_time()
+        await op.send(rollup_msg("5"))  # the warm machine, then two speculative ones
+        got = await recv_until(op, lambda k, v: k == "bootstrap_request")
+        await op.send(pb.OperatorMessage(bootstrap_response=pb.BootstrapBlobResponse(
+            request_id=got[-1][1].request_id, user_data=b"#cloud-config\n", ttl_seconds=600)))
+        # the warm machine's Node registration starts at t0+1 and takes 20 s
+        got = await recv_until(op, lambda k, v: k == "bootstrap_request"
+                               and v.request_id == "bootstrap-000003")
+        assert trio.current_time() - t0 < 5  # not behind the slow registration (t0+21)
+        assert not any(k == "node_state_update" and v.state == S.CONFIGURED for k, v in got)
+        got = await recv_until(op, is_state(S.CONFIGURED))
+        assert [m.node_name for m in hooks.configured] == [got[-1][1].node_name]
+        assert trio.current_time() - t0 >= 21  # and only after its Node

@@ -9,8 +9,9 @@ roll-up it accepts; a new session for the cluster replaces (and closes) the prev
 All decisions live in :class:`~bigfleet_trio.sim.shard.engine.ShardEngine` (sans-IO). This module
 only moves frames: one task per session receives frames and feeds the engine, one clock task calls
 ``engine.advance`` at the engine's deadlines, and one executor task performs the engine's effects
-in order (send a frame on the session that was current when it was produced, or call a node hook;
-a failed hook is retried in the background by :class:`~.noderetry.NodeHookRunner`).
+in order (send a frame on the session that was current when it was produced, or start a node
+hook; a failed hook is retried in the background by :class:`~.noderetry.NodeHookRunner`). A node
+hook holds only its own machine's later effects (:func:`effect_machine`), never the others'.
 """
 
 from __future__ import annotations
@@ -49,16 +50,38 @@ log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = "v1alpha1"
 
+HOOK_CONCURRENCY = 64
+"""At most this many node hook first attempts in flight (the apiserver's APF paces them)."""
+
+
+@dataclass(frozen=True)
+class _HookDone:
+    """Executor-internal: the first attempt of ``machine_id``'s node hook returned."""
+
+    machine_id: str
+
+
+def effect_machine(eff: Effect) -> str | None:
+    """The machine whose order ``eff`` belongs to: a node hook's machine, or a
+    NodeStateUpdate's ``machine_id``; None for frames of no single machine (Acks, roll-up
+    answers, BootstrapRequests, ReclaimInstructions, AvailableCapacity)."""
+    if isinstance(eff, (MachineConfigured, MachineReleased)):
+        return eff.machine.machine_id
+    if betterproto.which_one_of(eff.frame, "payload")[0] != "node_state_update":
+        return None
+    return eff.frame.node_state_update.machine_id or None
+
 
 class NodeHooks(Protocol):
     """Called when a machine's Kubernetes Node should appear or disappear.
 
     The demo implements this by creating/deleting a Node through the Kubernetes API. Calls are
-    made one at a time, in engine order, before the frames that follow them (so the Node exists
-    when the agent hears Configured). A call that raises is retried by the shard with capped
-    exponential backoff, as a kubelet retries its registration, until it succeeds or the machine
-    leaves the state (docs/deviations.md, "Simulated shard: Node registration retried"), so a
-    hook must be idempotent; errors never stop the shard.
+    made in engine order per machine, before that machine's frames that follow them (so the Node
+    exists when the agent hears Configured); other machines' frames do not wait for them. A call
+    that raises is retried by the shard with capped exponential backoff, as a kubelet retries its
+    registration, until it succeeds or the machine leaves the state (docs/deviations.md,
+    "Simulated shard: Node registration retried"), so a hook must be idempotent; errors never
+    stop the shard.
     """
 
     async def on_machine_configured(self, machine: MachineInfo) -> None:
@@ -152,7 +175,9 @@ class SimShard:
         self._running = False
         self._wake = trio.Event()
         self._changed = trio.Event()
-        self._fx_send, self._fx_recv = trio.open_memory_channel[tuple[int, Effect]](math.inf)
+        self._fx_send, self._fx_recv = trio.open_memory_channel[tuple[int, Effect | _HookDone]](
+            math.inf)
+        self._hook_limit = trio.CapacityLimiter(HOOK_CONCURRENCY)
 
     # ---------------------------------------------------------------- views for the demo
 
@@ -264,25 +289,60 @@ class SimShard:
             self._enqueue(self._current_gen(), self.engine.advance(trio.current_time()))
 
     async def _executor(self) -> None:
-        async for gen, eff in self._fx_recv:
-            if isinstance(eff, SendFrame):
-                cur = self._current
-                if cur is None or cur.gen != gen:
-                    log.debug("frame dropped (no session for it): %s",
-                              betterproto.which_one_of(eff.frame, "payload")[0])
+        # A real shard does not wait on one machine's kubelet to talk to the agent: a Node
+        # registration the apiserver takes seconds over holds that machine's later effects
+        # (its CONFIGURED follows its Node), never another machine's frames. One executor
+        # ran every hook inline once, and at 1,000 machines on a loaded apiserver the
+        # BootstrapRequests queued behind Node POSTs missed their 10 s deadline by thousands.
+        held: dict[str, list[tuple[int, Effect]]] = {}  # machine id -> effects behind its hook
+        async with trio.open_nursery() as hooks:  # owner of the hooks' first attempts
+            async for gen, item in self._fx_recv:
+                if isinstance(item, _HookDone):
+                    await self._release(held.pop(item.machine_id, []), held, hooks)
                 else:
-                    try:
-                        await cur.stream.send(eff.frame)
-                    except StreamClosed as exc:
-                        log.info("send failed, session ending: %s", exc.reason)
+                    mid = effect_machine(item)
+                    if mid is not None and mid in held:
+                        held[mid].append((gen, item))
                     else:
-                        if self.stats is not None:
-                            self.stats.sent(eff.frame)
-            elif isinstance(eff, MachineConfigured):
-                await self.node_hooks.call("register", eff.machine)
-            elif isinstance(eff, MachineReleased):
-                await self.node_hooks.call("deregister", eff.machine)
-            self._pulse()
+                        await self._apply(gen, item, held, hooks)
+                self._pulse()
+
+    async def _release(self, queue: list[tuple[int, Effect]],
+                       held: dict[str, list[tuple[int, Effect]]], hooks: trio.Nursery) -> None:
+        """Apply a machine's effects that waited for its hook, until one starts a hook again."""
+        for i, (gen, eff) in enumerate(queue):
+            mid = effect_machine(eff)
+            if mid is not None and mid in held:
+                held[mid].extend(queue[i:])
+                return
+            await self._apply(gen, eff, held, hooks)
+
+    async def _apply(self, gen: int, eff: Effect,
+                     held: dict[str, list[tuple[int, Effect]]], hooks: trio.Nursery) -> None:
+        if isinstance(eff, SendFrame):
+            cur = self._current
+            if cur is None or cur.gen != gen:
+                log.debug("frame dropped (no session for it): %s",
+                          betterproto.which_one_of(eff.frame, "payload")[0])
+                return
+            try:
+                await cur.stream.send(eff.frame)
+            except StreamClosed as exc:
+                log.info("send failed, session ending: %s", exc.reason)
+            else:
+                if self.stats is not None:
+                    self.stats.sent(eff.frame)
+            return
+        kind: HookKind = "register" if isinstance(eff, MachineConfigured) else "deregister"
+        held[eff.machine.machine_id] = []
+        hooks.start_soon(self._hook, kind, eff.machine)
+
+    async def _hook(self, kind: HookKind, machine: MachineInfo) -> None:
+        try:
+            async with self._hook_limit:
+                await self.node_hooks.call(kind, machine)
+        finally:
+            self._fx_send.send_nowait((0, _HookDone(machine.machine_id)))
 
     def _hook_due(self, kind: HookKind, machine: MachineInfo) -> bool:
         # Not tied to the agent's session: the machine stays bound (and is replayed on
