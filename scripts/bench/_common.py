@@ -99,9 +99,11 @@ def result(
     figures: list[dict[str, Any]],
     notes: list[str] | None = None,
     extra: dict[str, Any] | None = None,
+    tables: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """The common result dict (see module docstring); adds the machine facts."""
-    return {
+    """The common result dict (see module docstring); adds the machine facts. ``tables``:
+    title -> preformatted text lines, printed after the notes (e.g. requests per Pod)."""
+    out = {
         "scenario": scenario,
         "params": params,
         "machine": machine(),
@@ -109,6 +111,9 @@ def result(
         "notes": notes or [],
         "extra": extra or {},
     }
+    if tables:
+        out["tables"] = tables
+    return out
 
 
 def machine() -> dict[str, Any]:
@@ -164,6 +169,10 @@ def print_result(res: dict[str, Any], out: Any = None) -> None:
         print(f"   baseline: {label}", file=out)
     for note in res.get("notes", []):
         print(f"   note: {note}", file=out)
+    for title, lines in (res.get("tables") or {}).items():
+        print(f"   {title}", file=out)
+        for line in lines:
+            print(f"     {line}", file=out)
 
 
 _SERVER = """

@@ -30,6 +30,7 @@ import tempfile
 import time
 from typing import Any
 
+from scripts.bench import _apiserver_metrics
 from scripts.bench import _common as C
 from scripts.bench import _podcontroller_probe as probe
 
@@ -133,6 +134,12 @@ class _RealServer:
         self.contestant_kc = _realkube.agent_kubeconfigs(self.cp, Path(tmp))[
             "bigfleet-pod-controller"]
 
+    def scrape(self) -> dict[tuple[str, str], float]:
+        """kube-apiserver's request and watch counters now (:func:`_apiserver_metrics.parse`)."""
+        from scripts.bench import _apiserver_metrics
+
+        return _apiserver_metrics.parse(self.cp.request("GET", "/metrics").text)
+
     def cpu(self) -> float:
         pids = self.cp.pids()
         return sum(probe.cpu_seconds(pids[n]) for n in ("kube-apiserver", "etcd"))
@@ -178,6 +185,7 @@ def _round_one(who: str, n: int, workers: int, engine: str, timeout: float,
             contestant_kc = kc
         try:
             trio.run(probe.create_pods, kc, n, 32, real is not None)
+            m0 = real.scrape() if real is not None else None
             s0 = server.cpu()
             t0 = time.perf_counter()
             child = subprocess.Popen(_contestant(who, contestant_kc, workers),
@@ -194,13 +202,18 @@ def _round_one(who: str, n: int, workers: int, engine: str, timeout: float,
             finally:
                 _stop(child)
             res["server_cpu_ms_per_pod"] = (server.cpu() - s0) / n * 1000
+            if real is not None and m0 is not None:
+                # the contestant's watches end with it: counted once the apiserver saw it go
+                time.sleep(1.0)
+                res["apiserver_per_pod"] = _apiserver_metrics.per_pod(m0, real.scrape(), n)
         finally:
             if real is None:
                 server.__exit__()
     if "cpu_s" in res:
         res["cpu_ms_per_pod"] = res["cpu_s"] / n * 1000
         res["peak_rss_mb"] = res["peak_rss_kb"] / 1024
-    log.info("podcontroller round who=%s %s", who, res)
+    log.info("podcontroller round who=%s %s", who, {k: v for k, v in res.items()
+                                                     if k != "apiserver_per_pod"})
     return res
 
 
@@ -314,7 +327,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "time and CPU from the contestant's process start (imports, LIST, watches included)",
         "no client-side rate limit for ours (kopf has none)",
     ]
-    return C.result("podcontroller", params, figs, notes, per)
+    tables: dict[str, list[str]] = {}
+    if is_real:
+        server = {who: mean_per_pod([row["apiserver_per_pod"] for row in rows
+                                     if "apiserver_per_pod" in row])
+                  for who, rows in per.items() if rows}
+        for section, title in (("requests", "kube-apiserver requests per Pod "
+                                "(verb resource code; apiserver_request_total)"),
+                               ("watch_events", "watch events sent per Pod (by kind)"),
+                               ("watch_event_bytes", "watch event bytes sent per Pod"),
+                               ("response_bytes", "response bytes per Pod (verb resource)")):
+            tables[title] = _apiserver_metrics.table(
+                {who: s.get(section, {}) for who, s in server.items()},
+                digits=0 if "bytes" in section else 3)
+        notes.append("apiserver counters: /metrics scraped before the contestant started and "
+                     "1 s after it stopped; they include the bench's own CR watch (ours, kopf) "
+                     "and kube-controller-manager's background requests over that time")
+        per_extra: dict[str, Any] = {**per, "apiserver_per_pod": server}
+    else:
+        per_extra = dict(per)
+    return C.result("podcontroller", params, figs, notes, per_extra, tables)
+
+
+def mean_per_pod(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """The mean over rounds of :func:`_apiserver_metrics.per_pod` results (a key missing in a
+    round counts as 0 there)."""
+    out: dict[str, dict[str, float]] = {}
+    for r in rounds:
+        for section, values in r.items():
+            dst = out.setdefault(section, {})
+            for k, v in values.items():
+                dst[k] = dst.get(k, 0.0) + v / len(rounds)
+    return out
 
 
 def register(sub: Any) -> None:
