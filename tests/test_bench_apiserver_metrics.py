@@ -21,7 +21,8 @@ apiserver_request_total{{code="200",component="apiserver",dry_run="",group="",re
 apiserver_request_total{{code="200",component="",dry_run="",group="",resource="pods",scope="cluster",subresource="",verb="WATCH",version="v1"}} {watch}
 # HELP apiserver_watch_events_total [ALPHA] Number of events sent in watch clients
 # TYPE apiserver_watch_events_total counter
-apiserver_watch_events_total{{group="bigfleet.lucy.sh",kind="CapacityRequest",version="v1alpha1"}} {events}
+apiserver_watch_events_total{{group="bigfleet.lucy.sh",resource="capacityrequests",version="v1alpha1"}} {events}
+apiserver_watch_events_total{{group="",kind="Pod",version="v1"}} {events}
 # HELP apiserver_response_sizes [STABLE] Response size distribution in bytes.
 # TYPE apiserver_response_sizes histogram
 apiserver_response_sizes_bucket{{component="apiserver",group="",resource="pods",scope="cluster",subresource="",verb="LIST",version="v1",le="+Inf"}} 2
@@ -45,7 +46,7 @@ def test_per_pod_by_verb_resource_code_with_conflicts() -> None:
     # two label sets differing only in labels the report folds: summed
     assert req["WATCH pods 200"] == 2 / 200
     assert req["total"] == pytest.approx(1.0 + 0.9 + 0.1 + 0.01)
-    assert got["watch_events"] == {"CapacityRequest": 3.0}
+    assert got["watch_events"] == {"capacityrequests": 3.0, "Pod": 3.0}
     assert "LIST pods" not in got["response_bytes"]  # unchanged: dropped
 
 

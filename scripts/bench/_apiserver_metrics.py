@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 # counter sample name -> the labels that key it in the report
 _KEYS: dict[str, tuple[str, ...]] = {
     "apiserver_request_total": ("verb", "resource", "subresource", "code"),
-    "apiserver_watch_events_total": ("kind",),
-    "apiserver_watch_events_sizes_sum": ("kind",),
+    "apiserver_watch_events_total": ("resource",),
+    "apiserver_watch_events_sizes_sum": ("resource",),
     "apiserver_response_sizes_sum": ("verb", "resource", "subresource"),
 }
 
@@ -32,7 +32,8 @@ def _key(name: str, labels: Mapping[str, str]) -> str:
         res = labels.get("resource", "")
         sub = labels.get("subresource", "")
         return f"{labels.get('verb', '')} {res}{'/' + sub if sub else ''}"
-    return labels.get("kind", "")
+    # watch events: labelled by resource since Kubernetes 1.30 (by kind before)
+    return labels.get("resource") or labels.get("kind") or "?"
 
 
 def parse(text: str) -> dict[Sample, float]:
@@ -55,7 +56,7 @@ def per_pod(before: Mapping[Sample, float], after: Mapping[Sample, float],
             pods: int) -> dict[str, dict[str, float]]:
     """Per Pod, what happened between two :func:`parse` results.
 
-    Returns ``{"requests": {"POST capacityrequests 201": 1.0, ...}, "watch_events": {kind: n},
+    Returns ``{"requests": {"POST capacityrequests 201": 1.0, ...}, "watch_events": {resource: n},
     "watch_event_bytes": {kind: bytes}, "response_bytes": {"GET pods": bytes, ...}}``, each value
     ``(after - before) / pods``, zero deltas dropped; a counter that went down (apiserver
     restart) counts from 0. ``requests`` also has ``"total"`` and ``"409 conflicts"``.

@@ -334,7 +334,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   for who, rows in per.items() if rows}
         for section, title in (("requests", "kube-apiserver requests per Pod "
                                 "(verb resource code; apiserver_request_total)"),
-                               ("watch_events", "watch events sent per Pod (by kind)"),
+                               ("watch_events", "watch events sent per Pod (by resource)"),
                                ("watch_event_bytes", "watch event bytes sent per Pod"),
                                ("response_bytes", "response bytes per Pod (verb resource)")):
             tables[title] = _apiserver_metrics.table(
