@@ -87,6 +87,20 @@ def describe_cause(exc: BaseException) -> str:
     return f"{exc!r} (root cause: {root!r})"
 
 
+def encode_json(body: Any) -> bytes:
+    """A request body as compact JSON (orjson, ~10x the stdlib's speed; dict keys that are not
+    strings become strings as with :func:`json.dumps`; integers beyond 64 bits, which orjson
+    refuses, go through the stdlib).
+
+    Raises:
+        TypeError: ``body`` holds something JSON cannot carry.
+    """
+    try:
+        return orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
 class RequestCore:
     """Connection pools, credentials, rate limit, deadline, error mapping and retries.
 
@@ -204,7 +218,7 @@ class RequestCore:
             headers["Authorization"] = auth
         content: bytes | None = None
         if body is not None:
-            content = body if isinstance(body, bytes) else json.dumps(body).encode()
+            content = body if isinstance(body, bytes) else encode_json(body)
             headers["Content-Type"] = ctype
         url = self._base + path
         cleaned = clean_params(params)

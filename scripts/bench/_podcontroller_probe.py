@@ -174,14 +174,44 @@ async def run_cache(kubeconfig: str, full_objects: bool) -> None:
             nursery.cancel_scope.cancel()
 
 
+def _profile_to(path: str) -> None:
+    """Profile this process from now on; write pyinstrument's text report to ``path`` at
+    SIGTERM (how the bench stops a contestant) or exit."""
+    import atexit
+    import signal
+
+    from pyinstrument import Profiler
+
+    profiler = Profiler(interval=0.001)
+    profiler.start()
+
+    def write() -> None:
+        if profiler.is_running:
+            profiler.stop()
+            with open(path, "w") as fh:
+                fh.write(profiler.output_text(unicode=False, color=False, show_all=False))
+
+    def on_term(_sig: int, _frame: Any) -> None:
+        write()
+        os._exit(0)
+
+    atexit.register(write)
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mode", choices=["ours", "raw", "cache"])
     ap.add_argument("--kubeconfig", required=True)
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--full-objects", action="store_true")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="run under pyinstrument (dev extra); its text report is written to FILE "
+                    "when the process is stopped (SIGTERM) or ends")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    if args.profile:
+        _profile_to(args.profile)
     if args.mode == "ours":
         trio.run(run_ours, args.kubeconfig, args.workers)
     elif args.mode == "raw":

@@ -56,11 +56,11 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
         proc.wait(10)
 
 
-def _contestant(who: str, kc: str, workers: int) -> list[str]:
+def _contestant(who: str, kc: str, workers: int, profile: str | None = None) -> list[str]:
     if who == "kopf":
         return [sys.executable, "-m", "scripts.bench._kopf_peer", "--kubeconfig", kc]
     return [sys.executable, "-m", "scripts.bench._podcontroller_probe", who, "--kubeconfig", kc,
-            "--workers", str(workers)]
+            "--workers", str(workers)] + (["--profile", profile] if profile else [])
 
 
 async def _watch_until_pending(kc: str, n: int, child: subprocess.Popen[Any],
@@ -172,7 +172,7 @@ class _RealServer:
 
 
 def _round_one(who: str, n: int, workers: int, engine: str, timeout: float,
-               real: _RealServer | None = None) -> dict[str, float]:
+               real: _RealServer | None = None, profile: str | None = None) -> dict[str, Any]:
     import trio
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,7 +188,7 @@ def _round_one(who: str, n: int, workers: int, engine: str, timeout: float,
             m0 = real.scrape() if real is not None else None
             s0 = server.cpu()
             t0 = time.perf_counter()
-            child = subprocess.Popen(_contestant(who, contestant_kc, workers),
+            child = subprocess.Popen(_contestant(who, contestant_kc, workers, profile),
                                      stdout=subprocess.PIPE, text=True)
             try:
                 if who == "raw":
@@ -250,7 +250,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          target="<= 2 KiB", met=lambda m, _r: m <= 2.0)]
         return C.result("podcontroller", {**params, "mode": "cache-only"}, figs, [],
                         {"rounds": rows})
-    per: dict[str, list[dict[str, float]]] = {"ours": [], "kopf": [], "raw": []}
+    per: dict[str, list[dict[str, Any]]] = {"ours": [], "kopf": [], "raw": []}
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
     notes: list[str] = []
     import importlib.util
 
@@ -274,8 +276,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if not have_kopf:
                     order.remove("kopf")
                 for who in [*order, "raw"]:
+                    prof = (os.path.join(args.profile, f"{who}-round{r + 1}.txt")
+                            if args.profile and who != "kopf" else None)
                     per[who].append(_round_one(who, n, args.workers, args.engine, args.timeout,
-                                               real))
+                                               real, prof))
         finally:
             if real is not None:
                 real.stop()
@@ -372,6 +376,9 @@ def register(sub: Any) -> None:
                    help="sim: a fresh embedded apiserver per contestant; real: one real control "
                    "plane (python -m scripts.realkube build), emptied between contestants")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per contestant")
+    p.add_argument("--profile", metavar="DIR",
+                   help="profile ours and raw with pyinstrument (dev extra; slows them: not for "
+                   "figures); text reports DIR/<who>-round<N>.txt")
     p.add_argument("--cache-only", action="store_true",
                    help="only the Pod cache's RSS per Pod (projection vs full objects)")
     p.set_defaults(func=run)
