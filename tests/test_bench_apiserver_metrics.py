@@ -1,4 +1,5 @@
 """The bench's kube-apiserver /metrics analysis (scripts/bench/_apiserver_metrics.py): pure."""
+# ruff: noqa: E501  (Prometheus exposition lines are long by nature)
 
 from __future__ import annotations
 
@@ -63,6 +64,8 @@ def test_table_and_mean_over_rounds() -> None:
     assert lines[1].split() == ["a", "1.000", "3.000"]
     assert lines[2].split() == ["b", "2.000", "-"]
     assert M.table({"ours": {}}) == []
+    assert [ln.split()[0] for ln in M.table({"ours": {"a": 0.001, "b": 0.5}, "kopf": {"a": 0.002}},
+                                            min_value=0.01)[1:]] == ["b"]
     mean = mean_per_pod([{"requests": {"x": 1.0}}, {"requests": {"x": 3.0, "y": 2.0}}])
     assert mean == {"requests": {"x": 2.0, "y": 1.0}}
 

@@ -85,11 +85,13 @@ def per_pod(before: Mapping[Sample, float], after: Mapping[Sample, float],
     return out
 
 
-def table(rows: Mapping[str, Mapping[str, float]], *, digits: int = 3) -> list[str]:
+def table(rows: Mapping[str, Mapping[str, float]], *, digits: int = 3,
+          min_value: float = 0.0) -> list[str]:
     """Text lines: one row per key, one column per contestant (``rows``: contestant ->
-    ``{key: per Pod}``), keys sorted, absent values shown as ``-``."""
+    ``{key: per Pod}``), keys sorted, absent values shown as ``-``; a key below ``min_value``
+    in every column is left out (background traffic: kube-controller-manager's watches)."""
     who = list(rows)
-    keys = sorted({k for r in rows.values() for k in r})
+    keys = sorted({k for r in rows.values() for k, v in r.items() if v >= min_value})
     if not keys:
         return []
     width = max(len(k) for k in keys)
