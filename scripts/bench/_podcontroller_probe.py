@@ -175,21 +175,25 @@ async def run_cache(kubeconfig: str, full_objects: bool) -> None:
 
 
 def _profile_to(path: str) -> None:
-    """Profile this process from now on; write pyinstrument's text report to ``path`` at
-    SIGTERM (how the bench stops a contestant) or exit."""
+    """Sample this process's on-CPU stacks with py-spy (``pip install py-spy``; waiting on the
+    server is not sampled) from now on; py-spy's collapsed stacks go to ``path`` when the
+    process is stopped (SIGTERM: how the bench stops a contestant) or exits."""
     import atexit
+    import shutil
     import signal
+    import subprocess
+    import sys
 
-    from pyinstrument import Profiler
-
-    profiler = Profiler(interval=0.001)
-    profiler.start()
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    proc = subprocess.Popen([spy, "record", "--pid", str(os.getpid()), "--rate", "250",
+                             "--format", "raw", "--output", path, "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the work starts
 
     def write() -> None:
-        if profiler.is_running:
-            profiler.stop()
-            with open(path, "w") as fh:
-                fh.write(profiler.output_text(unicode=False, color=False, show_all=False))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
+            proc.wait(30)
 
     def on_term(_sig: int, _frame: Any) -> None:
         write()
@@ -206,8 +210,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--full-objects", action="store_true")
     ap.add_argument("--profile", metavar="FILE",
-                    help="run under pyinstrument (dev extra); its text report is written to FILE "
-                    "when the process is stopped (SIGTERM) or ends")
+                    help="sample on-CPU stacks with py-spy (pip install py-spy); collapsed "
+                    "stacks written to FILE when the process is stopped (SIGTERM) or ends")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.profile:

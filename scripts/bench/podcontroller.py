@@ -382,8 +382,8 @@ def register(sub: Any) -> None:
                    "plane (python -m scripts.realkube build), emptied between contestants")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per contestant")
     p.add_argument("--profile", metavar="DIR",
-                   help="profile ours and raw with pyinstrument (dev extra; slows them: not for "
-                   "figures); text reports DIR/<who>-round<N>.txt")
+                   help="profile ours and raw with py-spy (pip install py-spy; slows them: not "
+                   "for figures); collapsed on-CPU stacks in DIR/<who>-round<N>.txt")
     p.add_argument("--cache-only", action="store_true",
                    help="only the Pod cache's RSS per Pod (projection vs full objects)")
     p.set_defaults(func=run)

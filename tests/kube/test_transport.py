@@ -185,3 +185,48 @@ async def test_client_requests_go_through_the_pool_with_auth_and_params() -> Non
     assert b"\r\nAccept: application/json" in seen[0]
     assert seen[3].startswith(
         b"GET /api/v1/nodes?labelSelector=a%20in%20%28x%2Cy%29&limit=5 HTTP/1.1\r\n")
+
+
+async def test_client_requests_on_the_pool_carry_host_length_path_prefix_and_errors() -> None:
+    """KubeClient's hot path (KeepAlivePool.round_trip, no httpx Request): the request line
+    keeps the server URL's path prefix and percent-encodes the query, Host and Content-Length
+    are set, and an error answer's headers (Retry-After) still reach the error."""
+    heads: list[bytes] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        async with stream:
+            while (head := await _read_request(stream, buf)) is not None:
+                heads.append(head)
+                if head.startswith(b"POST"):
+                    await stream.send_all(_answer(b'{"kind": "Pod"}'))
+                else:
+                    err = (b'{"kind":"Status","code":429,"reason":"TooManyRequests",'
+                           b'"message":"slow down"}')
+                    await stream.send_all(
+                        b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\n"
+                        b"Content-Type: application/json\r\nContent-Length: "
+                        + str(len(err)).encode() + b"\r\n\r\n" + err)
+
+    from bigfleet_trio.kube.errors import TooManyRequests
+    from bigfleet_trio.kube.resources import PODS
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        client = KubeClient(KubeConfig(server=f"http://127.0.0.1:{port}/prefix/", token="t"),
+                            qps=0, burst=1, max_attempts=1)
+        created = await client.create(PODS, {"metadata": {"name": "c"}, "data": {}}, "ns")
+        assert created == {"kind": "Pod"}
+        with pytest.raises(TooManyRequests) as err:
+            await client.list(PODS, "ns", label_selector="a in (b c)")
+        assert err.value.retry_after == 7
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    post, get = (h.split(b"\r\n") for h in heads)
+    assert post[0] == b"POST /prefix/api/v1/namespaces/ns/pods HTTP/1.1"
+    assert f"Host: 127.0.0.1:{port}".encode() in post
+    assert b"Authorization: Bearer t" in post and b"Content-Type: application/json" in post
+    assert any(line.startswith(b"Content-Length: ") for line in post)
+    assert get[0].startswith(b"GET /prefix/api/v1/namespaces/ns/pods?")
+    assert b"labelSelector=a%20in%20%28b%20c%29" in get[0]
