@@ -21,17 +21,10 @@ from bigfleet_trio.shard.bridge import open_loop
 from bigfleet_trio.shard.grpc import GrpcConnector
 from bigfleet_trio.shard.server import serve_shard
 from bigfleet_trio.shard.transport import ShardStream, StreamClosed
+from tests.support.rollup import EmptyRollupSource
 
 DEADLINE = 120.0
 MACHINES = 10_000
-
-
-class Source:
-    async def build(self) -> pb.ClusterCapacityNeeds:
-        return pb.ClusterCapacityNeeds()
-
-    async def after_enqueue(self) -> None:
-        pass
 
 
 class Handlers:
@@ -100,7 +93,7 @@ async def run_session(frames: list[pb.ShardMessage], handlers: Handlers) -> list
             port = await n.start(partial(serve_shard, shard, port=0))
             async with GrpcConnector("127.0.0.1", port).connect() as stream, \
                     trio.open_nursery() as inner:
-                inner.start_soon(Session(stream, config, Source(), handlers).run)
+                inner.start_soon(Session(stream, config, EmptyRollupSource(), handlers).run)
                 await response_seen.wait()
                 await handlers.all_handled.wait()
                 inner.cancel_scope.cancel()

@@ -23,16 +23,9 @@ from bigfleet_trio.shard.bridge import open_loop
 from bigfleet_trio.shard.grpc import GrpcConnector
 from bigfleet_trio.shard.server import serve_shard
 from bigfleet_trio.shard.transport import ShardStream, StreamClosed
+from tests.support.rollup import EmptyRollupSource
 
 DEADLINE = 60.0
-
-
-class _Source:
-    async def build(self) -> pb.ClusterCapacityNeeds:
-        return pb.ClusterCapacityNeeds()
-
-    async def after_enqueue(self) -> None:
-        pass
 
 
 class _Handlers:
@@ -97,7 +90,7 @@ async def _answered_while_paused(
             port = await n.start(partial(serve_shard, shard, port=0))
             connector = GrpcConnector("127.0.0.1", port, downlink_buffer=downlink_buffer)
             async with connector.connect() as stream, trio.open_nursery() as inner:
-                inner.start_soon(Session(stream, config, _Source(), handlers).run)
+                inner.start_soon(Session(stream, config, EmptyRollupSource(), handlers).run)
                 if lane_fits:
                     await got_answer.wait()  # answered while every handler is stuck
                 else:
