@@ -11,7 +11,8 @@ import pytest
 import trio
 
 from bigfleet_trio.proto import pb
-from tests.interop._peer import BIN, Procs, free_port, until
+from tests.interop._peer import BIN, Procs, until
+from tests.support.simproc import SHARD_LISTENING
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 
@@ -39,16 +40,19 @@ SCRIPT = {"sessions": [[
 async def test_go_client_against_sim_shard_downlink_ack_node_state_update_bootstrap_request_available_capacity_reclaim_instruction_uplink_hello_rollup_bootstrap_response_reclaim_ack(  # noqa: E501 - the name lists the kinds
     tmp_path: Path, goshard: str
 ) -> None:
-    port = free_port()
     record = tmp_path / "goclient.jsonl"
     (tmp_path / "script.json").write_text(json.dumps(SCRIPT))
     async with trio.open_nursery() as nursery:
         procs = Procs(tmp_path, nursery)
         try:
-            await procs.start("shard", BIN, "sim", "shard", "--port", str(port))
+            # --port 0: the shard binds a free port itself (no race with another process
+            # between choosing a port and binding it) and logs it
+            await procs.start("shard", BIN, "sim", "shard", "--port", "0")
             await until(procs, "the sim shard listening",
-                        lambda: "listening" in procs.log("shard") or "serving" in procs.log(
-                            "shard"), 60)
+                        lambda: SHARD_LISTENING.search(procs.log("shard")), 60)
+            found = SHARD_LISTENING.search(procs.log("shard"))
+            assert found is not None
+            port = int(found.group(1))
             client = await procs.start("goclient", goshard, "-dial", f"127.0.0.1:{port}",
                                        "-script", str(tmp_path / "script.json"),
                                        "-record", str(record))

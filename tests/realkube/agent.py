@@ -3,13 +3,18 @@ control plane: ``bigfleet-trio sim shard`` registers Nodes with the admin identi
 for the cloud and the kubelets); ``bigfleet-trio pod-controller`` and ``bigfleet-trio operator``
 run with their ServiceAccount tokens (TokenRequest) under the shipped RBAC.
 
-    async with running_agent(realkube, tmp_path) as a:
-        await a.until("3 CRs", lambda: ...)
-        a.kill("operator")                 # kill -9 by pid
+    async with agent_in_namespace(realkube, tmp_path, "loop") as (a, ns):
+        seen = await a.record(UPCOMING_NODES)          # every version from now on
+        await acknowledged(a, ns, "web", 3)            # or a.until("...", check)
+        a.kill("operator")                             # kill -9 by pid
+
+The sim shard gets a seed of its own per test, so its machine ids and node names (and the
+Events about those Nodes) never repeat those of an earlier test on the shared control plane.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
@@ -23,11 +28,14 @@ import httpx
 import trio
 
 from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS, Resource
 from scripts.realkube import free_port
 from tests.support.realkube import RealKube, until
+from tests.support.simproc import SHARD_LISTENING
 
 BIN = str(Path(sys.executable).parent / "bigfleet-trio")
 CLUSTER_ID = "realkube"
+_shard_seeds = itertools.count(1)
 
 
 class Agent:
@@ -41,7 +49,8 @@ class Agent:
         self.procs: dict[str, trio.Process] = {}
         self.probes: dict[str, str] = {}
         self.metrics: dict[str, str] = {}
-        self.shard_port = free_port()
+        self.shard_port = 0  # the port the shard bound (start_shard)
+        self.shard_seed = next(_shard_seeds)
 
     async def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115, ASYNC230 - a local file
@@ -51,8 +60,19 @@ class Agent:
         self.procs[name] = proc
 
     async def start_shard(self) -> None:
-        await self.start("shard", "sim", "shard", "--port", str(self.shard_port),
-                         "--kubeconfig", str(self.rk.kubeconfig))
+        """Start the sim shard on a port it picks (``--port 0``: no other process can take it
+        between a choice and the bind) and read that port from its log."""
+        await self.start("shard", "sim", "shard", "--port", "0",
+                         "--seed", str(self.shard_seed), "--kubeconfig", str(self.rk.kubeconfig))
+        log = self.tmp / "shard.log"
+
+        async def listening() -> bool:
+            found = SHARD_LISTENING.search(log.read_text(errors="replace"))  # noqa: ASYNC240
+            if found:
+                self.shard_port = int(found.group(1))
+            return found is not None
+
+        await self.until("the sim shard listening", listening, 60)
 
     async def start_pod_controller(self, name: str = "pod-controller") -> None:
         self.probes[name] = f"127.0.0.1:{free_port()}"
@@ -107,9 +127,26 @@ class Agent:
         return "\n".join(parts)
 
     async def until(self, what: str, check: Callable[[], Awaitable[bool]],
-                    seconds: float = 90.0) -> None:
+                    seconds: float = 90.0, status: Callable[[], str] | None = None) -> None:
         """:func:`tests.support.realkube.until`, failing with every process's log."""
-        await until(what, check, seconds, self.logs)
+        await until(what, check, seconds, self.logs, status)
+
+    async def record(self, res: Resource, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Start recording every version of ``res`` from now on (:func:`record`, in this
+        agent's nursery); returns the list it appends to."""
+        seen: list[dict[str, Any]] = []
+        await self.nursery.start(record, self.admin, res, namespace, seen)
+        return seen
+
+    async def until_recorded(self, what: str, seen: list[dict[str, Any]],
+                             done: Callable[[list[dict[str, Any]]], bool]) -> None:
+        """Wait until the recorder's versions ``seen`` satisfy ``done``. A list (or GET) can
+        show a change before the watch delivers it: assert on a recorded history only after
+        this."""
+        async def check() -> bool:
+            return done(seen)
+        await self.until(f"the watch to deliver {what}", check,
+                         status=lambda: f"{len(seen)} versions recorded")
 
     async def stop(self) -> None:
         for proc in self.procs.values():
@@ -147,5 +184,94 @@ async def running_agent(rk: RealKube, tmp: Path, *, operators: int = 1,
             nursery.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def agent_in_namespace(rk: RealKube, tmp: Path, prefix: str, **agent: Any
+                             ) -> AsyncIterator[tuple[Agent, str]]:
+    """:meth:`RealKube.reset`, a fresh namespace named from ``prefix``, and
+    :func:`running_agent` (``agent`` its keyword arguments): yields the agent and the
+    namespace."""
+    rk.reset()
+    ns = rk.namespace(prefix)
+    async with running_agent(rk, tmp, **agent) as a:
+        yield a, ns
+
+
+async def record(kube: KubeClient, res: Resource, namespace: str | None,
+                 sink: list[dict[str, Any]], *, task_status: Any = trio.TASK_STATUS_IGNORED
+                 ) -> None:
+    """Append every object version of ``res`` from now on to ``sink`` (one watch, reopened
+    from the last resourceVersion if the server ends it)."""
+    rv = (await kube.list(res, namespace)).resource_version
+    task_status.started()
+    while True:
+        async with kube.watch(res, namespace, resource_version=rv) as stream:
+            async for ev in stream:
+                if ev.type in ("ADDED", "MODIFIED", "DELETED"):
+                    sink.append({"type": ev.type, **ev.object})
+                rv = ev.object.get("metadata", {}).get("resourceVersion") or rv
+
+
 def phase(obj: dict[str, Any]) -> str:
     return str((obj.get("status") or {}).get("phase") or "")
+
+
+def dedup(seq: list[str]) -> list[str]:
+    """``seq`` without repeats in a row, and without "" (an object is created without a status:
+    the apiserver drops it on create; the status subresource sets it next)."""
+    seq = [x for x in seq if x]
+    return [x for i, x in enumerate(seq) if i == 0 or seq[i - 1] != x]
+
+
+def history(seen: list[dict[str, Any]], name: str) -> list[str]:
+    """The phases object ``name`` went through in the recorded versions ``seen``
+    (:func:`dedup`)."""
+    return dedup([phase(v) for v in seen if v["metadata"]["name"] == name])
+
+
+def deleted(seen: list[dict[str, Any]], name: str) -> bool:
+    """The recorder saw object ``name`` DELETED."""
+    return any(v["type"] == "DELETED" and v["metadata"]["name"] == name for v in seen)
+
+
+def container(cpu: str) -> dict[str, Any]:
+    return {"name": "c", "image": "registry.example/app:1",
+            "resources": {"requests": {"cpu": cpu, "memory": "256Mi"}}}
+
+
+def deployment(name: str, replicas: int, cpu: str = "1") -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [container(cpu)]}}}}
+
+
+async def acknowledged(a: Agent, ns: str, app: str, count: int, *, total: int | None = None
+                       ) -> None:
+    """Wait until ``count`` live (not terminating) Pods labelled ``app`` exist, each with an
+    Acknowledged CR, and ``total`` CRs in the namespace (default ``count``): no more.
+
+    On timeout the failure says what the last check saw: the live Pods, the CRs, the CRs not
+    Acknowledged (with their phases) and the live Pods without a CR."""
+    want_total = count if total is None else total
+    last = "no check completed"
+
+    async def check() -> bool:
+        nonlocal last
+        pods = (await a.admin.list(PODS, ns, label_selector=f"app={app}")).items
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        crs = (await a.admin.list(CAPACITY_REQUESTS, ns)).items
+        by_owner = {c["metadata"]["ownerReferences"][0]["uid"]: c for c in crs}
+        not_ack = sorted(f"{c['metadata']['name']}={phase(c) or 'no phase'}" for c in crs
+                         if phase(c) != "Acknowledged")
+        no_cr = sorted(p["metadata"]["name"] for p in live
+                       if p["metadata"]["uid"] not in by_owner)
+        last = (f"{len(live)} live {app} Pods (want {count}; {len(pods) - len(live)} "
+                f"terminating), {len(crs)} CRs in {ns} (want {want_total}), "
+                f"{len(not_ack)} CRs not Acknowledged {not_ack}, "
+                f"{len(no_cr)} live Pods without a CR {no_cr}")
+        return (len(live) == count and len(crs) == want_total
+                and all(phase(by_owner.get(p["metadata"]["uid"], {})) == "Acknowledged"
+                        for p in live))
+
+    await a.until(f"{count} {app} Pods with an Acknowledged CR each", check,
+                  status=lambda: last)

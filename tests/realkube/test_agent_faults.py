@@ -24,12 +24,19 @@ from bigfleet_trio.kube.resources import (
 from bigfleet_trio.sim.shard.catalog import Catalog, MachineShape, ShapeTaint
 from bigfleet_trio.sim.shard.nodes import KubeNodeHooks
 from bigfleet_trio.sim.shard.session import SimShard
-from tests.realkube.agent import Agent, phase, running_agent
-from tests.realkube.test_agent_loop import container, deployment, record
+from tests.realkube.agent import (
+    acknowledged,
+    agent_in_namespace,
+    container,
+    deployment,
+    phase,
+)
 from tests.sim.test_shard_session import CFG, configured_session
 from tests.support.realkube import NS, RealKube
 
 LEASE = "bigfleet-operator"
+#: What the restart test restarts afterwards (see there), in start order.
+RESTARTED_AFTER = ("kube-controller-manager", "kube-scheduler", "kwok")
 
 
 def bare_pod(name: str) -> dict[str, Any]:
@@ -63,30 +70,13 @@ async def inprocess_shard(rk: RealKube) -> AsyncIterator[tuple[SimShard, trio.Nu
                             pass
 
 
-async def acknowledged(a: Agent, ns: str, app: str, count: int, *, total: int | None = None
-                       ) -> None:
-    """Wait until ``count`` Pods of ``app`` exist, each with an Acknowledged CR, and ``total``
-    CRs in the namespace (default ``count``): no more."""
-    async def check() -> bool:
-        pods = (await a.admin.list(PODS, ns, label_selector=f"app={app}")).items
-        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-        crs = (await a.admin.list(CAPACITY_REQUESTS, ns)).items
-        by_owner = {c["metadata"]["ownerReferences"][0]["uid"]: c for c in crs}
-        return (len(live) == count and len(crs) == (count if total is None else total)
-                and all(phase(by_owner.get(p["metadata"]["uid"], {})) == "Acknowledged"
-                        for p in live))
-    await a.until(f"{count} {app} Pods with an Acknowledged CR each", check)
-
-
 async def test_leader_killed_another_replica_takes_over_the_real_lease(
     realkube: RealKube, tmp_path: Path
 ) -> None:
-    realkube.reset()
-    ns = realkube.namespace("lease")
-    async with running_agent(realkube, tmp_path, operators=2, leader_elect=True) as a:
+    async with agent_in_namespace(realkube, tmp_path, "lease", operators=2,
+                                  leader_elect=True) as (a, ns):
         kube = a.admin
-        leases: list[dict[str, Any]] = []
-        await a.nursery.start(record, kube, LEASES, NS, leases)
+        leases = await a.record(LEASES, NS)
 
         async def held() -> bool:
             return bool((await kube.get(LEASES, LEASE, NS))["spec"].get("holderIdentity"))
@@ -108,8 +98,15 @@ async def test_leader_killed_another_replica_takes_over_the_real_lease(
 
         # the clause's bound (lease duration + 5 s) as the wait's deadline
         await a.until(f"{other} to take the Lease", taken_over, duration + 5)
-        holders = [(v["spec"].get("holderIdentity") or "").split("_")[0]
-                   for v in leases if v["metadata"]["name"] == LEASE]
+
+        def holders_of(seen: list[dict[str, Any]]) -> list[str]:
+            return [(v["spec"].get("holderIdentity") or "").split("_")[0]
+                    for v in seen if v["metadata"]["name"] == LEASE]
+
+        # the GET above can see the take-over before the watch delivers it
+        await a.until_recorded(f"{other}'s take-over", leases,
+                               lambda seen: other in holders_of(seen))
+        holders = holders_of(leases)
         # the first leader renewed until killed, then the other held it: never back
         assert holders[-1] == other and first not in holders[holders.index(other):], holders
         after = await kube.get(LEASES, LEASE, NS)
@@ -123,11 +120,9 @@ async def test_leader_killed_another_replica_takes_over_the_real_lease(
 async def test_apiserver_restart_and_etcd_compaction_relist_and_lose_nothing(
     realkube: RealKube, tmp_path: Path
 ) -> None:
-    realkube.reset()
-    ns = realkube.namespace("restart")
     cp = realkube.cp
     try:
-        async with (running_agent(realkube, tmp_path) as a,
+        async with (agent_in_namespace(realkube, tmp_path, "restart") as (a, ns),
                     inprocess_shard(realkube) as (down_shard, down_nursery)):
             kube = a.admin
             await kube.create(DEPLOYMENTS, deployment("web", 2), ns)
@@ -156,7 +151,10 @@ async def test_apiserver_restart_and_etcd_compaction_relist_and_lose_nothing(
                 await kube.create(PODS, bare_pod(f"bare-{i}"), ns)
             await acknowledged(a, ns, "bare", 2, total=4)
             victim = await kube.get(PODS, "bare-0", ns)
-            await kube.delete(PODS, "bare-0", ns)
+            # At once (grace period 0): a graceful deletion of a Pod the scheduler bound would
+            # wait for kwok's kubelet to confirm it, and kwok's informers recover from the
+            # compaction on their own schedule too. The Pod's DELETED is what ours must see.
+            await kube.delete(PODS, "bare-0", ns, grace_period_seconds=0)
             await acknowledged(a, ns, "bare", 1, total=3)  # the victim's CR gone with it
             crs = (await kube.list(CAPACITY_REQUESTS, ns)).items
             assert victim["metadata"]["uid"] not in {
@@ -192,9 +190,12 @@ async def test_apiserver_restart_and_etcd_compaction_relist_and_lose_nothing(
                 after = await a.metric(name, "bigfleet_informer_relists_total", reason="expired")
                 assert after > before, (name, before, after, a.logs())
     finally:
-        # The control plane is shared by the session: give the later tests controllers whose
-        # informers are fresh (see above), as an operator restarting them after such an
-        # outage would.
-        for comp in ("kube-controller-manager", "kube-scheduler"):
-            await trio.to_thread.run_sync(cp.stop_component, comp)
-            await trio.to_thread.run_sync(cp.start_component, comp)
+        # The control plane is shared by the session: give the later tests controllers, a
+        # scheduler and fake kubelets whose informers are fresh (see above), as an operator
+        # restarting them after such an outage would. The apiserver first, if the test ended
+        # while it was down.
+        if "kube-apiserver" not in cp.procs:
+            await trio.to_thread.run_sync(cp.start_component, "kube-apiserver")
+        for comp in RESTARTED_AFTER:
+            if comp != "kwok" or cp.binaries.kwok is not None:
+                await trio.to_thread.run_sync(cp.restart, comp)

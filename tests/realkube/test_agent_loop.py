@@ -11,8 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.resources import (
     CAPACITY_REQUESTS,
@@ -23,24 +21,19 @@ from bigfleet_trio.kube.resources import (
     PDBS,
     PODS,
     UPCOMING_NODES,
-    Resource,
 )
-from tests.realkube.agent import phase, running_agent
+from tests.realkube.agent import (
+    acknowledged,
+    agent_in_namespace,
+    container,
+    deleted,
+    deployment,
+    history,
+    phase,
+)
 from tests.support.realkube import RealKube
 
 UPCOMING_ORDER = ["Provisioning", "Launched", "Registered", "Ready", "Draining", "Drained"]
-
-
-def container(cpu: str) -> dict[str, Any]:
-    return {"name": "c", "image": "registry.example/app:1",
-            "resources": {"requests": {"cpu": cpu, "memory": "256Mi"}}}
-
-
-def deployment(name: str, replicas: int, cpu: str = "1") -> dict[str, Any]:
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-                     "template": {"metadata": {"labels": {"app": name}},
-                                  "spec": {"containers": [container(cpu)]}}}}
 
 
 def job(name: str) -> dict[str, Any]:
@@ -51,64 +44,32 @@ def job(name: str) -> dict[str, Any]:
                                            "containers": [container("1")]}}}}
 
 
-async def record(kube: KubeClient, res: Resource, namespace: str | None,
-                 sink: list[dict[str, Any]], *, task_status: Any = trio.TASK_STATUS_IGNORED
-                 ) -> None:
-    """Append every object version of ``res`` from now on to ``sink`` (one watch, reopened
-    from the last resourceVersion if the server ends it)."""
-    rv = (await kube.list(res, namespace)).resource_version
-    task_status.started()
-    while True:
-        async with kube.watch(res, namespace, resource_version=rv) as stream:
-            async for ev in stream:
-                if ev.type in ("ADDED", "MODIFIED", "DELETED"):
-                    sink.append({"type": ev.type, **ev.object})
-                rv = ev.object.get("metadata", {}).get("resourceVersion") or rv
-
-
 def is_ordered(seen: list[str], order: list[str]) -> bool:
     """Each phase in ``seen`` is at or after the previous one in ``order``."""
     idx = [order.index(p) for p in seen]
     return idx == sorted(idx)
 
 
-def dedup(seq: list[str]) -> list[str]:
-    """``seq`` without repeats in a row, and without "" (an object is created without a status:
-    the apiserver drops it on create; the status subresource sets it next)."""
-    seq = [x for x in seq if x]
-    return [x for i, x in enumerate(seq) if i == 0 or seq[i - 1] != x]
-
-
 async def test_deployment_crs_acknowledged_job_finishes_gc_removes_crs(
     realkube: RealKube, tmp_path: Path
 ) -> None:
-    realkube.reset()
-    ns = realkube.namespace("loop")
-    async with running_agent(realkube, tmp_path) as a:
+    async with agent_in_namespace(realkube, tmp_path, "loop") as (a, ns):
         kube = a.admin
-        crs_seen: list[dict[str, Any]] = []
-        await a.nursery.start(record, kube, CAPACITY_REQUESTS, ns, crs_seen)
+        crs_seen = await a.record(CAPACITY_REQUESTS, ns)
         await kube.create(DEPLOYMENTS, deployment("web", 3), ns)
-
-        async def all_acknowledged() -> bool:
-            pods = (await kube.list(PODS, ns, label_selector="app=web")).items
-            crs = (await kube.list(CAPACITY_REQUESTS, ns)).items
-            by_owner = {c["metadata"]["ownerReferences"][0]["uid"]: c for c in crs}
-            return (len(pods) == 3 and len(crs) == 3
-                    and all(phase(by_owner.get(p["metadata"]["uid"], {})) == "Acknowledged"
-                            for p in pods))
-
-        await a.until("3 Pods with an Acknowledged CR each", all_acknowledged)
+        await acknowledged(a, ns, "web", 3)
         pods = {p["metadata"]["uid"]: p for p in (await kube.list(PODS, ns)).items}
-        for cr in (await kube.list(CAPACITY_REQUESTS, ns)).items:
+        crs = (await kube.list(CAPACITY_REQUESTS, ns)).items
+        await a.until_recorded("each CR's Acknowledged", crs_seen, lambda seen: all(
+            history(seen, c["metadata"]["name"])[-1:] == ["Acknowledged"] for c in crs))
+        for cr in crs:
             (ref,) = cr["metadata"]["ownerReferences"]
             assert (ref["kind"], ref["apiVersion"]) == ("Pod", "v1")
             assert ref["name"] == pods[ref["uid"]]["metadata"]["name"]
-            history = dedup([phase(v) for v in crs_seen
-                             if v["metadata"]["name"] == cr["metadata"]["name"]])
             # created without a phase (the apiserver drops status on create), stamped Pending
             # by the pod controller, Acknowledged by the operator after a roll-up
-            assert history == ["Pending", "Acknowledged"], history
+            assert history(crs_seen, cr["metadata"]["name"]) == ["Pending", "Acknowledged"], (
+                history(crs_seen, cr["metadata"]["name"]))
 
         # The Pods run on Nodes the shard registered for the roll-up's demand.
         async def running() -> bool:
@@ -151,12 +112,9 @@ async def test_deployment_crs_acknowledged_job_finishes_gc_removes_crs(
 async def test_node_state_updates_walk_upcoming_nodes_and_register_nodes(
     realkube: RealKube, tmp_path: Path
 ) -> None:
-    realkube.reset()
-    ns = realkube.namespace("nsu")
-    async with running_agent(realkube, tmp_path) as a:
+    async with agent_in_namespace(realkube, tmp_path, "nsu") as (a, ns):
         kube = a.admin
-        seen: list[dict[str, Any]] = []
-        await a.nursery.start(record, kube, UPCOMING_NODES, None, seen)
+        seen = await a.record(UPCOMING_NODES)
         await kube.create(DEPLOYMENTS, deployment("demand", 2, "3"), ns)
 
         async def ready_with_nodes() -> bool:
@@ -167,10 +125,12 @@ async def test_node_state_updates_walk_upcoming_nodes_and_register_nodes(
                 for u in ups)
 
         await a.until("UpcomingNodes Ready with their Nodes registered", ready_with_nodes)
-        for up in (await kube.list(UPCOMING_NODES)).items:
-            history = dedup([phase(v) for v in seen
-                             if v["metadata"]["name"] == up["metadata"]["name"]])
-            assert history[-1] == "Ready" and is_ordered(history, UPCOMING_ORDER), history
+        ups = (await kube.list(UPCOMING_NODES)).items
+        await a.until_recorded("each UpcomingNode's Ready", seen, lambda seen: all(
+            history(seen, u["metadata"]["name"])[-1:] == ["Ready"] for u in ups))
+        for up in ups:
+            phases = history(seen, up["metadata"]["name"])
+            assert phases[-1] == "Ready" and is_ordered(phases, UPCOMING_ORDER), phases
             node = await kube.get(NODES, up["status"]["nodeRef"]["name"])
             assert up["spec"]["labels"].items() <= node["metadata"]["labels"].items()
 
@@ -183,12 +143,12 @@ async def test_node_state_updates_walk_upcoming_nodes_and_register_nodes(
             return (await kube.list(UPCOMING_NODES)).items == []
 
         await a.until("every UpcomingNode deleted", all_gone, 120)
+        await a.until_recorded("each UpcomingNode's deletion", seen,
+                               lambda seen: all(deleted(seen, name) for name in names))
         for name in names:
-            history = dedup([phase(v) for v in seen if v["metadata"]["name"] == name])
-            assert is_ordered(history, UPCOMING_ORDER), history
-            assert history[-1] in ("Draining", "Drained"), history
-            assert seen[-1]["type"] == "DELETED" or any(
-                v["type"] == "DELETED" and v["metadata"]["name"] == name for v in seen)
+            phases = history(seen, name)
+            assert is_ordered(phases, UPCOMING_ORDER), phases
+            assert phases[-1] in ("Draining", "Drained"), phases
 
 
 async def test_reclaim_cordons_and_drains_against_a_real_pod_disruption_budget(
@@ -197,12 +157,9 @@ async def test_reclaim_cordons_and_drains_against_a_real_pod_disruption_budget(
     """Two guarded Pods on a machine, a PDB allowing no disruption: the reclaim cordons the
     Node, the apiserver answers the evictions 429 (EvictionBlocked Events), an unguarded Pod
     is evicted, and the UpcomingNode is walked to Drained and deleted."""
-    realkube.reset()
-    ns = realkube.namespace("pdb")
-    async with running_agent(realkube, tmp_path) as a:
+    async with agent_in_namespace(realkube, tmp_path, "pdb") as (a, ns):
         kube = a.admin
-        seen: list[dict[str, Any]] = []
-        await a.nursery.start(record, kube, UPCOMING_NODES, None, seen)
+        seen = await a.record(UPCOMING_NODES)
         await kube.create(DEPLOYMENTS, deployment("demand", 1, "1"), ns)
 
         async def one_ready() -> bool:
@@ -259,13 +216,18 @@ async def test_reclaim_cordons_and_drains_against_a_real_pod_disruption_budget(
         await a.until("the unguarded Pod evicted", loose_evicted, 120)
 
         async def upcoming_deleted() -> bool:
-            return any(v["type"] == "DELETED" and v["metadata"]["name"] == up["metadata"]["name"]
-                       for v in seen)
+            return deleted(seen, up["metadata"]["name"])
 
         await a.until("the UpcomingNode deleted after Drained", upcoming_deleted, 120)
-        history = dedup([phase(v) for v in seen if v["metadata"]["name"] == up["metadata"]["name"]])
-        assert "Draining" in history and is_ordered(history, UPCOMING_ORDER), history
-        assert {"Reclaim", "Cordoned"} <= set(await node_events(kube, node))
+        phases = history(seen, up["metadata"]["name"])
+        assert "Draining" in phases and is_ordered(phases, UPCOMING_ORDER), phases
+        # (Events are written beside the work, not before it: wait for them too. The Node's
+        # name is this test's own, so are its Events: the shard's seed is per test.)
+        async def node_reclaimed_and_cordoned() -> bool:
+            return {"Reclaim", "Cordoned"} <= set(await node_events(kube, node))
+
+        await a.until(f"the Reclaim and Cordoned Events on Node {node}",
+                      node_reclaimed_and_cordoned)
         # the budget held: neither guarded Pod was evicted
         assert "Evicted" not in await reasons("Pod", "guarded-0") | await reasons(
             "Pod", "guarded-1")

@@ -15,7 +15,7 @@ import trustme
 from bigfleet_trio.observability.tls import client_context
 from scripts.realkube import free_port
 from tests.realkube.agent import Agent
-from tests.support.realkube import RealKube
+from tests.support.realkube import RealKube, until
 
 
 async def test_metrics_over_https_only_for_a_bound_caller(
@@ -35,6 +35,18 @@ async def test_metrics_over_https_only_for_a_bound_caller(
                     "name": "bigfleet-metrics-reader"},
         "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": ns}]})
     assert r.status_code == 201, r.text
+
+    # The apiserver's RBAC authorizer learns of a new binding from its own informer: wait
+    # until it grants the scraper, so the 200 below is the pod controller's answer, not a race.
+    async def granted() -> bool:
+        r = cp.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", {
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": f"system:serviceaccount:{ns}:scraper",
+                     "groups": ["system:serviceaccounts", f"system:serviceaccounts:{ns}"],
+                     "nonResourceAttributes": {"path": "/metrics", "verb": "get"}}})
+        return r.status_code == 201 and bool(r.json()["status"].get("allowed"))
+
+    await until("the apiserver's RBAC to grant the scraper /metrics", granted, 60)
     ca = trustme.CA()
     certs = tmp_path / "metrics-tls"
     certs.mkdir()

@@ -65,20 +65,27 @@ def require_binaries() -> Any:
 
 
 async def until(what: str, check: Callable[[], Awaitable[bool]], seconds: float = 90.0,
-                logs: Callable[[], str] = lambda: "") -> None:
+                logs: Callable[[], str] = lambda: "",
+                status: Callable[[], str] | None = None) -> None:
     """Poll ``check`` every 0.3 s until it returns true (an exception counts as not yet: a
-    component may be restarting); fail naming ``what`` (and ``logs()``) after ``seconds``.
+    component may be restarting); fail naming ``what`` after ``seconds``, with ``status()``
+    (what the last check saw, e.g. counts per sub-condition), the last exception a check
+    raised, and ``logs()``.
 
     The bound is a deadline for a hung test, never an assertion on how fast it was."""
+    error: BaseException | None = None
     with trio.move_on_after(seconds):
         while True:
             try:
                 if await check():
                     return
-            except Exception:  # noqa: BLE001 - polled again; the deadline reports it
-                pass
+                error = None
+            except Exception as exc:  # noqa: BLE001 - polled again; the deadline reports it
+                error = exc
             await trio.sleep(0.3)
-    pytest.fail(f"timed out after {seconds:.0f} s waiting for {what}\n{logs()}")
+    seen = f"\nlast check saw: {status()}" if status is not None else ""
+    raised = f"\nlast check raised: {error!r}" if error is not None else ""
+    pytest.fail(f"timed out after {seconds:.0f} s waiting for {what}{seen}{raised}\n{logs()}")
 
 
 @dataclass
@@ -128,8 +135,16 @@ class RealKube:
     def reset(self, timeout: float = 90.0) -> None:
         """Delete what earlier tests left, and wait until it is gone: UpcomingNodes,
         AvailableCapacities, Nodes other than kwok's ``up`` ones, the test namespaces (their
-        Pods force-deleted first), the leader Leases, and Deployments, Jobs, Pods and
-        CapacityRequests in ``default`` (the backend-neutral tests use it)."""
+        Pods force-deleted first), the leader Leases, Deployments, Jobs, Pods and
+        CapacityRequests in ``default`` (the backend-neutral tests use it), and the Events in
+        ``default`` (where the Events about Nodes go: a later test must not count an earlier
+        test's Cordoned or Reclaim).
+
+        The Pod deletions are repeated until the wait ends: a ReplicaSet being collected can
+        still create a Pod, and one bound to a deleted Node would otherwise wait for podgc.
+
+        Raises AssertionError naming what is still present after ``timeout`` seconds (with each
+        namespace's phase and conditions: the namespace controller reports what holds it)."""
         req = self.cp.request
         crs = "/apis/bigfleet.lucy.sh/v1alpha1"
         for path in (f"{crs}/upcomingnodes", f"{crs}/availablecapacities"):
@@ -139,10 +154,8 @@ class RealKube:
                 req("PATCH", f"{path}/{name}", {"metadata": {"finalizers": None}},
                     content_type="application/merge-patch+json")
                 req("DELETE", f"{path}/{name}")
-        for node in req("GET", "/api/v1/nodes").json().get("items", []):
-            name = node["metadata"]["name"]
-            if not name.startswith(KWOK_NODE_PREFIX):
-                req("DELETE", f"/api/v1/nodes/{name}")
+        for name in self._foreign_nodes():
+            req("DELETE", f"/api/v1/nodes/{name}")
         leases = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
         for lease in req("GET", leases).json().get("items", []):
             req("DELETE", f"{leases}/{lease['metadata']['name']}")
@@ -150,26 +163,50 @@ class RealKube:
                     "/apis/apps/v1/namespaces/default/replicasets",
                     "/apis/batch/v1/namespaces/default/jobs"):
             req("DELETE", f"{api}?propagationPolicy=Background")
-        namespaces = [ns["metadata"]["name"] for ns in req(
-            "GET", f"/api/v1/namespaces?labelSelector={TEST_NS_LABEL}=1").json().get("items", [])]
-        for ns in [*namespaces, "default"]:
-            # force: a Pod on a Node that is gone would wait for podgc otherwise
-            req("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
+        req("DELETE", "/api/v1/namespaces/default/events")
+        namespaces = self._test_namespaces()
+        self._force_delete_pods([*namespaces, "default"])
         req("DELETE", f"{crs}/namespaces/default/capacityrequests")
         for ns in namespaces:
             req("DELETE", f"/api/v1/namespaces/{ns}")
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             left_ns = req("GET", f"/api/v1/namespaces?labelSelector={TEST_NS_LABEL}=1").json()
             left = (left_ns.get("items", [])
                     + req("GET", "/api/v1/namespaces/default/pods").json().get("items", [])
                     + req("GET", f"{crs}/capacityrequests").json().get("items", [])
-                    + req("GET", f"{crs}/upcomingnodes").json().get("items", []))
+                    + req("GET", f"{crs}/upcomingnodes").json().get("items", [])
+                    + req("GET", f"{crs}/availablecapacities").json().get("items", [])
+                    + [{"kind": "Node", "metadata": {"name": n}} for n in self._foreign_nodes()])
             if not left:
                 return
+            if time.monotonic() > deadline:
+                break
+            self._force_delete_pods([ns["metadata"]["name"] for ns in left_ns.get("items", [])]
+                                    + ["default"])
             time.sleep(0.3)
+        held = [(ns["metadata"]["name"], (ns.get("status") or {}).get("phase"),
+                 [c.get("message") for c in (ns.get("status") or {}).get("conditions") or []
+                  if c.get("status") == "True"])
+                for ns in left_ns.get("items", [])]
         raise AssertionError(f"reset: still present after {timeout:.0f} s: "
-                             f"{[(o.get('kind'), o['metadata']['name']) for o in left]}")
+                             f"{[(o.get('kind'), o['metadata']['name']) for o in left]}; "
+                             f"namespaces: {held}")
+
+    def _test_namespaces(self) -> list[str]:
+        return [ns["metadata"]["name"] for ns in self.cp.request(
+            "GET", f"/api/v1/namespaces?labelSelector={TEST_NS_LABEL}=1").json().get("items", [])]
+
+    def _foreign_nodes(self) -> list[str]:
+        """Nodes other than kwok's ``up`` ones (the sim shard's, a test's own)."""
+        return [n["metadata"]["name"]
+                for n in self.cp.request("GET", "/api/v1/nodes").json().get("items", [])
+                if not n["metadata"]["name"].startswith(KWOK_NODE_PREFIX)]
+
+    def _force_delete_pods(self, namespaces: list[str]) -> None:
+        for ns in namespaces:
+            # force: a Pod on a Node that is gone would wait for podgc otherwise
+            self.cp.request("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,7 @@
 """The embedded apiserver as a separate process over real HTTP(S), for tests that need a server
 they reach like any other (the differential test): ``bigfleet-trio sim apiserver`` with RBAC.
+Also :data:`SHARD_LISTENING`, how a test finds the port ``bigfleet-trio sim shard --port 0``
+bound.
 
 Usage::
 
@@ -9,13 +11,19 @@ Usage::
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["sim_apiserver_process"]
+__all__ = ["SHARD_LISTENING", "sim_apiserver_process"]
+
+#: The line ``bigfleet-trio sim shard`` logs once it listens; group 1 is the port it bound
+#: (with ``--port 0``, one the kernel picked: no other process can take it between a test's
+#: choice and the bind). Written by bigfleet_trio/sim/shard/cli.py.
+SHARD_LISTENING = re.compile(r"sim shard listening on \S+:(\d+)")
 
 
 @contextmanager
