@@ -267,7 +267,6 @@ def test_pod_controller_rbac_is_exactly_what_the_code_needs() -> None:
             "create",
             "patch",
             "delete",
-            "deletecollection",
         },
         (B, "capacityrequests/status"): {"patch"},
         ("", "events"): {"create"},

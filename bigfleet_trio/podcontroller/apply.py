@@ -73,12 +73,10 @@ class PlanApplier:
             log.warning("pod without uid skipped pod=%s", key)
             return plan.outcome
         if plan.outcome == "pod_terminal":
-            if plan.delete_selector is not None:
-                await self.client.delete_collection(
-                    CAPACITY_REQUESTS, key.namespace, label_selector=plan.delete_selector
-                )
+            if plan.delete:
+                gone = [await self.delete_cr(cr, why="pod_terminal") for cr in plan.delete]
                 log.info("crs deleted for terminal pod pod=%s uid=%s phase=%s crs=%d",
-                         key, uid, plan.phase, len(owned))
+                         key, uid, plan.phase, sum(gone))
             return plan.outcome
         if plan.outcome == "invalid_pod":
             assert plan.report is not None

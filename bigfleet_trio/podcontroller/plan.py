@@ -18,7 +18,6 @@ from bigfleet_trio.kube.mergepatch import merge_diff
 from .defaults import PriorityClassDefaults
 from .translate import (
     CRD_REQUIREMENT_OPERATORS,
-    OWNED_BY_POD_LABEL,
     TranslationError,
     build_capacity_request,
     is_terminal,
@@ -74,9 +73,8 @@ class PodPlan:
 
     Attributes:
         action: ``create`` (POST ``body``), ``update`` (merge-patch ``patch`` onto ``target``),
-            ``delete`` (delete the CRs in ``delete``, or, with ``delete_selector``, the
-            collection), ``report`` (the Pod gets no CR: ``report`` Events, ``delete`` the CRs it
-            has), ``nothing``.
+            ``delete`` (delete the CRs in ``delete``, each by name), ``report`` (the Pod gets
+            no CR: ``report`` Events, ``delete`` the CRs it has), ``nothing``.
         outcome: the reconcile outcome counted once the plan is applied (``cr_created``,
             ``cr_updated``, ``cr_exists``, ``pod_terminal``, ``invalid_pod``,
             ``unsupported_requirement``, ``cr_rejected``; ``cr_created`` may turn into
@@ -87,8 +85,8 @@ class PodPlan:
         target: ``update``: the cached CR patched.
         patch: ``update``: the merge patch of ``{"spec": ...}``.
         delete: CRs to delete, with a reason for the log line (``duplicate``,
-            ``unsupported_requirement``, ``rejected_update``), before the write.
-        delete_selector: ``delete`` of a terminal Pod: the label selector of its CRs.
+            ``unsupported_requirement``, ``rejected_update``, ``pod_terminal``), before the
+            write.
         report: Events for the decision (``report``), or None.
         warnings: translation warnings (Events + log lines) reported on the way to a write.
         clear: Event reasons whose condition has cleared (forget they were reported).
@@ -104,7 +102,6 @@ class PodPlan:
     patch: dict[str, Any] | None = None
     delete: tuple[dict[str, Any], ...] = ()
     delete_reason: str = ""
-    delete_selector: str | None = None
     report: EventReport | None = None
     warnings: EventReport | None = None
     clear: tuple[str, ...] = ()
@@ -152,8 +149,12 @@ def plan_pod(
         return PodPlan("nothing", "invalid_pod")
     if is_terminal(pod):
         if owned_crs:
-            return PodPlan("delete", "pod_terminal", uid,
-                           delete_selector=f"{OWNED_BY_POD_LABEL}={uid}",
+            # Each CR by name: a deletecollection by label (the reference's way) makes the
+            # apiserver scan the namespace's CRs for every finished Pod; at 10,000 CRs on a
+            # loaded kube-apiserver those ran past 30 s and held the workers every other Pod
+            # waited on.
+            return PodPlan("delete", "pod_terminal", uid, delete=tuple(owned_crs),
+                           delete_reason="pod_terminal",
                            phase=str((pod.get("status") or {}).get("phase")))
         return PodPlan("nothing", "pod_terminal", uid)
     try:

@@ -384,7 +384,7 @@ def register(sub: Any) -> None:
                    "own defaults")
     p.add_argument("--job-share", type=float, default=0.2,
                    help="share of the CPU workloads that are Jobs (each Job Pod finishing costs "
-                   "the pod controller a CR delete-collection)")
+                   "the pod controller a CR delete)")
     p.add_argument("--churn-interval", type=float, default=2.0, help="seconds between scalings")
     p.add_argument("--phase-timeout", type=float, default=900.0, help="per phase wait limit")
     p.add_argument("--quiesce", type=float, default=20.0, help="quiesce hold seconds")

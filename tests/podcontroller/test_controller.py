@@ -161,12 +161,15 @@ async def test_deleted_pod_gc_and_terminal_pod_cleanup(
         await eventually(lambda: ctl.outcomes["pod_gone"] >= 1)
         items = await crs(client)
         assert [c["metadata"]["labels"][LABEL] for c in items] == [job["metadata"]["uid"]]
-        deletes_before = server.counters[("deletecollection", "capacityrequests")]
+        collections = server.counters[("deletecollection", "capacityrequests")]
+        deletes_before = server.counters[("delete", "capacityrequests")]
         await client.patch(
             PODS, "job", {"status": {"phase": "Succeeded"}}, "default", subresource="status"
         )
         await eventually(lambda: _count(client, 0))
-        assert server.counters[("deletecollection", "capacityrequests")] == deletes_before + 1
+        # the Pod's one CR by name, not a deletecollection (a scan of the namespace's CRs)
+        assert server.counters[("delete", "capacityrequests")] == deletes_before + 1
+        assert server.counters[("deletecollection", "capacityrequests")] == collections
         assert ctl.outcomes["pod_terminal"] >= 1
         # a terminal Pod never gets a CR, not even on resync
         ctl.resync()

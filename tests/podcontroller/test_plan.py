@@ -62,9 +62,12 @@ def test_pod_without_uid_is_invalid_and_nothing_is_done() -> None:
 
 
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
-def test_terminal_pod_deletes_its_crs_by_label_never_creates(phase: str) -> None:
+def test_terminal_pod_deletes_its_crs_by_name_never_creates(phase: str) -> None:
+    # by name, each CR it owns: a deletecollection by label costs the apiserver a scan of the
+    # namespace's CRs per finished Pod (docs/deviations.md, pod controller: terminal Pods)
     assert plan_pod(pod(phase=phase), [cr()], None) == PodPlan(
-        "delete", "pod_terminal", UID, delete_selector=f"{LABEL}={UID}", phase=phase)
+        "delete", "pod_terminal", UID, delete=(cr(),), delete_reason="pod_terminal",
+        phase=phase)
     assert plan_pod(pod(phase=phase), [], None) == PodPlan("nothing", "pod_terminal", UID)
 
 

@@ -210,7 +210,7 @@ async def test_shipped_rbac_is_enough_for_the_whole_flow(
         await w.wait_async(operator_events)
         counted = w.server.counters
         for key in (("create", "pods/eviction"), ("patch", "nodes"), ("create", "upcomingnodes"),
-                    ("create", "capacityrequests"), ("deletecollection", "capacityrequests"),
+                    ("create", "capacityrequests"), ("delete", "capacityrequests"),
                     ("patch", "capacityrequests/status"), ("delete", "upcomingnodes")):
             assert counted[key] >= 1, key
         assert w.denials == [], [
