@@ -9,7 +9,6 @@ keeps it out of scenario discovery).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,16 +20,11 @@ import yaml
 
 from scripts.bench import _common as C
 from scripts.bench._fleet_workload import fleet_catalog
+from scripts.realkube.controlplane import free_port
 
 PROCS = ("apiserver", "cluster", "shard", "pod-controller", "operator")
 """The processes of ``--kube sim``; ``--kube real`` has the control plane's components (etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler, kwok) instead of the first two."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -60,12 +54,12 @@ class Fleet:
         self.kube = kube
         self.cp: Any = None  # the real control plane (--kube real)
         self.kubeconfig = str(tmp / "kubeconfig")
-        self.api_port = _free_port()
-        self.shard_port = _free_port()
-        self.stats_port = _free_port()
-        self.metrics_port = _free_port()
-        self.pc_metrics_port = _free_port()
-        self.probe_ports = {"pod-controller": _free_port(), "operator": _free_port()}
+        self.api_port = free_port()
+        self.shard_port = free_port()
+        self.stats_port = free_port()
+        self.metrics_port = free_port()
+        self.pc_metrics_port = free_port()
+        self.probe_ports = {"pod-controller": free_port(), "operator": free_port()}
         self.procs: dict[str, Proc] = {}
         self.machines = machines
         self.rollup_interval = rollup_interval

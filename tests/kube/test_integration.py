@@ -21,9 +21,9 @@ from bigfleet_trio.kube.informer import Informer
 from bigfleet_trio.kube.leader import LeaderElector
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, LEASES, PODS
 from bigfleet_trio.kube.retry import Backoff
-from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
+from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
-from tests.support.realkube import RealKube
+from tests.support.realkube import RealKube, backend_kubeconfig
 
 
 def _cr(name: str, priority: int = 1) -> dict[str, Any]:
@@ -43,12 +43,7 @@ async def test_real_socket_crud_list_informer(
     nursery: trio.Nursery, tmp_path: Path, kube_backend: RealKube | None
 ) -> None:
     # both backends (tests/support/realkube.py): the embedded apiserver, or the real one
-    if kube_backend is not None:
-        kc = kube_backend.kubeconfig
-    else:
-        url = await nursery.start(serve, ApiServer())
-        kc = tmp_path / "kubeconfig"
-        write_kubeconfig(url, str(kc), token="t0k")
+    kc = await backend_kubeconfig(nursery, tmp_path, kube_backend, token="t0k")
     cfg = load_kubeconfig(str(kc), env={})
     with trio.fail_after(20):
         async with KubeClient(cfg) as c:

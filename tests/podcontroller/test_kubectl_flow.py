@@ -31,9 +31,8 @@ from typing import Any
 import pytest
 import trio
 
-from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 from bigfleet_trio.sim.apiserver.testing import find_kubectl
-from tests.support.realkube import RealKube
+from tests.support.realkube import RealKube, backend_kubeconfig
 
 KUBECTL = find_kubectl()
 # CI sets BIGFLEET_REQUIRE_KUBECTL=1 (.ci/run): there a missing kubectl fails these tests
@@ -103,12 +102,7 @@ async def test_kubectl_applied_pod_becomes_cr_listed_by_kubectl(
     nursery: trio.Nursery, tmp_path: Path, kube_backend: RealKube | None
 ) -> None:
     # both backends (tests/support/realkube.py): the embedded apiserver, or the real one
-    if kube_backend is not None:
-        kc = kube_backend.kubeconfig
-    else:
-        url = await nursery.start(serve, ApiServer())
-        kc = tmp_path / "kubeconfig"
-        write_kubeconfig(url, str(kc))
+    kc = await backend_kubeconfig(nursery, tmp_path, kube_backend)
     manifest = tmp_path / "pod.yaml"
     manifest.write_text(POD_YAML)
 

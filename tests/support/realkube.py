@@ -32,6 +32,7 @@ import trio
 
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import load_kubeconfig
+from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 from bigfleet_trio.sim.apiserver.testing import find_kubectl
 from scripts.realkube import BUILD_HINT, ControlPlane, find_binaries
 from scripts.realkube.controlplane import KWOK_NODE_PREFIX
@@ -241,6 +242,18 @@ def kube_backend(request: pytest.FixtureRequest) -> RealKube | None:
     rk: RealKube = request.getfixturevalue("realkube")
     rk.reset()
     return rk
+
+
+async def backend_kubeconfig(nursery: trio.Nursery, tmp_path: Path, backend: RealKube | None,
+                             *, token: str | None = None) -> Path:
+    """The kubeconfig of ``kube_backend``: the real control plane's admin one, or one (with
+    ``token`` if given) for a fresh embedded apiserver served in ``nursery``."""
+    if backend is not None:
+        return backend.kubeconfig
+    url = await nursery.start(serve, ApiServer())
+    kc = tmp_path / "kubeconfig"
+    write_kubeconfig(url, str(kc), token=token)
+    return kc
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
