@@ -83,7 +83,8 @@ class Fleet:
         if self.kube == "real":
             from scripts.bench import _realkube
 
-            self.cp = _realkube.start(self.tmp / "controlplane")
+            self.cp = _realkube.start(self.tmp / "controlplane",
+                                      extra_args=_realkube.SCALE_ARGS)
             self.kubeconfig = str(self.cp.kubeconfig)
             kcs = _realkube.agent_kubeconfigs(self.cp, self.tmp)
             op_kc, pc_kc = kcs["bigfleet-operator"], kcs["bigfleet-pod-controller"]

@@ -31,13 +31,38 @@ def binaries() -> Any:
     return found
 
 
-def start(workdir: Path, *, without: tuple[str, ...] = ()) -> Any:
+# The fleet soak's control-plane settings: what a scale test of a large cluster sets, so the
+# figures are the agent's and the server's, not the defaults of clients the bench drives.
+# - kube-controller-manager and kube-scheduler: client QPS 200 / burst 400 (defaults 20/30 and
+#   50/100). At the defaults the ReplicaSet controller alone needs 2,500 s of its own limiter to
+#   create 50,000 Pods, and at 400 machines it already waited up to 10.8 s per request
+#   ("client-side throttling" in its log); kube-apiserver's API Priority and Fairness still
+#   paces them.
+# - kwok: 200 s node Leases, renewed every 50 s, with the node lifecycle controller's grace
+#   period to match (240 s). A kubelet's 40 s Lease is renewed every 10 s: 500 writes/s for
+#   5,000 simulated kubelets, on the same 2 cores as the server they write to. The agent
+#   watches neither Leases nor heartbeats.
+# - etcd: 8 GiB backend quota (default 2 GiB) for 50,000 Pods and 50,000 CapacityRequests
+#   with their revisions between compactions.
+# Written down in BENCHMARKS.md with the soak's figures.
+SCALE_ARGS: dict[str, tuple[str, ...]] = {
+    "kube-controller-manager": ("--kube-api-qps", "200", "--kube-api-burst", "400",
+                                "--node-monitor-grace-period", "240s"),
+    "kube-scheduler": ("--kube-api-qps", "200", "--kube-api-burst", "400"),
+    "kwok": ("--node-lease-duration-seconds", "200"),
+    "etcd": ("--quota-backend-bytes", str(8 << 30)),
+}
+
+
+def start(workdir: Path, *, without: tuple[str, ...] = (),
+          extra_args: dict[str, tuple[str, ...]] | None = None) -> Any:
     """A started :class:`~scripts.realkube.ControlPlane` in ``workdir`` with the project's CRDs
     installed; the components named in ``without`` are stopped again (e.g. the scheduler and
-    kwok for a bench that never runs a Pod). The caller stops it (``cp.stop()``)."""
+    kwok for a bench that never runs a Pod); ``extra_args`` as the ControlPlane's (e.g.
+    :data:`SCALE_ARGS`). The caller stops it (``cp.stop()``)."""
     from scripts.realkube import ControlPlane
 
-    cp = ControlPlane(binaries(), workdir, nodes=0, ready_timeout=300.0)
+    cp = ControlPlane(binaries(), workdir, nodes=0, ready_timeout=300.0, extra_args=extra_args)
     try:
         cp.start()
         cp.install_crds()

@@ -24,7 +24,7 @@ import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,13 +73,21 @@ class ControlPlane:
         workdir: where data, certificates, kubeconfigs and logs go (``logs/<component>.log``).
         nodes: fake Nodes kwok runs (``kwok-node-0`` ...; 32 CPU, 256Gi, 110 Pods each).
         ready_timeout: seconds each component gets to become ready.
+        extra_args: per component name, flags appended to its command line (e.g. a scale
+            test's client QPS for kube-controller-manager); a name not in the components is
+            a ``KeyError``.
 
     kwok manages every Node (``--manage-all-nodes``), so Nodes registered by anyone else, e.g.
     the sim shard, also keep fresh heartbeats and run their Pods.
     """
 
     def __init__(self, binaries: Binaries, workdir: Path, *, nodes: int = 0,
-                 ready_timeout: float = 120.0) -> None:
+                 ready_timeout: float = 120.0,
+                 extra_args: Mapping[str, Sequence[str]] | None = None) -> None:
+        unknown = set(extra_args or {}) - set(COMPONENTS)
+        if unknown:
+            raise KeyError(f"extra_args for unknown components: {sorted(unknown)}")
+        self.extra_args = {name: list(args) for name, args in (extra_args or {}).items()}
         self.binaries = binaries
         self.workdir = Path(workdir)
         self.nodes = nodes
@@ -159,7 +167,11 @@ class ControlPlane:
     # ---- components ------------------------------------------------------------------------
 
     def argv(self, name: str) -> list[str]:
-        """The command line of component ``name`` (each flag checked against its --help)."""
+        """The command line of component ``name`` (each flag checked against its --help), with
+        its ``extra_args`` last."""
+        return [*self._base_argv(name), *self.extra_args.get(name, ())]
+
+    def _base_argv(self, name: str) -> list[str]:
         assert self.pki is not None
         p, pki, kc, bins = self.ports, self.pki, str(self.kubeconfig), self.binaries
         secure = ["--bind-address", "127.0.0.1", "--authentication-kubeconfig", kc,
