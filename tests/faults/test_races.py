@@ -25,17 +25,10 @@ from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import memory_stream_pair
 from tests.kube.fakekube import FakeKube
 from tests.support.kube import RecordingKube
+from tests.support.rollup import EmptyRollupSource
 
 KEY = "available:req=zone:In:a|res=cpu"
 NAME = available_capacity_name(KEY)
-
-
-class _Source:
-    async def build(self) -> pb.ClusterCapacityNeeds:
-        return pb.ClusterCapacityNeeds()
-
-    async def after_enqueue(self) -> None:
-        return None
 
 
 class _Handlers:
@@ -91,7 +84,7 @@ async def test_available_capacity_last_update_wins_when_an_earlier_write_is_retr
     server_kube = RecordingKube.over_sim(nursery)
     kube = _FailPatchOnce(server_kube.client, server_kube.server)
     op, shard = memory_stream_pair()
-    session = Session(op, SessionConfig(cluster_id="c1"), _Source(),
+    session = Session(op, SessionConfig(cluster_id="c1"), EmptyRollupSource(),
                       _Handlers(AvailableCapacityHandler(kube)))
     nursery.start_soon(session.run)
     await shard.send(_update(1))

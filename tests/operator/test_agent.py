@@ -17,14 +17,7 @@ from bigfleet_trio.operator.agent import Agent, AgentConfig, Backoff, SessionCha
 from bigfleet_trio.operator.sessiontypes import Reply, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import MemoryConnector, ShardStream, StreamClosed
-
-
-class Source:
-    async def build(self) -> pb.ClusterCapacityNeeds:
-        return pb.ClusterCapacityNeeds()
-
-    async def after_enqueue(self) -> None:
-        pass
+from tests.support.rollup import EmptyRollupSource
 
 
 class Handlers:
@@ -54,14 +47,14 @@ def make_agent(
 ) -> tuple[Agent, Handlers]:
     h = Handlers()
     cfg = AgentConfig(session=SessionConfig(cluster_id="c1"), backoff_jitter=jitter, **kw)
-    return Agent(connector, Source(), h, cfg, rng=random.Random(7)), h
+    return Agent(connector, EmptyRollupSource(), h, cfg, rng=random.Random(7)), h
 
 
 def test_agent_refuses_a_session_without_cluster_id() -> None:
     # The operator's settings nest a SessionConfig whose cluster_id the composition fills in.
     assert AgentConfig().session.cluster_id == ""
     with pytest.raises(ValueError, match="cluster_id is required"):
-        Agent(MemoryConnector(), Source(), Handlers(), AgentConfig())
+        Agent(MemoryConnector(), EmptyRollupSource(), Handlers(), AgentConfig())
 
 
 # ---- Backoff (pure) --------------------------------------------------------------------------
@@ -223,7 +216,7 @@ async def test_shard_that_never_reads_session_ends_after_send_timeout_then_backo
     changes: list[SessionChange] = []
     cfg = AgentConfig(session=SessionConfig(cluster_id="c1", send_timeout=5.0),
                       backoff_jitter=0.0)
-    agent = Agent(conn, Source(), Handlers(), cfg, on_session_change=changes.append)
+    agent = Agent(conn, EmptyRollupSource(), Handlers(), cfg, on_session_change=changes.append)
     accepted_at: list[float] = []
     held: list[ShardStream] = []  # accepted, never read
     t0 = trio.current_time()
@@ -257,7 +250,7 @@ async def test_on_session_change_reports_up_and_down_with_error_and_delay(
             raise RuntimeError("hook bug")  # logged, never ends the agent
 
     cfg = AgentConfig(session=SessionConfig(cluster_id="c1"), backoff_jitter=0.0)
-    agent = Agent(conn, Source(), Handlers(), cfg, on_session_change=hook)
+    agent = Agent(conn, EmptyRollupSource(), Handlers(), cfg, on_session_change=hook)
     t0 = trio.current_time()
     async with trio.open_nursery() as n:
         n.start_soon(agent.run)

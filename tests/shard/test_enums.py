@@ -17,6 +17,7 @@ from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import decode_shard_message
 from bigfleet_trio.shard.enums import UnknownEnum, UnknownEnumReporter, unknown_enum_values
 from bigfleet_trio.shard.transport import memory_stream_pair
+from tests.support.rollup import EmptyRollupSource
 
 Op = pb.NodeSelectorRequirementOperator
 
@@ -124,20 +125,12 @@ class Handlers:
         self.calls.append(f"available:{u.supersedes_key}")
 
 
-class Source:
-    async def build(self) -> pb.ClusterCapacityNeeds:
-        return pb.ClusterCapacityNeeds()
-
-    async def after_enqueue(self) -> None:
-        pass
-
-
 async def test_session_skips_frames_with_unknown_enums_and_answers_bootstrap_with_an_error(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     op, shard = memory_stream_pair()
     handlers = Handlers()
-    session = Session(op, SessionConfig(cluster_id="c1"), Source(), handlers)
+    session = Session(op, SessionConfig(cluster_id="c1"), EmptyRollupSource(), handlers)
     async with trio.open_nursery() as n:
         n.start_soon(session.run)
         for msg in (
