@@ -2,15 +2,18 @@
 
 :class:`KeepAlivePool` is an ``httpx.AsyncBaseTransport`` for the client's non-streaming
 requests (watches keep httpx's default transport). Each connection is an
-``httpcore.AsyncHTTPConnection`` (httpcore does the HTTP/1.1 and TLS work); only the pool
-differs from httpx's default one, whose bookkeeping walks every connection, several times and
-with a readability syscall each, on every request.
+``httpcore.AsyncHTTPConnection`` (httpcore does the HTTP/1.1 work, h11 the parsing, trio's
+SSLStream the TLS) on a network backend of ours (:class:`_TrioBackend`) that sends each
+request's head and body in one write. The pool differs from httpx's default one, whose
+bookkeeping walks every connection, several times and with a readability syscall each, on every
+request.
 """
 
 from __future__ import annotations
 
+import math
 import ssl
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
 import httpcore
@@ -20,6 +23,9 @@ import trio
 __all__ = ["KeepAlivePool"]
 
 _ORIGIN_KEY = tuple[bytes, bytes, int | None]
+
+_FLUSH_AT = 64 * 1024
+"""Bytes of request kept back before they go out anyway (a large body is not copied whole)."""
 
 
 def _httpx_error(exc: httpcore.TimeoutException | httpcore.NetworkError
@@ -33,6 +39,140 @@ def _httpx_error(exc: httpcore.TimeoutException | httpcore.NetworkError
 
 _CORE_ERRORS = (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError,
                 httpcore.UnsupportedProtocol)
+
+
+class _TrioStream(httpcore.AsyncNetworkStream):
+    """A Trio stream (TCP, or TLS over TCP) for httpcore that sends a request in one write.
+
+    httpcore's HTTP/1.1 connection writes a request's head, body and end as separate
+    ``write`` calls; over TLS each became its own record, its own ``SSLStream.send_all`` and
+    its own ``send`` syscall (with a body, 2 of each per request: a third of a request's
+    client CPU against kube-apiserver, BENCHMARKS.md). Here a ``write`` is kept until the next
+    ``read`` (the response), ``start_tls`` or ``aclose``, or until ``_FLUSH_AT`` bytes wait,
+    and then goes out as one ``send_all``: the same bytes on the wire, in one record.
+
+    A failed send is kept quiet and the read that follows reports the broken connection, as
+    httpcore does with a write error (a server may answer, e.g. 413, and close before reading
+    the whole request). Errors are httpcore's (ReadError, WriteError, the timeouts); a timeout
+    argument of None means none (the caller's Trio deadline applies).
+    """
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self._stream = stream
+        self._out: list[bytes] = []
+        self._out_len = 0
+
+    # the timeout parameters are httpcore's interface (seconds, None: none)
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        if not buffer:
+            return
+        self._out.append(buffer)
+        self._out_len += len(buffer)
+        if self._out_len >= _FLUSH_AT:
+            await self._send(timeout)
+
+    async def _send(self, seconds: float | None) -> None:
+        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+        self._out.clear()
+        self._out_len = 0
+        try:
+            if seconds is None:
+                await self._stream.send_all(data)
+            else:
+                with trio.fail_after(seconds):
+                    await self._stream.send_all(data)
+        except trio.TooSlowError as exc:
+            raise httpcore.WriteTimeout(str(exc)) from exc
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise httpcore.WriteError(str(exc)) from exc
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        if self._out:
+            try:
+                await self._send(timeout)
+            except httpcore.WriteError:
+                pass  # the read below reports it, or reads the server's early answer
+        try:
+            if timeout is None:
+                return bytes(await self._stream.receive_some(max_bytes))
+            with trio.fail_after(timeout):
+                return bytes(await self._stream.receive_some(max_bytes))
+        except trio.TooSlowError as exc:
+            raise httpcore.ReadTimeout(str(exc)) from exc
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise httpcore.ReadError(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        self._out.clear()  # a request cut short: its unsent rest is dropped with the connection
+        self._out_len = 0
+        await self._stream.aclose()
+
+    async def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> httpcore.AsyncNetworkStream:
+        if self._out:
+            await self._send(timeout)
+        tls = trio.SSLStream(self._stream, ssl_context, server_hostname=server_hostname,
+                             https_compatible=True)
+        try:
+            with trio.fail_after(math.inf if timeout is None else timeout):
+                await tls.do_handshake()
+        except BaseException as exc:
+            await trio.aclose_forcefully(self._stream)
+            if isinstance(exc, trio.TooSlowError):
+                raise httpcore.ConnectTimeout(str(exc)) from exc
+            if isinstance(exc, trio.BrokenResourceError):
+                raise httpcore.ConnectError(str(exc)) from exc
+            raise
+        return _TrioStream(tls)
+
+    def get_extra_info(self, info: str) -> Any:
+        stream = self._stream
+        if info == "ssl_object":
+            return stream._ssl_object if isinstance(stream, trio.SSLStream) else None
+        while isinstance(stream, trio.SSLStream):
+            stream = stream.transport_stream
+        if not isinstance(stream, trio.SocketStream):
+            return None
+        if info == "socket":
+            return stream.socket
+        if info == "client_addr":
+            return stream.socket.getsockname()
+        if info == "server_addr":
+            return stream.socket.getpeername()
+        if info == "is_readable":
+            return stream.socket.is_readable()
+        return None
+
+
+class _TrioBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's Trio network backend with :class:`_TrioStream` streams."""
+
+    async def connect_tcp(
+        self, host: str, port: int, timeout: float | None = None,  # noqa: ASYNC109
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        try:
+            with trio.fail_after(math.inf if timeout is None else timeout):
+                stream = await trio.open_tcp_stream(host, port, local_address=local_address)
+        except trio.TooSlowError as exc:
+            raise httpcore.ConnectTimeout(str(exc)) from exc
+        except (trio.BrokenResourceError, OSError) as exc:
+            raise httpcore.ConnectError(str(exc)) from exc
+        for option in socket_options or ():
+            stream.setsockopt(*option)
+        return _TrioStream(stream)
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None,  # noqa: ASYNC109
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.UnsupportedProtocol("unix sockets are not used by the kube client")
+
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
 
 
 class KeepAlivePool(httpx.AsyncBaseTransport):
@@ -66,6 +206,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         self._idle: dict[_ORIGIN_KEY, list[httpcore.AsyncHTTPConnection]] = {}
         self._origins: dict[_ORIGIN_KEY, httpcore.Origin] = {}
         self._closed = False
+        self._backend = _TrioBackend()
         self.opened = 0
         """Connections opened so far (for tests and benchmarks)."""
 
@@ -83,7 +224,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         self.opened += 1
         return httpcore.AsyncHTTPConnection(
             origin, ssl_context=self._ssl_context, keepalive_expiry=self._keepalive_expiry,
-            http1=True, http2=False,
+            http1=True, http2=False, network_backend=self._backend,
         )
 
     async def _close(self, conn: httpcore.AsyncHTTPConnection) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import ssl
 from collections.abc import Awaitable, Callable
 from functools import partial
 
@@ -230,3 +232,136 @@ async def test_client_requests_on_the_pool_carry_host_length_path_prefix_and_err
     assert any(line.startswith(b"Content-Length: ") for line in post)
     assert get[0].startswith(b"GET /prefix/api/v1/namespaces/ns/pods?")
     assert b"labelSelector=a%20in%20%28b%20c%29" in get[0]
+
+
+async def _tls_echo_server(nursery: trio.Nursery, ca: object) -> int:
+    """A TLS server answering every request with ``{"len": <body length>, "body": <head of
+    the body>}``; its port."""
+    import ssl
+
+    import trustme
+
+    assert isinstance(ca, trustme.CA)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(ctx)
+
+    async def handler(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        buf = bytearray()
+        async with stream:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(rest) < length:
+                    rest += await stream.receive_some(65536)
+                buf[:] = rest[length:]
+                await stream.send_all(_answer(json.dumps(
+                    {"len": length, "body": rest[:length][:20].decode()}).encode()))
+
+    listeners = await nursery.start(partial(trio.serve_ssl_over_tcp, handler, 0, ctx,
+                                            host="127.0.0.1"))
+    return int(listeners[0].transport_listener.socket.getsockname()[1])
+
+
+async def test_a_request_with_a_body_goes_out_in_one_tls_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Head and body of a request are one SSLStream.send_all (one TLS record, one send
+    syscall), not one for the head and one for the body; the server gets both intact."""
+    import trustme
+
+    sent: list[bytes] = []
+    real_send_all = trio.SSLStream.send_all
+
+    async def recording_send_all(self: trio.SSLStream[trio.SocketStream], data: bytes) -> None:
+        if not bytes(data).startswith(b"HTTP/1.1"):  # the server's answers are not counted
+            sent.append(bytes(data))
+        await real_send_all(self, data)
+
+    monkeypatch.setattr(trio.SSLStream, "send_all", recording_send_all)
+    ca = trustme.CA()
+    with trio.fail_after(30):  # real sockets and TLS: a generous wall-clock bound
+        async with trio.open_nursery() as nursery:
+            port = await _tls_echo_server(nursery, ca)
+            ctx = ssl.create_default_context()
+            ca.configure_trust(ctx)
+            pool = KeepAlivePool(ssl_context=ctx)
+            url = httpx.URL(f"https://127.0.0.1:{port}")
+            answers = []
+            bodies = [b'{"n": %d, "pad": "%s"}' % (i, b"x" * 500) for i in range(3)]
+            for body in bodies:
+                status, _, data = await pool.round_trip(
+                    b"POST", url, b"/x", [(b"Content-Type", b"application/json")], body)
+                answers.append((status, json.loads(data)))
+            await pool.aclose()
+            nursery.cancel_scope.cancel()
+    assert [a[1]["body"] for a in answers] == ['{"n": 0, "pad": "xxx', '{"n": 1, "pad": "xxx',
+                                               '{"n": 2, "pad": "xxx']
+    assert all(status == 200 and answer["len"] == 519 for status, answer in answers)
+    assert len(sent) == 3 and pool.opened == 1
+    for data, body in zip(sent, bodies, strict=True):
+        assert data.startswith(b"POST /x HTTP/1.1\r\n")
+        assert data.endswith(b"\r\n\r\n" + body)
+
+
+async def test_a_body_larger_than_the_write_buffer_arrives_whole() -> None:
+    """A body past the coalescing limit is sent as it comes (not copied whole) and arrives
+    complete."""
+    import trustme
+
+    ca = trustme.CA()
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            port = await _tls_echo_server(nursery, ca)
+            ctx = ssl.create_default_context()
+            ca.configure_trust(ctx)
+            pool = KeepAlivePool(ssl_context=ctx)
+            body = b"abcdefghij" * 30_000  # 300 KB
+            status, _, data = await pool.round_trip(
+                b"PUT", httpx.URL(f"https://127.0.0.1:{port}"), b"/big", [], body)
+            await pool.aclose()
+            nursery.cancel_scope.cancel()
+    assert status == 200 and json.loads(data) == {"len": 300_000, "body": "abcdefghijabcdefghij"}
+
+
+async def test_a_server_closing_without_an_answer_is_a_transport_error() -> None:
+    async def read_then_close(stream: trio.SocketStream) -> None:
+        async with stream:
+            await _read_request(stream, bytearray())
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, read_then_close, 0,
+                                                host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        pool = KeepAlivePool()
+        with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
+            await pool.round_trip(b"POST", httpx.URL(f"http://127.0.0.1:{port}"), b"/x", [],
+                                  b'{"a": 1}')
+        assert pool._idle.get((b"http", b"127.0.0.1", port), []) == []
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_read_timeout_from_the_request_extensions_is_a_read_timeout(
+    autojump_clock: object,
+) -> None:
+    async with trio.open_nursery() as nursery:
+
+        async def silent(stream: trio.SocketStream) -> None:
+            await trio.sleep_forever()
+
+        listeners = await nursery.start(partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        pool = KeepAlivePool()
+        request = httpx.Request("POST", f"http://127.0.0.1:{port}/x", content=b"{}",
+                                extensions={"timeout": {"connect": 5, "read": 5, "write": 5,
+                                                        "pool": 5}})
+        with pytest.raises(httpx.ReadTimeout):
+            await pool.handle_async_request(request)
+        await pool.aclose()
+        nursery.cancel_scope.cancel()
