@@ -406,6 +406,26 @@ func (b *bootstraps) outstanding() int {
 	return b.open
 }
 
+// recvLoop receives frames until the stream ends. Each frame is handed to onFrame with its
+// sequence number in the session (from 1); the kinds onFrame returns are then counted in seen,
+// in that order, for the script's awaits. When Recv fails, seen is ended (so awaits give up) and
+// the error is sent on done (buffered by the caller). Both modes run it: the server over
+// OperatorMessages, the client over ShardMessages.
+func recvLoop[M proto.Message](recv func() (M, error), seen *counts, done chan<- error,
+	onFrame func(seq int, m M) []string) {
+	for seq := 1; ; seq++ {
+		m, err := recv()
+		if err != nil {
+			seen.end()
+			done <- err
+			return
+		}
+		for _, kind := range onFrame(seq, m) {
+			seen.add(kind)
+		}
+	}
+}
+
 func waitFile(ctx context.Context, path string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
@@ -462,42 +482,32 @@ func (s *server) Session(stream grpc.BidiStreamingServer[pb.OperatorMessage, pb.
 	seen := newCounts()
 	boots := newBootstraps()
 	recvErr := make(chan error, 1)
-	go func() {
-		seq := 0
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				seen.end()
-				recvErr <- err
-				return
-			}
-			seq++
-			raw := codec.take(m)
-			kind := kindOf(m)
-			// The roll-ups and the handshake are recorded in full (up to -record-full-max
-			// bytes); high-rate answers briefly.
-			full := (kind == "hello" || kind == "rollup" || kind == "reclaim_ack" || seq <= 50) &&
-				len(raw) <= *recordFullMax
-			rec := frameRecord("up", n, seq, m, raw, full)
-			if r := m.GetRollup(); r != nil {
-				rec["needs"] = len(r.GetNeeds())
-			}
-			s.rec.Put(rec)
-			if r := m.GetBootstrapResponse(); r != nil {
-				if d, ok := boots.answer(r.GetRequestId()); ok {
-					s.rec.Put(map[string]any{"t": "bootstrap_answer", "session": n,
-						"request_id": r.GetRequestId(), "ms": float64(d.Microseconds()) / 1000,
-						"late": d > s.deadline, "error": r.GetError()})
-				}
-			}
-			if h := m.GetHello(); h != nil && san != "" && h.GetClusterId() != san {
-				// A certificate for one cluster cannot speak for another.
-				s.rec.Put(map[string]any{"t": "hello_refused", "session": n,
-					"cluster_id": h.GetClusterId(), "san_cluster_id": san})
-			}
-			seen.add(kind)
+	go recvLoop(stream.Recv, seen, recvErr, func(seq int, m *pb.OperatorMessage) []string {
+		raw := codec.take(m)
+		kind := kindOf(m)
+		// The roll-ups and the handshake are recorded in full (up to -record-full-max
+		// bytes); high-rate answers briefly.
+		full := (kind == "hello" || kind == "rollup" || kind == "reclaim_ack" || seq <= 50) &&
+			len(raw) <= *recordFullMax
+		rec := frameRecord("up", n, seq, m, raw, full)
+		if r := m.GetRollup(); r != nil {
+			rec["needs"] = len(r.GetNeeds())
 		}
-	}()
+		s.rec.Put(rec)
+		if r := m.GetBootstrapResponse(); r != nil {
+			if d, ok := boots.answer(r.GetRequestId()); ok {
+				s.rec.Put(map[string]any{"t": "bootstrap_answer", "session": n,
+					"request_id": r.GetRequestId(), "ms": float64(d.Microseconds()) / 1000,
+					"late": d > s.deadline, "error": r.GetError()})
+			}
+		}
+		if h := m.GetHello(); h != nil && san != "" && h.GetClusterId() != san {
+			// A certificate for one cluster cannot speak for another.
+			s.rec.Put(map[string]any{"t": "hello_refused", "session": n,
+				"cluster_id": h.GetClusterId(), "san_cluster_id": san})
+		}
+		return []string{kind}
+	})
 	err := s.play(ctx, stream, n, seen, boots)
 	if err == nil {
 		// Script done: hold the stream open until the agent ends it.
@@ -714,35 +724,25 @@ func runClient(rec *Recorder, script *Script) error {
 		return stream.Send(m)
 	}
 	done := make(chan error, 1)
-	go func() {
-		seq := 0
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				seen.end()
-				done <- err
-				return
-			}
-			seq++
-			rec.Put(frameRecord("down", 1, seq, m, codec.take(m), true))
-			// Answer as an agent would, so the shard's side of the protocol moves on.
-			if r := m.GetBootstrapRequest(); r != nil {
-				_ = send(&pb.OperatorMessage{Payload: &pb.OperatorMessage_BootstrapResponse{
-					BootstrapResponse: &pb.BootstrapBlobResponse{RequestId: r.GetRequestId(),
-						UserData: []byte("#cloud-config\n"), TtlSeconds: 600}}})
-			}
-			if r := m.GetReclaimInstruction(); r != nil {
-				_ = send(&pb.OperatorMessage{Payload: &pb.OperatorMessage_ReclaimAck{
-					ReclaimAck: &pb.ReclaimAck{InstructionId: r.GetInstructionId(),
-						NodesStarted: int32(len(r.GetNodes()))}}})
-			}
-			seen.add(kindOf(m))
-			if u := m.GetNodeStateUpdate(); u != nil {
-				// Awaitable as "node_state_update:MACHINE_STATE_<X>" too.
-				seen.add("node_state_update:" + u.GetState().String())
-			}
+	go recvLoop(stream.Recv, seen, done, func(seq int, m *pb.ShardMessage) []string {
+		rec.Put(frameRecord("down", 1, seq, m, codec.take(m), true))
+		// Answer as an agent would, so the shard's side of the protocol moves on.
+		if r := m.GetBootstrapRequest(); r != nil {
+			_ = send(&pb.OperatorMessage{Payload: &pb.OperatorMessage_BootstrapResponse{
+				BootstrapResponse: &pb.BootstrapBlobResponse{RequestId: r.GetRequestId(),
+					UserData: []byte("#cloud-config\n"), TtlSeconds: 600}}})
 		}
-	}()
+		if r := m.GetReclaimInstruction(); r != nil {
+			_ = send(&pb.OperatorMessage{Payload: &pb.OperatorMessage_ReclaimAck{
+				ReclaimAck: &pb.ReclaimAck{InstructionId: r.GetInstructionId(),
+					NodesStarted: int32(len(r.GetNodes()))}}})
+		}
+		if u := m.GetNodeStateUpdate(); u != nil {
+			// Awaitable as "node_state_update:MACHINE_STATE_<X>" too.
+			return []string{kindOf(m), "node_state_update:" + u.GetState().String()}
+		}
+		return []string{kindOf(m)}
+	})
 	for i, step := range script.forSession(1) {
 		timeout := duration(step.Timeout, 60*time.Second)
 		switch {
