@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -27,6 +26,7 @@ import trio
 
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import load_kubeconfig
+from scripts.realkube import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = str(Path(sys.executable).parent / "bigfleet-trio")
@@ -52,12 +52,6 @@ def build_goshard() -> str:
     if out.returncode != 0:
         pytest.fail(f"scripts/build-goshard failed:\n{out.stderr}")
     return out.stdout.strip().splitlines()[-1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Procs:
