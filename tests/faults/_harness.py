@@ -33,18 +33,7 @@ from bigfleet_trio.sim.shard.engine import EngineConfig
 from bigfleet_trio.sim.shard.nodes import KubeNodeHooks
 from bigfleet_trio.sim.shard.session import SimShard
 
-API = "bigfleet.lucy.sh/v1alpha1"
-
 Need = tuple[int, dict[str, str], dict[str, str]]
-
-
-def cr(name: str, priority: int, resources: dict[str, str], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": API,
-        "kind": "CapacityRequest",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"priority": priority, "resources": resources, **spec},
-    }
 
 
 def needs_of(rollup: pb.ClusterCapacityNeeds | None) -> list[Need]:

@@ -25,8 +25,9 @@ import trio.testing
 
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, NODES, UPCOMING_NODES
 from bigfleet_trio.proto import pb
+from tests.support.capacity import cr
 
-from ._harness import Harness, cr, harness, needs_of
+from ._harness import Harness, harness, needs_of
 
 AB = (100, {"cpu": "6"}, {"cpu": "3"})
 C = (10, {"cpu": "1"}, {"cpu": "1"})

@@ -29,8 +29,9 @@ from bigfleet_trio.kube.leader import LeaderElector
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.app import Operator
+from tests.support.capacity import cr
 
-from ._harness import Harness, SwitchableTransport, cr, harness
+from ._harness import Harness, SwitchableTransport, harness
 
 
 class Candidate:

@@ -29,8 +29,9 @@ from bigfleet_trio.operator.sessiontypes import SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import StreamClosed, memory_stream_pair
 from bigfleet_trio.sim.shard.engine import EngineConfig
+from tests.support.capacity import cr
 
-from ._harness import Harness, TaskTracker, Trigger, cr, harness, kind_of, needs_of
+from ._harness import Harness, TaskTracker, Trigger, harness, kind_of, needs_of
 
 FULL = [(100, {"cpu": "6"}, {"cpu": "3"})]
 HALF = [(100, {"cpu": "3"}, {"cpu": "3"})]

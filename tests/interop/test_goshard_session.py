@@ -21,20 +21,11 @@ from bigfleet_trio.kube.resources import (
 from bigfleet_trio.operator.available import available_capacity_name
 from bigfleet_trio.proto import pb
 from tests.interop._peer import world
+from tests.support.capacity import cr
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 
-API = "bigfleet.lucy.sh/v1alpha1"
 ZONE = "topology.kubernetes.io/zone"
-
-
-def cr(name: str, priority: int, resources: dict[str, str], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": API,
-        "kind": "CapacityRequest",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"priority": priority, "resources": resources, **spec},
-    }
 
 
 #: CapacityRequests that exercise every CapacityNeed field: maps with several keys (map entry

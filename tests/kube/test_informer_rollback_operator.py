@@ -10,7 +10,8 @@ from prometheus_client import REGISTRY
 
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
 from bigfleet_trio.sim.apiserver import ApiServer
-from tests.faults._harness import cr, harness
+from tests.faults._harness import harness
+from tests.support.capacity import cr
 
 
 def _rollup_crs() -> float | None:

@@ -50,17 +50,7 @@ from bigfleet_trio.sim.shard.catalog import Catalog, MachineShape
 from bigfleet_trio.sim.shard.engine import EngineConfig
 from bigfleet_trio.sim.shard.nodes import KubeNodeHooks
 from bigfleet_trio.sim.shard.session import SimShard
-
-API = "bigfleet.lucy.sh/v1alpha1"
-
-
-def cr(name: str, priority: int, resources: dict[str, str], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": API,
-        "kind": "CapacityRequest",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"priority": priority, "resources": resources, **spec},
-    }
+from tests.support.capacity import cr
 
 
 @dataclass
