@@ -58,18 +58,13 @@ def decode_watch_line(line: str | bytes) -> WatchEvent | None:
     Raises:
         WatchDecodeError: invalid JSON, unknown ``type`` or non-object ``object``.
     """
-    if isinstance(line, bytes):
-        try:
-            line = line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise WatchDecodeError(f"watch line is not UTF-8: {exc}") from exc
-    text = line.strip()
+    text = line.strip()  # bytes stay bytes: orjson reads (and checks) UTF-8 itself
     if not text:
         return None
     try:
         doc = orjson.loads(text)
     except ValueError as exc:
-        raise WatchDecodeError(f"watch line is not JSON: {text[:200]!r}") from exc
+        raise WatchDecodeError(f"watch line is not JSON (or not UTF-8): {text[:200]!r}") from exc
     if not isinstance(doc, dict):
         raise WatchDecodeError(f"watch line is not an object: {text[:200]!r}")
     etype = doc.get("type")
