@@ -293,6 +293,35 @@ def test_same_stays_in_the_domain_it_already_uses() -> None:
     assert [e.machine(i).shape.key for i in e.needs[0].machines] == ["small/sim-b"]
 
 
+def test_same_growth_stays_in_the_domain_the_group_runs_in_and_is_short_there() -> None:
+    # docs/rules.md#roll-up-same: kube-scheduler keeps a group's later Pods in the domain its
+    # running Pods hold, so machines for its growth elsewhere would be useless to it.
+    e = engine()
+    pin = need({"cpu": "6"}, {"cpu": "2"}, req(IT, Op.OPERATOR_IN, "small"),
+               req(ZONE, Op.OPERATOR_IN, "sim-a"), priority=100)
+    bigs = need({"cpu": "16"}, {"cpu": "8"}, req(IT, Op.OPERATOR_IN, "big"), priority=100)
+    group = (req(ZONE, Op.OPERATOR_SAME), req(IT, Op.OPERATOR_NOT_IN, "gpu"))
+    e.on_rollup(rollup(pin, bigs, need({"cpu": "2"}, {"cpu": "1"}, *group, group="g")), 1.0)
+    assert {e.machine(i).shape.zone for i in e.needs[2].machines} == {"sim-b"}  # sim-a is full
+    fx = e.on_rollup(rollup(pin, need({"cpu": "10"}, {"cpu": "1"}, *group, group="g")), 2.0)
+    # sim-b holds 6 cpu of smalls; sim-a's two bigs, now no need's, would hold all 10, but
+    # not next to the group's running Pods: the need stays in sim-b and is short there
+    assert {e.machine(i).shape.zone for i in e.needs[1].machines} == {"sim-b"}
+    assert len(e.needs[1].machines) == 3 and e.needs[1].short == ("cpu",)
+    assert [e.machine(u.machine_id).shape.zone for u in nsus(fx)] == ["sim-b", "sim-b"]
+
+
+def test_new_same_groups_take_the_domain_with_the_most_room() -> None:
+    # docs/rules.md#roll-up-same: two groups of one roll-up that both fit sim-a do not both
+    # go there; the second takes sim-b, which has more room left for it to grow into.
+    e = engine()
+    smalls = (req(ZONE, Op.OPERATOR_SAME), req(IT, Op.OPERATOR_IN, "small"))
+    e.on_rollup(rollup(need({"cpu": "2"}, {"cpu": "1"}, *smalls, group="g1"),
+                       need({"cpu": "2"}, {"cpu": "1"}, *smalls, group="g2")), 1.0)
+    assert [{e.machine(i).shape.zone for i in s.machines} for s in e.needs] == [
+        {"sim-a"}, {"sim-b"}]
+
+
 def test_spread_balances_new_machines_across_domains() -> None:
     e = engine()
     spread = [pb.TopologySpread(ZONE, 1, pb.TopologySpreadWhenUnsatisfiable(1))]

@@ -25,9 +25,10 @@ Planning, on every accepted roll-up (the roll-up is the cluster's complete desir
 4. The deficit is bootstrapped from the free pool: cheapest price first, then the spread domain
    with the fewest of the need's machines, then already-created (Idle) before Speculative, then
    inventory (catalog) order. When the pool has nothing that fits, the need records a shortfall.
-   A Same domain is chosen by: the need's own machines there (sticky), then existing supply
-   there, then the cheapest free machine there, then the value; the first domain that can hold
-   the whole need wins (else the best one, short).
+   A Same need that holds machines in a domain grows there only (short when it cannot); a new
+   one takes the domain with the most room for it, then existing supply, then the cheapest free
+   machine, then the value; the first domain that can hold the whole need wins (else the best
+   one, short). Why: docs/rules.md#roll-up-same.
 5. Bound machines no need took are surplus: Configured ones are reclaimed (one
    ReclaimInstruction per machine, naming its Kubernetes node); provisioning ones finish and are
    reclaimed by a later roll-up if still surplus.

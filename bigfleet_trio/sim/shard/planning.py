@@ -73,8 +73,13 @@ def plan_need(
     free: list[Machine],
 ) -> Plan:
     """Plan one need over supply ``sup`` and free machines ``free``: without Same
-    requirements :func:`fill`; with them, the first Same domain that covers the whole need
-    (sticky, then existing supply, then cheapest free price, then value), else the best one."""
+    requirements :func:`fill`; with them, in one domain (docs/rules.md#roll-up-same).
+
+    A need that already holds machines in a domain (sticky) stays there, short if the domain
+    cannot hold it. Otherwise the first domain that covers the whole need in the order: most
+    room (free and unclaimed machines serving the need, in multiples of its aggregate), then
+    existing supply, then cheapest free price, then value; else the best one, short.
+    """
     skeys = same_keys(need.requirements)
     if not skeys:
         return fill(need, key, agg, sup, free)
@@ -88,14 +93,39 @@ def plan_need(
     def in_domain(m: Machine, combo: tuple[str, ...]) -> bool:
         return all(m.labels.get(k) == v for k, v in zip(skeys, combo, strict=True))
 
-    def score(combo: tuple[str, ...]) -> tuple[int, int, float, tuple[str, ...]]:
+    def room(combo: tuple[str, ...]) -> Fraction:
+        # How many times the aggregate fits in what the need could take there (its bottleneck
+        # dimension); a need without requests counts machines.
+        total: dict[str, Fraction] = {}
+        n = 0
+        for m in itertools.chain(sup, free):
+            if in_domain(m, combo):
+                add_into(total, m.alloc)
+                n += 1
+        dims = [d for d, v in agg.items() if v > 0]
+        if not dims:
+            return Fraction(n)
+        return min(total.get(d, ZERO) / agg[d] for d in dims)
+
+    def score(combo: tuple[str, ...]) -> tuple[int, Fraction, int, float, tuple[str, ...]]:
         sticky = sum(1 for m in sup if m.need == key and in_domain(m, combo))
         existing = sum(1 for m in sup if in_domain(m, combo))
         prices = [m.shape.price_per_hour for m in free if in_domain(m, combo)]
-        return (-sticky, -existing, min(prices) if prices else float("inf"), combo)
+        return (-sticky, -room(combo), -existing, min(prices) if prices else float("inf"),
+                combo)
 
+    ranked = sorted((score(c), c) for c in combos)
+    if ranked[0][0][0] < 0:
+        # The need's Pods run where its machines are, and kube-scheduler places the group's
+        # later Pods only in a domain already running one of them (required pod affinity):
+        # machines for the growth in another domain would be useless to it, and moving the
+        # whole need would strand the running Pods. Grow in place, or be short there.
+        combo = ranked[0][1]
+        return fill(need, key, agg,
+                    [m for m in sup if in_domain(m, combo)],
+                    [m for m in free if in_domain(m, combo)])
     first: Plan | None = None
-    for combo in sorted(combos, key=score):
+    for _, combo in ranked:
         plan = fill(need, key, agg,
                     [m for m in sup if in_domain(m, combo)],
                     [m for m in free if in_domain(m, combo)])
