@@ -9,6 +9,7 @@ the CRs' cpu/memory totals over time and UpcomingNode phase events; :func:`read_
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -135,12 +136,38 @@ def _k(obj: dict[str, Any]) -> str:
     return f"{obj['metadata'].get('namespace')}/{obj['metadata'].get('name')}"
 
 
-def read_stats(port: int) -> dict[str, Any]:
-    """The shard's ``/stats`` JSON on ``port``."""
+def read_stats(port: int, timeout: float = 30.0) -> dict[str, Any]:
+    """The shard's ``/stats`` JSON on ``port``.
+
+    Raises:
+        OSError (TimeoutError, ConnectionRefusedError ...): no answer within ``timeout`` s.
+        ValueError: an answer that is not JSON (e.g. cut short).
+    """
     import urllib.request
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=30) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=timeout) as r:
         return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+class StatsPoller:
+    """:func:`read_stats` for polls that may miss: a failed read is logged to stderr and
+    counted (:attr:`failures`) and answers None, so one slow answer from a starved shard does
+    not end a run that has been going for half an hour; the caller treats None as "not known
+    yet" (a phase is not settled on it)."""
+
+    def __init__(self, port: int, timeout: float = 30.0) -> None:
+        self.port = port
+        self.timeout = timeout
+        self.failures = 0
+
+    def __call__(self) -> dict[str, Any] | None:
+        try:
+            return read_stats(self.port, self.timeout)
+        except (OSError, ValueError) as exc:
+            self.failures += 1
+            print(f"shard /stats poll failed ({self.failures} so far): "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            return None
 
 
 def read_metrics(port: int) -> dict[str, float]:

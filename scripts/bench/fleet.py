@@ -35,11 +35,11 @@ from scripts.bench import _common as C
 from scripts.bench._fleet_analysis import nsu_latencies, rollup_latencies
 from scripts.bench._fleet_observe import (
     Observed,
+    StatsPoller,
     cr_view,
     pod_view,
     read_histogram,
     read_metrics,
-    read_stats,
     un_view,
     wire,
 )
@@ -192,13 +192,17 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 1 for p in live if not p["node"]) <= args.unbound_ok * len(live)
 
         stable: dict[str, Any] = {"sig": None, "since": 0.0}
+        poll_stats = StatsPoller(fleet.stats_port)
 
         async def quiet() -> bool:
             """Settled: the last roll-up came after the last CR change and carries it, every
             bound machine is Configured with its UpcomingNode (none stale or Drained), no
             reclaim is in flight, few Pods pending -- and all that unchanged for a roll-up
             interval and then some."""
-            stats = await trio.to_thread.run_sync(read_stats, fleet.stats_port)
+            stats = await trio.to_thread.run_sync(poll_stats)
+            if stats is None:  # not known: not settled (logged and counted by the poller)
+                stable.update(sig=None, since=time.time())
+                return False
             s = snapshot(stats)
             snap = stats.get("snapshot") or {}
             states = {k: v for k, v in (snap.get("machines") or {}).items()
@@ -219,7 +223,7 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
             return now - stable["since"] >= args.rollup_seconds + 2
 
         async def end_phase(name: str) -> None:
-            stats = await trio.to_thread.run_sync(read_stats, fleet.stats_port)
+            stats = await trio.to_thread.run_sync(poll_stats)
             s = snapshot(stats)
             s["end_of"] = name
             s["operator_metrics"] = {k: v for k, v in (await trio.to_thread.run_sync(
@@ -298,8 +302,12 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
             await wait_until("quiet state", quiet, args.phase_timeout)
             await end_phase("quiesce")
             result["extra"]["counts"] = counts
-            result["extra"]["final_stats"] = await trio.to_thread.run_sync(read_stats,
-                                                                           fleet.stats_port)
+            for _ in range(3):
+                final = await trio.to_thread.run_sync(poll_stats)
+                if final is not None:
+                    break
+            result["extra"]["final_stats"] = final
+            result["extra"]["stats_poll_failures"] = poll_stats.failures
             nursery.cancel_scope.cancel()
 
 

@@ -159,3 +159,36 @@ def test_every_clones_required_pod_affinity_selects_pods_of_the_fleet(pods: int)
             checked += 1
             assert any(_selects(term["labelSelector"], lab) for lab in labels), w.name
     assert checked
+
+
+def test_a_failed_stats_poll_answers_none_and_is_counted(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # a starved shard that does not answer in time must not end a run half an hour in: the poll
+    # reports "not known" (None), and the run keeps the count of such misses
+    import socket
+    import threading
+
+    from scripts.bench._fleet_observe import StatsPoller
+
+    with socket.socket() as refused:  # a port nothing listens on
+        refused.bind(("127.0.0.1", 0))
+        port = refused.getsockname()[1]
+    poll = StatsPoller(port)
+    assert poll() is None and poll.failures == 1
+
+    # an answer cut short (not JSON)
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{\"nsu\": [")
+        conn.close()
+
+    t = threading.Thread(target=serve)
+    t.start()
+    poll.port = srv.getsockname()[1]
+    assert poll() is None and poll.failures == 2
+    t.join()
+    srv.close()
+    assert "shard /stats poll failed (2 so far)" in capsys.readouterr().err

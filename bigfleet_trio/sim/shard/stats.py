@@ -6,13 +6,13 @@ observations), served as JSON by ``sim shard --stats-addr HOST:PORT`` (``GET /st
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import deque
 from typing import Any
 
 import betterproto
+import orjson
 import trio
 
 from bigfleet_trio.proto import pb
@@ -135,7 +135,9 @@ async def serve_stats(
             line = buf.split(b"\r\n", 1)[0].decode("latin-1")
             parts = line.split()
             if len(parts) >= 2 and parts[0] == "GET" and parts[1].split("?")[0] == "/stats":
-                body = json.dumps(render()).encode()
+                # orjson: at 5,000 machines the logs are 10^5 rows, and the encoding runs on
+                # the shard's event loop, between its session's frames
+                body = orjson.dumps(render(), option=orjson.OPT_NON_STR_KEYS)
                 head = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n"
             else:
                 body = b'{"error": "not found"}'
