@@ -37,3 +37,26 @@ def test_extra_args_are_appended_to_their_component_only(tmp_path: Path) -> None
 def test_extra_args_for_an_unknown_component_are_refused(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match="kube-schedular"):
         plane(tmp_path, extra_args={"kube-schedular": ("--v", "2")})
+
+
+def test_nice_runs_each_component_under_nice_with_its_own_command_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    started: list[list[str]] = []
+
+    class Proc:
+        def __init__(self, argv: list[str], **_: object) -> None:
+            started.append(argv)
+
+    cp = plane(tmp_path, nice=10)
+    cp.logs_dir.mkdir(parents=True)
+    monkeypatch.setattr(subprocess, "Popen", Proc)
+    monkeypatch.setattr(cp, "_wait", lambda *a, **k: None)
+    cp._start("kube-apiserver")
+    assert started == [["nice", "-n", "10", *cp.argv("kube-apiserver")]]
+    plain = plane(tmp_path / "plain")
+    plain.logs_dir.mkdir(parents=True)
+    monkeypatch.setattr(plain, "_wait", lambda *a, **k: None)
+    plain._start("etcd")
+    assert started[1] == plain.argv("etcd")

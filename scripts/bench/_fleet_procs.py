@@ -49,8 +49,10 @@ class Fleet:
     """The five processes (see the module docstring)."""
 
     def __init__(self, tmp: Path, machines: int, rollup_interval: str, job_run_seconds: float,
-                 qps: float = 50.0, kube: str = "sim", client_args: tuple[str, ...] = ()):
+                 qps: float = 50.0, kube: str = "sim", client_args: tuple[str, ...] = (),
+                 control_plane_nice: int = 0):
         self.tmp = tmp
+        self.control_plane_nice = control_plane_nice
         self.kube = kube
         self.cp: Any = None  # the real control plane (--kube real)
         self.kubeconfig = str(tmp / "kubeconfig")
@@ -84,7 +86,8 @@ class Fleet:
             from scripts.bench import _realkube
 
             self.cp = _realkube.start(self.tmp / "controlplane",
-                                      extra_args=_realkube.SCALE_ARGS)
+                                      extra_args=_realkube.SCALE_ARGS,
+                                      nice=self.control_plane_nice)
             self.kubeconfig = str(self.cp.kubeconfig)
             kcs = _realkube.agent_kubeconfigs(self.cp, self.tmp)
             op_kc, pc_kc = kcs["bigfleet-operator"], kcs["bigfleet-pod-controller"]

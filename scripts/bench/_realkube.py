@@ -55,14 +55,15 @@ SCALE_ARGS: dict[str, tuple[str, ...]] = {
 
 
 def start(workdir: Path, *, without: tuple[str, ...] = (),
-          extra_args: dict[str, tuple[str, ...]] | None = None) -> Any:
+          extra_args: dict[str, tuple[str, ...]] | None = None, nice: int = 0) -> Any:
     """A started :class:`~scripts.realkube.ControlPlane` in ``workdir`` with the project's CRDs
     installed; the components named in ``without`` are stopped again (e.g. the scheduler and
     kwok for a bench that never runs a Pod); ``extra_args`` as the ControlPlane's (e.g.
-    :data:`SCALE_ARGS`). The caller stops it (``cp.stop()``)."""
+    :data:`SCALE_ARGS`) and ``nice``. The caller stops it (``cp.stop()``)."""
     from scripts.realkube import ControlPlane
 
-    cp = ControlPlane(binaries(), workdir, nodes=0, ready_timeout=300.0, extra_args=extra_args)
+    cp = ControlPlane(binaries(), workdir, nodes=0, ready_timeout=300.0, extra_args=extra_args,
+                      nice=nice)
     try:
         cp.start()
         cp.install_crds()

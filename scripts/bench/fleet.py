@@ -323,7 +323,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.rollup_seconds = _seconds(args.rollup_interval)
     params = {k: getattr(args, k) for k in ("kube", "machines", "pods", "per_profile", "duration",
                                             "rollup_interval", "job_run_seconds", "job_share",
-                                            "qps", "seed")}
+                                            "qps", "seed", "control_plane_nice")}
     result = C.result("fleet", params, [], [
         "latencies are wall-clock differences between the bench's own watch events (Pods, CRs, "
         "UpcomingNodes) and the shard's send/receive timestamps, all on this machine; the bench's "
@@ -342,7 +342,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tmp = args.keep_logs or tmp_dir
         Path(tmp).mkdir(parents=True, exist_ok=True)
         fleet = Fleet(Path(tmp), args.machines, args.rollup_interval, args.job_run_seconds,
-                      args.qps, kube=args.kube)
+                      args.qps, kube=args.kube, control_plane_nice=args.control_plane_nice)
         obs = Observed()
         try:
             fleet.start()
@@ -380,6 +380,11 @@ def register(sub: Any) -> None:
                    "scheduler/kubelet stand-in); real: etcd, kube-apiserver, "
                    "kube-controller-manager, kube-scheduler and kwok (python -m scripts.realkube "
                    "build), the binaries under ServiceAccount tokens (APF applies)")
+    p.add_argument("--control-plane-nice", type=int, default=10, metavar="N",
+                   help="--kube real: run the control plane's processes at `nice -n N` (0: as "
+                   "the bench). On a real cluster the agent runs on a worker node, not on the "
+                   "control plane's cores; on one small box an equal share lets the server's "
+                   "threads starve the agent's and the sim shard's event loops (BENCHMARKS.md)")
     p.add_argument("--machines", type=int, default=5000, help="fleet size (--quick: 200)")
     p.add_argument("--pods", type=int, default=50000, help="Pods at base size (--quick: 2000)")
     p.add_argument("--per-profile", type=int, default=100, help="Pods per Profile (~CRs)")

@@ -76,6 +76,10 @@ class ControlPlane:
         extra_args: per component name, flags appended to its command line (e.g. a scale
             test's client QPS for kube-controller-manager); a name not in the components is
             a ``KeyError``.
+        nice: the components' scheduling niceness (``nice -n``; 0: the caller's). A benchmark
+            that runs the control plane on the same cores as the clients it measures sets it,
+            so the clients are not starved by the server the way they would not be on a real
+            cluster, where they run on worker nodes.
 
     kwok manages every Node (``--manage-all-nodes``), so Nodes registered by anyone else, e.g.
     the sim shard, also keep fresh heartbeats and run their Pods.
@@ -83,7 +87,9 @@ class ControlPlane:
 
     def __init__(self, binaries: Binaries, workdir: Path, *, nodes: int = 0,
                  ready_timeout: float = 120.0,
-                 extra_args: Mapping[str, Sequence[str]] | None = None) -> None:
+                 extra_args: Mapping[str, Sequence[str]] | None = None,
+                 nice: int = 0) -> None:
+        self.nice = nice
         unknown = set(extra_args or {}) - set(COMPONENTS)
         if unknown:
             raise KeyError(f"extra_args for unknown components: {sorted(unknown)}")
@@ -237,9 +243,12 @@ class ControlPlane:
 
     def _start(self, name: str) -> None:
         log = (self.logs_dir / f"{name}.log").open("ab")
+        argv = self.argv(name)
+        if self.nice:
+            argv = ["nice", "-n", str(self.nice), *argv]  # nice execs it: the pid is the binary's
         try:
             self.procs[name] = subprocess.Popen(
-                self.argv(name), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 # own process group: Ctrl-C in the terminal of `up` reaches only `up`, which
                 # stops the components in order
                 start_new_session=True,
