@@ -223,10 +223,10 @@ def test_existing_supply_counts_and_only_the_deficit_is_bootstrapped() -> None:
     # same demand again: nothing new
     fx = e.on_rollup(rollup(need({"cpu": "5"}, {"cpu": "1"})), now)
     assert nsus(fx) == [] and of_kind(fx, "reclaim_instruction") == []
-    # 7 cpu: 6 configured + one more small (the third small/sim-a, cheapest; sim-b has no warm left
-    # and small/sim-a comes first in catalog order)
+    # 7 cpu: 6 configured + one more small (cheapest; sim-b holds one of the need's three
+    # machines, sim-a two: the second small/sim-b, zones balanced)
     fx = e.on_rollup(rollup(need({"cpu": "7"}, {"cpu": "1"})), now)
-    expected = [(ids(e, "small/sim-a")[2], S.SPECULATIVE)]
+    expected = [(ids(e, "small/sim-b")[1], S.SPECULATIVE)]
     assert [(u.machine_id, u.state) for u in nsus(fx)] == expected
 
 
@@ -320,6 +320,17 @@ def test_new_same_groups_take_the_domain_with_the_most_room() -> None:
                        need({"cpu": "2"}, {"cpu": "1"}, *smalls, group="g2")), 1.0)
     assert [{e.machine(i).shape.zone for i in s.machines} for s in e.needs] == [
         {"sim-a"}, {"sim-b"}]
+
+
+def test_new_machines_of_a_need_without_spread_are_balanced_across_zones() -> None:
+    # docs/rules.md#roll-up-same: kube-scheduler spreads a workload's Pods over the zones by
+    # default, so a need's machines piled into one zone leave the others' co-location groups to
+    # take the overflow. 8 cpu = 4 smalls: warm sim-b first, then a (fewer), then a (tie: index),
+    # then b.
+    e = engine()
+    e.on_rollup(rollup(need({"cpu": "8"}, {"cpu": "1"}, req(IT, Op.OPERATOR_IN, "small"))), 1.0)
+    zones = [e.machine(i).shape.zone for i in e.needs[0].machines]
+    assert zones == ["sim-b", "sim-a", "sim-a", "sim-b"]
 
 
 def test_spread_balances_new_machines_across_domains() -> None:

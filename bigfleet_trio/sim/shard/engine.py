@@ -23,8 +23,9 @@ Planning, on every accepted roll-up (the roll-up is the cluster's complete desir
    until the sum of their allocatable covers ``aggregate_resources`` in every dimension (and at
    least one machine, since Pods without requests still need a node).
 4. The deficit is bootstrapped from the free pool: cheapest price first, then the spread domain
-   with the fewest of the need's machines, then already-created (Idle) before Speculative, then
-   inventory (catalog) order. When the pool has nothing that fits, the need records a shortfall.
+   (and zone, spread or not) with the fewest of the need's machines, then already-created (Idle)
+   before Speculative, then inventory (catalog) order. When the pool has nothing that fits, the
+   need records a shortfall.
    A Same need that holds machines in a domain grows there only (short when it cannot); a new
    one takes the domain with the most room for it, then existing supply, then the cheapest free
    machine, then the value; the first domain that can hold the whole need wins (else the best

@@ -19,7 +19,7 @@ from typing import Any
 from bigfleet_trio.proto import pb
 
 from ._quantity import add_into, covers
-from .catalog import LABEL_HOSTNAME
+from .catalog import LABEL_HOSTNAME, LABEL_ZONE
 from .matching import labels_match, same_keys
 from .model import ZERO, Machine, State
 
@@ -167,11 +167,18 @@ def fill(
                    if s.when_unsatisfiable != pb.TopologySpreadWhenUnsatisfiable
                    .WHEN_UNSATISFIABLE_SCHEDULE_ANYWAY]
     new: list[Machine] = []
-    # The cheapest machine by (price, load of its spread domains, not Idle, inventory index).
+    # The cheapest machine by (price, load of its spread domains and zone, not Idle, inventory
+    # index).
     # A fresh machine's hostname domain always has load 0 (its hostname is its own), so only
     # the other spread keys split the free machines into domains; within a domain the load
     # is the same, so each domain's best is the first in (price, not Idle, index) order.
     dom_keys = [k for k in spread_keys if k != LABEL_HOSTNAME]
+    if LABEL_ZONE not in dom_keys:
+        # Zones are balanced even without a spread term: kube-scheduler spreads a workload's
+        # Pods over the zones by default (soft), so the need's Pods land about evenly in every
+        # zone whatever machines were bound for it; machines piled into one zone leave the
+        # other zones' co-location groups to take the overflow (docs/rules.md#roll-up-same).
+        dom_keys.append(LABEL_ZONE)
     counts = [Counter(m.labels.get(k) for m in take) for k in dom_keys]
     lanes: list[tuple[tuple[str | None, ...], list[Machine]]] = []
     if streams is None:
