@@ -230,6 +230,38 @@ def test_existing_supply_counts_and_only_the_deficit_is_bootstrapped() -> None:
     assert [(u.machine_id, u.state) for u in nsus(fx)] == expected
 
 
+def test_a_tainted_machine_serves_only_a_need_that_asks_for_it() -> None:
+    # docs/deviations.md 13.4: the roll-up carries no tolerations, so a machine tainted
+    # NoSchedule/NoExecute serves a need only when the need requests the resource the taint is
+    # named after (the GPU) or selects the taint's key as a label.
+    e = engine()
+    gpu = need({"cpu": "2", "nvidia.com/gpu": "1"}, {"cpu": "2", "nvidia.com/gpu": "1"})
+    e.on_rollup(rollup(gpu), 1.0)
+    assert [e.machine(i).shape.key for i in e.needs[0].machines] == ["gpu/sim-b"]
+    # The GPU demand goes; plain demand of 4 cpu must not count the GPU machine's 16 cpu (its
+    # Pods do not tolerate the taint): two smalls, the GPU machine surplus.
+    e.on_rollup(rollup(need({"cpu": "4"}, {"cpu": "1"})), 2.0)
+    assert [e.machine(i).shape.key for i in e.needs[0].machines] == ["small/sim-b",
+                                                                      "small/sim-a"]
+    # Selecting the shape by another label is not asking for the taint.
+    e.on_rollup(rollup(need({"cpu": "4"}, {"cpu": "1"}, req("accel", Op.OPERATOR_IN, "l4"))), 3.0)
+    assert e.needs[0].machines == () and e.needs[0].short == ("machines",)
+
+
+def test_a_dedicated_pool_serves_a_need_that_selects_its_taint_key() -> None:
+    # The dedicated-pool pattern: taint and label share a key, the Pods select the label.
+    ded = MachineShape("ded", "sim-a", {"cpu": "4"}, 0.10, count=1,
+                       extra_labels={"dedicated": "ml"},
+                       taints=(ShapeTaint("dedicated", "ml", "NoSchedule"),))
+    e = ShardEngine(Catalog([ded]), CFG)
+    e.on_connect("c1", 0.0)
+    e.on_rollup(rollup(need({"cpu": "2"}, {"cpu": "1"})), 1.0)
+    assert e.needs[0].machines == ()
+    e.on_rollup(rollup(need({"cpu": "2"}, {"cpu": "1"},
+                            req("dedicated", Op.OPERATOR_IN, "ml"))), 2.0)
+    assert len(e.needs[0].machines) == 1
+
+
 def test_in_flight_machines_count_as_supply() -> None:
     e = engine()
     e.on_rollup(rollup(need({"cpu": "5"}, {"cpu": "1"})), 1.0)
@@ -275,19 +307,24 @@ def test_same_picks_one_domain_for_all_machines() -> None:
 
 def test_same_skips_a_domain_that_cannot_hold_the_need() -> None:
     e = engine()
-    e.on_rollup(rollup(need({"cpu": "10"}, {"cpu": "1"}, req(ZONE, Op.OPERATOR_SAME),
-                            req(IT, Op.OPERATOR_NOT_IN, "big"))), 1.0)
-    # sim-a: only 3 smalls (6 cpu) -> infeasible. sim-b: 3 smalls (warm first) + gpu = 22 cpu.
+    e.on_rollup(rollup(need({"cpu": "10"}, {"cpu": "1"}, req(ZONE, Op.OPERATOR_SAME))), 1.0)
+    # sim-b: only 3 smalls (6 cpu; the GPU machine's taint is not asked for) -> infeasible.
+    # sim-a: 3 smalls + 2 bigs = 22 cpu; cheapest first: the smalls, then one big.
     ms = [e.machine(i) for i in e.needs[0].machines]
-    assert [m.shape.key for m in ms] == ["small/sim-b"] * 3 + ["gpu/sim-b"]
+    assert [m.shape.key for m in ms] == ["small/sim-a"] * 3 + ["big/sim-a"]
     assert e.needs[0].short == ()
 
 
 def test_same_stays_in_the_domain_it_already_uses() -> None:
     e = engine()
-    reqs = (req(ZONE, Op.OPERATOR_SAME), req(IT, Op.OPERATOR_NOT_IN, "big"))
-    e.on_rollup(rollup(need({"cpu": "10"}, {"cpu": "1"}, *reqs)), 1.0)  # sim-b, see above
-    # Demand shrinks to 2 cpu: sim-a would win on name, but the need's machines are in sim-b.
+    reqs = (req(ZONE, Op.OPERATOR_SAME), req(IT, Op.OPERATOR_IN, "small"))
+    pin = need({"cpu": "2"}, {"cpu": "2"}, req(IT, Op.OPERATOR_IN, "small"),
+               req(ZONE, Op.OPERATOR_IN, "sim-a"), priority=100)
+    # sim-a has 4 cpu of smalls left for the group, sim-b 6: sim-b.
+    e.on_rollup(rollup(pin, need({"cpu": "4"}, {"cpu": "1"}, *reqs)), 1.0)
+    assert {e.machine(i).shape.zone for i in e.needs[1].machines} == {"sim-b"}
+    # Demand shrinks to 2 cpu and the pinned need goes: sim-a would win on name, but the need's
+    # machines are in sim-b.
     fx = e.on_rollup(rollup(need({"cpu": "2"}, {"cpu": "1"}, *reqs)), 2.0)
     assert nsus(fx) == []
     assert [e.machine(i).shape.key for i in e.needs[0].machines] == ["small/sim-b"]

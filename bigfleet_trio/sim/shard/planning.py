@@ -21,7 +21,7 @@ from bigfleet_trio.proto import pb
 from ._quantity import add_into, covers
 from .catalog import LABEL_HOSTNAME, LABEL_ZONE
 from .matching import labels_match, same_keys
-from .model import ZERO, Machine, State
+from .model import ZERO, Machine, Op, State
 
 SUPPLY_RANK = {
     State.CONFIGURED: 0,
@@ -41,16 +41,40 @@ class Plan:
     short: list[str]
 
 
+_REPELLING = ("NoSchedule", "NoExecute")
+
+
+def tolerated(m: Machine, need: pb.CapacityNeed) -> bool:
+    """Whether ``need``'s Pods can be taken to tolerate every NoSchedule/NoExecute taint of
+    ``m``: the roll-up carries no tolerations, so only a need that asks for the tainted machine
+    does -- it requests the resource the taint is named after (a GPU taint, which Kubernetes'
+    ExtendedResourceToleration admission tolerates for such Pods) or has an In/Exists
+    requirement on the taint's key (the dedicated-pool pattern: taint and label share a key).
+    docs/deviations.md#13-the-simulated-shard-bigfleet_triosimshard, item 4."""
+    for t in m.shape.taints:
+        if t.effect not in _REPELLING:
+            continue
+        if need.min_unit.get(t.key) not in (None, "", "0"):
+            continue
+        if any(r.key == t.key and r.operator in (Op.OPERATOR_IN, Op.OPERATOR_EXISTS)
+               for r in need.requirements):
+            continue
+        return False
+    return True
+
+
 def serves(m: Machine, need: pb.CapacityNeed, unit: Mapping[str, Fraction]) -> bool:
-    """Whether ``m`` can serve ``need``: its labels match and its allocatable holds ``unit``."""
-    return labels_match(need.requirements, m.labels) and covers(m.alloc, unit)
+    """Whether ``m`` can serve ``need``: its labels match, its taints are :func:`tolerated`
+    and its allocatable holds ``unit``."""
+    return (labels_match(need.requirements, m.labels) and tolerated(m, need)
+            and covers(m.alloc, unit))
 
 
 def serves_memo(need: pb.CapacityNeed,
                 unit: Mapping[str, Fraction]) -> Callable[[Machine], bool]:
     """:func:`serves` for one need, answered once per shape: machines of a shape share
-    every label but the hostname and all their allocatable (a need naming the hostname label
-    is checked per machine)."""
+    every label but the hostname, their taints and all their allocatable (a need naming the
+    hostname label is checked per machine)."""
     reqs = list(need.requirements)
     if any(r.key == LABEL_HOSTNAME for r in reqs):
         return lambda m: serves(m, need, unit)
@@ -59,7 +83,8 @@ def serves_memo(need: pb.CapacityNeed,
     def serves_shape(m: Machine) -> bool:
         hit = memo.get(m.shape.key)
         if hit is None:
-            hit = memo[m.shape.key] = labels_match(reqs, m.labels) and covers(m.alloc, unit)
+            hit = memo[m.shape.key] = (labels_match(reqs, m.labels) and tolerated(m, need)
+                                       and covers(m.alloc, unit))
         return hit
 
     return serves_shape
