@@ -21,7 +21,7 @@ from bigfleet_trio.kube.resources import (
     PODS,
     UPCOMING_NODES,
 )
-from bigfleet_trio.sim.shard.catalog import Catalog, MachineShape, ShapeTaint
+from bigfleet_trio.sim.shard.catalog import LABEL_INSTANCE_TYPE, Catalog, MachineShape, ShapeTaint
 from bigfleet_trio.sim.shard.nodes import KubeNodeHooks
 from bigfleet_trio.sim.shard.session import SimShard
 from tests.realkube.agent import (
@@ -51,9 +51,14 @@ async def inprocess_shard(rk: RealKube) -> AsyncIterator[tuple[SimShard, trio.Nu
     """A second sim shard, in this process, registering Nodes on the control plane with the admin
     identity and a client that makes one attempt per request (so a refusal reaches the shard's
     own retry). One machine, tainted NoSchedule so kube-scheduler puts nothing on its Node; the
-    Node is deleted on exit."""
+    Node is deleted on exit.
+
+    The taint's key is the instance-type label's, which the roll-up of
+    :func:`configured_session` selects (Exists): the dedicated-pool pattern, so the shard counts
+    the tainted machine as capacity for that need (docs/deviations.md, section 13, item 4). With
+    a key no need selects, the shard never bootstraps it."""
     shape = MachineShape("down", "z-a", {"cpu": "2", "memory": "4Gi"}, 0.1, count=1, warm=1,
-                         taints=(ShapeTaint("bigfleet.test/no-pods", "", "NoSchedule"),))
+                         taints=(ShapeTaint(LABEL_INSTANCE_TYPE, "", "NoSchedule"),))
     async with rk.client(max_attempts=1) as client, trio.open_nursery() as nursery:
         shard = SimShard(Catalog([shape]), CFG, hooks=KubeNodeHooks(client))
         await nursery.start(shard.run)
@@ -137,7 +142,8 @@ async def test_apiserver_restart_and_etcd_compaction_relist_and_lose_nothing(
             # Meanwhile a machine of the second sim shard reaches CONFIGURED: its Node
             # registration is refused (connection refused) and must land once the apiserver is
             # back, as a kubelet's would.
-            _, down_node = await configured_session(down_shard, down_nursery)
+            with trio.fail_after(60):  # a shard that never bootstraps fails here, not hangs
+                _, down_node = await configured_session(down_shard, down_nursery)
             assert down_shard.hook_errors >= 1, a.logs()
             cp.bump_etcd_revision(20)
             cp.compact_etcd()
