@@ -558,8 +558,6 @@ def test_node_state_update_written_or_one_line_with_the_reason(
                 await handlers.on_node_state_update(u)  # raising = "dispatch failed" (a crash)
                 assert_no_errors(caplog)
                 server.faults.clear()
-                mid = u.machine_id
-                name = upcoming_node_name(mid, quiet=True) if mid else None
                 phase = PHASE_BY_STATE.get(int(u.state))
                 ignored = lines(caplog, UPC, "upcoming: ignored ")
                 warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
