@@ -13,6 +13,7 @@ import base64
 import json
 import logging
 import ssl
+import time
 from collections.abc import Mapping
 from typing import Any, Self
 from urllib.parse import quote, urlencode
@@ -22,6 +23,7 @@ import orjson
 import trio
 
 from ..observability import metrics
+from . import reqtrace
 from .config import KubeConfig
 from .errors import (
     ApiError,
@@ -234,26 +236,15 @@ class RequestCore:
         status = 0
         data = b""
         headers: Mapping[str, str] | list[tuple[bytes, bytes]] = []
-        with trio.move_on_after(self.request_timeout):
-            try:
-                if self._pool is not None:
-                    # our pool, no httpx objects: building an httpx Request and Response (URL
-                    # parsing, header models) cost more CPU than the HTTP/1.1 exchange itself
-                    raw = list(self._raw_headers)
-                    if auth:
-                        raw.append((b"Authorization", auth.encode()))
-                    if content is not None:
-                        raw.append((b"Content-Type", ctype.encode()))
-                    status, headers, data = await self._pool.round_trip(
-                        method.encode(), self._base_url, _target(self._base_path, path, query),
-                        raw, content)
-                else:
-                    status, headers, data = await self._via_transport(
-                        method, path + query, auth, content, ctype)
-            except httpx.TransportError as exc:
-                self.last_transport_error = KubeTransportError(
-                    f"{method} {path}: {describe_cause(exc)}")
-                raise self.last_transport_error from exc
+        started = time.time()
+        try:
+            with trio.move_on_after(self.request_timeout):
+                status, headers, data = await self._exchange(
+                    method, path, query, auth, content, ctype)
+        finally:
+            if reqtrace.trace is not None:
+                reqtrace.trace.record(started, method, path,
+                                      reqtrace.object_name(method, path, body), status)
         if not status:
             self.last_transport_error = KubeTransportError(
                 f"{method} {path}: no answer within {self.request_timeout:g}s")
@@ -279,6 +270,33 @@ class RequestCore:
             raise KubeTransportError(
                 f"{method} {path}: invalid JSON in {status} answer"
             ) from exc
+
+    async def _exchange(
+        self, method: str, path: str, query: str, auth: str | None, content: bytes | None,
+        ctype: str,
+    ) -> tuple[int, Mapping[str, str] | list[tuple[bytes, bytes]], bytes]:
+        """One HTTP exchange on the pool (or an injected transport): status, headers, body.
+
+        Raises:
+            KubeTransportError: the connection failed (also kept as ``last_transport_error``).
+        """
+        try:
+            if self._pool is not None:
+                # our pool, no httpx objects: building an httpx Request and Response (URL
+                # parsing, header models) cost more CPU than the HTTP/1.1 exchange itself
+                raw = list(self._raw_headers)
+                if auth:
+                    raw.append((b"Authorization", auth.encode()))
+                if content is not None:
+                    raw.append((b"Content-Type", ctype.encode()))
+                return await self._pool.round_trip(
+                    method.encode(), self._base_url, _target(self._base_path, path, query),
+                    raw, content)
+            return await self._via_transport(method, path + query, auth, content, ctype)
+        except httpx.TransportError as exc:
+            self.last_transport_error = KubeTransportError(
+                f"{method} {path}: {describe_cause(exc)}")
+            raise self.last_transport_error from exc
 
     async def _via_transport(
         self, method: str, path: str, auth: str | None, content: bytes | None, ctype: str

@@ -4,7 +4,9 @@
 :func:`nsu_latencies` matches NodeStateUpdates to the UpcomingNode events showing their phase
 within the machine's life (:func:`match_in_life`); :func:`reclaim_latencies` matches reclaim
 instructions to their acks and :func:`pod_cr_latencies` Pods to their CRs, by id;
-:func:`pct` is the percentile the report uses. Private to :mod:`scripts.bench.fleet` (the
+:func:`pct` is the percentile the report uses; :func:`agent_own` splits the matched latencies
+into the apiserver's share (the traced requests on the objects named, as the client saw them) and
+the agent's own. Private to :mod:`scripts.bench.fleet` (the
 leading underscore keeps it out of scenario discovery).
 """
 
@@ -76,6 +78,10 @@ END_OF_LIFE = frozenset({"Draining", "Drained", "Deleted", "Failed"})
 SEND_SLACK = 0.05
 
 
+Window = tuple[tuple[str, ...], float, float]
+"""One matched latency: the objects whose apiserver requests it waited on, its start and end."""
+
+
 @dataclass
 class Matched:
     """Per phase of the run: update -> write latencies, and updates whose wanted write never came.
@@ -86,11 +92,13 @@ class Matched:
     operator's per-machine coalescing skips intermediate phases by design.
     ``unmatched``: updates with neither before the next update asking for the same thing (or the
     end of the observation): a missed watch event or a write that never happened.
+    ``windows``: each ``latency`` sample as a :data:`Window`, for :func:`agent_own`.
     """
 
     latency: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     superseded: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     unmatched: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    windows: dict[str, list[Window]] = field(default_factory=lambda: defaultdict(list))
 
 
 def match_in_life(t: float, want: str, events: list[tuple[float, str]],
@@ -150,6 +158,7 @@ def nsu_latencies(nsu: list[list[Any]], un_events: dict[str, list[tuple[float, s
             ph = phase_of(t)
             if kind == "written":
                 out.latency[ph].append(secs)
+                out.windows[ph].append((("un-" + machine,), t, t + secs))
             elif kind == "superseded":
                 out.superseded[ph].append(secs)
             else:
@@ -175,24 +184,28 @@ def reclaim_latencies(records: list[list[Any]], phase_of: Any) -> Matched:
             out.unmatched[ph] += 1
             continue
         out.latency[ph].append(max(0.0, acked - issued))
+        out.windows[ph].append((tuple(n for n in str(rec[1]).split(",") if n), issued,
+                                max(issued, acked)))
         if sends > 1:
             out.superseded[ph].append(max(0.0, acked - issued))
     return out
 
 
 def pod_cr_latencies(pod_added: dict[str, tuple[float, str]], cr_added: dict[str, float],
-                     pod_deleted: dict[str, float]) -> dict[str, dict[str, Any]]:
+                     pod_deleted: dict[str, float],
+                     cr_name: Any = lambda uid: f"cr-{uid}") -> dict[str, dict[str, Any]]:
     """Pod first seen -> its (first) CR seen, per phase the Pod was seen in.
 
     A Pod's CR carries the Pod's UID, so the match is by UID, one life each. Per phase:
     ``latency`` (CR seen at or after the Pod, clipped at 0 when the CR's watch event came
     first: ``cr_first`` counts those), ``deleted_first`` (the Pod was deleted before any CR was
-    seen: no latency), ``missing`` (live Pod never given a CR while observed).
+    seen: no latency), ``missing`` (live Pod never given a CR while observed), ``windows``
+    (each latency as a :data:`Window` naming the CR, ``cr_name(uid)``).
     """
     out: dict[str, dict[str, Any]] = {}
     for uid, (t, ph) in pod_added.items():
         row = out.setdefault(ph, {"latency": [], "cr_first": 0, "deleted_first": 0,
-                                  "missing": 0})
+                                  "missing": 0, "windows": []})
         tc = cr_added.get(uid)
         gone = pod_deleted.get(uid)
         if tc is None:
@@ -204,6 +217,7 @@ def pod_cr_latencies(pod_added: dict[str, tuple[float, str]], cr_added: dict[str
         if tc < t:
             row["cr_first"] += 1
         row["latency"].append(max(0.0, tc - t))
+        row["windows"].append(((cr_name(uid),), t, max(t, tc)))
     return out
 
 
@@ -233,4 +247,42 @@ def cr_readds(readds: list[tuple[float, str, str, float | None]], pod_deleted: d
         later = cr_deleted.get(uid)
         row["readd_lifetime"].append(later - t if later is not None and later >= t
                                      else float("nan"))
+    return out
+
+
+def trace_index(lines: list[list[Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Request-trace lines (``[start, end, method, path, name, status]``;
+    docs/kube-api.md#request-trace) as object name -> its requests' ``(start, end)``, sorted;
+    requests naming no object dropped."""
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for line in lines:
+        if len(line) >= 5 and line[4]:
+            out[str(line[4])].append((float(line[0]), float(line[1])))
+    for spans in out.values():
+        spans.sort()
+    return dict(out)
+
+
+def server_wait(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of ``[start, end]`` covered by the union of ``spans`` (sorted ``(start, end)``):
+    concurrent requests count once."""
+    covered = 0.0
+    reach = start
+    for s0, s1 in spans:
+        if s0 >= end:
+            break
+        lo, hi = max(s0, reach), min(s1, end)
+        if hi > lo:
+            covered += hi - lo
+            reach = hi
+    return covered
+
+
+def agent_own(windows: list[Window], index: dict[str, list[tuple[float, float]]]) -> list[float]:
+    """Per window: its length minus the time the apiserver requests on its objects covered
+    (merged over the objects, so overlapping requests count once), clipped at 0."""
+    out = []
+    for names, start, end in windows:
+        spans = sorted(sp for n in names for sp in index.get(n, ()))
+        out.append(max(0.0, (end - start) - server_wait(spans, start, end)))
     return out

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from bigfleet_trio.kube import reqtrace
 from scripts.bench import _common as C
 from scripts.bench._fleet_workload import fleet_catalog
 from scripts.realkube.controlplane import free_port
@@ -25,6 +26,8 @@ from scripts.realkube.controlplane import free_port
 PROCS = ("apiserver", "cluster", "shard", "pod-controller", "operator")
 """The processes of ``--kube sim``; ``--kube real`` has the control plane's components (etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler, kwok) instead of the first two."""
+TRACED = ("pod-controller", "operator")
+"""The processes whose apiserver requests are traced (:meth:`Fleet.trace_path`)."""
 
 
 @dataclass
@@ -73,6 +76,10 @@ class Fleet:
     def _spawn(self, name: str, *args: str) -> None:
         out = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - lives with the process
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if name in TRACED:
+            # every apiserver request as the binary saw it: the agent-own latency split
+            # (docs/kube-api.md#request-trace)
+            env[reqtrace.ENV] = str(self.trace_path(name))
         self.procs[name] = Proc(name, subprocess.Popen([sys.executable, *args], stdout=out,
                                                        stderr=subprocess.STDOUT, env=env,
                                                        cwd=C.ROOT))
@@ -136,6 +143,10 @@ class Fleet:
                 if time.monotonic() > deadline or self.dead():
                     raise RuntimeError(f"{name} not ready:\n{self.log(name)}")
                 time.sleep(0.2)
+
+    def trace_path(self, name: str) -> Path:
+        """Where process ``name`` (one of :data:`TRACED`) writes its request trace."""
+        return self.tmp / f"{name}.requests.jsonl"
 
     def log(self, name: str, tail: int = 3000) -> str:
         if self.cp is not None and name in self.cp.procs:

@@ -12,20 +12,57 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from bigfleet_trio.podcontroller.translate import cr_name_for_pod
 from scripts.bench import _common as C
 from scripts.bench._fleet_analysis import (
     Matched,
+    Window,
+    agent_own,
     cr_readds,
     nsu_latencies,
     pct,
     pod_cr_latencies,
     reclaim_latencies,
     rollup_latencies,
+    trace_index,
 )
 from scripts.bench._fleet_observe import Observed
-from scripts.bench._fleet_procs import Fleet
+from scripts.bench._fleet_procs import TRACED, Fleet
 
 BOOTSTRAP_DEADLINE = 10.0
+AGENT_OWN_P99 = 0.1  # seconds: the agent's own share of a matched latency, p99
+
+
+def load_traces(fleet: Fleet) -> dict[str, list[tuple[float, float]]]:
+    """The traced binaries' apiserver requests, merged (:func:`trace_index`); {} without."""
+    import orjson
+
+    lines: list[list[Any]] = []
+    for name in TRACED:
+        try:
+            raw = fleet.trace_path(name).read_bytes()
+        except OSError:
+            continue
+        for line in raw.splitlines():
+            try:
+                lines.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                continue  # a line cut short by the process's end
+    return trace_index(lines)
+
+
+def _own_rows(ph: str, name: str, windows: list[Window],
+              index: dict[str, list[tuple[float, float]]]) -> list[dict[str, Any]]:
+    """Agent-own rows of one matched latency: end-to-end minus the apiserver requests on its
+    objects as the client saw them (docs/kube-api.md#request-trace); target p99 <= 100 ms."""
+    if not windows or not index:
+        return []
+    own = agent_own(windows, index)
+    e2e = [end - start for _n, start, end in windows]
+    return _rows(f"{ph}: {name}: agent-own", own, baseline=pct(e2e, 0.99),
+                 label="end-to-end p99 (same samples)",
+                 target=f"p99 <= {AGENT_OWN_P99 * 1000:g} ms",
+                 met=pct(own, 0.99) <= AGENT_OWN_P99)
 
 
 def _rows(name: str, samples: list[float], unit: str = "s", *, baseline: float | None = None,
@@ -103,7 +140,9 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
         boot[obs.phase_of(sent)].append(answered - sent)
     readds = cr_readds(obs.cr_readds, obs.pod_deleted, obs.cr_deleted)
     rec = reclaim_latencies(stats.get("reclaim") or [], obs.phase_of)
-    pod_cr = pod_cr_latencies(obs.pod_added, obs.cr_added, obs.pod_deleted)
+    pod_cr = pod_cr_latencies(obs.pod_added, obs.cr_added, obs.pod_deleted, cr_name_for_pod)
+    index = load_traces(fleet)
+    result["extra"]["traced_requests"] = sum(len(v) for v in index.values())
     for ph in phases:
         pc = pod_cr.get(ph)
         if pc and pc["latency"]:
@@ -111,6 +150,7 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                              baseline=cycle, label="one roll-up interval",
                              target="p99 <= 2 s" if ph == "churn" else "",
                              met=(pct(pc["latency"], 0.99) <= 2.0) if ph == "churn" else None)
+            figures += _own_rows(ph, "Pod created -> CR exists", pc["windows"], index)
             figures.append(C.figure(
                 f"{ph}: Pods with no CR timed (deleted first / never seen with one)", "pods",
                 pc["deleted_first"] + pc["missing"], baseline=len(pc["latency"]),
@@ -136,6 +176,8 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                                  apart="superseded (phase never written, a later one was)",
                                  apart_name="superseded update -> the write replacing it",
                                  own=own_nsu.get(ph))
+        figures += _own_rows(ph, "NodeStateUpdate -> UpcomingNode written",
+                             nsu.windows.get(ph) or [], index)
         if boot.get(ph):
             late = sum(1 for x in boot[ph] if x > BOOTSTRAP_DEADLINE)
             rows = _rows(f"{ph}: BootstrapRequest -> response", boot[ph],
@@ -147,6 +189,7 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                                  apart="acked only after the shard re-sent it",
                                  apart_name="acked after a re-send (from the first send)",
                                  apart_in_latency=True)
+        figures += _own_rows(ph, "reclaim instruction -> ack", rec.windows.get(ph) or [], index)
     for c in result["extra"].get("counts") or []:
         ph = c["end_of"]
         figures.append(C.figure(f"end of {ph}: UpcomingNodes", "objects", c["upcoming"],

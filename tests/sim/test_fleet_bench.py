@@ -116,8 +116,9 @@ def test_pod_cr_latency_by_uid_with_deleted_and_early_crs_apart() -> None:
     deleted = {"c": 3.5, "d": 8.0}
     out = pod_cr_latencies(pods, crs, deleted)
     assert out["ramp"] == {"latency": [0.5, 0.0], "cr_first": 1, "deleted_first": 0,
-                           "missing": 0}
-    assert out["churn"] == {"latency": [], "cr_first": 0, "deleted_first": 2, "missing": 1}
+                           "missing": 0, "windows": [(("cr-a",), 1.0, 1.5), (("cr-b",), 2.0, 2.0)]}
+    assert out["churn"] == {"latency": [], "cr_first": 0, "deleted_first": 2, "missing": 1,
+                            "windows": []}
 
 
 def test_own_nsu_p99_from_bucket_growth_per_phase() -> None:
@@ -192,3 +193,34 @@ def test_a_failed_stats_poll_answers_none_and_is_counted(
     t.join()
     srv.close()
     assert "shard /stats poll failed (2 so far)" in capsys.readouterr().err
+
+
+def test_server_wait_counts_overlapping_requests_once_and_clips_to_the_window() -> None:
+    from scripts.bench._fleet_analysis import server_wait
+
+    spans = [(0.0, 2.0), (1.0, 3.0), (2.5, 2.8), (5.0, 6.0), (9.0, 12.0)]
+    assert server_wait(spans, 1.5, 10.0) == pytest.approx(1.5 + 1.0 + 1.0)
+    assert server_wait(spans, 3.0, 5.0) == 0.0
+    assert server_wait([], 0.0, 1.0) == 0.0
+
+
+def test_agent_own_is_end_to_end_minus_the_requests_on_the_named_objects() -> None:
+    from scripts.bench._fleet_analysis import agent_own, trace_index
+
+    index = trace_index([[10.2, 10.7, "POST", "/apis/g/v1/upcomingnodes", "un-m1", 201],
+                         [10.6, 10.9, "PATCH", "/apis/g/v1/upcomingnodes/un-m1", "un-m1", 200],
+                         [10.0, 11.0, "PATCH", "/api/v1/nodes/other", "other", 200],
+                         [10.0, 11.0, "GET", "/api/v1/pods", "", 200]])
+    assert agent_own([(("un-m1",), 10.0, 11.0)], index) == [pytest.approx(0.3)]
+    assert agent_own([(("nobody",), 10.0, 11.0)], index) == [pytest.approx(1.0)]
+    assert agent_own([(("un-m1", "other"), 10.0, 11.0)], index) == [pytest.approx(0.0)]
+
+
+def test_matched_latencies_carry_windows_naming_their_objects() -> None:
+    rec = reclaim_latencies([["r1", "n1,n2", 10.0, 12.5, 1]], lambda t: "churn")
+    assert rec.windows["churn"] == [(("n1", "n2"), 10.0, 12.5)]
+    nsu = nsu_latencies([[1.0, "m1", "CREATING"]], {"m1": [(1.5, "Provisioning")]},
+                        lambda t: "ramp")
+    assert nsu.windows["ramp"] == [(("un-m1",), 1.0, 1.5)]
+    pc = pod_cr_latencies({"u1": (1.0, "ramp")}, {"u1": 1.25}, {}, lambda uid: f"cr-{uid}")
+    assert pc["ramp"]["windows"] == [(("cr-u1",), 1.0, 1.25)]
