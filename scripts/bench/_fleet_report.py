@@ -256,6 +256,20 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 "pod-controller: CPU per Pod", "ms", cpu / len(obs.pod_added) * 1000,
                 baseline=len(obs.pod_added), baseline_label="Pods created in the run"))
     result["figures"] = figures
+    if getattr(args, "plot", ""):
+        from pathlib import Path
+
+        from scripts.bench._fleet_plot import plot
+
+        series: dict[str, list[Window]] = {
+            "Pod created -> CR exists": [w for r in pod_cr.values() for w in r["windows"]],
+            "NodeStateUpdate -> UpcomingNode written": [
+                w for ws in nsu.windows.values() for w in ws],
+            "reclaim instruction -> ack": [w for ws in rec.windows.values() for w in ws]}
+        plot(Path(args.plot), series, {n: p.samples for n, p in fleet.procs.items()},
+             obs.phase_at, f"bench fleet --kube {args.kube}: {args.machines} machines, "
+             f"{args.pods} Pods, churn {args.duration:g} s")
+        result["extra"]["plot"] = args.plot
     result["extra"]["cr_readds"] = {ph: {
         k: (v if isinstance(v, int) else
             {"n": len(v), "p50": pct(v, 0.5), "p99": pct(v, 0.99),

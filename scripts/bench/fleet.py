@@ -407,6 +407,9 @@ def register(sub: Any) -> None:
                    help="write the five processes' logs to DIR and keep them, with the raw "
                         "observations (observed.json: shard stats, watch events) (default: a "
                         "temporary directory, removed at the end)")
+    p.add_argument("--plot", metavar="PNG", default="",
+                   help="draw the run: latency p50/p99/max over time per matched latency, CPU "
+                   "and RSS per process (needs matplotlib, the bench extra)")
     p.add_argument("--unbound-ok", type=float, default=0.05,
                    help="share of Pods that may stay pending for a phase to count as settled "
                    "(the scheduler packs across Profiles, the shard plans per Profile: a few "

@@ -224,3 +224,22 @@ def test_matched_latencies_carry_windows_naming_their_objects() -> None:
     assert nsu.windows["ramp"] == [(("un-m1",), 1.0, 1.5)]
     pc = pod_cr_latencies({"u1": (1.0, "ramp")}, {"u1": 1.25}, {}, lambda uid: f"cr-{uid}")
     assert pc["ramp"]["windows"] == [(("cr-u1",), 1.0, 1.25)]
+
+
+def test_plot_bins_latencies_by_start_and_cpu_as_cores() -> None:
+    from scripts.bench._fleet_plot import binned, rates
+
+    wins = [(("a",), 100.0, 101.0), (("b",), 101.0, 101.5), (("c",), 120.0, 124.0)]
+    assert binned(wins, 100.0, 15.0) == [(7.5, 1.0, 1.0, 1.0), (22.5, 4.0, 4.0, 4.0)]
+    assert rates([(0.0, 10.0, 1.0), (10.0, 11.0, 6.0)], 0.0) == [(10.0, 0.5)]
+
+
+def test_plot_writes_a_png(tmp_path: Any) -> None:
+    pytest.importorskip("matplotlib")
+    from scripts.bench._fleet_plot import plot
+
+    out = tmp_path / "run.png"
+    plot(out, {"x -> y": [(("a",), 1.0, 1.2), (("b",), 20.0, 20.5)]},
+         {"operator": [(0.0, 50.0, 0.0), (5.0, 55.0, 1.0), (30.0, 60.0, 4.0)]},
+         [(0.0, "ramp"), (10.0, "churn")], "test")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
