@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 from . import BUILD_HINT, BuildError, ControlPlane, ControlPlaneError, build, find_binaries
+from .tools import build_tools
 
 
 class _Stop(Exception):
@@ -68,7 +69,8 @@ def up(kubeconfig_out: Path, nodes: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.realkube", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build the pinned binaries (cached; prints versions and times)")
+    sub.add_parser("build", help="build the pinned binaries, helm and promtool (cached; prints "
+                   "versions and times)")
     p_up = sub.add_parser("up", help="start the control plane on loopback until SIGTERM/Ctrl-C")
     p_up.add_argument("--kubeconfig-out", type=Path, required=True,
                       help="where to write the admin kubeconfig")
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         try:
             build()
+            build_tools()
         except BuildError as exc:
             print(f"realkube build: {exc}", file=sys.stderr)
             return 1
