@@ -259,6 +259,7 @@ class Informer:
         self._rv = ResourceVersionTracker()
         self._handlers: list[_Handler] = []
         self._synced = trio.Event()
+        metrics.INFORMER_SYNCED.labels(res.plural).set(0)
         self.last_error: Exception | None = None
         """The last list/watch failure, None once a list or watch succeeds again."""
         self.not_served = False
@@ -498,6 +499,7 @@ class Informer:
             )
         if not self._synced.is_set():
             self._synced.set()
+            metrics.INFORMER_SYNCED.labels(self.res.plural).set(1)
 
     async def _watch_once(self) -> None:
         """WATCH from the last resourceVersion with ``allowWatchBookmarks=true`` and a random

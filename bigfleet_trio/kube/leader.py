@@ -49,6 +49,7 @@ from typing import Any
 
 import trio
 
+from ..observability import metrics
 from .client import KubeClient, rfc3339_micro
 from .config import SERVICE_ACCOUNT_DIR
 from .errors import AlreadyExists, ApiError, Conflict, Forbidden, KubeTransportError, NotFound
@@ -206,6 +207,16 @@ class LeaderElector:
         self.last_error: str | None = None
         """The last Lease error that needs a fix (403, 404 on create), None once one succeeds."""
         self._logged: tuple[str, float] | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this replica holds the Lease (``bigfleet_leader_election_is_leader``)."""
+        return self._is_leader
+
+    @is_leader.setter
+    def is_leader(self, value: bool) -> None:
+        self._is_leader = value
+        metrics.LEADER.set(1.0 if value else 0.0)
 
     @property
     def leader(self) -> str | None:

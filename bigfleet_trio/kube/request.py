@@ -242,6 +242,9 @@ class RequestCore:
                 status, headers, data = await self._exchange(
                     method, path, query, auth, content, ctype)
         finally:
+            # client-go's rest_client_request_duration_seconds, by verb and status class
+            metrics.KUBE_REQUEST_DURATION.labels(method, _status_class(status)).observe(
+                time.time() - started)
             if reqtrace.trace is not None:
                 reqtrace.trace.record(started, method, path,
                                       reqtrace.object_name(method, path, body), status)
@@ -380,6 +383,11 @@ class RequestCore:
                 await response.aclose()
             raise self._error(response.status_code, body, response.headers)
         return response
+
+
+def _status_class(status: int) -> str:
+    """``2xx``..``5xx``, or ``error`` for no answer (a transport failure or the deadline)."""
+    return f"{status // 100}xx" if status else "error"
 
 
 def clean_params(params: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -91,6 +91,19 @@ INFORMER_RELISTS = Counter(
     ["resource", "reason"],
 )
 
+INFORMER_SYNCED = Gauge(
+    "bigfleet_informer_synced",
+    "1 once the informer's cache holds its first complete LIST, 0 before (by resource plural); "
+    "the binary is not ready and does not act while any of its informers is at 0.",
+    ["resource"],
+)
+
+LEADER = Gauge(
+    "bigfleet_leader_election_is_leader",
+    "1 while this replica leads (or runs without --leader-elect, so acts alone), else 0: the "
+    "sum over a binary's replicas is 1 when healthy (docs/operate.md#bigfleetnoleader).",
+)
+
 BUILD_INFO = Gauge(
     "bigfleet_build_info",
     "Always 1; the labels say which build runs (version of bigfleet-trio, python version).",
@@ -101,6 +114,15 @@ KUBE_THROTTLED = Counter(
     "bigfleet_kube_client_throttled",
     "429 answers from the apiserver that held the client for their Retry-After (API Priority "
     "and Fairness refusals; an eviction's PodDisruptionBudget 429 is not counted).",
+)
+
+KUBE_REQUEST_DURATION = Histogram(
+    "bigfleet_kube_client_request_duration_seconds",
+    "Apiserver requests as the client saw them, from sending (after the rate limiter) to the "
+    "answer read, by HTTP method and status class (2xx|3xx|4xx|5xx|error: no answer). Watches "
+    "are not counted.",
+    ["verb", "code"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 
 KUBE_LIMITER_WAIT = Histogram(

@@ -30,6 +30,7 @@ from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
 from bigfleet_trio.kube.leader import LeaderElector, lease_namespace
 from bigfleet_trio.kube.startup import sync_or_refused
 from bigfleet_trio.observability import events as kinds
+from bigfleet_trio.observability import metrics
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.observability.looplag import watch_loop_lag
 from bigfleet_trio.operator.agent import Agent
@@ -444,6 +445,9 @@ async def serve_operator(
                 if cfg.leader_elect
                 else None
             )
+
+            if elector is None:
+                metrics.LEADER.set(1)  # acts alone (docs/operate.md#bigfleetnoleader)
 
             def readiness() -> tuple[bool, list[str]]:
                 if elector is not None and not elector.is_leader:

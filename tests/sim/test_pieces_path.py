@@ -28,10 +28,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
 from bigfleet_trio.sim.apiserver.testing import find_kubectl
+from tests.support.monitoring import exported_families, queried_families
 from tests.support.realkube import RealKube
 
 KUBECTL = find_kubectl()
@@ -74,6 +76,7 @@ class Pieces:
         self.kubeconfig = str(tmp / "sim.kubeconfig")
         self.procs: list[trio.Process] = []
         self.operator_addr = ""
+        self.pod_controller_addr = ""
         self.events_argv: list[str] = []
         self.apply_argv: list[str] = []
 
@@ -148,16 +151,17 @@ def localize(argv: list[str], subst: dict[str, str]) -> list[str]:
 @asynccontextmanager
 async def pieces(tmp: Path, real: RealKube | None = None) -> AsyncIterator[Pieces]:
     p = Pieces(tmp)
-    shard_port, op_port = free_port(), free_port()
+    shard_port, op_port, pc_port = free_port(), free_port(), free_port()
     subst = {
         "6443": str(free_port()),
         "7443": str(shard_port),
         "127.0.0.1:7443": f"127.0.0.1:{shard_port}",
-        "127.0.0.1:8080": f"127.0.0.1:{free_port()}",
+        "127.0.0.1:8080": f"127.0.0.1:{pc_port}",
         "127.0.0.1:8770": f"127.0.0.1:{op_port}",
         "/tmp/sim.kubeconfig": p.kubeconfig,
     }
     p.operator_addr = f"127.0.0.1:{op_port}"
+    p.pod_controller_addr = f"127.0.0.1:{pc_port}"
     cmds = {
         argv[2] if argv[1] == "sim" else argv[1]: argv
         for argv in readme_pieces()
@@ -275,6 +279,15 @@ async def test_readme_pieces_path_with_kubectl(
         await p.until("the reclaim to delete every UpcomingNode and Node", reclaimed, 120)
         assert await p.items("pods", "-l", "app=web") == []
         assert await p.items("capacityrequests") == []
+        # every metric the shipped dashboard and alerts query is one the binaries export
+        # (docs/operate.md; config/monitoring/)
+        exported: set[str] = set()
+        async with httpx.AsyncClient() as http:
+            for addr in (p.operator_addr, p.pod_controller_addr):
+                answer = await http.get(f"http://{addr}/metrics")
+                assert answer.status_code == 200, answer.text
+                exported |= exported_families(answer.text)
+        assert queried_families() - exported == set()
 
 
 def _not_bootstrap_failed(ups: list[dict[str, Any]]) -> list[dict[str, Any]]:
