@@ -20,7 +20,8 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
         ("Session up (max over replicas)", "short", [
             ("{{namespace}}", f"max by (namespace) (bigfleet_operator_session_up{{{SEL}}})")]),
         ("Reconnects and session closes / 5m", "short", [
-            ("reconnects", f"sum(increase(bigfleet_operator_session_reconnects_total{{{SEL}}}[5m]))"),
+            ("reconnects",
+             f"sum(increase(bigfleet_operator_session_reconnects_total{{{SEL}}}[5m]))"),
             ("closes {{reason}}",
              f"sum by (reason) (increase(bigfleet_operator_session_closes_total{{{SEL}}}[5m]))")]),
         ("Roll-up size", "short", [
