@@ -64,6 +64,9 @@ def add_sim_command(sub: Any) -> None:
                        "bigfleet_trio/sim/shard/catalog.example.yaml)")
     shard.add_argument("--seed", type=int_arg, default=None,
                        help="seed of machine ids and node names (default 0)")
+    shard.add_argument("--reclaim-grace", type=int_arg, default=None, metavar="SECONDS",
+                       help="grace period of every ReclaimInstruction (default 2; a fault test "
+                       "sets a long one to keep a drain in flight)")
     shard.add_argument("--stats-addr", default=None, metavar="HOST:PORT",
                        help="serve shard-side timestamps as JSON at http://HOST:PORT/stats "
                        "(benchmarks)")
@@ -143,7 +146,8 @@ def run_command(ns: argparse.Namespace) -> int:
         return fn
     # --catalog/--seed are passed only when given: without them the call is unchanged.
     kw = {k: v for k, v in (("catalog_file", ns.catalog), ("seed", ns.seed),
-                            ("stats_addr", ns.stats_addr), ("host", ns.host)) if v is not None}
+                            ("stats_addr", ns.stats_addr), ("host", ns.host),
+                            ("reclaim_grace", ns.reclaim_grace)) if v is not None}
     return invoke(name, partial(fn, **kw), ns.port, ns.kubeconfig or None)
 
 

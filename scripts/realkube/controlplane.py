@@ -44,6 +44,19 @@ SA_ISSUER = "https://kubernetes.default.svc"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: None
+    verbs: [get, list, watch]
+  - level: Metadata
+"""
+"""kube-apiserver's audit policy here: every write at Metadata level (who, what, when, the
+answer's code), no reads."""
+
+
 class ControlPlaneError(RuntimeError):
     """A component did not start or become ready; the message carries its log's tail."""
 
@@ -175,7 +188,21 @@ class ControlPlane:
     def argv(self, name: str) -> list[str]:
         """The command line of component ``name`` (each flag checked against its --help), with
         its ``extra_args`` last."""
-        return [*self._base_argv(name), *self.extra_args.get(name, ())]
+        audit = self._audit_argv() if name == "kube-apiserver" else []
+        return [*self._base_argv(name), *audit, *self.extra_args.get(name, ())]
+
+    @property
+    def audit_log(self) -> Path:
+        """kube-apiserver's audit log: one JSON line per write (create, update, patch, delete,
+        deletecollection), with its user, user agent, object and answer (:data:`AUDIT_POLICY`);
+        reads are not logged. Fault tests read who wrote what, when, from it."""
+        return self.workdir / "audit.log"
+
+    def _audit_argv(self) -> list[str]:
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(AUDIT_POLICY)
+        return ["--audit-policy-file", str(policy), "--audit-log-path", str(self.audit_log),
+                "--audit-log-format", "json", "--audit-log-maxsize", "0"]
 
     def _base_argv(self, name: str) -> list[str]:
         assert self.pki is not None

@@ -59,11 +59,14 @@ class Agent:
             env={**os.environ, **(env or {})}))
         self.procs[name] = proc
 
-    async def start_shard(self) -> None:
+    async def start_shard(self, *extra: str) -> None:
         """Start the sim shard on a port it picks (``--port 0``: no other process can take it
-        between a choice and the bind) and read that port from its log."""
+        between a choice and the bind) and read that port from its log; ``extra``: more flags
+        (e.g. ``--reclaim-grace``)."""
+        (self.tmp / "shard.log").unlink(missing_ok=True)  # a restart's port is read anew
         await self.start("shard", "sim", "shard", "--port", "0",
-                         "--seed", str(self.shard_seed), "--kubeconfig", str(self.rk.kubeconfig))
+                         "--seed", str(self.shard_seed), "--kubeconfig", str(self.rk.kubeconfig),
+                         *extra)
         log = self.tmp / "shard.log"
 
         async def listening() -> bool:
@@ -74,20 +77,26 @@ class Agent:
 
         await self.until("the sim shard listening", listening, 60)
 
-    async def start_pod_controller(self, name: str = "pod-controller") -> None:
+    async def start_pod_controller(self, name: str = "pod-controller", *,
+                                   kubeconfig: Path | None = None) -> None:
         self.probes[name] = f"127.0.0.1:{free_port()}"
         self.metrics[name] = f"127.0.0.1:{free_port()}"
         await self.start(name, "pod-controller",
-                         "--kubeconfig", str(self.rk.pod_controller_kubeconfig),
+                         "--kubeconfig", str(kubeconfig or self.rk.pod_controller_kubeconfig),
                          "--metrics-addr", self.metrics[name],
                          "--health-probe-addr", self.probes[name])
 
-    async def start_operator(self, name: str = "operator", *, leader_elect: bool = False) -> None:
+    async def start_operator(self, name: str = "operator", *, leader_elect: bool = False,
+                             kubeconfig: Path | None = None, shard_port: int = 0) -> None:
+        """Start an operator; ``kubeconfig`` and ``shard_port`` default to the operator
+        ServiceAccount's and the shard's own (a fault test passes a proxy's)."""
         self.probes[name] = f"127.0.0.1:{free_port()}"
         self.metrics[name] = f"127.0.0.1:{free_port()}"
         extra = ["--leader-elect"] if leader_elect else []
-        await self.start(name, "operator", "--kubeconfig", str(self.rk.operator_kubeconfig),
-                         "--cluster-id", CLUSTER_ID, "--shard-addr", f"127.0.0.1:{self.shard_port}",
+        await self.start(name, "operator",
+                         "--kubeconfig", str(kubeconfig or self.rk.operator_kubeconfig),
+                         "--cluster-id", CLUSTER_ID,
+                         "--shard-addr", f"127.0.0.1:{shard_port or self.shard_port}",
                          "--rollup-interval", "1s", "--metrics-addr", self.metrics[name],
                          "--health-probe-addr", self.probes[name], *extra,
                          # the leader-election identity starts with $POD_NAME

@@ -509,7 +509,7 @@ def test_reclaim_ack_then_drain_wait_then_draining_then_idle() -> None:
     assert e.reclaims[0].acked_at == now + 1 and e.reclaims[0].nodes_started == 1
     fx = e.advance(now + 1 + 4.0)  # drain_wait
     assert [(u.machine_id, u.state) for u in nsus(fx)] == [(m.machine_id, S.DRAINING)]
-    fx = e.advance(now + 1 + 4.5)  # drain_step
+    fx = e.advance(now + 1 + 7.0)  # drain_step, held to the grace window's end (7 s)
     assert [(u.machine_id, u.state) for u in nsus(fx)] == [(m.machine_id, S.IDLE)]
     released = [x for x in fx if isinstance(x, MachineReleased)]
     assert [r.machine.node_name for r in released] == [m.node_name]
@@ -518,6 +518,21 @@ def test_reclaim_ack_then_drain_wait_then_draining_then_idle() -> None:
     [ac] = of_kind(fx, "available_capacity")
     assert "small;" in ac.supersedes_key and "sim-a;" in ac.supersedes_key
     assert (ac.available_count, ac.confidence, ac.cost_per_hour) == (2, C.CONFIDENCE_HIGH, 0.10)
+
+
+def test_a_reclaimed_machine_is_released_no_earlier_than_its_grace_window_ends() -> None:
+    """The grace period is the agent's window to drain: the shard takes the machine (Idle, its
+    Node deleted) only when it is over, never while Pods may still be on their way out (a
+    release 1.5 s after the ack left PodDisruptionBudget-guarded Pods on a deleted Node)."""
+    e, now, order = _three_configured()
+    e.on_rollup(rollup(need({"cpu": "1"}, {"cpu": "1"})), now)
+    m = e.machine(order[1])
+    e.on_reclaim_ack(pb.ReclaimAck("reclaim-000001", 1), now + 1)
+    assert [u.state for u in nsus(e.advance(now + 1 + 4.0))] == [S.DRAINING]
+    assert nsus(e.advance(now + 1 + 6.9)) == [] and m.bound  # drain_step passed, grace not
+    fx = e.advance(now + 1 + 7.0)
+    assert [u.state for u in nsus(fx)] == [S.IDLE]
+    assert [r.machine.node_name for r in fx if isinstance(r, MachineReleased)] == [m.node_name]
 
 
 def test_unacked_reclaim_is_reissued_after_the_ack_timeout() -> None:
@@ -623,9 +638,9 @@ def test_a_released_machine_is_reused_warm_in_a_new_binding_and_its_record_says_
     e.on_reclaim_ack(pb.ReclaimAck("reclaim-000001", 1), now + 1)
     e.on_reclaim_ack(pb.ReclaimAck("reclaim-000002", 1), now + 1)
     e.advance(now + 1 + 4.0)  # drain_wait -> Draining
-    e.advance(now + 1 + 4.5)  # drain_step -> Idle, released
+    e.advance(now + 1 + 7.0)  # the grace window (7 s) over -> Idle, released
     assert not m.bound and m.free and m.state == S.IDLE
-    assert e.reclaims[0].released_at == now + 1 + 4.5 and e.reclaims[0].binding == 1
+    assert e.reclaims[0].released_at == now + 1 + 7.0 and e.reclaims[0].binding == 1
     # the demand comes back: the warm released machines are bound again, a new binding each
     fx = e.on_rollup(rollup(need({"cpu": "5"}, {"cpu": "1"})), now + 10)
     assert m.bound and m.binding == 2

@@ -41,6 +41,7 @@ def run_cli(
     catalog_file: str | None = None,
     seed: int | None = None,
     stats_addr: str | None = None,
+    reclaim_grace: int | None = None,
 ) -> int:
     """Run the simulated shard until SIGINT/SIGTERM. Returns the process exit code.
 
@@ -54,6 +55,8 @@ def run_cli(
         seed: ``--seed``: overrides ``config.seed`` (None keeps it; the default config's is 0).
         stats_addr: ``--stats-addr HOST:PORT``: serve shard-side timestamps as JSON at
             ``/stats`` (:mod:`.stats`; port 0 picks one, logged).
+        reclaim_grace: ``--reclaim-grace``: seconds of grace in every ReclaimInstruction
+            (overrides ``config.reclaim_grace_seconds``; must be >= 0).
 
     Returns:
         0 after a signal, 1 on a startup error (one line ``sim shard: <what>`` on stderr, e.g.
@@ -67,6 +70,11 @@ def run_cli(
             return 1
     if seed is not None:
         config = replace(config or EngineConfig(), seed=seed)
+    if reclaim_grace is not None:
+        if reclaim_grace < 0:
+            print(f"sim shard: --reclaim-grace {reclaim_grace} must be >= 0", file=sys.stderr)
+            return 1
+        config = replace(config or EngineConfig(), reclaim_grace_seconds=reclaim_grace)
     if catalog is None:
         catalog, source = default_catalog(), "default catalog"
     else:

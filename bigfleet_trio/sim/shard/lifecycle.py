@@ -69,7 +69,11 @@ class MachineLifecycle:
                             instruction_id=m.reclaim.instruction_id)
                 m.due = now + cfg.reclaim_ack_timeout
                 return [self._reclaim_frame(m)]
-            return [self._set_state(m, State.DRAINING, now, cfg.drain_step)]
+            # Idle (the machine taken, its Node deleted) no earlier than the grace window's
+            # end: the grace period is the agent's time to drain (docs/deviations.md 13.5)
+            window_end = m.reclaim.acked_at + m.reclaim.grace_seconds
+            return [self._set_state(m, State.DRAINING, now,
+                                    max(cfg.drain_step, window_end - now))]
         if m.state == State.DRAINING:
             frame = self._set_state(m, State.IDLE, now, None)
             info = m.info()
