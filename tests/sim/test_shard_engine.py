@@ -647,4 +647,4 @@ def test_a_released_machine_is_reused_warm_in_a_new_binding_and_its_record_says_
     assert m.machine_id in e.needs[0].machines
     assert e.binds == 5
     run_to_configured(e, fx, now + 10)
-    assert e.reclaims[0].binding == 1 and e.reclaims[0].released_at == now + 1 + 4.5
+    assert e.reclaims[0].binding == 1 and e.reclaims[0].released_at == now + 1 + 7.0
