@@ -28,6 +28,7 @@ import httpx
 import trio
 
 from bigfleet_trio.kube.client import KubeClient
+from bigfleet_trio.kube.errors import KubeTransportError, ServerError
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS, Resource
 from scripts.realkube import free_port
 from tests.support.realkube import RealKube, until
@@ -209,15 +210,19 @@ async def record(kube: KubeClient, res: Resource, namespace: str | None,
                  sink: list[dict[str, Any]], *, task_status: Any = trio.TASK_STATUS_IGNORED
                  ) -> None:
     """Append every object version of ``res`` from now on to ``sink`` (one watch, reopened
-    from the last resourceVersion if the server ends it)."""
+    from the last resourceVersion if the server ends it or goes away: a restart of
+    kube-apiserver keeps etcd's history, so nothing is missed)."""
     rv = (await kube.list(res, namespace)).resource_version
     task_status.started()
     while True:
-        async with kube.watch(res, namespace, resource_version=rv) as stream:
-            async for ev in stream:
-                if ev.type in ("ADDED", "MODIFIED", "DELETED"):
-                    sink.append({"type": ev.type, **ev.object})
-                rv = ev.object.get("metadata", {}).get("resourceVersion") or rv
+        try:
+            async with kube.watch(res, namespace, resource_version=rv) as stream:
+                async for ev in stream:
+                    if ev.type in ("ADDED", "MODIFIED", "DELETED"):
+                        sink.append({"type": ev.type, **ev.object})
+                    rv = ev.object.get("metadata", {}).get("resourceVersion") or rv
+        except (KubeTransportError, ServerError):
+            await trio.sleep(0.5)  # the apiserver restarting: reopen from where we were
 
 
 def phase(obj: dict[str, Any]) -> str:

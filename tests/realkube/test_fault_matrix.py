@@ -40,8 +40,9 @@ from tests.support.tcpproxy import TcpProxy
 pytestmark = [pytest.mark.realkube, pytest.mark.slow]
 
 UPCOMING_ORDER = ["Provisioning", "Launched", "Registered", "Ready", "Draining", "Drained"]
-#: Long enough that the drain is still in flight after every fault here.
-GRACE = "600"
+#: Long enough that the drain is still in flight after every fault here (the shard takes the
+#: machine when it ends: docs/deviations.md 13.5).
+GRACE = "120"
 #: Pods the agent does not count as demand (a Gt requirement the wire cannot carry), put on the
 #: reclaimed machine directly, guarded by a budget that allows no disruption.
 GT = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
@@ -141,10 +142,11 @@ async def blocked_drain(a: Agent, ns: str) -> tuple[str, str, list[dict[str, Any
 
 async def relax_and_finish(a: Agent, ns: str, upcoming: str, node: str,
                            seen: list[dict[str, Any]], since: str) -> None:
-    """Allow the disruption, wait for the drain to end (UpcomingNode Drained and deleted, the
+    """Allow the disruption (the budget deleted: relaxing it would wait on the disruption
+    controller's next status), wait for the drain to end (UpcomingNode Drained and deleted, the
     Node deleted by the shard) and check the audit log and the cluster (module docstring)."""
     kube = a.admin
-    await kube.patch(PDBS, "guarded", {"spec": {"minAvailable": 0}}, ns)
+    await kube.delete(PDBS, "guarded", ns)
 
     async def finished() -> bool:
         nodes = {n["metadata"]["name"] for n in (await kube.list(NODES)).items}
