@@ -28,7 +28,13 @@ import httpx
 import trio
 
 from bigfleet_trio.kube.client import KubeClient
-from bigfleet_trio.kube.errors import KubeTransportError, ServerError
+from bigfleet_trio.kube.errors import (
+    Expired,
+    Forbidden,
+    KubeTransportError,
+    ServerError,
+    Unauthorized,
+)
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS, Resource
 from scripts.realkube import free_port
 from tests.support.realkube import RealKube, until
@@ -210,19 +216,44 @@ async def record(kube: KubeClient, res: Resource, namespace: str | None,
                  sink: list[dict[str, Any]], *, task_status: Any = trio.TASK_STATUS_IGNORED
                  ) -> None:
     """Append every object version of ``res`` from now on to ``sink`` (one watch, reopened
-    from the last resourceVersion if the server ends it or goes away: a restart of
-    kube-apiserver keeps etcd's history, so nothing is missed)."""
-    rv = (await kube.list(res, namespace)).resource_version
+    from the last resourceVersion if the server ends it or goes away). A watch the server
+    refuses as too old (410: a restarted kube-apiserver's watch cache starts at etcd's current
+    revision) is followed by a LIST, and an object it no longer shows is recorded DELETED, as
+    an informer's relist does."""
+    listed = await kube.list(res, namespace)
+    rv = listed.resource_version
+    last = {o["metadata"]["name"]: o for o in listed.items}
     task_status.started()
     while True:
         try:
-            async with kube.watch(res, namespace, resource_version=rv) as stream:
+            # bounded: a watch opened on a kube-apiserver that is shutting down can go silent
+            # without an EOF; the server ends it within 30 s and silence ends it after 45 s
+            async with kube.watch(res, namespace, resource_version=rv, timeout_seconds=30,
+                                  inactivity_timeout=45) as stream:
                 async for ev in stream:
+                    if ev.type == "ERROR":
+                        raise Expired(410, "Expired", str(ev.object.get("message", "")))
                     if ev.type in ("ADDED", "MODIFIED", "DELETED"):
                         sink.append({"type": ev.type, **ev.object})
+                        name = ev.object["metadata"]["name"]
+                        if ev.type == "DELETED":
+                            last.pop(name, None)
+                        else:
+                            last[name] = ev.object
                     rv = ev.object.get("metadata", {}).get("resourceVersion") or rv
-        except (KubeTransportError, ServerError):
-            await trio.sleep(0.5)  # the apiserver restarting: reopen from where we were
+        except Expired:
+            listed = await kube.list(res, namespace)
+            rv = listed.resource_version
+            now = {o["metadata"]["name"]: o for o in listed.items}
+            for name, obj in last.items():
+                if name not in now:
+                    sink.append({"type": "DELETED", **obj})
+            for obj in listed.items:
+                sink.append({"type": "MODIFIED", **obj})
+            last = now
+        except (KubeTransportError, ServerError, Forbidden, Unauthorized):
+            # the apiserver restarting (its authorizer warms up after it listens): reopen
+            await trio.sleep(0.5)
 
 
 def phase(obj: dict[str, Any]) -> str:

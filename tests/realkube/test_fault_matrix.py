@@ -150,9 +150,12 @@ async def relax_and_finish(a: Agent, ns: str, upcoming: str, node: str,
 
     async def finished() -> bool:
         nodes = {n["metadata"]["name"] for n in (await kube.list(NODES)).items}
-        return deleted(seen, upcoming) and node not in nodes
+        ups = {u["metadata"]["name"] for u in (await kube.list(UPCOMING_NODES)).items}
+        return upcoming not in ups and node not in nodes
 
     await a.until("the drain to finish and the shard to delete the Node", finished, 180)
+    await a.until_recorded("the UpcomingNode's deletion", seen,
+                           lambda seen: deleted(seen, upcoming))
     # no Pod left on the deleted Node (the guarded Pods were evicted, not orphaned)
     left = [p["metadata"]["name"] for p in (await kube.list(PODS, ns)).items
             if p["spec"].get("nodeName") == node]
