@@ -156,7 +156,7 @@ async def test_reclaim_cordons_and_drains_against_a_real_pod_disruption_budget(
 ) -> None:
     """Two guarded Pods on a machine, a PDB allowing no disruption: the reclaim cordons the
     Node, the apiserver answers the evictions 429 (EvictionBlocked Events), an unguarded Pod
-    is evicted, and the UpcomingNode is walked to Drained and deleted."""
+    is evicted, and the UpcomingNode is walked to Drained or Failed and deleted."""
     async with agent_in_namespace(realkube, tmp_path, "pdb") as (a, ns):
         kube = a.admin
         seen = await a.record(UPCOMING_NODES)
@@ -220,7 +220,9 @@ async def test_reclaim_cordons_and_drains_against_a_real_pod_disruption_budget(
 
         await a.until("the UpcomingNode deleted after Drained", upcoming_deleted, 120)
         phases = history(seen, up["metadata"]["name"])
-        assert "Draining" in phases and is_ordered(phases, UPCOMING_ORDER), phases
+        # the budget never allows: the drain ends Failed at its deadline, or the shard takes the
+        # machine (Idle -> Drained) at the same moment, its grace window's end (2 s here)
+        assert "Draining" in phases and is_ordered(phases, [*UPCOMING_ORDER, "Failed"]), phases
         # (Events are written beside the work, not before it: wait for them too. The Node's
         # name is this test's own, so are its Events: the shard's seed is per test.)
         async def node_reclaimed_and_cordoned() -> bool:
