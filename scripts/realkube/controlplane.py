@@ -139,6 +139,7 @@ class ControlPlane:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)
         self.pki = write_pki(self.workdir / "pki")
+        (self.workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         self.write_kubeconfig(self.kubeconfig)
         for name in COMPONENTS:
             if name == "kwok" and self.binaries.kwok is None:
@@ -199,8 +200,7 @@ class ControlPlane:
         return self.workdir / "audit.log"
 
     def _audit_argv(self) -> list[str]:
-        policy = self.workdir / "audit-policy.yaml"
-        policy.write_text(AUDIT_POLICY)
+        policy = self.workdir / "audit-policy.yaml"  # written by start()
         return ["--audit-policy-file", str(policy), "--audit-log-path", str(self.audit_log),
                 "--audit-log-format", "json", "--audit-log-maxsize", "0"]
 

@@ -45,7 +45,8 @@ def _reused() -> tuple[SimShard, Machine, float]:
     """Two machines serve 2 cpu; demand drops to 1 -> one reclaimed, drained, released; demand
     back to 2 -> the released (warm) machine is bound again and configured."""
     shard = SimShard(Catalog([MachineShape("small", "sim-a", {"cpu": "2"}, 0.1, count=3)]),
-                     EngineConfig(surplus_rollups=1, drain_wait=1.0, drain_step=0.5))
+                     EngineConfig(surplus_rollups=1, drain_wait=1.0, drain_step=0.5,
+                                  reclaim_grace_seconds=1))
     eng = shard.engine
     eng.on_connect("c1", 0.0)
     now = _configure(shard, eng.on_rollup(_rollup("3"), 1.0), 1.0)
@@ -53,7 +54,7 @@ def _reused() -> tuple[SimShard, Machine, float]:
     [rec] = eng.reclaims
     eng.on_reclaim_ack(pb.ReclaimAck(rec.instruction_id, 1), now)
     eng.advance(now + 1.0)  # drain_wait -> Draining
-    eng.advance(now + 1.5)  # drain_step -> Idle, released
+    eng.advance(now + 1.5)  # drain_step (and the 1 s grace window) over -> Idle, released
     m = eng.machine(rec.machine_id)
     assert m is not None and not m.bound
     now = _configure(shard, eng.on_rollup(_rollup("3"), now + 2), now + 2)
