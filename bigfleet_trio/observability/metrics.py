@@ -236,6 +236,12 @@ ROLLUP_ERRORS = Counter(
 
 # --- operator: drains (ours; reclaim.py) ------------------------------------------------------
 
+RECLAIM_IDS_REUSED = Counter(
+    "bigfleet_operator_reclaim_instruction_ids_reused",
+    "ReclaimInstructions whose id an earlier one of other nodes or grace carried (a shard "
+    "that numbers from 1 again after a restart), handled as new "
+    "(docs/rules.md#reclaim-instruction-ids).",
+)
 DRAINS = Counter(
     "bigfleet_operator_drains",
     "Node drains finished, by outcome (drained|failed|abandoned).",

@@ -42,6 +42,7 @@ OPERATOR = [
     "bigfleet_operator_malformed_frames",
     "bigfleet_operator_node_state_update_duration_seconds",
     "bigfleet_operator_outbox_dropped",
+    "bigfleet_operator_reclaim_instruction_ids_reused",
     "bigfleet_operator_rollup_capacityrequests",
     "bigfleet_operator_rollup_consistency_mismatches",
     "bigfleet_operator_rollup_duration_seconds",

@@ -635,6 +635,39 @@ async def test_duplicate_instruction_one_drain_two_acks(
     assert evicted(c, key) == 2  # one drain: 429, then allowed
 
 
+async def test_a_reused_id_naming_other_nodes_is_a_new_instruction(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    """A shard that numbers its instructions from 1 again after a restart re-uses an id for
+    another reclaim: it is cordoned, acked and drained as the new instruction it is, never
+    re-acked as a duplicate of the first (docs/rules.md#reclaim-instruction-ids). Before: acked
+    with no cordon and no drain, and the shard deleted the Node with its Pods on it."""
+    c = standard_cluster(nursery)
+    add_node(c, "n-2")
+    web = add_pod(c, _pod("web"))
+    api = add_pod(c, _pod("api", node="n-2"))
+    drains, handler, _ = make(c)
+    replies = Replies()
+    reused = _sample("bigfleet_operator_reclaim_instruction_ids_reused_total")
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
+        await handler.on_reclaim_instruction(instr("reclaim-000001", "n-1"), replies)
+        await drains.wait_idle()
+        await handler.on_reclaim_instruction(instr("reclaim-000001", "n-2"), replies)
+        await drains.wait_idle()
+        # the same id, same node, but another grace period: another instruction as well
+        await handler.on_reclaim_instruction(instr("reclaim-000001", "n-2", grace=60), replies)
+        # and a true re-issue (same id, same content) is still a duplicate
+        await handler.on_reclaim_instruction(instr("reclaim-000001", "n-2", grace=60), replies)
+        await drains.wait_idle()
+        inner.cancel_scope.cancel()
+    assert replies.acks == [("reclaim-000001", 1)] * 4
+    assert [name for name, _ in node_patches(c)] == ["n-1", "n-2", "n-2"]
+    assert evicted(c, web) == 1 and evicted(c, api) == 1
+    assert drains.results["n-2"].outcome == "drained"
+    assert _sample("bigfleet_operator_reclaim_instruction_ids_reused_total") - reused == 2
+
+
 async def test_concurrent_duplicate_waits_for_first(
     nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:

@@ -648,3 +648,21 @@ def test_a_released_machine_is_reused_warm_in_a_new_binding_and_its_record_says_
     assert e.binds == 5
     run_to_configured(e, fx, now + 10)
     assert e.reclaims[0].binding == 1 and e.reclaims[0].released_at == now + 1 + 7.0
+
+
+def test_a_shard_process_numbers_its_reclaims_under_a_prefix_of_its_own() -> None:
+    """Two runs of ``sim shard`` (a restart) never issue the same instruction id for different
+    reclaims (docs/rules.md#reclaim-instruction-ids): before, both started at reclaim-000001."""
+    from bigfleet_trio.sim.shard.cli import with_process_prefix
+
+    ids = []
+    for _ in range(2):
+        e = ShardEngine(catalog(), with_process_prefix(EngineConfig(seed=1)))
+        fx = e.on_rollup(rollup(need({"cpu": "5"}, {"cpu": "1"})), 1.0)
+        now = run_to_configured(e, fx, 1.0)
+        ris = of_kind(e.on_rollup(rollup(need({"cpu": "1"}, {"cpu": "1"})), now),
+                      "reclaim_instruction")
+        ids.append(ris[0].instruction_id)
+    assert ids[0] != ids[1]
+    assert all(i.startswith("reclaim-") and i.endswith("-000001") for i in ids)
+    assert with_process_prefix(None, "abc123").instruction_prefix == "reclaim-abc123"

@@ -21,6 +21,7 @@ from bigfleet_trio.kube.api import KubeAPI
 from bigfleet_trio.kube.errors import KubeError, NotFound
 from bigfleet_trio.kube.resources import NODES, UPCOMING_NODES, Resource
 from bigfleet_trio.kube.retry import TRANSIENT, conflict_retrying
+from bigfleet_trio.observability import metrics
 from bigfleet_trio.operator.kubeevents import REASON_CORDONED, REASON_RECLAIM, EventRecorder
 from bigfleet_trio.operator.upcoming.handler import patch_upcoming_status
 from bigfleet_trio.operator.upcoming.plan import PHASE_DRAINING, DrainMemory, upcoming_node_name
@@ -49,6 +50,7 @@ entry is harmless."""
 
 @dataclass
 class _Instruction:
+    content: tuple[tuple[str, ...], float] = ((), 0.0)  # (entries, effective grace seconds)
     done: trio.Event = field(default_factory=trio.Event)
     nodes_started: int = 0
     acked: bool = False  # False when done is set: the attempt failed and was forgotten
@@ -74,8 +76,10 @@ class ReclaimHandler:
     (docs/reference.md#nodes_started-always-counts-every-entry).
 
     Idempotent, because the shard re-issues an instruction it saw no ack for: a repeated
-    instruction id is re-acked with the first answer and does nothing else; a node already
-    draining is cordoned again (a no-op), counted, and gets no second drain.
+    instruction id naming the same nodes and grace is re-acked with the first answer and does
+    nothing else; one naming other nodes or another grace is a new instruction, logged and
+    counted (docs/rules.md#reclaim-instruction-ids); a node already draining is cordoned again
+    (a no-op), counted, and gets no second drain.
 
     Args:
         client: a KubeClient.
@@ -130,7 +134,21 @@ class ReclaimHandler:
             instr.grace_period_seconds,
             instr.preemptor_priority,
         )
+        content = (tuple(e for e in dict.fromkeys(instr.nodes) if e),
+                   effective_grace(instr.grace_period_seconds))
         while (prior := self._seen.get(iid) if iid else None) is not None:
+            if prior.content != content:
+                # The id names another reclaim (a shard that numbers from 1 again after a
+                # restart): a duplicate is the same instruction re-issued, so this one is new.
+                # Re-acking it would let the shard take Nodes nobody cordoned or drained.
+                # docs/rules.md#reclaim-instruction-ids
+                log.warning(
+                    "reclaim: instruction id reused for another reclaim, handled as a new "
+                    "instruction instruction_id=%s nodes=%s grace=%ss earlier_nodes=%s "
+                    "earlier_grace=%ss", iid, list(content[0]), content[1],
+                    list(prior.content[0]), prior.content[1])
+                metrics.RECLAIM_IDS_REUSED.inc()
+                break
             await prior.done.wait()
             if prior.acked:
                 log.info(
@@ -143,7 +161,7 @@ class ReclaimHandler:
             # work itself. Re-acking its nodes_started (0) would tell the shard the reclaim was
             # handled, and the shard never re-issues an acked instruction. (Loop: another waiter
             # may have taken the work over first; then wait for that one.)
-        record = _Instruction()
+        record = _Instruction(content=content)
         if iid:
             self._seen[iid] = record
             while len(self._seen) > self._seen_capacity:

@@ -13,6 +13,7 @@ the inventory from a YAML file (:func:`~.catalog.load_catalog`; default
 from __future__ import annotations
 
 import logging
+import secrets
 import signal
 import sys
 from contextlib import AsyncExitStack
@@ -29,6 +30,14 @@ from .session import NodeHooks, SimShard
 from .stats import ShardStats, serve_stats
 
 log = logging.getLogger(__name__)
+
+
+def with_process_prefix(config: EngineConfig | None, token: str | None = None) -> EngineConfig:
+    """``config`` with ReclaimInstruction ids unique to this process (``reclaim-<6 hex>-...``;
+    ``token`` random unless given): a restarted shard never re-uses an id for another reclaim
+    (docs/rules.md#reclaim-instruction-ids)."""
+    return replace(config or EngineConfig(),
+                   instruction_prefix=f"reclaim-{token or secrets.token_hex(3)}")
 
 
 def run_cli(
@@ -70,6 +79,7 @@ def run_cli(
             return 1
     if seed is not None:
         config = replace(config or EngineConfig(), seed=seed)
+    config = with_process_prefix(config)
     if reclaim_grace is not None:
         if reclaim_grace < 0:
             print(f"sim shard: --reclaim-grace {reclaim_grace} must be >= 0", file=sys.stderr)

@@ -168,7 +168,7 @@ class MachineLifecycle:
                  if self.config.reclaim_grace_seconds is not None
                  else grace_for_priority(m.priority))
         rec = ReclaimRecord(
-            instruction_id=f"reclaim-{next(self._reclaim_seq):06d}",
+            instruction_id=f"{self.config.instruction_prefix}-{next(self._reclaim_seq):06d}",
             machine_id=m.machine_id,
             node_name=m.node_name,
             grace_seconds=grace,

@@ -59,6 +59,9 @@ class EngineConfig:
         bootstrap_timeout: how long the pull waits for a response (one roll-up cycle).
         reclaim_grace_seconds: grace put in every ReclaimInstruction; None uses
             :func:`grace_for_priority` of the need the machine last served.
+        instruction_prefix: ReclaimInstruction ids are ``<prefix>-000001``, ... ; ``sim shard``
+            gives each process a prefix of its own, so a restarted shard never re-uses an id
+            for another reclaim (docs/rules.md#reclaim-instruction-ids).
         reclaim_ack_timeout: re-issue an unacknowledged ReclaimInstruction after this long.
         drain_wait: after the ack, how long the agent gets to drain before Draining is sent.
         drain_step: Draining -> Idle.
@@ -75,6 +78,7 @@ class EngineConfig:
     configure_delay: float = 0.5
     bootstrap_timeout: float = 10.0
     reclaim_grace_seconds: int | None = 2
+    instruction_prefix: str = "reclaim"
     reclaim_ack_timeout: float = 10.0
     drain_wait: float = 1.0
     drain_step: float = 0.5
