@@ -202,6 +202,7 @@ class LeaderElector:
         self._lease: dict[str, Any] | None = None
         self.is_leader = False
         self._stepping_down = False
+        self._on_lost: list[Callable[[], None]] = []
         self._leadership: Leadership | None = None
         self._campaign: trio.CancelScope | None = None
         self.last_error: str | None = None
@@ -398,6 +399,14 @@ class LeaderElector:
                 )
                 self.is_leader = False
                 leadership.lost = True
+                # Before the cancel: work that outlives a cancellation (shielded drains with a
+                # shutdown grace) stops now, not after its grace, since the Lease can expire
+                # and another replica lead (docs/rules.md#leadership-loss).
+                for stop in self._on_lost:
+                    try:
+                        stop()
+                    except Exception:
+                        log.exception("leadership-loss callback failed")
                 leadership.cancel_scope.cancel()
                 return
 
@@ -425,6 +434,13 @@ class LeaderElector:
             return False
         log.info("lease released lease=%s/%s me=%s", self.namespace, self.name, self.identity)
         return True
+
+    def on_lost(self, stop: Callable[[], None]) -> None:
+        """Call ``stop()`` (synchronously, before the guarded work is cancelled) whenever a
+        tenure is lost because renewal failed: for work that would otherwise outlive the
+        cancellation, such as drains given a shutdown grace. Not called on :meth:`step_down` or
+        a clean exit, where the Lease is still held (docs/rules.md#leadership-loss)."""
+        self._on_lost.append(stop)
 
     def step_down(self) -> None:
         """Stop leading for good: cancel the guarded work, keep renewing until it has returned,

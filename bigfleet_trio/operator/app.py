@@ -180,6 +180,15 @@ class Operator:
             self.feed.publish(kind, **fields)
 
     # ------------------------------------------------------------------ the task
+    def abandon(self) -> None:
+        """Leadership lost: the drains stop now and no queued Event is flushed, so nothing
+        this replica does outlives the cancellation that follows (docs/rules.md#leadership-loss).
+        A no-op when not running. Never blocks."""
+        rt = self._rt if self._running else None
+        if rt is not None:
+            rt.drains.abandon()
+            rt.kube_events.abandon()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled; ``task_status.started()`` once the informers are synced.
 
@@ -448,6 +457,8 @@ async def serve_operator(
 
             if elector is None:
                 metrics.LEADER.set(1)  # acts alone (docs/operate.md#bigfleetnoleader)
+            else:
+                elector.on_lost(op.abandon)
 
             def readiness() -> tuple[bool, list[str]]:
                 if elector is not None and not elector.is_leader:

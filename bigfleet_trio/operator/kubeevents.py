@@ -123,6 +123,7 @@ class EventRecorder:
         self.component = component
         self._send, self._recv = trio.open_memory_channel[_Item](capacity)
         self._pending = 0
+        self._abandoned = False
         self._idle = trio.Event()
         self._idle.set()
         self._uids: OrderedDict[str, str] = OrderedDict()
@@ -167,8 +168,14 @@ class EventRecorder:
         while self._pending:
             await self._idle.wait()
 
+    def abandon(self) -> None:
+        """Leadership lost: when :meth:`run` is cancelled, write nothing more (no flush)
+        (docs/rules.md#leadership-loss). Never blocks."""
+        self._abandoned = True
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Write queued Events until cancelled; then what is queued, for up to FLUSH_TIMEOUT.
+        """Write queued Events until cancelled; then what is queued, for up to FLUSH_TIMEOUT
+        (none after :meth:`abandon`).
 
         Runs once: afterwards :meth:`record` drops (and counts) every Event.
         """
@@ -177,7 +184,9 @@ class EventRecorder:
             async for item in self._recv:
                 await self._write(item)
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(FLUSH_TIMEOUT):
+            # no flush after a lost leadership: another replica may lead and write now
+            flush = 0.0 if self._abandoned else FLUSH_TIMEOUT
+            with trio.CancelScope(shield=True), trio.move_on_after(flush):
                 while True:
                     try:
                         item = self._recv.receive_nowait()

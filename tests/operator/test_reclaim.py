@@ -1178,3 +1178,41 @@ async def test_many_nodes_are_cordoned_concurrently_before_the_ack(
     assert replies.acks == [("r", 100)]
     assert 7.0 <= took < 8.0, took
     assert {name for name, _ in node_patches(c)} == set(names)
+
+
+async def test_a_leader_that_cannot_renew_stops_its_drains_before_its_lease_can_expire(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    """Leadership lost (no renewal within renew_deadline) cancels the drains at once, with no
+    --drain-shutdown-timeout grace: that grace is for a SIGTERM, where the Lease is still held.
+    Leader a renews at 2, 4, 6, 8; partitioned at 9, it declares the loss at 20, before its
+    Lease can expire (8 + 15 = 23) and another replica can lead
+    (docs/rules.md#leadership-loss). Before: its drain went on evicting until 20 + 30 = 50."""
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import KubeConfig
+    from bigfleet_trio.kube.leader import LeaderElector
+    from tests.kube.fakekube import FakeKube
+
+    fake = FakeKube()
+    a = LeaderElector(KubeClient(KubeConfig(server="http://kube.test"),
+                                 transport=fake.transport("a"), max_attempts=1),
+                      name="bf", namespace="sys", identity="a", rng=lambda: 0.0)
+    c = standard_cluster(nursery)
+    key = add_pod(c, _pod("web"))
+    refuse(c, key, 10**6)  # a budget that never allows: the drain retries every ~2 s
+    drains, handler, _ = make(c, shutdown_timeout=30)
+    a.on_lost(drains.abandon)
+
+    async def work() -> None:
+        async with trio.open_nursery() as inner:
+            await inner.start(drains.run)
+            await handler.on_reclaim_instruction(instr("r", "n-1", grace=600), Replies())
+            await trio.sleep_forever()
+
+    nursery.start_soon(a.run, work)
+    await trio.sleep(9)
+    fake.partition("a")
+    await trio.sleep(60)
+    times = [t for k, _, t in evictions(c) if k == key]
+    assert times and max(times) <= 20.0, max(times)
+    assert drains.abandoned_total == 1 and drains.active == frozenset()

@@ -171,6 +171,18 @@ class DrainManager:
                     )
                 self._stop.set()
 
+    def abandon(self) -> None:
+        """Stop every drain now, with no shutdown grace (this replica lost its leadership:
+        another may already lead and drain; docs/rules.md#leadership-loss). The drains end
+        abandoned and counted; :meth:`start` refuses new ones. Idempotent; never blocks."""
+        self._closing = True
+        if self._active:
+            log.warning("drain: leadership lost, drains abandoned now nodes=%s",
+                        sorted(self._active))
+        if self._scope is not None:
+            self._scope.cancel()
+        self._stop.set()
+
     async def _host(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # Shielded: cancelling run() does not reach the drains; only our own deadline does.
         with trio.CancelScope(shield=True) as scope:
