@@ -24,7 +24,15 @@ import pytest
 import trio
 import yaml
 
-from bigfleet_trio.kube.resources import DEPLOYMENTS, EVENTS, NODES, PDBS, PODS, UPCOMING_NODES
+from bigfleet_trio.kube.resources import (
+    DEPLOYMENTS,
+    EVENTS,
+    LEASES,
+    NODES,
+    PDBS,
+    PODS,
+    UPCOMING_NODES,
+)
 from tests.realkube.agent import (
     Agent,
     container,
@@ -202,3 +210,81 @@ async def test_etcd_restarted_mid_drain(realkube: RealKube, tmp_path: Path) -> N
         since = now()
         await trio.to_thread.run_sync(realkube.cp.restart, "etcd")
         await relax_and_finish(a, ns, upcoming, node, seen, since)
+
+
+def _second_operator_identity(rk: RealKube, sa: str) -> None:
+    """ServiceAccount ``sa`` bound to exactly the operator's roles, so the audit log tells two
+    replicas apart by user (replicas of one Deployment share a ServiceAccount; here they may
+    not, or the log could not say who wrote)."""
+    def ok(r: Any) -> None:
+        assert r.status_code in (200, 201, 409), r.text
+
+    ok(rk.cp.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts", {
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}}))
+    subject = [{"kind": "ServiceAccount", "name": sa, "namespace": NS}]
+    for kind, role in (("ClusterRole", "bigfleet-operator"),
+                       ("ClusterRole", "bigfleet-metrics-auth")):
+        ok(rk.cp.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{sa}-{role}"}, "subjects": subject,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role}}))
+    ok(rk.cp.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": f"{sa}-leader-election"}, "subjects": subject,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": "bigfleet-operator-leader-election"}}))
+
+
+async def test_leader_partitioned_while_a_follower_waits(
+    realkube: RealKube, tmp_path: Path
+) -> None:
+    """Two operators with --leader-elect, each behind its own proxy and under its own
+    ServiceAccount; the leader's link is blackholed mid-drain. From the audit log: no write by
+    the old leader lands after the new leader's first write (docs/rules.md#leadership-loss)."""
+    rk = realkube
+    rk.reset()
+    ns = rk.namespace("partition")
+    second = "bigfleet-operator-b"
+    _second_operator_identity(rk, second)
+    users = {"operator-0": f"system:serviceaccount:{NS}:{OPERATOR_SA}",
+             "operator-1": f"system:serviceaccount:{NS}:{second}"}
+    async with rk.client() as admin, trio.open_nursery() as nursery:
+        a = Agent(rk, tmp_path, nursery, admin)
+        try:
+            await a.start_shard("--reclaim-grace", GRACE)
+            api_port = int(urlparse(rk.cp.server).port or 0)
+            links = {name: TcpProxy("127.0.0.1", api_port) for name in users}
+            await a.start_pod_controller()
+            for name, sa in ((("operator-0", OPERATOR_SA), ("operator-1", second))):
+                port = await nursery.start(links[name].run)
+                await a.start_operator(name, leader_elect=True,
+                                       kubeconfig=_via(rk, tmp_path, sa, port))
+            await a.ready("pod-controller")
+
+            async def holder() -> str:
+                lease = await admin.get(LEASES, "bigfleet-operator", NS)
+                return str(lease["spec"].get("holderIdentity") or "").split("_")[0]
+
+            async def held() -> bool:
+                return bool(await holder())
+
+            await a.until("a leader", held)
+            first = await holder()
+            other = next(n for n in users if n != first)
+            await a.ready(first)
+            upcoming, node, seen = await blocked_drain(a, ns)
+            since = now()
+            links[first].blackhole()  # kept for the rest of the test: never healed
+
+            async def taken_over() -> bool:
+                return await holder() == other
+
+            await a.until(f"{other} to take the Lease", taken_over, 60)
+            await relax_and_finish(a, ns, upcoming, node, seen, since)
+            writes = read_writes(rk.cp.audit_log, since=since)
+            new_first = min(w.at for w in writes if w.user == users[other])
+            late = [w for w in writes if w.user == users[first] and w.at >= new_first]
+            assert late == [], late
+        finally:
+            await a.stop()
+            nursery.cancel_scope.cancel()
