@@ -37,9 +37,9 @@ from .watch import (
     ResourceVersionTracker,
     WatchEvent,
     is_expired,
+    iter_relist_diff,
     object_key,
     object_rv,
-    relist_diff,
 )
 
 __all__ = ["Store", "Informer", "Transform", "IndexFunc", "SyncTimeout", "wait_all_synced"]
@@ -103,7 +103,10 @@ class Store:
     def __init__(self, indexers: dict[str, IndexFunc] | None = None):
         self._items: dict[str, Any] = {}
         self._indexers: dict[str, IndexFunc] = dict(indexers or {})
-        self._indices: dict[str, dict[str, set[str]]] = {name: {} for name in self._indexers}
+        # index value -> the one key (a str: most values name one object, and a set costs
+        # ~200 bytes) or a set of keys
+        self._indices: dict[str, dict[str, str | set[str]]] = {
+            name: {} for name in self._indexers}
 
     def get(self, key: str) -> Any | None:
         """Object stored under ``key``, or None."""
@@ -133,7 +136,10 @@ class Store:
         Raises:
             KeyError: no such indexer.
         """
-        return sorted(self._indices[name].get(value, ()))
+        keys = self._indices[name].get(value)
+        if keys is None:
+            return []
+        return [keys] if isinstance(keys, str) else sorted(keys)
 
     def by_index(self, name: str, value: str) -> _List[Any]:
         """Objects whose indexer ``name`` yields ``value`` (sorted by key).
@@ -162,16 +168,27 @@ class Store:
             idx = self._indices[name]
             for value in self._values(name, fn, obj):
                 keys = idx.get(value)
-                if keys is not None:
-                    keys.discard(key)
-                    if not keys:
+                if keys is None:
+                    continue
+                if isinstance(keys, str):
+                    if keys == key:
                         del idx[value]
+                    continue
+                keys.discard(key)
+                if len(keys) == 1:
+                    idx[value] = next(iter(keys))
 
     def _index(self, key: str, obj: Any) -> None:
         for name, fn in self._indexers.items():
             idx = self._indices[name]
             for value in self._values(name, fn, obj):
-                idx.setdefault(value, set()).add(key)
+                keys = idx.get(value)
+                if keys is None or keys == key:
+                    idx[value] = key
+                elif isinstance(keys, str):
+                    idx[value] = {keys, key}
+                else:
+                    keys.add(key)
 
     def _set(self, key: str, obj: Any) -> Any | None:
         old = self._items.get(key)
@@ -188,12 +205,6 @@ class Store:
             self._unindex(key, old)
         return old
 
-    def _replace_all(self, items: dict[str, Any]) -> None:
-        self._items = items
-        self._indices = {name: {} for name in self._indexers}
-        if self._indexers:
-            for key, obj in items.items():
-                self._index(key, obj)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +230,7 @@ class Informer:
         watch_timeout_range: bounds (s) of the random server ``timeoutSeconds`` (300, 600).
         backoff: error backoff policy (client-go defaults).
         rng: random source (tests pass a seeded ``random.Random``).
+        apply_chunk: objects of a LIST applied between two yields to the event loop (500).
 
     Usage::
 
@@ -243,6 +255,7 @@ class Informer:
         watch_timeout_range: tuple[int, int] = (300, 600),
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
+        apply_chunk: int = 500,
     ):
         self.client = client
         self.res = res
@@ -254,6 +267,9 @@ class Informer:
         self.page_size = page_size
         self.inactivity_timeout = inactivity_timeout
         self.watch_timeout_range = watch_timeout_range
+        if apply_chunk < 1:
+            raise ValueError(f"apply_chunk must be >= 1 (got {apply_chunk})")
+        self.apply_chunk = apply_chunk
         self._backoff = backoff or Backoff()
         self._rng = rng or random.Random()
         self._rv = ResourceVersionTracker()
@@ -433,12 +449,17 @@ class Informer:
         new resourceVersions and the objects dropped (docs/kube-api.md#relist-from-scratch).
         """
         fresh: dict[str, Any] = {}
+        cached = self.store._items
 
         def on_items(items: list[dict[str, Any]]) -> None:
             for raw in items:
                 kv = self._keyed(raw)
                 if kv is not None:
-                    fresh[kv[0]] = kv[1]
+                    key, obj = kv
+                    old = cached.get(key)
+                    # an unchanged object keeps its cached copy: a relist holds one cache,
+                    # not two (docs/kube-api.md#relist-memory)
+                    fresh[key] = old if old is not None and old == obj else obj
             items.clear()  # let the raw page go as soon as it is projected
 
         rv = await self.client.list_paged(
@@ -455,20 +476,8 @@ class Informer:
         reason = self._relist_reason
         if reason in ("initial", "expired") and rv_rolled_back(rv, old_rv):
             reason = "rv_rollback"
-        if len(self.store) == 0:
-            self.store._replace_all(fresh)
-            for obj in fresh.values():
-                self._dispatch("ADDED", None, obj)
-            counts = {"ADDED": len(fresh)}
-        else:
-            counts = {"ADDED": 0, "MODIFIED": 0, "DELETED": 0}
-            for etype, key, old, new in relist_diff(self.store._items, fresh):
-                counts[etype] += 1
-                if etype == "DELETED":
-                    self.store._pop(key)
-                else:
-                    self.store._set(key, new)
-                self._dispatch(etype, old, new)
+        counts = await self._apply_list(fresh)
+        del fresh
         self._rv.listed(rv)
         self._served_again()
         metrics.INFORMER_RELISTS.labels(self.res.plural, reason).inc()
@@ -500,6 +509,32 @@ class Informer:
         if not self._synced.is_set():
             self._synced.set()
             metrics.INFORMER_SYNCED.labels(self.res.plural).set(1)
+
+    async def _apply_list(self, fresh: dict[str, Any]) -> dict[str, int]:
+        """Turn the store into ``fresh`` (a LIST's keyed, transformed objects): a synthesised
+        DELETED, ADDED or MODIFIED per differing key (:func:`.watch.iter_relist_diff`), each
+        dispatched to the handlers. Yields to the event loop every ``apply_chunk`` objects, so
+        applying 150,000 objects never holds the loop (docs/kube-api.md#relist-apply); between
+        chunks other tasks see a store part-way through the relist, every object in it at one
+        of its versions. Returns the count per event type."""
+        counts = {"ADDED": 0, "MODIFIED": 0, "DELETED": 0}
+        chunk = self.apply_chunk
+        seen = 0
+        for etype, key, old, new in iter_relist_diff(self.store._items, fresh):
+            if etype is None:  # an unchanged object: compared, counted towards the chunk
+                pass
+            elif etype == "DELETED":
+                counts[etype] += 1
+                self.store._pop(key)
+                self._dispatch(etype, old, new)
+            else:
+                counts[etype] += 1
+                self.store._set(key, new)
+                self._dispatch(etype, old, new)
+            seen += 1
+            if seen % chunk == 0:
+                await trio.lowlevel.checkpoint()
+        return counts
 
     async def _watch_once(self) -> None:
         """WATCH from the last resourceVersion with ``allowWatchBookmarks=true`` and a random

@@ -12,7 +12,7 @@ Nothing here does I/O or reads a clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ __all__ = [
     "object_key",
     "is_expired",
     "relist_diff",
+    "iter_relist_diff",
 ]
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]
@@ -155,18 +156,34 @@ def relist_diff(
         new keys and ``("MODIFIED", key, old, new)`` for keys whose object differs. Unchanged
         keys produce nothing.
     """
-    eq = equal or (lambda a, b: bool(a == b))
-    out: list[tuple[EventType, str, Any, Any]] = []
-    for key, old in cached.items():
-        if key not in fresh:
-            out.append(("DELETED", key, old, None))
+    return [e for e in iter_relist_diff(cached, fresh, equal) if e[0] is not None]  # type: ignore[misc]
+
+
+def iter_relist_diff(
+    cached: Mapping[str, Any],
+    fresh: Mapping[str, Any],
+    equal: Callable[[Any, Any], bool] | None = None,
+) -> Iterator[tuple[EventType | None, str, Any, Any]]:
+    """:func:`relist_diff` one event at a time, plus ``(None, key, old, new)`` for each
+    unchanged key (so a caller can pace itself by objects compared, not only events).
+
+    The deleted keys are collected first, so the caller may apply each event to ``cached``
+    before taking the next; ``fresh`` must not change while this runs.
+    """
+    eq = equal or (lambda a, b: a is b or bool(a == b))
+    gone = [key for key in cached if key not in fresh]
+    for key in gone:
+        old = cached.get(key)
+        if old is not None:
+            yield "DELETED", key, old, None
     for key, new in fresh.items():
         old = cached.get(key)
         if old is None:
-            out.append(("ADDED", key, None, new))
-        elif not eq(old, new):
-            out.append(("MODIFIED", key, old, new))
-    return out
+            yield "ADDED", key, None, new
+        elif eq(old, new):
+            yield None, key, old, new
+        else:
+            yield "MODIFIED", key, old, new
 
 
 def iter_keys(objs: Iterable[Mapping[str, Any]]) -> list[str]:

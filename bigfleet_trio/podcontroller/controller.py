@@ -60,6 +60,8 @@ OWNER_POD_INDEX = "owner-pod"
 """CR index: ``"ns/name"`` of the Pod named by the CR's Pod ownerReference."""
 POD_UID_INDEX = "uid"
 """Pod index: ``metadata.uid``."""
+RESYNC_CHUNK = 1000
+"""Objects a resync enqueues between two yields to the event loop."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,7 +262,7 @@ class PodController:
         """The leader's part: initial enqueue + orphan scan, workers, periodic resync."""
         self.leading = True
         try:
-            self.resync()
+            await self.resync()
             log.info(
                 "pod controller workers starting workers=%d queued=%d",
                 self.workers,
@@ -273,15 +275,26 @@ class PodController:
         finally:
             self.leading = False
 
-    def resync(self) -> None:
-        """Enqueue every cached Pod and an orphan check for every CR without a live Pod."""
-        for key in self.pods.store.keys():
+    async def resync(self) -> None:
+        """Enqueue every cached Pod and an orphan check for every CR without a live Pod.
+
+        Yields to the event loop every ``RESYNC_CHUNK`` objects (150,000 Pods must not hold
+        the loop: docs/kube-api.md#relist-apply); works on snapshots of the keys, so the caches
+        may change in between.
+        """
+        for i, key in enumerate(self.pods.store.keys(), 1):
             self.queue.add(PodKey.parse(key))
+            if i % RESYNC_CHUNK == 0:
+                await trio.lowlevel.checkpoint()
         orphans = 0
-        for key, cr in self.crs.store.items():
-            if not self.pods.store.by_index(POD_UID_INDEX, proj.owner_uid(cr)):
+        for i, key in enumerate(self.crs.store.keys(), 1):
+            cr = self.crs.store.get(key)
+            if cr is not None and not self.pods.store.index_keys(
+                    POD_UID_INDEX, proj.owner_uid(cr)):
                 self.queue.add(OrphanKey.parse(key))
                 orphans += 1
+            if i % RESYNC_CHUNK == 0:
+                await trio.lowlevel.checkpoint()
         log.debug("pod controller resync pods=%d orphan_checks=%d", len(self.pods.store), orphans)
 
     async def _resync_loop(self) -> None:
@@ -289,7 +302,7 @@ class PodController:
             return
         while True:
             await trio.sleep(self.resync_period)
-            self.resync()
+            await self.resync()
 
     async def _worker(self, index: int) -> None:
         while True:

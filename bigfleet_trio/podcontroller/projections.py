@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 _ANNOTATIONS_KEPT = (INTERRUPTION_PENALTY_ANNOTATION, RECLAMATION_PENALTY_ANNOTATION)
-_POD_META = ("name", "namespace", "uid", "ownerReferences", "deletionTimestamp")
+_POD_META = ("name", "namespace", "uid", "deletionTimestamp")  # the Pod's owners are not read
 _POD_SPEC = (
     "nodeSelector",
     "overhead",
@@ -72,7 +72,7 @@ def _slim_containers(value: Any, *, init: bool) -> Any:
 def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
     """The Pod as the controller keeps it in memory (informer transform).
 
-    Keeps ``metadata`` name/namespace/uid/ownerReferences/deletionTimestamp and the two penalty
+    Keeps ``metadata`` name/namespace/uid/deletionTimestamp and the two penalty
     annotations; ``spec`` fields :func:`~.translate.translate_pod` reads (container requests,
     init-container restartPolicy, required node/pod affinity, nodeSelector, overhead, pod-level
     resources, priority, priorityClassName, topologySpreadConstraints); ``status.phase``.
@@ -149,22 +149,33 @@ def _share(value: Any) -> Any:
 
 
 def slim_cr(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """The CapacityRequest as the controller keeps it: identity, owner, spec, status.phase."""
+    """The CapacityRequest as the controller keeps it: identity, the owner Pod's kind and name
+    (other owners as they are), the owned-by-pod label, spec and status.phase (both shared
+    between equal CRs: read-only)."""
     meta = obj.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     labels = meta.get("labels")
     labels = labels if isinstance(labels, Mapping) else {}
     out_meta: dict[str, Any] = {
-        k: meta[k]
-        for k in ("name", "namespace", "uid", "ownerReferences", "deletionTimestamp")
-        if k in meta
+        k: meta[k] for k in ("name", "namespace", "uid", "deletionTimestamp") if k in meta
     }
+    ns = out_meta.get("namespace")
+    if type(ns) is str:
+        out_meta["namespace"] = sys.intern(ns)
+    refs = meta.get("ownerReferences")
+    if isinstance(refs, list):  # only the Pod owner's kind and name are read
+        out_meta["ownerReferences"] = [
+            {"kind": "Pod", "name": ref["name"]} if (
+                isinstance(ref, Mapping) and ref.get("kind") == "Pod") else _share(ref)
+            for ref in refs]
+    elif refs is not None:
+        out_meta["ownerReferences"] = refs
     if OWNED_BY_POD_LABEL in labels:
         out_meta["labels"] = {OWNED_BY_POD_LABEL: labels[OWNED_BY_POD_LABEL]}
     status = obj.get("status")
-    out: dict[str, Any] = {"metadata": out_meta, "spec": obj.get("spec")}
+    out: dict[str, Any] = {"metadata": out_meta, "spec": _share(obj.get("spec"))}
     if isinstance(status, Mapping) and "phase" in status:
-        out["status"] = {"phase": status["phase"]}
+        out["status"] = _share({"phase": status["phase"]})
     return out
 
 

@@ -172,7 +172,7 @@ async def test_deleted_pod_gc_and_terminal_pod_cleanup(
         assert server.counters[("deletecollection", "capacityrequests")] == collections
         assert ctl.outcomes["pod_terminal"] >= 1
         # a terminal Pod never gets a CR, not even on resync
-        ctl.resync()
+        await ctl.resync()
         await trio.sleep(5)
         assert await crs(client) == []
         assert server.counters[("create", "capacityrequests")] == 2
@@ -340,7 +340,7 @@ async def test_unparseable_annotation_event_and_fallback(
         assert ev["involvedObject"]["uid"] == created["metadata"]["uid"]
         assert "bigfleet.lucy.sh/interruption-penalty" in ev["message"]
         # resync does not repeat the Event for the same warning
-        ctl.resync()
+        await ctl.resync()
         await trio.sleep(5)
         assert len((await client.list(EVENTS, "default")).items) == 1
 
