@@ -477,7 +477,7 @@ class Informer:
         if reason in ("initial", "expired") and rv_rolled_back(rv, old_rv):
             reason = "rv_rollback"
         counts = await self._apply_list(fresh)
-        del fresh
+        fresh.clear()  # the store holds the objects now; drop the second index of keys
         self._rv.listed(rv)
         self._served_again()
         metrics.INFORMER_RELISTS.labels(self.res.plural, reason).inc()

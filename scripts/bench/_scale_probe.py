@@ -107,7 +107,8 @@ class _Fill:
         if self.crs:
             cr = build_capacity_request(made, translate_pod(made, None))
             self.api.create(self.cr_res, ns, cr)
-            self.api.patch(self.cr_res, ns, cr["metadata"]["name"], {"status": {"phase": "Pending"}},
+            self.api.patch(self.cr_res, ns, cr["metadata"]["name"],
+                           {"status": {"phase": "Pending"}},
                            "application/merge-patch+json", subresource="status")
 
     async def churn(self, gen: int) -> None:
