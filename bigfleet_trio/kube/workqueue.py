@@ -246,6 +246,11 @@ class QueueCore(Generic[K]):
         return key in self._parked
 
 
+GET_YIELD_EVERY = 64
+"""Keys :meth:`WorkQueue.get` hands out without waiting before it yields to the event loop once
+(docs/kube-api.md#relist-apply)."""
+
+
 class WorkQueue(QueueCore[K]):
     """:class:`QueueCore` on Trio's clock with a blocking :meth:`get`.
 
@@ -268,6 +273,7 @@ class WorkQueue(QueueCore[K]):
 
     # The constructor is QueueCore's; the one thing added, the workers' parking lot, is made on
     # first use.
+    _taken = 0  # keys handed out by get(), for its periodic yield
     @functools.cached_property
     def _lot(self) -> trio.lowlevel.ParkingLot:
         return trio.lowlevel.ParkingLot()
@@ -311,6 +317,12 @@ class WorkQueue(QueueCore[K]):
         while True:
             key = self.pop(trio.current_time())
             if key is not None:
+                # A backlog of keys whose reconciles never wait (a cache in sync) would hold the
+                # loop for the whole backlog: yield once every GET_YIELD_EVERY keys (a yield per
+                # key costs more than many a reconcile).
+                self._taken += 1
+                if self._taken % GET_YIELD_EVERY == 0:
+                    await trio.lowlevel.checkpoint()
                 return key
             if self.shutting_down:
                 raise ShutDown
