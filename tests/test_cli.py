@@ -591,7 +591,9 @@ def test_sim_apiserver_port_in_use_is_one_line(
         argv = ["sim", "apiserver", "--port", str(port), "--kubeconfig-out", str(tmp_path / "k")]
         assert cli.main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("sim apiserver: "), err
+    # as every other command says it (was: "sim apiserver: [Errno 98] Address already in use")
+    assert len(err) == 1 and err[0].startswith(
+        f"sim apiserver: cannot listen on 127.0.0.1:{port}: "), err
 
 
 # ------------------------------------------------------------------------------ --catalog, --seed

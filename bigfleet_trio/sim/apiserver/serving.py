@@ -203,7 +203,12 @@ def run_cli(
         trio.run(main)
     except (OSError, RuntimeError, BaseExceptionGroup) as exc:
         # a port in use (OSError) or TLS without trustme (RuntimeError): one line, exit 1
-        err = find_in_group(exc, OSError) or find_in_group(exc, RuntimeError)
+        os_err = find_in_group(exc, OSError)
+        if os_err is not None:  # worded as every other command words it
+            print(f"sim apiserver: cannot listen on 127.0.0.1:{port}: "
+                  f"{getattr(os_err, 'strerror', None) or os_err}", file=sys.stderr)
+            return 1
+        err = find_in_group(exc, RuntimeError)
         if err is None:
             raise
         print(f"sim apiserver: {err}", file=sys.stderr)
