@@ -297,8 +297,9 @@ async def test_a_backlog_taken_without_waiting_still_yields_to_the_loop() -> Non
     Before: a 50,000-key backlog held the loop for 2.1 s."""
     from bigfleet_trio.kube.workqueue import GET_YIELD_EVERY
 
+    n = 100 * GET_YIELD_EVERY
     q: WorkQueue[int] = WorkQueue()
-    for i in range(1000):
+    for i in range(n):
         q.add(i)
     others = 0
 
@@ -311,8 +312,10 @@ async def test_a_backlog_taken_without_waiting_still_yields_to_the_loop() -> Non
     async with trio.open_nursery() as nursery:
         nursery.start_soon(other_task)
         before = others
-        for _ in range(1000):
+        for _ in range(n):
             await q.get()  # a reconcile with no await: nothing else yields
         ran = others - before
         nursery.cancel_scope.cancel()
-    assert ran >= 1000 // GET_YIELD_EVERY - 1, ran
+    # about one turn of the other task per yield (Trio's scheduler order is randomised, so not
+    # exactly); before: 0
+    assert ran >= 50, ran
