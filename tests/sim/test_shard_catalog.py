@@ -252,7 +252,10 @@ def test_run_cli_catalog_file_and_seed(monkeypatch: pytest.MonkeyPatch, tmp_path
     ((port, kubeconfig, host, catalog, config),) = seen
     assert (port, kubeconfig, host) == (0, None, "127.0.0.1")  # loopback unless --host
     assert catalog == load_catalog(path) and len(catalog) == 3
-    assert config == EngineConfig(seed=42)
+    # every process numbers its reclaims under a prefix of its own
+    # (docs/rules.md#reclaim-instruction-ids)
+    assert config.instruction_prefix.startswith("reclaim-")
+    assert config == EngineConfig(seed=42, instruction_prefix=config.instruction_prefix)
 
 
 def test_run_cli_seed_keeps_other_config(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -260,8 +263,12 @@ def test_run_cli_seed_keeps_other_config(monkeypatch: pytest.MonkeyPatch) -> Non
     assert shard_cli.run_cli(0, None, config=EngineConfig(create_delay=5.0), seed=3) == 0
     assert shard_cli.run_cli(0, None) == 0
     assert seen[0][3] == default_catalog()
-    assert seen[0][4] == EngineConfig(create_delay=5.0, seed=3)
-    assert seen[1][4] is None  # no --seed: the engine's default config (seed 0)
+    first, second = seen[0][4], seen[1][4]
+    assert first == EngineConfig(create_delay=5.0, seed=3,
+                                 instruction_prefix=first.instruction_prefix)
+    # no --seed: the engine's defaults (seed 0), but a prefix of this process's own
+    assert second == EngineConfig(instruction_prefix=second.instruction_prefix)
+    assert first.instruction_prefix != second.instruction_prefix
 
 
 def test_run_cli_bad_catalog_is_one_line_exit_1(
