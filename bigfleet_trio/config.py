@@ -32,6 +32,7 @@ from bigfleet_trio.knobs import (
     read_text,
     rebased,
 )
+from bigfleet_trio.kube.leader import leader_timing_problem
 from bigfleet_trio.observability.tls import (
     DEFAULT_CERT_NAME,
     DEFAULT_KEY_NAME,
@@ -136,6 +137,16 @@ class ProcessSettings(Settings):
         f"ServiceAccount namespace file, else {DEFAULT_NAMESPACE}; docs/crds.md#leader-election)",
         metavar="NS")
     leader_election_id: str = knob("bigfleet-operator", "Lease name", metavar="NAME")
+    # client-go's and controller-runtime's defaults and flag names (docs/rules.md#leadership-loss)
+    leader_elect_lease_duration: float = knob(
+        15.0, "how long a follower waits after the Lease's last observed change before taking it",
+        unit=DURATION, check=positive)
+    leader_elect_renew_deadline: float = knob(
+        10.0, "how long the leader keeps retrying a renewal before it stops acting",
+        unit=DURATION, check=positive)
+    leader_elect_retry_period: float = knob(
+        2.0, "time between leader-election attempts (renewals and campaigns)",
+        unit=DURATION, check=positive)
     sync_timeout: float = knob(
         600.0,
         # Go waits 30 s for the operator's caches; 10 min (the pod controller's Go value) lets an
@@ -158,6 +169,11 @@ class ProcessSettings(Settings):
         if self.leader_elect:
             if not self.leader_election_id:
                 raise ConfigError("--leader-election-id must not be empty")
+            problem = leader_timing_problem(self.leader_elect_lease_duration,
+                                            self.leader_elect_renew_deadline,
+                                            self.leader_elect_retry_period)
+            if problem:
+                raise ConfigError(problem)
         for flag, name in (("--metrics-cert-name", self.metrics_cert_name),
                            ("--metrics-cert-key", self.metrics_cert_key)):
             if not name:

@@ -439,3 +439,20 @@ def test_template_syntax_error_names_the_file(tmp_path) -> None:  # type: ignore
 def test_reconnect_max_backoff_nan_refused_at_start() -> None:
     with pytest.raises(ConfigError, match=r"^--reconnect-max-backoff must be > 0 \(got nans\)$"):
         _op(reconnect_max_backoff=float("nan")).validate()
+
+
+@pytest.mark.parametrize(("lease", "renew", "retry", "wrong"), [
+    (10.0, 10.0, 2.0, "--leader-elect-lease-duration must be greater than"),
+    (15.0, 2.0, 2.0, "--leader-elect-renew-deadline must be greater than 1.2"),
+])
+def test_leader_election_timings_are_checked_together(
+    lease: float, renew: float, retry: float, wrong: str
+) -> None:
+    from bigfleet_trio.config import PodControllerConfig
+    from bigfleet_trio.knobs import ConfigError
+
+    cfg = PodControllerConfig(leader_elect=True, leader_elect_lease_duration=lease,
+                              leader_elect_renew_deadline=renew,
+                              leader_elect_retry_period=retry)
+    with pytest.raises(ConfigError, match=wrong):
+        cfg.validate()

@@ -5,7 +5,8 @@ controller-runtime's model (its ``WithAuthenticationAndAuthorization`` filter): 
 ``SubjectAccessReview`` for the non-resource URL (``get /metrics``) says whether that user may
 read it. Grant it with the shipped ``bigfleet-metrics-reader`` ClusterRole. Decisions are cached
 for ``ttl`` seconds per (token, path), as the apiserver's delegating authenticator and authorizer
-cache theirs, so a scrape every 15 s costs two reviews per token at most every ``ttl``.
+cache theirs, so a scrape every 15 s costs two reviews per token at most every ``ttl``; the
+reviews in flight are capped and run on a client of their own.
 docs/crds.md#diagnostics-access.
 """
 
@@ -22,23 +23,40 @@ import trio
 from bigfleet_trio.observability.authz import Decision, bearer_token, counted
 
 from .client import KubeClient
+from .config import KubeConfig
 from .errors import ApiError, KubeTransportError
 from .resources import SUBJECT_ACCESS_REVIEWS, TOKEN_REVIEWS
 
-__all__ = ["KubeAuthorizer"]
+__all__ = ["KubeAuthorizer", "review_client"]
 
 log = logging.getLogger(__name__)
+
+
+def review_client(config: KubeConfig, user_agent: str = "bigfleet-trio") -> KubeClient:
+    """A client for the reviews alone (``<user_agent>/auth-delegator``): its own token bucket,
+    429 hold and connections, so a throttled TokenReview never holds the binary's writes or its
+    Lease renewals (docs/crds.md#diagnostics-access). One attempt per review: a failed review
+    is that request's 500, and the scraper asks again at its next interval."""
+    return KubeClient(config, qps=20.0, burst=40, max_attempts=1, max_retry_after=5.0,
+                      user_agent=f"{user_agent}/auth-delegator")
 
 
 class KubeAuthorizer:
     """TokenReview + SubjectAccessReview against the cluster the binary already talks to.
 
+    Bounded, since every unseen token on an open listener costs a review: at most
+    ``max_in_flight`` reviews at once (a request beyond that is refused at once with a 429
+    decision, counted as ``refused``), and two LRU caches, so a flood of unseen tokens (each
+    one unauthenticated) never pushes a known caller's decision out.
+
     Args:
-        client: the binary's KubeClient (its ServiceAccount needs ``create`` on
-            ``tokenreviews`` and ``subjectaccessreviews``: the shipped
-            ``bigfleet-metrics-auth`` ClusterRole).
+        client: a KubeClient for the reviews, ideally :func:`review_client`'s (its
+            ServiceAccount needs ``create`` on ``tokenreviews`` and ``subjectaccessreviews``:
+            the shipped ``bigfleet-metrics-auth`` ClusterRole).
         ttl: seconds a decision is reused for the same token and path (10).
-        max_entries: cache bound; the oldest entry goes first.
+        max_entries: bound of the cache of authenticated callers' decisions (LRU).
+        max_rejected: bound of the cache of unauthenticated tokens (LRU).
+        max_in_flight: reviews at once; more are refused.
         clock: monotonic seconds (tests inject one).
     """
 
@@ -48,34 +66,43 @@ class KubeAuthorizer:
         *,
         ttl: float = 10.0,
         max_entries: int = 1024,
+        max_rejected: int = 256,
+        max_in_flight: int = 4,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.client = client
         self.ttl = ttl
-        self.max_entries = max_entries
         self._clock = clock or trio.current_time
-        self._cache: OrderedDict[tuple[str, str, str], tuple[float, Decision]] = OrderedDict()
+        self._known = _LRU(max_entries)
+        self._rejected = _LRU(max_rejected)
+        self._slots = trio.CapacityLimiter(max_in_flight)
 
     async def check(self, authorization: str | None, path: str, verb: str = "get") -> Decision:
         """Decide one request from its ``Authorization`` header.
 
         Never raises: a failed review is a 500 decision (and an ERROR naming the missing grant
-        for a 403 from the apiserver).
+        for a 403 from the apiserver); a review beyond ``max_in_flight`` is a 429 decision.
         """
         token = bearer_token(authorization)
         if token is None:
             return counted(Decision(401, "a bearer token is required (Authorization: Bearer)"))
         key = (hashlib.sha256(token.encode()).hexdigest(), path, verb)
         now = self._clock()
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] > now:
-            return counted(hit[1])
-        decision = await self._review(token, path, verb)
-        if decision.status != 500:  # an outage is not remembered
-            self._cache[key] = (now + self.ttl, decision)
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.max_entries:
-                self._cache.popitem(last=False)
+        hit = self._known.get(key, now) or self._rejected.get(key, now)
+        if hit is not None:
+            return counted(hit)
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            return counted(Decision(429, "too many authorization reviews in flight; retry"))
+        try:
+            decision = await self._review(token, path, verb)
+        finally:
+            self._slots.release()
+        if decision.status == 401:
+            self._rejected.put(key, now + self.ttl, decision)
+        elif decision.status != 500:  # an outage is not remembered
+            self._known.put(key, now + self.ttl, decision)
         return counted(decision)
 
     async def _review(self, token: str, path: str, verb: str) -> Decision:
@@ -106,3 +133,27 @@ class KubeAuthorizer:
         return Decision(403, f'user "{name}" cannot {verb} path "{path}" (bind the ClusterRole '
                         "bigfleet-metrics-reader)", name)
 
+
+
+class _LRU:
+    """Decisions by key with an expiry each; the least recently used goes first when full."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self._items: OrderedDict[tuple[str, str, str], tuple[float, Decision]] = OrderedDict()
+
+    def get(self, key: tuple[str, str, str], now: float) -> Decision | None:
+        hit = self._items.get(key)
+        if hit is None:
+            return None
+        if hit[0] <= now:
+            del self._items[key]
+            return None
+        self._items.move_to_end(key)
+        return hit[1]
+
+    def put(self, key: tuple[str, str, str], expires: float, decision: Decision) -> None:
+        self._items[key] = (expires, decision)
+        self._items.move_to_end(key)
+        while len(self._items) > self.bound:
+            self._items.popitem(last=False)

@@ -51,11 +51,12 @@ import trio
 
 from ..observability import metrics
 from .client import KubeClient, rfc3339_micro
-from .config import SERVICE_ACCOUNT_DIR
+from .config import SERVICE_ACCOUNT_DIR, KubeConfig
 from .errors import AlreadyExists, ApiError, Conflict, Forbidden, KubeTransportError, NotFound
 from .resources import LEASES
 
-__all__ = ["LeaderElector", "Leadership", "lease_namespace", "FALLBACK_LEASE_NAMESPACE"]
+__all__ = ["LeaderElector", "lease_client", "leader_timing_problem", "Leadership",
+           "lease_namespace", "FALLBACK_LEASE_NAMESPACE"]
 
 FALLBACK_LEASE_NAMESPACE = "bigfleet-system"
 """Lease namespace outside a pod when no flag names one (the shipped manifests' namespace)."""
@@ -144,6 +145,36 @@ class Leadership:
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
+def lease_client(config: KubeConfig, user_agent: str = "bigfleet-trio") -> KubeClient:
+    """A client for leader election alone (``<user_agent>/leader-election``), as
+    controller-runtime gives its resource lock one.
+
+    Its own token bucket, 429 hold and connections: a Retry-After answered to any other request
+    of the binary (a TokenReview flood, a write burst) never delays a renewal, and a renewal
+    never waits behind the binary's queue of writes. A few requests per retry period at most,
+    so a small bucket. docs/rules.md#leadership-loss.
+    """
+    return KubeClient(config, qps=5.0, burst=10, user_agent=f"{user_agent}/leader-election")
+
+
+def leader_timing_problem(lease_duration: float, renew_deadline: float,
+                          retry_period: float) -> str | None:
+    """What is wrong with these timings (seconds), named by their flags, or None.
+
+    The leader must give up before a follower may take over (renew deadline < lease duration),
+    and have more than one jittered attempt within its renew deadline (client-go's rules).
+    """
+    if min(lease_duration, renew_deadline, retry_period) <= 0:
+        return ("--leader-elect-lease-duration, --leader-elect-renew-deadline and "
+                "--leader-elect-retry-period must be > 0")
+    if lease_duration <= renew_deadline:
+        return "--leader-elect-lease-duration must be greater than --leader-elect-renew-deadline"
+    if renew_deadline <= JITTER_FACTOR * retry_period:
+        return ("--leader-elect-renew-deadline must be greater than 1.2 × "
+                "--leader-elect-retry-period")
+    return None
+
+
 class LeaderElector:
     """Lease-based leader election.
 
@@ -180,12 +211,9 @@ class LeaderElector:
     ):
         if not identity:
             raise ValueError("identity must not be empty")
-        if min(lease_duration, renew_deadline, retry_period) <= 0:
-            raise ValueError("lease_duration, renew_deadline and retry_period must be > 0")
-        if lease_duration <= renew_deadline:
-            raise ValueError("lease_duration must be greater than renew_deadline")
-        if renew_deadline <= JITTER_FACTOR * retry_period:
-            raise ValueError("renew_deadline must be greater than 1.2 × retry_period")
+        problem = leader_timing_problem(lease_duration, renew_deadline, retry_period)
+        if problem:
+            raise ValueError(problem)
         self.client = client
         self.name = name
         self.namespace = namespace

@@ -19,7 +19,7 @@ PROTECTED_PATHS = ("/metrics", "/events")
 @dataclass(frozen=True)
 class Decision:
     """``status`` is the HTTP answer: 200 allowed, 401 no or bad token, 403 not authorized,
-    500 the check itself failed (``reason`` says why)."""
+    429 too many checks in flight, 500 the check itself failed (``reason`` says why)."""
 
     status: int
     reason: str
@@ -49,7 +49,7 @@ def counted(decision: Decision) -> Decision:
     """Count ``decision`` in ``bigfleet_diagnostics_auth_decisions_total`` and return it."""
     from bigfleet_trio.observability.metrics import DIAGNOSTICS_AUTH
 
-    label = {200: "allowed", 401: "unauthenticated", 403: "forbidden"}.get(decision.status,
-                                                                              "error")
+    label = {200: "allowed", 401: "unauthenticated", 403: "forbidden",
+             429: "refused"}.get(decision.status, "error")
     DIAGNOSTICS_AUTH.labels(label).inc()
     return decision

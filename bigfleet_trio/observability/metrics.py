@@ -142,7 +142,8 @@ LEASE_ERRORS = Counter(
 DIAGNOSTICS_AUTH = Counter(
     "bigfleet_diagnostics_auth_decisions",
     "Requests to /metrics and /events checked with TokenReview and SubjectAccessReview "
-    "(--metrics-auth), by decision (allowed|unauthenticated|forbidden|error).",
+    "(--metrics-auth), by decision (allowed|unauthenticated|forbidden|refused: too many "
+    "reviews in flight|error).",
     ["decision"],
 )
 

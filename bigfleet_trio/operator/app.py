@@ -27,7 +27,7 @@ import trio
 
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
-from bigfleet_trio.kube.leader import LeaderElector, lease_namespace
+from bigfleet_trio.kube.leader import LeaderElector, lease_client, lease_namespace
 from bigfleet_trio.kube.startup import sync_or_refused
 from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability import metrics
@@ -367,18 +367,20 @@ async def _supervise(
 async def _start_diagnostics(
     nursery: trio.Nursery,
     cfg: OperatorConfig,
-    client: KubeClient,
+    reviews: KubeClient | None,
     readiness: Callable[[], tuple[bool, list[str]]],
     events: EventFeed,
 ) -> list[str | None]:
     """Start the diagnostics listener (and the separate probe listener if configured) in
-    ``nursery``; returns their bound addresses (metrics first; None for a disabled one)."""
+    ``nursery``; returns their bound addresses (metrics first; None for a disabled one).
+    ``reviews``: the review client (:func:`~bigfleet_trio.kube.authz.review_client`) with
+    ``--metrics-auth``."""
     from bigfleet_trio.kube.authz import KubeAuthorizer
     from bigfleet_trio.observability.http import separate_probe_listener, serve_observability
     from bigfleet_trio.observability.metrics import BinaryRegistry
     from bigfleet_trio.observability.tls import serving_certificate
 
-    auth = KubeAuthorizer(client) if cfg.metrics_auth else None
+    auth = KubeAuthorizer(reviews) if reviews is not None else None
     tls = serving_certificate(cfg.metrics_tls(), cfg.metrics_addr)
     bound = [
         await nursery.start(
@@ -427,6 +429,7 @@ async def serve_operator(
         KubeConfigError, TLSConfigError, BootstrapTemplateError, ValueError: bad configuration.
         OSError: a diagnostics address cannot be bound.
     """
+    from bigfleet_trio.kube.authz import review_client
     from bigfleet_trio.shard.bridge import open_loop
 
     kcfg = kube_config if kube_config is not None else load_kubeconfig(cfg.kubeconfig)
@@ -439,21 +442,29 @@ async def serve_operator(
             if handle_signals
             else None
         )
-        async with open_loop(), KubeClient(kcfg, qps=cfg.qps, burst=cfg.burst) as client:
+        async with open_loop(), contextlib.AsyncExitStack() as clients:
+            client = await clients.enter_async_context(
+                KubeClient(kcfg, qps=cfg.qps, burst=cfg.burst))
             op = Operator(cfg, client=client, connector=conn, feed=events, renderer=rend)
             if on_operator is not None:
                 on_operator(op)
             lease_ns, lease_ns_source = lease_namespace(cfg.leader_election_namespace)
+            # Renewals on a client of their own (docs/rules.md#leadership-loss).
             elector = (
                 LeaderElector(
-                    client,
+                    await clients.enter_async_context(lease_client(kcfg)),
                     name=cfg.leader_election_id,
                     namespace=lease_ns,
                     identity=_identity(),
+                    lease_duration=cfg.leader_elect_lease_duration,
+                    renew_deadline=cfg.leader_elect_renew_deadline,
+                    retry_period=cfg.leader_elect_retry_period,
                 )
                 if cfg.leader_elect
                 else None
             )
+            reviews = (await clients.enter_async_context(review_client(kcfg))
+                       if cfg.metrics_auth else None)
 
             if elector is None:
                 metrics.LEADER.set(1)  # acts alone (docs/operate.md#bigfleetnoleader)
@@ -471,7 +482,7 @@ async def serve_operator(
                 # Runs until the nursery is cancelled, like the diagnostics listeners.
                 await nursery.start(watch_loop_lag)
                 task_status.started(
-                    await _start_diagnostics(nursery, cfg, client, readiness, events)
+                    await _start_diagnostics(nursery, cfg, reviews, readiness, events)
                 )
                 if elector is not None:
                     log.info(

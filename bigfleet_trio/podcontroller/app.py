@@ -9,6 +9,7 @@ families, ``/healthz``, ``/readyz`` = caches synced) and SIGINT/SIGTERM (exit 0)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -21,10 +22,10 @@ import trio
 import yaml
 
 from bigfleet_trio.knobs import ConfigFileError, yaml_error_line
-from bigfleet_trio.kube.authz import KubeAuthorizer
+from bigfleet_trio.kube.authz import KubeAuthorizer, review_client
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
-from bigfleet_trio.kube.leader import LeaderElector, lease_namespace
+from bigfleet_trio.kube.leader import LeaderElector, lease_client, lease_namespace
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.observability.http import separate_probe_listener, serve_observability
 from bigfleet_trio.observability.looplag import watch_loop_lag
@@ -94,14 +95,21 @@ async def serve_pod_controller(
         SyncTimeout: the caches did not sync within ``cfg.sync_timeout``.
         OSError: a listener address cannot be bound.
     """
-    async with KubeClient(kube_config, qps=cfg.qps, burst=cfg.burst,
-                          user_agent=f"bigfleet-trio/{CONTROLLER_NAME}") as client:
+    agent = f"bigfleet-trio/{CONTROLLER_NAME}"
+    async with contextlib.AsyncExitStack() as clients:
+        client = await clients.enter_async_context(
+            KubeClient(kube_config, qps=cfg.qps, burst=cfg.burst, user_agent=agent))
         ctl = PodController(client, defaults, workers=cfg.workers, sync_timeout=cfg.sync_timeout)
         elector = None
         if cfg.leader_elect:
             lease_ns, source = lease_namespace(cfg.leader_election_namespace)
-            elector = LeaderElector(client, name=cfg.leader_election_id, namespace=lease_ns,
-                                    identity=leader_identity())
+            # Renewals on a client of their own (docs/rules.md#leadership-loss).
+            elector = LeaderElector(
+                await clients.enter_async_context(lease_client(kube_config, agent)),
+                name=cfg.leader_election_id, namespace=lease_ns, identity=leader_identity(),
+                lease_duration=cfg.leader_elect_lease_duration,
+                renew_deadline=cfg.leader_elect_renew_deadline,
+                retry_period=cfg.leader_elect_retry_period)
             log.info("pod controller leader election",
                      extra={"lease": f"{lease_ns}/{cfg.leader_election_id}",
                             "lease_namespace_from": source})
@@ -112,7 +120,8 @@ async def serve_pod_controller(
         async with trio.open_nursery() as nursery:
             # Runs until the nursery is cancelled, like the diagnostics listeners.
             await nursery.start(watch_loop_lag)
-            auth = KubeAuthorizer(client) if cfg.metrics_auth else None
+            auth = (KubeAuthorizer(await clients.enter_async_context(
+                review_client(kube_config, agent))) if cfg.metrics_auth else None)
             tls = serving_certificate(cfg.metrics_tls(), cfg.metrics_addr)
             listeners = [partial(serve_observability, cfg.metrics_addr, readiness=readiness,
                                  registry=BinaryRegistry(COMMAND), auth=auth, tls=tls)]

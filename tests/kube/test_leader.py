@@ -27,7 +27,7 @@ def _elector(fake: FakeKube, who: str, **kw: object) -> LeaderElector:
 
 def test_validation() -> None:
     fake = FakeKube()
-    with pytest.raises(ValueError, match="lease_duration"):
+    with pytest.raises(ValueError, match="lease-duration"):
         _elector(fake, "a", lease_duration=10, renew_deadline=10)
     with pytest.raises(ValueError, match="1.2"):
         _elector(fake, "a", renew_deadline=2.4, retry_period=2)

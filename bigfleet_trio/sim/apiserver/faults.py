@@ -35,6 +35,7 @@ class _Rule:
     resource: str | None
     name: str | None = None
     message: str | None = None
+    retry_after: int = 1
 
     def matches(self, verb: str, resource: str, name: str | None = None) -> bool:
         return (
@@ -74,12 +75,14 @@ class Faults:
         resource: str | None = None,
         name: str | None = None,
         message: str | None = None,
+        retry_after: int = 1,
     ) -> None:
         """Make the next ``n`` matching requests fail with ``code`` (a Status body whose
         message is ``message``, or ``injected fault (<verb> <resource>)``). With ``name``, only
         requests on that object match: a per-Pod eviction answer is ``fail_next(code=429,
-        verb="create", resource="pods/eviction", name="web")``."""
-        self._rules.append(_Rule(n, code, verb, resource, name, message))
+        verb="create", resource="pods/eviction", name="web")``. A 429 carries ``Retry-After:
+        retry_after`` (seconds) and the same ``retryAfterSeconds`` detail."""
+        self._rules.append(_Rule(n, code, verb, resource, name, message, retry_after))
 
     def add_latency(
         self, seconds: float, *, verb: str | None = None, resource: str | None = None
@@ -117,8 +120,9 @@ class Faults:
                 if rule.count == 0:
                     self._rules.remove(rule)
                 reason = _REASONS.get(rule.code, "InternalError")
-                headers = {"Retry-After": "1"} if rule.code == 429 else None
-                details = {"retryAfterSeconds": 1} if rule.code == 429 else None
+                throttled = rule.code == 429
+                headers = {"Retry-After": str(rule.retry_after)} if throttled else None
+                details = {"retryAfterSeconds": rule.retry_after} if throttled else None
                 message = rule.message or f"injected fault ({verb} {resource})"
                 return ApiError(rule.code, reason, message, details, headers)
         return None
