@@ -34,7 +34,7 @@ from .errors import (
 )
 from .ratelimit import AsyncRateLimiter
 from .retry import RetryPolicy
-from .transport import KeepAlivePool
+from .transport import KeepAlivePool, replay_safe
 
 __all__ = ["RequestCore", "authorization", "clean_params", "describe_cause"]
 
@@ -146,11 +146,10 @@ class RequestCore:
         if transport is None and config.is_https:
             verify = config.ssl_context()
         headers = {"User-Agent": user_agent, "Accept": "application/json"}
-        if config.tls_server_name and transport is None:
-            # httpx has no SNI override; the Host header is what certificate checks use.
-            log.warning(
-                "tls-server-name %s ignored (not supported by httpx)", config.tls_server_name
-            )
+        # tls-server-name: the name the certificate is checked against and sent as SNI
+        # (httpcore's sni_hostname request extension, on both transports)
+        self._extensions = ({"sni_hostname": config.tls_server_name}
+                            if config.tls_server_name else {})
         def http_client(
             keepalive: int, transport: httpx.AsyncBaseTransport | None
         ) -> httpx.AsyncClient:
@@ -172,7 +171,8 @@ class RequestCore:
         # minutes and stream, so they keep httpx's default transport in a client of their own.
         # An injected transport (tests) serves both.
         request_transport = transport or KeepAlivePool(
-            ssl_context=verify if isinstance(verify, ssl.SSLContext) else None)
+            ssl_context=verify if isinstance(verify, ssl.SSLContext) else None,
+            server_hostname=config.tls_server_name)
         self._http = http_client(20, request_transport)
         self._transport: httpx.AsyncBaseTransport = request_transport
         self._pool = request_transport if isinstance(request_transport, KeepAlivePool) else None
@@ -240,7 +240,8 @@ class RequestCore:
         try:
             with trio.move_on_after(self.request_timeout):
                 status, headers, data = await self._exchange(
-                    method, path, query, auth, content, ctype)
+                    method, path, query, auth, content, ctype,
+                    replayable=replay_safe(method, path, body))
         finally:
             # client-go's rest_client_request_duration_seconds, by verb and status class
             metrics.KUBE_REQUEST_DURATION.labels(method, _status_class(status)).observe(
@@ -276,7 +277,7 @@ class RequestCore:
 
     async def _exchange(
         self, method: str, path: str, query: str, auth: str | None, content: bytes | None,
-        ctype: str,
+        ctype: str, *, replayable: bool = False,
     ) -> tuple[int, Mapping[str, str] | list[tuple[bytes, bytes]], bytes]:
         """One HTTP exchange on the pool (or an injected transport): status, headers, body.
 
@@ -294,7 +295,7 @@ class RequestCore:
                     raw.append((b"Content-Type", ctype.encode()))
                 return await self._pool.round_trip(
                     method.encode(), self._base_url, _target(self._base_path, path, query),
-                    raw, content)
+                    raw, content, replayable=replayable)
             return await self._via_transport(method, path + query, auth, content, ctype)
         except httpx.TransportError as exc:
             self.last_transport_error = KubeTransportError(
@@ -363,7 +364,8 @@ class RequestCore:
 
     async def _open_stream(self, path: str, params: dict[str, Any]) -> httpx.Response:
         await self._limiter.acquire()
-        request = self._watch_http.build_request("GET", path, params=params)
+        request = self._watch_http.build_request("GET", path, params=params,
+                                                 extensions=self._extensions)
         response: httpx.Response | None = None
         with trio.move_on_after(self.request_timeout):
             try:

@@ -11,16 +11,19 @@ request.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import ssl
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Iterable, Mapping
 from typing import Any
 
 import httpcore
 import httpx
 import trio
 
-__all__ = ["KeepAlivePool"]
+from ..observability import metrics
+
+__all__ = ["KeepAlivePool", "replay_safe"]
 
 _ORIGIN_KEY = tuple[bytes, bytes, int | None]
 
@@ -35,6 +38,45 @@ def _httpx_error(exc: httpcore.TimeoutException | httpcore.NetworkError
     if not (isinstance(cls, type) and issubclass(cls, httpx.TransportError)):
         cls = httpx.TransportError
     return cls(str(exc))
+
+
+_RECEIVED: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "bigfleet_kube_received", default=None)
+"""Bytes read from the server during the current exchange (httpcore reads in the caller's
+task): zero after a failure means no answer byte arrived."""
+
+_REVIEWS = ("/tokenreviews", "/subjectaccessreviews", "/selfsubjectaccessreviews",
+            "/localsubjectaccessreviews", "/selfsubjectreviews")
+
+
+def replay_safe(method: str, path: str, body: Any) -> bool:
+    """Whether sending this request twice does no harm: the rule for replaying it on a fresh
+    connection when a reused one failed before any answer byte (the server may have read it).
+
+    Reads (GET, HEAD); reviews (a POST that only asks); a create of a fixed name (a second one
+    answers 409 AlreadyExists, which the callers take as done; an eviction likewise); a PUT or
+    PATCH carrying ``metadata.resourceVersion`` or a JSON-patch ``test`` op (a second one
+    answers 409 Conflict); a DELETE with preconditions. Not: a create with ``generateName`` or
+    no name, an unguarded update or patch, a body given as raw bytes (not inspected).
+    docs/kube-api.md#connections.
+    """
+    if method in ("GET", "HEAD"):
+        return True
+    if not isinstance(body, (Mapping, list)):
+        return False
+    if isinstance(body, list):  # a JSON patch: guarded by a test op
+        return method == "PATCH" and any(
+            isinstance(op, Mapping) and op.get("op") == "test" for op in body)
+    meta = body.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    if method == "POST":
+        return path.endswith(_REVIEWS) or (bool(meta.get("name"))
+                                           and not meta.get("generateName"))
+    if method in ("PUT", "PATCH"):
+        return bool(meta.get("resourceVersion"))
+    if method == "DELETE":
+        return bool(body.get("preconditions"))
+    return False
 
 
 _CORE_ERRORS = (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError,
@@ -94,13 +136,18 @@ class _TrioStream(httpcore.AsyncNetworkStream):
                 pass  # the read below reports it, or reads the server's early answer
         try:
             if timeout is None:
-                return bytes(await self._stream.receive_some(max_bytes))
-            with trio.fail_after(timeout):
-                return bytes(await self._stream.receive_some(max_bytes))
+                data = bytes(await self._stream.receive_some(max_bytes))
+            else:
+                with trio.fail_after(timeout):
+                    data = bytes(await self._stream.receive_some(max_bytes))
         except trio.TooSlowError as exc:
             raise httpcore.ReadTimeout(str(exc)) from exc
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise httpcore.ReadError(str(exc)) from exc
+        received = _RECEIVED.get()
+        if received is not None:
+            received[0] += len(data)
+        return data
 
     async def aclose(self) -> None:
         self._out.clear()  # a request cut short: its unsent rest is dropped with the connection
@@ -178,10 +225,15 @@ class _TrioBackend(httpcore.AsyncNetworkBackend):
 class KeepAlivePool(httpx.AsyncBaseTransport):
     """HTTP/1.1 keep-alive pool: take the most recently used idle connection or open one.
 
-    A request checks out one connection (LIFO, so the warmest; a connection the server
-    closed or whose keep-alive expired is dropped on the way), runs on it, reads the whole
-    body, and puts the connection back when it can be reused. No limit on concurrent
-    connections (the callers' concurrency is the limit); at most ``max_idle`` are kept.
+    A request checks out one connection (LIFO, so the warmest; a connection the server closed
+    or whose keep-alive expired is dropped on the way), runs on it, reads the whole body, and
+    puts the connection back when it can be reused. Every ``sweep_interval`` seconds a check-in
+    also closes the dead idle connections anywhere in the stack, so one the server dropped
+    under a live one does not linger. At most ``max_connections`` requests run at once (so at
+    most that many connections are open; more wait their turn) and at most ``max_idle`` are
+    kept idle. A replay-safe request (:func:`replay_safe`) that fails on a reused connection
+    before any answer byte arrived is sent once more on a fresh connection: the server closed
+    the idle connection as the request went out (docs/kube-api.md#connections).
 
     Responses come back with their body read into memory (``await response.aread()`` decodes
     it; a watch's endless body needs httpx's default transport). httpcore errors are raised as
@@ -189,20 +241,31 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
 
     Args:
         ssl_context: for https origins (None: httpcore's default context).
+        server_hostname: the TLS name the server's certificate is checked against (and sent as
+            SNI) instead of the URL's host (a kubeconfig's ``tls-server-name``).
         max_idle: idle connections kept per origin.
+        max_connections: requests (so connections) at once, over all origins.
         keepalive_expiry: seconds an idle connection is reused for (None: no limit).
+        sweep_interval: seconds between sweeps of the idle connections (Trio time).
     """
 
     def __init__(
         self,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
         max_idle: int = 32,
+        max_connections: int = 256,
         keepalive_expiry: float | None = 60.0,
+        sweep_interval: float = 5.0,
     ) -> None:
         self._ssl_context = ssl_context
+        self._extensions = {"sni_hostname": server_hostname} if server_hostname else {}
         self._max_idle = max_idle
+        self._slots = trio.CapacityLimiter(max_connections)
         self._keepalive_expiry = keepalive_expiry
+        self._sweep_interval = sweep_interval
+        self._next_sweep = -math.inf
         self._idle: dict[_ORIGIN_KEY, list[httpcore.AsyncHTTPConnection]] = {}
         self._origins: dict[_ORIGIN_KEY, httpcore.Origin] = {}
         self._closed = False
@@ -210,13 +273,17 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         self.opened = 0
         """Connections opened so far (for tests and benchmarks)."""
 
-    async def _checkout(self, key: _ORIGIN_KEY) -> httpcore.AsyncHTTPConnection:
+    async def _checkout(self, key: _ORIGIN_KEY) -> httpcore.AsyncHTTPConnection | None:
+        """The warmest live idle connection for ``key``, or None (dead ones closed)."""
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
             if conn.is_available() and not conn.has_expired():
                 return conn
             await self._close(conn)
+        return None
+
+    def _open(self, key: _ORIGIN_KEY) -> httpcore.AsyncHTTPConnection:
         origin = self._origins.get(key)
         if origin is None:
             origin = self._origins[key] = httpcore.Origin(key[0], key[1], key[2] or (
@@ -227,6 +294,29 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             http1=True, http2=False, network_backend=self._backend,
         )
 
+    async def _checkin(self, key: _ORIGIN_KEY, conn: httpcore.AsyncHTTPConnection) -> None:
+        if not conn.is_available() or self._closed:
+            await self._close(conn)
+            return
+        idle = self._idle.setdefault(key, [])
+        idle.append(conn)
+        if len(idle) > self._max_idle:
+            await self._close(idle.pop(0))
+        now = trio.current_time()
+        if now >= self._next_sweep:
+            self._next_sweep = now + self._sweep_interval
+            await self._sweep()
+
+    async def _sweep(self) -> None:
+        """Close every idle connection that has expired or that the server closed (one
+        readability check each: hence only every ``sweep_interval``)."""
+        for key, idle in list(self._idle.items()):
+            dead = [c for c in idle if not c.is_available() or c.has_expired()]
+            if dead:
+                self._idle[key] = [c for c in idle if c not in dead]
+                for conn in dead:
+                    await self._close(conn)
+
     async def _close(self, conn: httpcore.AsyncHTTPConnection) -> None:
         with trio.CancelScope(shield=True), trio.move_on_after(5):
             try:
@@ -236,6 +326,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` on a pooled connection; the response body is read in full.
+        Replayed on a stale connection only when a GET or HEAD.
 
         Raises:
             httpx.TransportError (subclass named like httpcore's): no usable answer.
@@ -250,15 +341,15 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
                              target=url.raw_path),
                 headers=request.headers.raw,
                 content=request.stream,
-                extensions=request.extensions,
-            ))
+                extensions={**self._extensions, **request.extensions},
+            ), replayable=request.method in ("GET", "HEAD"))
         # a stream, not content=: aread() then applies any Content-Encoding
         return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body),
                               extensions=extensions, request=request)
 
     async def round_trip(
         self, method: bytes, url: httpx.URL, target: bytes,
-        headers: list[tuple[bytes, bytes]], content: bytes | None,
+        headers: list[tuple[bytes, bytes]], content: bytes | None, *, replayable: bool = False,
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """One request without httpx's Request/Response objects (the client's hot path: they
         cost more CPU than the HTTP/1.1 exchange's own Python work).
@@ -269,6 +360,8 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             target: path and query, e.g. ``b"/api/v1/pods?limit=500"``.
             headers: request headers; ``Host`` and ``Content-Length`` are added here.
             content: the body (None: none).
+            replayable: :func:`replay_safe` said yes: a failure on a reused connection before
+                any answer byte is sent once more on a fresh one.
 
         Returns:
             ``(status, headers, body)``; the body as sent (no Content-Encoding decoding: the
@@ -287,16 +380,36 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
             httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=target),
             headers=all_headers,
             content=content if content is not None else b"",
-        ))
+            extensions=self._extensions,
+        ), replayable=replayable)
         return status, resp_headers, body
 
     async def _exchange(
-        self, key: _ORIGIN_KEY, core: httpcore.Request
+        self, key: _ORIGIN_KEY, core: httpcore.Request, *, replayable: bool
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes, dict[str, Any]]:
-        """Run ``core`` on a pooled connection; the status, headers, whole body, extensions."""
+        """Run ``core`` on a pooled connection (once more on a fresh one when a reused one
+        failed before any answer byte and ``replayable``); status, headers, whole body,
+        extensions."""
         if self._closed:
             raise RuntimeError("KeepAlivePool is closed")
-        conn = await self._checkout(key)
+        async with self._slots:
+            conn = await self._checkout(key)
+            if conn is not None:
+                received = [0]
+                token = _RECEIVED.set(received)
+                try:
+                    return await self._run(key, conn, core)
+                except httpx.TransportError:
+                    if not (replayable and received[0] == 0 and not self._closed):
+                        raise
+                finally:
+                    _RECEIVED.reset(token)
+                metrics.KUBE_STALE_REPLAYS.inc()
+            return await self._run(key, self._open(key), core)
+
+    async def _run(
+        self, key: _ORIGIN_KEY, conn: httpcore.AsyncHTTPConnection, core: httpcore.Request
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes, dict[str, Any]]:
         try:
             resp = await conn.handle_async_request(core)
             try:
@@ -311,13 +424,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         except BaseException:
             await self._close(conn)  # cancelled mid-request: its state is unknown
             raise
-        if conn.is_available() and not self._closed:
-            idle = self._idle.setdefault(key, [])
-            idle.append(conn)
-            if len(idle) > self._max_idle:
-                await self._close(idle.pop(0))
-        else:
-            await self._close(conn)
+        await self._checkin(key, conn)
         return resp.status, resp.headers, body, dict(resp.extensions)
 
     async def aclose(self) -> None:

@@ -110,6 +110,13 @@ BUILD_INFO = Gauge(
     ["version", "python"],
 )
 
+KUBE_STALE_REPLAYS = Counter(
+    "bigfleet_kube_client_stale_connection_replays",
+    "Requests sent once more on a fresh connection after a reused keep-alive connection failed "
+    "before any answer byte (the server had closed it); only replay-safe requests "
+    "(docs/kube-api.md#connections).",
+)
+
 KUBE_THROTTLED = Counter(
     "bigfleet_kube_client_throttled",
     "429 answers from the apiserver that held the client for their Retry-After (API Priority "
