@@ -306,15 +306,16 @@ async def test_reclaim_is_not_acked_when_the_drain_record_cannot_be_written(
     assert drains.completed_total == 1
 
 
-async def test_duplicate_waiting_on_a_failed_reclaim_does_the_work_instead_of_acking_zero(
+async def test_a_reissue_during_a_failed_reclaim_never_acks_zero(
     nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:
-    """Issue item 8: the first instruction fails with a non-Kubernetes exception while the
-    shard's re-issue waits for it.
+    """The first instruction fails with a non-Kubernetes exception while the shard's re-issue
+    is parked on it.
 
-    Before the fix the waiting duplicate re-acked the failed attempt's ``nodes_started=0``, so
-    the shard, acked, never re-issued and the node was never drained. Now it does the work
-    itself: cordon, record, ack 1, drain.
+    An ack of the failed attempt's ``nodes_started=0`` would tell the shard the reclaim was
+    handled, and the shard never re-issues an acked instruction: the node would never be
+    drained. The parked re-issue is left unacked (it holds no dispatch slot while parked), and
+    the shard's next re-issue does the work: cordon, record, ack 1, drain.
     """
     from tests.operator.test_reclaim import Replies, instr
 
@@ -349,6 +350,8 @@ async def test_duplicate_waiting_on_a_failed_reclaim_does_the_work_instead_of_ac
         await trio.testing.wait_all_tasks_blocked()
         release.set()
     assert len(errors) == 1
+    assert replies.acks == []  # neither the failed attempt nor the parked re-issue acked 0
+    await handler.on_reclaim_instruction(instr("r-1", "m-1", grace=60), replies)  # re-issued
     assert replies.acks == [("r-1", 1)]
     await drains.wait_idle()
     assert drains.completed_total == 1

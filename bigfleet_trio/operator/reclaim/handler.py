@@ -54,6 +54,7 @@ class _Instruction:
     done: trio.Event = field(default_factory=trio.Event)
     nodes_started: int = 0
     acked: bool = False  # False when done is set: the attempt failed and was forgotten
+    waiters: list[Reply] = field(default_factory=list)  # re-issues answered with this ack
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class ReclaimHandler:
         )
         content = (tuple(e for e in dict.fromkeys(instr.nodes) if e),
                    effective_grace(instr.grace_period_seconds))
-        while (prior := self._seen.get(iid) if iid else None) is not None:
+        if (prior := self._seen.get(iid) if iid else None) is not None:
             if prior.content != content:
                 # The id names another reclaim (a shard that numbers from 1 again after a
                 # restart): a duplicate is the same instruction re-issued, so this one is new.
@@ -148,19 +149,22 @@ class ReclaimHandler:
                     "earlier_grace=%ss", iid, list(content[0]), content[1],
                     list(prior.content[0]), prior.content[1])
                 metrics.RECLAIM_IDS_REUSED.inc()
-                break
-            await prior.done.wait()
-            if prior.acked:
+            elif not prior.done.is_set():
+                # Still being handled: answered with the first attempt's ack when it comes.
+                # Waiting here would hold a dispatch slot shared with the NodeStateUpdate
+                # workers, and the shard re-issues an unacked instruction on every timeout.
+                # If the first attempt fails, nothing is acked and the shard re-issues again.
+                log.info("reclaim: duplicate of an instruction in progress, acked when it is "
+                         "instruction_id=%s", iid)
+                prior.waiters.append(reply)
+                return
+            else:
                 log.info(
                     "reclaim: duplicate instruction, re-acking instruction_id=%s "
                     "nodes_started=%d", iid, prior.nodes_started,
                 )
                 self._ack(iid, prior.nodes_started, reply)
                 return
-            # The first attempt failed without an ack and was forgotten: this re-issue does the
-            # work itself. Re-acking its nodes_started (0) would tell the shard the reclaim was
-            # handled, and the shard never re-issues an acked instruction. (Loop: another waiter
-            # may have taken the work over first; then wait for that one.)
         record = _Instruction(content=content)
         if iid:
             self._seen[iid] = record
@@ -193,6 +197,9 @@ class ReclaimHandler:
         # all synchronous (no checkpoint between them), so a session cancelled after the ack
         # cannot lose a drain, and no eviction starts before every node is cordoned.
         self._ack(iid, len(cordoned), reply)
+        for waiter in record.waiters:
+            self._ack(iid, len(cordoned), waiter)
+        record.waiters.clear()
         grace = effective_grace(instr.grace_period_seconds)
         for node, un_name in cordoned:
             if self._drains.is_draining(node):
@@ -204,6 +211,10 @@ class ReclaimHandler:
         """End a failed attempt: forget its id (a re-issue starts afresh), wake its waiters."""
         if iid and self._seen.get(iid) is record:
             del self._seen[iid]
+        if record.waiters:
+            log.warning("reclaim: %d re-issues of a failed attempt left unacked; the shard "
+                        "will re-issue instruction_id=%s", len(record.waiters), iid)
+            record.waiters.clear()
         record.done.set()
 
     def _record_cordons(
