@@ -200,10 +200,11 @@ def error_from_status(
     else:
         decoded = decoded if decoded is not None else None
         reason = ""
+        # a plain-text answer ("404 page not found\n"): one line in a log, no trailing newline
         if isinstance(body, bytes):
-            message = body[:500].decode("utf-8", "replace")
+            message = body[:500].decode("utf-8", "replace").strip()
         elif isinstance(body, str):
-            message = body[:500]
+            message = body[:500].strip()
         else:
             message = ""
     if not reason:

@@ -214,6 +214,10 @@ class _Handler:
     on_delete: Callable[[Any], None] | None
 
 
+NOT_SERVED_RETRY = 2.0
+"""Seconds between LISTs while the resource itself answers 404 (a CRD not installed)."""
+
+
 class Informer:
     """List+watch one resource into a :class:`Store` and fan events out to handlers.
 
@@ -274,6 +278,7 @@ class Informer:
         self._rng = rng or random.Random()
         self._rv = ResourceVersionTracker()
         self._handlers: list[_Handler] = []
+        self._served_listeners: list[Callable[[], None]] = []
         self._synced = trio.Event()
         metrics.INFORMER_SYNCED.labels(res.plural).set(0)
         self.last_error: Exception | None = None
@@ -371,7 +376,13 @@ class Informer:
                 self._relist_reason = "rv_rollback"
                 await self._sleep_backoff(exc, stage, logging.INFO)  # the relist logs WARNING
             except (ApiError, KubeTransportError) as exc:
-                if stage == "watch" and isinstance(exc, ApiError):
+                if isinstance(exc, NotFound):
+                    # The resource itself is gone (a CRD deleted, and its objects with it):
+                    # when it is back, its state is new, so list it, not watch on from an rv
+                    # of the old one.
+                    need_list = True
+                    self._relist_reason = "not_served"
+                elif stage == "watch" and isinstance(exc, ApiError):
                     if is_too_large_resource_version(exc):
                         need_list = True
                         self._relist_reason = "too_large_rv"
@@ -391,6 +402,9 @@ class Informer:
         if isinstance(exc, NotFound):
             # The resource type itself is gone (a LIST/WATCH of a collection is never 404
             # otherwise): one ERROR naming the fix, then quiet retries until it is back.
+            # Poll for its return every few seconds, not on the growing backoff: a CRD
+            # reinstalled is back at work within seconds (docs/crds.md#missing-crds).
+            delay = min(delay, NOT_SERVED_RETRY)
             if not self.not_served:
                 self.not_served = True
                 log.error(
@@ -416,6 +430,13 @@ class Informer:
             self.not_served = False
             log.info("%s is served again", _served_name(self.res),
                      extra={"informer": self._name()})
+            for listener in self._served_listeners:
+                listener()
+
+    def on_served_again(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` (synchronously, from the informer's task) each time the resource
+        is served again after a 404 for the resource itself (a CRD reinstalled)."""
+        self._served_listeners.append(listener)
 
     def _name(self) -> str:
         return f"{self.res.plural}{'@' + self.namespace if self.namespace else ''}"

@@ -87,7 +87,8 @@ INFORMER_RELISTS = Counter(
     "bigfleet_informer_relists",
     "Informer LISTs applied to the cache, by resource plural and reason (initial|expired: a 410 "
     "on the watch|too_large_rv: a watch refused as newer than the server|rv_rollback: the "
-    "server's resourceVersion went backwards).",
+    "server's resourceVersion went backwards|not_served: the resource itself answered 404, a "
+    "CRD deleted, and is listed afresh once back).",
     ["resource", "reason"],
 )
 

@@ -35,6 +35,7 @@ from . import metrics
 from . import projections as proj
 from .apply import PlanApplier
 from .defaults import PriorityClassDefaults
+from .failures import FailedReconciles
 from .keys import OrphanKey, PodKey, QueueKey, RecreateKey, StampKey
 from .plan import (
     REASONS,
@@ -143,6 +144,7 @@ class PodController:
         self.pods.add_handler(self._on_pod_add, self._on_pod_update, self._on_pod_delete)
         self.crs.add_handler(self._on_cr_add, self._on_cr_update, self._on_cr_delete)
         self.applier = PlanApplier(client, self.crs.store, self.queue, component)
+        self.failures = FailedReconciles(self.queue, self.crs)
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.synced = False
         self.leading = False
@@ -311,14 +313,7 @@ class PodController:
                 outcome = await self.reconcile(item)
             except (ApiError, KubeTransportError) as exc:
                 self._count("error")
-                delay = self.queue.add_rate_limited(item)
-                log.warning(
-                    "pod controller reconcile failed key=%s/%s retry_in=%.3fs err=%s",
-                    item.kind,
-                    item,
-                    delay,
-                    exc,
-                )
+                self.failures.failed(item, exc)
             except Exception:
                 self._count("error")
                 delay = self.queue.add_rate_limited(item)

@@ -105,3 +105,10 @@ def test_watch_error_event_status_dict() -> None:
 )
 def test_parse_retry_after(raw: str | None, want: float | None) -> None:
     assert parse_retry_after(raw) == want
+
+
+def test_a_plain_text_answer_is_one_line() -> None:
+    from bigfleet_trio.kube.errors import error_from_status
+
+    err = error_from_status(404, b"404 page not found\n", {})
+    assert "\n" not in str(err) and str(err).endswith("404 page not found")
