@@ -89,9 +89,10 @@ class _TrioStream(httpcore.AsyncNetworkStream):
     httpcore's HTTP/1.1 connection writes a request's head, body and end as separate
     ``write`` calls; over TLS each became its own record, its own ``SSLStream.send_all`` and
     its own ``send`` syscall (with a body, 2 of each per request: a third of a request's
-    client CPU against kube-apiserver, BENCHMARKS.md). Here a ``write`` is kept until the next
-    ``read`` (the response), ``start_tls`` or ``aclose``, or until ``_FLUSH_AT`` bytes wait,
-    and then goes out as one ``send_all``: the same bytes on the wire, in one record.
+    client CPU against kube-apiserver, docs/benchmarks/podcontroller-real.md). Here a ``write``
+    is kept until the next ``read`` (the response), ``start_tls`` or ``aclose``, or until
+    ``_FLUSH_AT`` bytes wait, and then goes out as one ``send_all``: the same bytes on the wire,
+    in one record.
 
     A failed send is kept quiet and the read that follows reports the broken connection, as
     httpcore does with a write error (a server may answer, e.g. 413, and close before reading

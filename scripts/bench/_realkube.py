@@ -44,7 +44,7 @@ def binaries() -> Any:
 #   watches neither Leases nor heartbeats.
 # - etcd: 8 GiB backend quota (default 2 GiB) for 50,000 Pods and 50,000 CapacityRequests
 #   with their revisions between compactions.
-# Written down in BENCHMARKS.md with the soak's figures.
+# Written down in docs/benchmarks/fleet-real.md with the soak's figures.
 SCALE_ARGS: dict[str, tuple[str, ...]] = {
     "kube-controller-manager": ("--kube-api-qps", "200", "--kube-api-burst", "400",
                                 "--node-monitor-grace-period", "240s"),

@@ -384,7 +384,8 @@ def register(sub: Any) -> None:
                    help="--kube real: run the control plane's processes at `nice -n N` (0: as "
                    "the bench). On a real cluster the agent runs on a worker node, not on the "
                    "control plane's cores; on one small box an equal share lets the server's "
-                   "threads starve the agent's and the sim shard's event loops (BENCHMARKS.md)")
+                   "threads starve the agent's and the sim shard's event loops "
+                   "(docs/benchmarks/fleet-real.md)")
     p.add_argument("--machines", type=int, default=5000, help="fleet size (--quick: 200)")
     p.add_argument("--pods", type=int, default=50000, help="Pods at base size (--quick: 2000)")
     p.add_argument("--per-profile", type=int, default=100, help="Pods per Profile (~CRs)")

@@ -1,6 +1,7 @@
 """``bench.py nodestate``: a NodeStateUpdate burst through the real Session into the real
 :class:`~bigfleet_trio.operator.upcoming.UpcomingNodeHandler` (BENCHMARKS.md "NodeStateUpdate
-burst"; coalescing: docs/wire.md#the-session; phases: docs/rules.md#upcomingnode-phases).
+burst" row, the runs in docs/benchmarks/in-process.md; coalescing: docs/wire.md#the-session;
+phases: docs/rules.md#upcomingnode-phases).
 
 Set-up per measurement: a fresh embedded apiserver (:class:`~bigfleet_trio.sim.apiserver.ApiServer`)
 in a child process over loopback HTTP (``--server fast``, default: it has its own CPU and real

@@ -1,5 +1,6 @@
 """``bench.py reclaim``: draining ``nodes x pods`` with PodDisruptionBudgets on the embedded
-apiserver (BENCHMARKS.md "reclaim" rows; the flow: docs/rules.md#reclaim).
+apiserver (BENCHMARKS.md "reclaim" row, the runs in docs/benchmarks/in-process.md; the flow:
+docs/rules.md#reclaim).
 
 Cluster (built before the clock starts, on an apiserver child process with its PDB status
 controller on, so PDB status follows the Pods as kube-controller-manager would): ``--nodes``

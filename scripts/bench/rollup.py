@@ -1,5 +1,5 @@
-"""``bench.py rollup``: roll-up cycle cost vs CR count (BENCHMARKS.md "roll-up" rows): a cycle
-costs O(needs), not O(CRs), as
+"""``bench.py rollup``: roll-up cycle cost vs CR count (BENCHMARKS.md "roll-up" row; the runs:
+docs/benchmarks/in-process.md): a cycle costs O(needs), not O(CRs), as
 docs/deviations.md#2-roll-up-and-acknowledgement-operatorrollup-wiringpy-acknowledgepy says.
 
 Workload: ``_rollup_workload``'s generator (~500 profiles, ~10% co-located in ~50 jobs,

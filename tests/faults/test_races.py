@@ -225,7 +225,8 @@ async def test_acknowledger_runs_a_fixed_pool_not_a_task_per_capacity_request(
 
     Before the fix the Acknowledger started one task per CR (the limiter bounded patches in
     flight, not tasks): 10,001 more live tasks. Now ``concurrency`` workers pull keys from a
-    queue, so the task count does not grow with the backlog (memory figure: BENCHMARKS.md).
+    queue, so the task count does not grow with the backlog (memory figure:
+    docs/benchmarks/acknowledge.md).
     """
     from bigfleet_trio.operator.acknowledge import Acknowledger
 

@@ -391,9 +391,9 @@ async def _fleet_burst(machines: int, **kw: Any) -> tuple[Session, list[Any], di
 
 
 async def test_fleet_burst_coalesces_and_last_state_wins(autojump_clock: Any) -> None:
-    # BENCHMARKS.md's fleet burst at test scale: 2,000 machines x 3 transitions in waves (all
-    # IDLE, then all CONFIGURING, then all CONFIGURED = frames 4,001..6,000), each handler call
-    # a 10 ms write.
+    # The nodestate bench's burst (docs/benchmarks/in-process.md) at test scale: 2,000 machines
+    # x 3 transitions in waves (all IDLE, then all CONFIGURING, then all CONFIGURED = frames
+    # 4,001..6,000), each handler call a 10 ms write.
     # The sender and the recv pump stay runnable until every frame is read, so no virtual time
     # passes meanwhile and the pump reads one frame per scheduler batch: it is backlogged, and
     # the read-ahead gate lets one new machine start per 256 frames read. Machine k (the FIFO
