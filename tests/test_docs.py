@@ -132,7 +132,7 @@ def _broken_relative_links(anchors: dict[str, set[str]]) -> list[str]:
     """Markdown links ``[text](file.md#anchor)`` / ``(#anchor)`` in docs/ and the root documents."""
     broken: list[str] = []
     roots = [ROOT / n for n in SCANNED_FILES if n.endswith(".md")]
-    docs = sorted((ROOT / "docs").glob("*.md")) + roots
+    docs = sorted((ROOT / "docs").rglob("*.md")) + roots
     for path in docs:
         if not path.is_file():
             continue
