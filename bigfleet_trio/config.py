@@ -41,7 +41,7 @@ from bigfleet_trio.observability.tls import (
     plan_tls,
 )
 from bigfleet_trio.operator.agent import AgentConfig
-from bigfleet_trio.operator.sessiontypes import SessionConfig
+from bigfleet_trio.operator.session.types import SessionConfig
 
 __all__ = [
     "DEFAULT_NAMESPACE",

@@ -369,7 +369,7 @@ def test_a_new_knob_is_one_field() -> None:
 
 
 def test_session_knobs_validated_by_the_session_config() -> None:
-    from bigfleet_trio.operator.sessiontypes import SessionConfig
+    from bigfleet_trio.operator.session.types import SessionConfig
 
     assert SessionConfig("c").send_timeout == OperatorConfig().agent.session.send_timeout
     with pytest.raises(ConfigError, match=r"^--dispatch-concurrency must be >= 1, got 0$"):

@@ -1,9 +1,9 @@
 """The reconnect loop around shard sessions (``Operator.Run`` in the Go reference).
 
 One outbound stream per cluster (docs/reference.md#session-and-reconnect): connect, run a
-:class:`~bigfleet_trio.operator.session.Session`, back off, repeat. The backoff doubles from
+:class:`~bigfleet_trio.operator.session.core.Session`, back off, repeat. The backoff doubles from
 0.5 s to 30 s with subtractive jitter and resets after a healthy session (:class:`Backoff`;
-docs/deviations.md#1-session-stream-and-reconnect-operatoragentpy-sessionpy-queuespy-shard).
+docs/deviations.md#1-session-stream-and-reconnect-operatoragentpy-session-shard).
 Every transition goes to the optional ``on_session_change`` hook as a :class:`SessionChange`
 and is one log line.
 """
@@ -20,8 +20,8 @@ import trio
 from bigfleet_trio.knobs import DURATION, Settings, knob, nested, positive
 from bigfleet_trio.kube.retry import Backoff as RetryBackoff
 from bigfleet_trio.observability import metrics
-from bigfleet_trio.operator.session import Session
-from bigfleet_trio.operator.sessiontypes import (
+from bigfleet_trio.operator.session.core import Session
+from bigfleet_trio.operator.session.types import (
     Handlers,
     RollupSource,
     SessionConfig,

@@ -30,7 +30,7 @@ from bigfleet_trio.operator.rollup.aggregate import RollupAggregator, build_from
 from bigfleet_trio.operator.rollup.encoding import build_rollup_message
 from bigfleet_trio.operator.rollup.errors import CapacityRequestError
 from bigfleet_trio.operator.rollup.translate import cr_key
-from bigfleet_trio.operator.sessiontypes import Reply
+from bigfleet_trio.operator.session.types import Reply
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame
 

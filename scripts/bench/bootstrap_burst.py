@@ -142,7 +142,7 @@ async def _operator(port: int, lane: bool, handler_ms: float, render_ms: float,
     import trio
 
     from bigfleet_trio.operator.agent import Agent, AgentConfig
-    from bigfleet_trio.operator.sessiontypes import SessionConfig
+    from bigfleet_trio.operator.session.types import SessionConfig
     from bigfleet_trio.proto import pb
     from bigfleet_trio.shard.grpc import GrpcConnector
 

@@ -48,7 +48,7 @@ async def _connect_once(src: Any) -> tuple[float, int]:
     import trio
 
     from bigfleet_trio.operator.agent import Agent, AgentConfig
-    from bigfleet_trio.operator.sessiontypes import SessionConfig
+    from bigfleet_trio.operator.session.types import SessionConfig
     from bigfleet_trio.proto import pb
     from bigfleet_trio.shard.codec import EncodedFrame
     from bigfleet_trio.shard.transport import MemoryConnector

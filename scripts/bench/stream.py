@@ -141,7 +141,7 @@ async def _session_client(port: int, frames: int) -> tuple[float, float, dict[st
     import trio
 
     from bigfleet_trio.operator.agent import Agent, AgentConfig
-    from bigfleet_trio.operator.sessiontypes import SessionConfig
+    from bigfleet_trio.operator.session.types import SessionConfig
     from bigfleet_trio.proto import pb
     from bigfleet_trio.shard.grpc import GrpcConnector
 

@@ -19,8 +19,8 @@ from bigfleet_trio.kube.leader import LeaderElector
 from bigfleet_trio.kube.resources import AVAILABLE_CAPACITIES
 from bigfleet_trio.operator.app import _supervise
 from bigfleet_trio.operator.available import AvailableCapacityHandler, available_capacity_name
-from bigfleet_trio.operator.session import Session
-from bigfleet_trio.operator.sessiontypes import Reply, SessionConfig
+from bigfleet_trio.operator.session.core import Session
+from bigfleet_trio.operator.session.types import Reply, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import memory_stream_pair
 from tests.kube.fakekube import FakeKube

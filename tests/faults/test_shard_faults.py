@@ -24,8 +24,8 @@ import trio
 import trio.testing
 
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, NODES, PODS
-from bigfleet_trio.operator.session import Session
-from bigfleet_trio.operator.sessiontypes import SessionConfig
+from bigfleet_trio.operator.session.core import Session
+from bigfleet_trio.operator.session.types import SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import StreamClosed, memory_stream_pair
 from bigfleet_trio.sim.shard.engine import EngineConfig

@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from bigfleet_trio.operator.agent import Agent, AgentConfig, Backoff, SessionChange
-from bigfleet_trio.operator.sessiontypes import Reply, SessionConfig
+from bigfleet_trio.operator.session.types import Reply, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import MemoryConnector, ShardStream, StreamClosed
 from tests.support.rollup import EmptyRollupSource

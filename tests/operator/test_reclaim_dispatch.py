@@ -12,8 +12,8 @@ import betterproto
 import trio
 
 from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
-from bigfleet_trio.operator.session import Session
-from bigfleet_trio.operator.sessiontypes import Reply, SessionConfig
+from bigfleet_trio.operator.session.core import Session
+from bigfleet_trio.operator.session.types import Reply, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import memory_stream_pair
 

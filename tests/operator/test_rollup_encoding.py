@@ -14,8 +14,8 @@ import trio
 
 from bigfleet_trio.operator.rollup.aggregate import RollupAggregator
 from bigfleet_trio.operator.rollup.encoding import build_rollup_message
-from bigfleet_trio.operator.session import Session
-from bigfleet_trio.operator.sessiontypes import Reply, SessionConfig
+from bigfleet_trio.operator.session.core import Session
+from bigfleet_trio.operator.session.types import Reply, SessionConfig
 from bigfleet_trio.operator.wiring import CapacityRequestRollup
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame

@@ -15,8 +15,8 @@ import trio
 import trio.testing
 from prometheus_client import REGISTRY
 
-from bigfleet_trio.operator.session import Session, current_session
-from bigfleet_trio.operator.sessiontypes import Reply, SendStalled, SessionConfig
+from bigfleet_trio.operator.session.core import Session, current_session
+from bigfleet_trio.operator.session.types import Reply, SendStalled, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import ShardStream, StreamClosed, memory_stream_pair
 

@@ -16,8 +16,8 @@ import pytest
 import trio
 import trio.testing
 
-from bigfleet_trio.operator.session import Session
-from bigfleet_trio.operator.sessiontypes import Reply, SessionConfig
+from bigfleet_trio.operator.session.core import Session
+from bigfleet_trio.operator.session.types import Reply, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import memory_stream_pair
 
@@ -56,7 +56,7 @@ def _ack_records(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
     return [
         (r.levelno, r.getMessage())
         for r in caplog.records
-        if r.name == LOGGER and r.getMessage().startswith("shard ack")
+        if r.name.startswith(LOGGER) and r.getMessage().startswith("shard ack")
     ]
 
 

@@ -1,4 +1,4 @@
-"""The session's route table (bigfleet_trio/operator/sessiontypes.py ROUTES) against the wire and
+"""The session's route table (bigfleet_trio/operator/session/types.py ROUTES) against the wire and
 the handlers: every downlink frame kind has a route, and every route's handler exists with the
 arguments its dispatch policy passes (CONTRIBUTING.md, "How to add ...": "A shard frame kind")."""
 
@@ -8,7 +8,7 @@ import inspect
 
 import pytest
 
-from bigfleet_trio.operator.sessiontypes import ROUTES, Dispatch, Handlers
+from bigfleet_trio.operator.session.types import ROUTES, Dispatch, Handlers
 from bigfleet_trio.operator.wiring import OperatorHandlers
 from bigfleet_trio.proto import pb
 

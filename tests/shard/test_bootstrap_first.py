@@ -14,8 +14,8 @@ from functools import partial
 import betterproto
 import trio
 
-from bigfleet_trio.operator.session import Session
-from bigfleet_trio.operator.sessiontypes import Reply, SessionConfig
+from bigfleet_trio.operator.session.core import Session
+from bigfleet_trio.operator.session.types import Reply, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.bridge import open_loop
 from bigfleet_trio.shard.grpc import GrpcConnector

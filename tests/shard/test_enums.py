@@ -11,8 +11,8 @@ import pytest
 import trio
 from prometheus_client import REGISTRY
 
-from bigfleet_trio.operator.session import Session
-from bigfleet_trio.operator.sessiontypes import SessionConfig
+from bigfleet_trio.operator.session.core import Session
+from bigfleet_trio.operator.session.types import SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import decode_shard_message
 from bigfleet_trio.shard.enums import UnknownEnum, UnknownEnumReporter, unknown_enum_values

@@ -19,7 +19,7 @@ import trustme
 from grpclib.exceptions import GRPCError
 
 from bigfleet_trio.operator.agent import Agent, AgentConfig
-from bigfleet_trio.operator.sessiontypes import Reply, SessionConfig
+from bigfleet_trio.operator.session.types import Reply, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.bridge import open_loop
 from bigfleet_trio.shard.grpc import (

@@ -18,8 +18,8 @@ import betterproto
 import pytest
 import trio
 
-from bigfleet_trio.operator.session import Session
-from bigfleet_trio.operator.sessiontypes import Reply, SendStalled, SessionConfig
+from bigfleet_trio.operator.session.core import Session
+from bigfleet_trio.operator.session.types import Reply, SendStalled, SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.bridge import open_loop
 from bigfleet_trio.shard.codec import EncodedFrame

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from bigfleet_trio.operator import session as session_mod
+from bigfleet_trio.operator.session.core import Session
+from bigfleet_trio.operator.session.types import SessionConfig
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import memory_stream_pair
 from bigfleet_trio.sim.shard.catalog import Catalog, MachineShape
@@ -72,7 +73,7 @@ async def test_full_loop_with_the_agent_session(autojump_clock: trio.abc.Clock) 
     shard = SimShard(catalog, EngineConfig(seed=5), hooks=hooks)
     source, handlers = Source(), Handlers()
     op, sh = memory_stream_pair()
-    session = session_mod.Session(op, session_mod.SessionConfig("c1", rollup_interval=2.0),
+    session = Session(op, SessionConfig("c1", rollup_interval=2.0),
                                   source, handlers)
     async with trio.open_nursery() as nursery:
         await nursery.start(shard.run)
@@ -108,7 +109,7 @@ async def test_two_agents_with_one_cluster_id_are_told_so(
 
     from bigfleet_trio.observability.metrics import SESSION_CLOSES
     from bigfleet_trio.operator.agent import REPLACED_IN_A_ROW, Agent, AgentConfig
-    from bigfleet_trio.operator.sessiontypes import SessionConfig
+    from bigfleet_trio.operator.session.types import SessionConfig
     from bigfleet_trio.shard.transport import MemoryConnector
 
     caplog.set_level(logging.INFO)

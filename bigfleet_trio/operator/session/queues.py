@@ -178,11 +178,11 @@ class SendQueues:
         return bool(self.rollup) or len(self.outbox) > 0 or len(self.bootstrap) > 0
 
 
-#: Default bound on machines with a frame waiting for a worker (see :class:`NodeStateCoalescer`).
+#: Default bound on machines with a frame waiting for a worker (see :class:`KeyedCoalescer`).
 NODE_STATE_PENDING_CAP = 100_000
 
 
-class NodeStateCoalescer(Generic[K, T]):
+class KeyedCoalescer(Generic[K, T]):
     """Latest-pending-frame-per-key, a FIFO ready queue of keys, and at most one owner per key.
 
     Protocol (the ready queue and the cap are ours, see ``docs/wire.md#the-session``):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import betterproto
 import pytest
 
-from bigfleet_trio.operator.queues import (
+from bigfleet_trio.operator.session.queues import (
     NODE_STATE_PENDING_CAP,
     OUTBOX_CAPACITY,
-    NodeStateCoalescer,
+    KeyedCoalescer,
     Outbox,
     PendingRollupSlot,
     SendQueues,
@@ -92,7 +92,7 @@ def test_send_queues_rollup_alone_and_after_outbox() -> None:
 
 
 def test_coalescer_one_worker_per_key_and_latest_wins() -> None:
-    c: NodeStateCoalescer[str, int] = NodeStateCoalescer()
+    c: KeyedCoalescer[str, int] = KeyedCoalescer()
     assert c.offer("m1", 1) is True  # m1 becomes ready: wake a worker
     assert c.in_flight("m1")
     assert c.claim() == "m1"
@@ -111,7 +111,7 @@ def test_coalescer_one_worker_per_key_and_latest_wins() -> None:
 
 def test_coalescer_frames_for_a_queued_key_coalesce_before_any_worker() -> None:
     # The fleet-scale burst: every key's frames arrive while it waits in the ready queue.
-    c: NodeStateCoalescer[str, str] = NodeStateCoalescer()
+    c: KeyedCoalescer[str, str] = KeyedCoalescer()
     for wave in ("idle", "configuring", "configured"):
         for m in ("a", "b", "c"):
             assert c.offer(m, f"{m}-{wave}") is (wave == "idle")
@@ -126,7 +126,7 @@ def test_coalescer_frames_for_a_queued_key_coalesce_before_any_worker() -> None:
 
 
 def test_coalescer_keys_are_independent() -> None:
-    c: NodeStateCoalescer[str, str] = NodeStateCoalescer()
+    c: KeyedCoalescer[str, str] = KeyedCoalescer()
     assert c.offer("a", "a1") is True
     assert c.offer("b", "b1") is True
     assert c.claim() == "a"
@@ -140,7 +140,7 @@ def test_coalescer_keys_are_independent() -> None:
 
 
 def test_coalescer_full_at_max_pending_keys() -> None:
-    c: NodeStateCoalescer[str, int] = NodeStateCoalescer(max_pending=2)
+    c: KeyedCoalescer[str, int] = KeyedCoalescer(max_pending=2)
     c.offer("a", 1)
     assert not c.full
     c.offer("a", 2)  # same key: no more memory
@@ -155,13 +155,13 @@ def test_coalescer_full_at_max_pending_keys() -> None:
 
 
 def test_coalescer_default_cap_and_validation() -> None:
-    assert NodeStateCoalescer().max_pending == NODE_STATE_PENDING_CAP == 100_000
+    assert KeyedCoalescer().max_pending == NODE_STATE_PENDING_CAP == 100_000
     with pytest.raises(ValueError):
-        NodeStateCoalescer(max_pending=0)
+        KeyedCoalescer(max_pending=0)
 
 
 def test_coalescer_abandon_allows_restart() -> None:
-    c: NodeStateCoalescer[str, str] = NodeStateCoalescer()
+    c: KeyedCoalescer[str, str] = KeyedCoalescer()
     c.offer("a", "x")
     assert c.claim() == "a"
     c.offer("a", "x2")
@@ -172,7 +172,7 @@ def test_coalescer_abandon_allows_restart() -> None:
 
 
 def test_coalescer_claim_skips_abandoned_queued_key() -> None:
-    c: NodeStateCoalescer[str, str] = NodeStateCoalescer()
+    c: KeyedCoalescer[str, str] = KeyedCoalescer()
     c.offer("a", "x")
     c.offer("b", "y")
     c.abandon("a")  # never claimed: its ready entry is stale
@@ -181,7 +181,7 @@ def test_coalescer_claim_skips_abandoned_queued_key() -> None:
 
 
 def test_bootstrap_lane_keeps_answers_until_their_deadline() -> None:
-    from bigfleet_trio.operator.queues import BootstrapLane
+    from bigfleet_trio.operator.session.queues import BootstrapLane
 
     lane: BootstrapLane[str] = BootstrapLane()
     for i in range(300):  # no count cap: a burst beyond the outbox's 256 is kept whole

@@ -1,7 +1,7 @@
 """The shard session's types: its knobs, counters, the injected interfaces, the frame routes.
 
 :class:`SessionConfig`, :class:`SessionStats`, the :class:`RollupSource` and :class:`Handlers`
-protocols a :class:`~bigfleet_trio.operator.session.Session` is given, :data:`ROUTES` (how each
+protocols a :class:`~bigfleet_trio.operator.session.core.Session` is given, :data:`ROUTES` (how each
 kind of downlink frame is dispatched to its handler), and :class:`SendStalled`, the error that
 ends a session whose shard stopped reading. Import them from here.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from bigfleet_trio.knobs import DURATION, Settings, knob
-from bigfleet_trio.operator.queues import NODE_STATE_PENDING_CAP, OUTBOX_CAPACITY
+from bigfleet_trio.operator.session.queues import NODE_STATE_PENDING_CAP, OUTBOX_CAPACITY
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame
 from bigfleet_trio.shard.transport import StreamClosed
@@ -150,7 +150,7 @@ class Route:
     inline: Callable[[Any, str], None] | None = None
 
 
-_log = logging.getLogger("bigfleet_trio.operator.session")
+_log = logging.getLogger(__name__)
 
 
 def _log_ack(ack: pb.Acknowledgement, cluster_id: str) -> None:

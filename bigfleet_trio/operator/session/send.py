@@ -1,9 +1,9 @@
 """The session's send side: the three send queues, their drop accounting, the send task.
 
-:class:`SendSide` is one part of a :class:`~bigfleet_trio.operator.session.Session`: handlers
+:class:`SendSide` is one part of a :class:`~bigfleet_trio.operator.session.core.Session`: handlers
 and the roll-up loop put frames in without blocking (:meth:`SendSide.enqueue`,
 :meth:`~SendSide.enqueue_bootstrap`, :meth:`~SendSide.enqueue_rollup`); :meth:`SendSide.run`
-writes them to the stream in the order :class:`~bigfleet_trio.operator.queues.SendQueues`
+writes them to the stream in the order :class:`~bigfleet_trio.operator.session.queues.SendQueues`
 decides, each within ``send_timeout``. Queues and drop policies: ``docs/wire.md#send-queues``.
 """
 
@@ -17,16 +17,15 @@ import betterproto
 import trio
 
 from bigfleet_trio.observability import metrics
-from bigfleet_trio.operator.queues import BOOTSTRAP_ANSWER_DEADLINE, SendQueues
-from bigfleet_trio.operator.sessiontypes import Frame, SendStalled, SessionConfig, SessionStats
+from bigfleet_trio.operator.session.queues import BOOTSTRAP_ANSWER_DEADLINE, SendQueues
+from bigfleet_trio.operator.session.types import Frame, SendStalled, SessionConfig, SessionStats
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame
 from bigfleet_trio.shard.transport import OperatorStream
 
 __all__ = ["SendSide"]
 
-# The session's logger: log lines keep the logger name they had before the session was split.
-log = logging.getLogger("bigfleet_trio.operator.session")
+log = logging.getLogger(__name__)
 
 _KINDS_OUT = ("hello", "rollup", "bootstrap_response", "reclaim_ack", "unknown")
 _FRAMES_OUT = {k: metrics.FRAMES.labels("out", k) for k in _KINDS_OUT}
@@ -89,7 +88,7 @@ class SendSide:
         """Queue a bootstrap answer in its own lane, ahead of other frames, without blocking.
 
         Kept until ``received`` (when the request was read; the session's clock, seconds) plus
-        :data:`~bigfleet_trio.operator.queues.BOOTSTRAP_ANSWER_DEADLINE`, then dropped unsent:
+        :data:`~.queues.BOOTSTRAP_ANSWER_DEADLINE`, then dropped unsent:
         never dropped for being behind other answers (docs/wire.md#send-queues).
 
         Returns:

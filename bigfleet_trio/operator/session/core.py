@@ -2,15 +2,15 @@
 
 Sits between the agent's reconnect loop (:mod:`.agent`), which opens a stream and runs one
 :class:`Session` on it, and the injected roll-up source and handlers (those types, the config,
-the counters and the route table: :mod:`.sessiontypes`). A session is three parts plus the
+the counters and the route table: :mod:`.session.types`). A session is three parts plus the
 roll-up loop, all its tasks in one nursery owned by :meth:`Session.run`:
 
-* :class:`~.sessionsend.SendSide`: the send queues and the send task;
-* :class:`~.sessionrouter.FrameRouter`: each received frame to its route (table-driven);
-* :class:`~.sessionwork.WorkerPool`: where routed frames run (node-state pool, one writer per
+* :class:`~.session.send.SendSide`: the send queues and the send task;
+* :class:`~.session.router.FrameRouter`: each received frame to its route (table-driven);
+* :class:`~.session.work.WorkerPool`: where routed frames run (node-state pool, one writer per
   key, admitted tasks, answers).
 
-The queue and coalescing rules are sans-IO in :mod:`bigfleet_trio.operator.queues`. The first
+The queue and coalescing rules are sans-IO in :mod:`.queues`. The first
 failure of send/receive/roll-up ends the session. Task layout, send timeout, dispatch and
 backpressure: ``docs/wire.md#the-session``.
 """
@@ -26,17 +26,17 @@ from typing import Any, NoReturn
 import trio
 
 from bigfleet_trio.observability import metrics
-from bigfleet_trio.operator.queues import NodeStateCoalescer, SendQueues
-from bigfleet_trio.operator.sessionrouter import FrameRouter
-from bigfleet_trio.operator.sessionsend import SendSide
-from bigfleet_trio.operator.sessiontypes import (
+from bigfleet_trio.operator.session.queues import KeyedCoalescer, SendQueues
+from bigfleet_trio.operator.session.router import FrameRouter
+from bigfleet_trio.operator.session.send import SendSide
+from bigfleet_trio.operator.session.types import (
     ROUTES,
     Handlers,
     RollupSource,
     SessionConfig,
     SessionStats,
 )
-from bigfleet_trio.operator.sessionwork import WorkerPool
+from bigfleet_trio.operator.session.work import WorkerPool
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame, NodeStateFrame
 from bigfleet_trio.shard.transport import OperatorStream, PriorityReceive, StreamClosed
@@ -107,12 +107,12 @@ class Session:
         return self._send.queues
 
     @property
-    def node_states(self) -> NodeStateCoalescer[str, pb.NodeStateUpdate | NodeStateFrame]:
+    def node_states(self) -> KeyedCoalescer[str, pb.NodeStateUpdate | NodeStateFrame]:
         """Latest NodeStateUpdate per machine waiting for a worker."""
         return self._work.node_states
 
     @property
-    def available(self) -> NodeStateCoalescer[str, Any]:
+    def available(self) -> KeyedCoalescer[str, Any]:
         """Latest AvailableCapacityUpdate per supersedes_key waiting for its writer."""
         return self._work.keyed["available_capacity"]
 

@@ -1,8 +1,8 @@
 """The session's worker pool: where routed frames run, with slots, admission and coalescing.
 
-:class:`WorkerPool` is one part of a :class:`~bigfleet_trio.operator.session.Session`. The
-router hands it each frame with its :class:`~bigfleet_trio.operator.sessiontypes.Route`;
-:meth:`WorkerPool.submit` applies the route's :class:`~bigfleet_trio.operator.sessiontypes.
+:class:`WorkerPool` is one part of a :class:`~bigfleet_trio.operator.session.core.Session`. The
+router hands it each frame with its :class:`~bigfleet_trio.operator.session.types.Route`;
+:meth:`WorkerPool.submit` applies the route's :class:`~bigfleet_trio.operator.session.types.
 Dispatch` policy: the node-state pool behind the read-ahead gate, one writer per key, one
 admitted task per frame, or an answer task. Handlers share ``dispatch_concurrency`` slots;
 their exceptions are logged and counted, never raised. Rules: ``docs/wire.md#the-session``.
@@ -17,9 +17,9 @@ from typing import Any, NoReturn
 import trio
 
 from bigfleet_trio.observability import metrics
-from bigfleet_trio.operator.queues import NodeStateCoalescer
-from bigfleet_trio.operator.sessionsend import SendSide
-from bigfleet_trio.operator.sessiontypes import (
+from bigfleet_trio.operator.session.queues import KeyedCoalescer
+from bigfleet_trio.operator.session.send import SendSide
+from bigfleet_trio.operator.session.types import (
     Dispatch,
     Handlers,
     Route,
@@ -31,15 +31,14 @@ from bigfleet_trio.shard.codec import NodeStateFrame
 
 __all__ = ["WorkerPool"]
 
-# The session's logger: log lines keep the logger name they had before the session was split.
-log = logging.getLogger("bigfleet_trio.operator.session")
+log = logging.getLogger(__name__)
 
 
 class WorkerPool:
     """Runs the handlers of routed frames (see the module docstring).
 
     Args:
-        routes: the route table (:data:`~bigfleet_trio.operator.sessiontypes.ROUTES`).
+        routes: the route table (:data:`~bigfleet_trio.operator.session.types.ROUTES`).
         config: the session's :class:`SessionConfig`.
         stats: the session's counters (shared).
         handlers: the injected :class:`Handlers`.
@@ -69,13 +68,13 @@ class WorkerPool:
         self._pool_route = pools[0] if pools else None
         # A frame from a stream with receive_deferred stays a NodeStateFrame until a worker
         # takes it: the superseded ones are never converted (docs/wire.md#downlink-decoding).
-        self.node_states: NodeStateCoalescer[str, pb.NodeStateUpdate | NodeStateFrame] = (
-            NodeStateCoalescer(config.node_state_pending_cap))
+        self.node_states: KeyedCoalescer[str, pb.NodeStateUpdate | NodeStateFrame] = (
+            KeyedCoalescer(config.node_state_pending_cap))
         # One writer per key, newest pending frame next (docs/rules.md#availablecapacity-ordering).
         # No cap of its own: a key that becomes ready takes an admission token, so the ready
         # keys are bounded by the admission limit and further frames only replace the pending one.
-        self.keyed: dict[str, NodeStateCoalescer[str, Any]] = {
-            k: NodeStateCoalescer() for k, r in routes.items()
+        self.keyed: dict[str, KeyedCoalescer[str, Any]] = {
+            k: KeyedCoalescer() for k, r in routes.items()
             if r.dispatch is Dispatch.KEYED_WRITER
         }
         self._handler_errors = {k: metrics.HANDLER_ERRORS.labels(k) for k in [*routes, "unknown"]}
@@ -134,7 +133,7 @@ class WorkerPool:
         return fn
 
     def _count_coalesced(
-        self, kind: str, route: Route, coalescer: NodeStateCoalescer[str, Any], value: Any
+        self, kind: str, route: Route, coalescer: KeyedCoalescer[str, Any], value: Any
     ) -> bool:
         """Offer ``value`` under its key; count a superseded frame. True: the key became ready."""
         assert route.key is not None

@@ -1,10 +1,10 @@
 """The session's frame router: each downlink frame to the worker pool by its kind's route.
 
-:class:`FrameRouter` is one part of a :class:`~bigfleet_trio.operator.session.Session`: it
+:class:`FrameRouter` is one part of a :class:`~bigfleet_trio.operator.session.core.Session`: it
 counts the frame, looks its kind up in the route table
-(:data:`~bigfleet_trio.operator.sessiontypes.ROUTES`), refuses frames carrying enum values this
+(:data:`~bigfleet_trio.operator.session.types.ROUTES`), refuses frames carrying enum values this
 build does not know (``docs/wire.md#unknown-enum-values``), and hands the rest to the
-:class:`~bigfleet_trio.operator.sessionwork.WorkerPool`. Nothing here knows a frame kind by name.
+:class:`~bigfleet_trio.operator.session.work.WorkerPool`. Nothing here knows a frame kind by name.
 """
 
 from __future__ import annotations
@@ -17,17 +17,16 @@ import betterproto
 import trio
 
 from bigfleet_trio.observability import metrics
-from bigfleet_trio.operator.sessionsend import SendSide
-from bigfleet_trio.operator.sessiontypes import Dispatch, Route, SessionConfig, SessionStats
-from bigfleet_trio.operator.sessionwork import WorkerPool
+from bigfleet_trio.operator.session.send import SendSide
+from bigfleet_trio.operator.session.types import Dispatch, Route, SessionConfig, SessionStats
+from bigfleet_trio.operator.session.work import WorkerPool
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import NodeStateFrame
 from bigfleet_trio.shard.enums import REPORTER, UnknownEnum, describe, unknown_enum_values
 
 __all__ = ["FrameRouter"]
 
-# The session's logger: log lines keep the logger name they had before the session was split.
-log = logging.getLogger("bigfleet_trio.operator.session")
+log = logging.getLogger(__name__)
 
 _NODE_STATE = "node_state_update"  # the kind a deferred NodeStateFrame stands for
 
