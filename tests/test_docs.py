@@ -321,3 +321,21 @@ def test_every_class_docs_name_exists() -> None:
                 continue
             missing.append(f"{name}: {cls}{attrs}")
     assert not missing, missing
+
+
+def test_the_architecture_layers_are_the_import_contract() -> None:
+    """docs/architecture.md "Layers" lists the layers of pyproject.toml's ``layers`` contract,
+    in order, with the same independent siblings."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    documented = []
+    for line in section.splitlines():
+        m = re.match(r"^\d+\. (`[a-z_]+`(?: \| `[a-z_]+`)*):", line)
+        if m:
+            documented.append(" | ".join(re.findall(r"`([a-z_]+)`", m.group(1))))
+    assert documented == layers
