@@ -339,3 +339,29 @@ def test_the_architecture_layers_are_the_import_contract() -> None:
         if m:
             documented.append(" | ".join(re.findall(r"`([a-z_]+)`", m.group(1))))
     assert documented == layers
+
+
+def test_the_hop_lists_name_functions_that_exist() -> None:
+    """docs/architecture.md "Two paths, hop by hop": every `file.py` `Name.attr` pair names an
+    attribute of that module (a later name on the same hop may live in the same file)."""
+    import importlib
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("## Two paths, hop by hop", 1)[1].split("\n## ", 1)[0]
+    hops = re.split(r"\n(?=\d+\. )", section)
+    checked, missing = 0, []
+    for hop in hops:
+        module = None
+        for path, name in re.findall(r"(?:`([\w/]+\.py)` )?`([A-Za-z_][\w.]*)`", hop):
+            if path:
+                module = importlib.import_module(
+                    "bigfleet_trio." + path.removesuffix(".py").replace("/", "."))
+            if module is None or name.isupper():
+                continue
+            obj: object = module
+            for part in name.split("."):
+                obj = getattr(obj, part, None)
+            checked += 1
+            if obj is None:
+                missing.append(f"{module.__name__}.{name}")
+    assert checked >= 20 and not missing, missing

@@ -3,10 +3,10 @@
 Two informers (Pods as :func:`slim_pod` projections, CapacityRequests labelled
 ``bigfleet.lucy.sh/owned-by-pod`` as :func:`slim_cr`, indexed by owner UID and owner Pod) feed a
 de-duplicating :class:`~.workqueue.WorkQueue` of typed keys (:mod:`.keys`): a Pod to reconcile,
-a CR to check as an orphan, a CR to stamp Pending. ``workers`` tasks take keys; a Pod's
-reconcile looks the Pod and its CRs up in the caches, asks :func:`~.plan.plan_pod` what to do
-and applies the plan (:mod:`.apply`: writes, Warning Events, one log line per decision). A
-failed write re-queues the key with per-key backoff; every ``resync_period`` all Pods are
+a CR to check as an orphan, a CR to stamp Pending. ``workers`` tasks take keys and hand each to
+the reconciler (:mod:`.reconciler`: the caches, :func:`~.plan.plan_pod`, then :mod:`.apply`'s
+writes, Warning Events, one log line per decision). A failed write re-queues the key with
+per-key backoff (:mod:`.failures`); every ``resync_period`` all Pods are
 re-enqueued and CRs without a live Pod re-checked. Nothing is written before both caches synced.
 """
 
@@ -23,7 +23,6 @@ from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.errors import (
     ApiError,
     KubeTransportError,
-    NotFound,
 )
 from bigfleet_trio.kube.informer import Informer, SyncTimeout
 from bigfleet_trio.kube.leader import LeaderElector
@@ -36,31 +35,19 @@ from . import projections as proj
 from .apply import PlanApplier
 from .defaults import PriorityClassDefaults
 from .failures import FailedReconciles
-from .keys import OrphanKey, PodKey, QueueKey, RecreateKey, StampKey
+from .keys import OrphanKey, PodKey, QueueKey, RecreateKey
 from .plan import (
     REASONS,
-    plan_pod,
 )
 from .projections import slim_cr, slim_pod
+from .reconciler import OWNER_POD_INDEX, OWNER_UID_INDEX, POD_UID_INDEX, PodReconciler
 from .translate import OWNED_BY_POD_LABEL, is_terminal
 
-__all__ = [
-    "CONTROLLER_NAME",
-    "OWNER_POD_INDEX",
-    "OWNER_UID_INDEX",
-    "POD_UID_INDEX",
-    "PodController",
-]
+__all__ = ["CONTROLLER_NAME", "PodController"]
 
 log = logging.getLogger(__name__)
 
 CONTROLLER_NAME = "bigfleet-unschedulable-pod-controller"
-OWNER_UID_INDEX = "owner-uid"
-"""CR index: value of the ``bigfleet.lucy.sh/owned-by-pod`` label (the Pod UID)."""
-OWNER_POD_INDEX = "owner-pod"
-"""CR index: ``"ns/name"`` of the Pod named by the CR's Pod ownerReference."""
-POD_UID_INDEX = "uid"
-"""Pod index: ``metadata.uid``."""
 RESYNC_CHUNK = 1000
 """Objects a resync enqueues between two yields to the event loop."""
 
@@ -97,6 +84,7 @@ class PodController:
         queue: the work queue.
         applier: the write side (:class:`~.apply.PlanApplier`), given the client, the CR store
             and the queue.
+        reconciler: what a key's reconcile does (:class:`~.reconciler.PodReconciler`).
         outcomes: local ``collections.Counter`` of reconcile outcomes (tests, bench).
         synced: both caches synced. leading: workers are running.
     """
@@ -145,6 +133,8 @@ class PodController:
         self.crs.add_handler(self._on_cr_add, self._on_cr_update, self._on_cr_delete)
         self.applier = PlanApplier(client, self.crs.store, self.queue, component)
         self.failures = FailedReconciles(self.queue, self.crs)
+        self.reconciler = PodReconciler(client, self.pods.store, self.crs.store, self.queue,
+                                        self.applier, defaults, orphan_grace)
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.synced = False
         self.leading = False
@@ -310,7 +300,7 @@ class PodController:
         while True:
             item = await self.queue.get()
             try:
-                outcome = await self.reconcile(item)
+                outcome = await self.reconciler.reconcile(item)
             except (ApiError, KubeTransportError) as exc:
                 self._count("error")
                 self.failures.failed(item, exc)
@@ -333,76 +323,3 @@ class PodController:
     def _count(self, outcome: str) -> None:
         self.outcomes[outcome] += 1
         metrics.count_reconcile(outcome)
-
-    # -- reconcile ----------------------------------------------------------------------------
-
-    async def reconcile(self, item: QueueKey) -> str | None:
-        """Reconcile one queue key; returns the outcome label (None: nothing to count).
-
-        Raises:
-            ApiError, KubeTransportError: a write failed (the worker re-queues with backoff).
-        """
-        if isinstance(item, PodKey):
-            return await self.reconcile_pod(item)
-        if isinstance(item, OrphanKey):
-            return await self.reconcile_orphan(item)
-        if isinstance(item, StampKey):
-            await self.applier.reconcile_stamp(item)
-            return None
-        if isinstance(item, RecreateKey):
-            return await self.reconcile_recreate(item)
-        log.error("pod controller unknown queue item item=%r", item)
-        return None
-
-    async def reconcile_pod(self, key: PodKey | str) -> str:
-        """Reconcile the Pod ``key`` (``"ns/name"`` accepted): plan, then apply the plan."""
-        key = PodKey.parse(key) if isinstance(key, str) else key
-        skey = str(key)
-        pod = self.pods.store.get(skey)
-        if pod is None:
-            # ownerReference GC removes its CR; CRs still naming the Pod are checked later
-            for cr in self.crs.store.by_index(OWNER_POD_INDEX, skey):
-                self.queue.add_after(OrphanKey.parse(proj.object_key(cr)), self.orphan_grace)
-            log.debug("pod gone pod=%s", skey)
-            return "pod_gone"
-        uid = pod["metadata"].get("uid")
-        owned = (
-            self.crs.store.by_index(OWNER_UID_INDEX, uid) if isinstance(uid, str) and uid else []
-        )
-        plan = plan_pod(pod, owned, self.defaults)
-        return await self.applier.apply(key, pod, owned, plan)
-
-    async def reconcile_recreate(self, key: RecreateKey) -> str:
-        """Re-create a deleted CR only if its Pod is live at the apiserver (a GET), not just in
-        the cache; otherwise leave it to the Pod watch, which will deliver the deletion.
-
-        Raises:
-            ApiError, KubeTransportError: the GET failed (the worker re-queues with backoff).
-        """
-        cached = self.pods.store.get(str(key))
-        uid = (cached or {}).get("metadata", {}).get("uid")
-        if not await self.applier.pod_is_live(PodKey(key.namespace, key.name), uid):
-            log.debug("cr deleted with its pod; not re-created pod=%s", key)
-            return "pod_gone"
-        return await self.reconcile_pod(PodKey(key.namespace, key.name))
-
-    async def reconcile_orphan(self, key: OrphanKey | str) -> str | None:
-        """Delete the CR ``key`` if its owner Pod is really gone (a live GET confirms)."""
-        cr = self.crs.store.get(str(key))
-        if cr is None or cr["metadata"].get("deletionTimestamp"):
-            return None
-        uid = proj.owner_uid(cr)
-        if uid and self.pods.store.by_index(POD_UID_INDEX, uid):
-            return None
-        ns = cr["metadata"].get("namespace", "")
-        owner = proj.owner_pod_name(cr)
-        if owner:
-            try:
-                live = await self.client.get(PODS, owner, ns)
-            except NotFound:
-                live = None
-            if live is not None and (live.get("metadata") or {}).get("uid") == uid:
-                return None  # the Pod exists; our cache lags
-        if await self.applier.delete_cr(cr, why="orphan"):
-            return "orphan_deleted"
-        return None

@@ -393,7 +393,7 @@ async def test_cr_update_finding_the_cr_gone_recreates_it_only_for_a_live_pod(
             for c in stale_pod["spec"]["containers"]]}
         ctl.pods.store._set("default/p", resized)
         ctl.crs.store._set(f"default/{cr['metadata']['name']}", cr)
-        outcome = await ctl.reconcile_pod(PodKey("default", "p"))
+        outcome = await ctl.reconciler.reconcile_pod(PodKey("default", "p"))
         assert server.counters[("create", "capacityrequests")] == creates, outcome
         assert await crs(client) == []
 

@@ -309,7 +309,7 @@ def test_pod_controller_logs_each_refused_pod_once(
             assert ctl.pods.store.get(key) is not None
             caplog.clear()
 
-            outcome = await ctl.reconcile_pod(key)
+            outcome = await ctl.reconciler.reconcile_pod(key)
             event(f"pod: {outcome}")
             await trio.testing.wait_all_tasks_blocked()
             first = decision_warnings(caplog)
@@ -342,7 +342,7 @@ def test_pod_controller_logs_each_refused_pod_once(
 
             # the same Pod again (a resync): same decision, no second WARNING, no second Event
             caplog.clear()
-            again = await ctl.reconcile_pod(key)
+            again = await ctl.reconciler.reconcile_pod(key)
             await trio.testing.wait_all_tasks_blocked()
             assert (again in REFUSED) == (outcome in REFUSED), (outcome, again)
             assert decision_warnings(caplog) == [], [r.getMessage() for r in caplog.records]

@@ -309,7 +309,7 @@ async def test_racing_create_already_exists_is_success(
         cr = (await crs(client))[0]
         # Pretend the cache has not seen the CR yet: reconcile goes down the create path.
         ctl.crs.store._pop(f"default/{cr['metadata']['name']}")
-        assert await ctl.reconcile_pod("default/p") == "cr_exists"
+        assert await ctl.reconciler.reconcile_pod("default/p") == "cr_exists"
         assert await _count(client, 1)
         assert created["metadata"]["uid"] == cr["metadata"]["labels"][LABEL]
 
@@ -539,7 +539,7 @@ async def test_pending_stamp_never_overwrites_a_newer_phase(
         )
         ctl.crs.store._pop(f"default/{name}")
         ctl.applier.stamp_rv[StampKey("default", name)] = stale_rv
-        await ctl.reconcile(StampKey("default", name))
+        await ctl.reconciler.reconcile(StampKey("default", name))
         got = await client.get(CAPACITY_REQUESTS, name, "default")
         assert got["status"]["phase"] == "Acknowledged"
         # a CR that really has no phase yet is stamped even with a stale resourceVersion
@@ -547,7 +547,7 @@ async def test_pending_stamp_never_overwrites_a_newer_phase(
             CAPACITY_REQUESTS, name, {"status": None}, "default", subresource="status"
         )
         ctl.applier.stamp_rv[StampKey("default", name)] = stale_rv
-        await ctl.reconcile(StampKey("default", name))
+        await ctl.reconciler.reconcile(StampKey("default", name))
         got = await client.get(CAPACITY_REQUESTS, name, "default")
         assert got["status"]["phase"] == "Pending"
 
