@@ -12,6 +12,7 @@ logged and swallowed. Handlers must not block.
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -235,6 +236,9 @@ class Informer:
         backoff: error backoff policy (client-go defaults).
         rng: random source (tests pass a seeded ``random.Random``).
         apply_chunk: objects of a LIST applied between two yields to the event loop (500).
+        freeze_heap: move what the process holds into the garbage collector's permanent
+            generation (``gc.freeze()``) after each LIST page and each applied chunk, so the
+            collector's full passes never walk the cache (docs/kube-api.md#garbage-collector).
 
     Usage::
 
@@ -260,6 +264,7 @@ class Informer:
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
         apply_chunk: int = 500,
+        freeze_heap: bool = False,
     ):
         self.client = client
         self.res = res
@@ -274,6 +279,7 @@ class Informer:
         if apply_chunk < 1:
             raise ValueError(f"apply_chunk must be >= 1 (got {apply_chunk})")
         self.apply_chunk = apply_chunk
+        self.freeze_heap = freeze_heap
         self._backoff = backoff or Backoff()
         self._rng = rng or random.Random()
         self._rv = ResourceVersionTracker()
@@ -482,6 +488,8 @@ class Informer:
                     # not two (docs/kube-api.md#relist-memory)
                     fresh[key] = old if old is not None and old == obj else obj
             items.clear()  # let the raw page go as soon as it is projected
+            if self.freeze_heap:
+                gc.freeze()
 
         rv = await self.client.list_paged(
             self.res,
@@ -554,7 +562,11 @@ class Informer:
                 self._dispatch(etype, old, new)
             seen += 1
             if seen % chunk == 0:
+                if self.freeze_heap:
+                    gc.freeze()
                 await trio.lowlevel.checkpoint()
+        if self.freeze_heap:
+            gc.freeze()
         return counts
 
     async def _watch_once(self) -> None:

@@ -68,6 +68,8 @@ class Operator:
             the stub).
         consistency_interval: seconds between from-scratch checks of the roll-up aggregate.
         wall_clock: the wall clock (aware) of recorded drain deadlines (tests inject one).
+        freeze_heap: the informers keep their caches out of the garbage collector's full
+            passes (docs/kube-api.md#garbage-collector; the binary sets it, tests do not).
 
     Raises:
         BootstrapTemplateError: the configured template does not parse (stop start-up).
@@ -83,6 +85,7 @@ class Operator:
         renderer: Renderer | None = None,
         consistency_interval: float = DEFAULT_CONSISTENCY_INTERVAL,
         wall_clock: Callable[[], datetime] = utc_now,
+        freeze_heap: bool = False,
     ) -> None:
         if not cfg.cluster_id:
             raise ValueError("OperatorConfig.cluster_id is required")
@@ -94,6 +97,7 @@ class Operator:
         self.watched_renderer = WatchedRenderer(self.renderer)
         self.consistency_interval = consistency_interval
         self.wall_clock = wall_clock
+        self.freeze_heap = freeze_heap
         self._rt: OperatorParts | None = None
         self._running = False
         self._synced = False
@@ -270,6 +274,7 @@ class Operator:
             self.cfg, client=self.client, connector=self.connector,
             renderer=self.watched_renderer, feed=self.feed,
             consistency_interval=self.consistency_interval, wall_clock=self.wall_clock,
+            freeze_heap=self.freeze_heap,
         )
 
     async def _wait_synced(self, rt: OperatorParts, *, stale_401: bool) -> None:
@@ -407,6 +412,7 @@ async def serve_operator(
     feed: EventFeed | None = None,
     handle_signals: bool = True,
     on_operator: Callable[[Operator], None] | None = None,
+    freeze_heap: bool = False,
     task_status: trio.TaskStatus[list[str | None]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The operator process body (everything :func:`run_operator` does inside ``trio.run``).
@@ -424,6 +430,8 @@ async def serve_operator(
         feed: event feed for ``/events`` (default: a new one).
         handle_signals: install SIGINT/SIGTERM handling (main thread only).
         on_operator: called with the :class:`Operator` once built (tests, embedding).
+        freeze_heap: keep the caches out of the garbage collector's full passes (the process
+            entry point sets it; docs/kube-api.md#garbage-collector).
 
     Raises:
         KubeConfigError, TLSConfigError, BootstrapTemplateError, ValueError: bad configuration.
@@ -445,7 +453,8 @@ async def serve_operator(
         async with open_loop(), contextlib.AsyncExitStack() as clients:
             client = await clients.enter_async_context(
                 KubeClient(kcfg, qps=cfg.qps, burst=cfg.burst))
-            op = Operator(cfg, client=client, connector=conn, feed=events, renderer=rend)
+            op = Operator(cfg, client=client, connector=conn, feed=events, renderer=rend,
+                          freeze_heap=freeze_heap)
             if on_operator is not None:
                 on_operator(op)
             lease_ns, lease_ns_source = lease_namespace(cfg.leader_election_namespace)
@@ -522,5 +531,5 @@ def run_operator(cfg: OperatorConfig) -> int:
     renderer = renderer_for(cfg)
     announce("operator")  # after the start-up checks: a failed one stays a single line
     run_trio(partial(serve_operator, cfg, kube_config=kcfg, connector=connector,
-                     renderer=renderer))
+                     renderer=renderer, freeze_heap=True))
     return 0

@@ -212,6 +212,7 @@ def build_operator(
     feed: EventFeed | None = None,
     consistency_interval: float,
     wall_clock: Callable[[], datetime],
+    freeze_heap: bool = False,
 ) -> OperatorParts:
     """Build one run's parts from ``cfg`` (validated) and the process's client and connector.
 
@@ -230,11 +231,15 @@ def build_operator(
         cfg.cluster_id, events=client, acknowledger=acknowledger, feed=feed,
         consistency_interval=consistency_interval,
     )
-    cr_informer = Informer(client, CAPACITY_REQUESTS, transform=slim)
+    # freeze_heap: the caches stay out of the collector's full passes
+    # (docs/kube-api.md#garbage-collector)
+    cr_informer = Informer(client, CAPACITY_REQUESTS, transform=slim, freeze_heap=freeze_heap)
     source.attach(cr_informer)
-    un_informer = Informer(client, UPCOMING_NODES, indexers={NODE_REF_INDEX: node_ref_index})
+    un_informer = Informer(client, UPCOMING_NODES, indexers={NODE_REF_INDEX: node_ref_index},
+                           freeze_heap=freeze_heap)
     node_informer = Informer(
-        client, NODES, transform=slim_node, indexers={PROVIDER_ID_INDEX: provider_id_index}
+        client, NODES, transform=slim_node, indexers={PROVIDER_ID_INDEX: provider_id_index},
+        freeze_heap=freeze_heap,
     )
     handlers = OperatorHandlers(
         bootstrap=BootstrapHandler(renderer, cfg.cluster_id, ttl_seconds=int(cfg.bootstrap_ttl)),

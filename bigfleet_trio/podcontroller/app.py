@@ -83,9 +83,13 @@ async def serve_pod_controller(
     kube_config: KubeConfig,
     defaults: PriorityClassDefaults | None,
     *,
+    freeze_heap: bool = False,
     task_status: trio.TaskStatus[PodController] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the pod controller until cancelled.
+
+    ``freeze_heap``: keep the caches out of the garbage collector's full passes (the process
+    entry point sets it; docs/kube-api.md#garbage-collector).
 
     Opens the KubeClient (``cfg.qps``/``cfg.burst``), the diagnostics listener(s)
     (``cfg.metrics_addr``; ``cfg.health_probe_addr`` as a second listener when set), and the
@@ -99,7 +103,8 @@ async def serve_pod_controller(
     async with contextlib.AsyncExitStack() as clients:
         client = await clients.enter_async_context(
             KubeClient(kube_config, qps=cfg.qps, burst=cfg.burst, user_agent=agent))
-        ctl = PodController(client, defaults, workers=cfg.workers, sync_timeout=cfg.sync_timeout)
+        ctl = PodController(client, defaults, workers=cfg.workers, sync_timeout=cfg.sync_timeout,
+                            freeze_heap=freeze_heap)
         elector = None
         if cfg.leader_elect:
             lease_ns, source = lease_namespace(cfg.leader_election_namespace)
@@ -173,7 +178,8 @@ def run_pod_controller(cfg: PodControllerConfig) -> int:
     async def main() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(serve_pod_controller, cfg, kube_config, defaults)
+                nursery.start_soon(partial(serve_pod_controller, cfg, kube_config, defaults,
+                                           freeze_heap=True))
                 async for signum in signals:
                     log.info("pod controller stopping",
                              extra={"signal": signal.Signals(signum).name})

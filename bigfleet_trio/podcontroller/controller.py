@@ -71,6 +71,8 @@ class PodController:
         queue: the work queue (default: a fresh one reporting Prometheus metrics).
         namespace: watch one namespace only (None = all).
         component: Event source component.
+        freeze_heap: the informers keep their caches out of the garbage collector's full
+            passes (``Informer(freeze_heap=True)``; the binary sets it, tests do not).
 
     Usage::
 
@@ -101,6 +103,7 @@ class PodController:
         queue: WorkQueue[QueueKey] | None = None,
         namespace: str | None = None,
         component: str = CONTROLLER_NAME,
+        freeze_heap: bool = False,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1 (got {workers})")
@@ -120,6 +123,7 @@ class PodController:
             namespace=namespace,
             transform=slim_pod,
             indexers={POD_UID_INDEX: proj.index_pod_uid},
+            freeze_heap=freeze_heap,
         )
         self.crs = Informer(
             client,
@@ -128,6 +132,7 @@ class PodController:
             label_selector=OWNED_BY_POD_LABEL,
             transform=slim_cr,
             indexers={OWNER_UID_INDEX: proj.index_owner_uid, OWNER_POD_INDEX: proj.index_owner_pod},
+            freeze_heap=freeze_heap,
         )
         self.pods.add_handler(self._on_pod_add, self._on_pod_update, self._on_pod_delete)
         self.crs.add_handler(self._on_cr_add, self._on_cr_update, self._on_cr_delete)

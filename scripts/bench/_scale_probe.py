@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -158,13 +159,23 @@ async def serve_server(pods: int, crs: bool, history: int) -> None:
 
 
 class Sampler:
-    """Worst event-loop lag and RSS, printed as a JSON line every ``report`` seconds."""
+    """Worst event-loop lag, the longest garbage-collector pass and RSS, printed as a JSON line
+    every ``report`` seconds."""
 
     def __init__(self, stats: Any, interval: float = 0.05, report: float = 0.5) -> None:
         self.stats = stats
         self.interval = interval
         self.report = report
         self.worst = 0.0
+        self.gc_worst = 0.0
+        self._gc_start = 0.0
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_worst = max(self.gc_worst, time.perf_counter() - self._gc_start)
 
     async def run(self) -> None:
         last = trio.current_time()
@@ -175,8 +186,9 @@ class Sampler:
             self.worst = max(self.worst, now - t0 - self.interval)
             if now - last >= self.report:
                 print(json.dumps({"t": time.time(), "lag": round(self.worst, 4),
-                                  "rss_kb": rss_kb(), **self.stats()}), flush=True)
-                self.worst = 0.0
+                                  "gc": round(self.gc_worst, 4), "rss_kb": rss_kb(),
+                                  **self.stats()}), flush=True)
+                self.worst = self.gc_worst = 0.0
                 last = now
 
 
@@ -186,7 +198,8 @@ async def run_podcontroller(kubeconfig: str, workers: int) -> None:
     gc.collect()
     base = rss_kb()
     async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED) as client:
-        ctl = PodController(client, workers=workers, resync_period=3600)
+        ctl = PodController(client, workers=workers, resync_period=3600,
+                            freeze_heap=os.environ.get("BIGFLEET_BENCH_FREEZE", "1") == "1")
 
         def stats() -> dict[str, Any]:
             return {"base_kb": base, "pods": len(ctl.pods.store), "crs": len(ctl.crs.store),
@@ -210,7 +223,8 @@ async def run_operator(kubeconfig: str) -> None:
     gc.collect()
     base = rss_kb()
     async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED) as client:
-        inf = Informer(client, CAPACITY_REQUESTS, transform=slim)
+        inf = Informer(client, CAPACITY_REQUESTS, transform=slim,
+                       freeze_heap=os.environ.get("BIGFLEET_BENCH_FREEZE", "1") == "1")
         rollups = [0]
 
         def stats() -> dict[str, Any]:

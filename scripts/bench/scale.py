@@ -121,6 +121,7 @@ def _settled(agent: _Child, since: int, cond: Any, timeout: float, stable: int =
 def _window(lines: list[dict[str, Any]], a: int, b: int) -> dict[str, float]:
     part = lines[a:b] or lines[-1:]
     return {"worst_lag_s": max(x["lag"] for x in part),
+            "worst_gc_pass_s": max(x.get("gc", 0.0) for x in part),
             "peak_rss_mb": max(x["rss_kb"] for x in part) / 1024,
             "end_rss_mb": part[-1]["rss_kb"] / 1024}
 
