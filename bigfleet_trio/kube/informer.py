@@ -237,8 +237,9 @@ class Informer:
         rng: random source (tests pass a seeded ``random.Random``).
         apply_chunk: objects of a LIST applied between two yields to the event loop (500).
         freeze_heap: move what the process holds into the garbage collector's permanent
-            generation (``gc.freeze()``) after each LIST page and each applied chunk, so the
-            collector's full passes never walk the cache (docs/kube-api.md#garbage-collector).
+            generation (``gc.freeze()``) after each LIST page, each applied chunk and every
+            ``apply_chunk`` watch events, so the collector's full passes never walk the cache
+            (docs/kube-api.md#garbage-collector).
 
     Usage::
 
@@ -608,6 +609,8 @@ class Informer:
                 self._rv.observe(event)
                 if event.type != "BOOKMARK":
                     self._apply(event)
+                    if self.freeze_heap and events % self.apply_chunk == 0:
+                        gc.freeze()  # churn grows the cache too: docs/kube-api.md#garbage-collector
         if events == 0 and trio.current_time() - start < 1.0:
             # An instantly-closed empty watch is a failure, not a healthy end (client-go
             # "very short watch"); without this a broken proxy would make us spin.
