@@ -36,7 +36,9 @@ __all__ = [
     "EventFeed",
     "EventSubscription",
     "FeedStatistics",
+    "feed_ended_line",
     "follow_events",
+    "rejected_hint",
     "token_may_travel",
     "DROPPED",
     "KINDS",
@@ -375,10 +377,9 @@ async def follow_events(
             except ConnectionClosed as exc:
                 if notice is not None:
                     reason = exc.reason
-                    why = (f" (code {reason.code}{': ' + reason.reason if reason.reason else ''})"
-                           if reason is not None else "")
-                    notice.write(f"events: the agent at {addr} ended the feed{why}; "
-                                 f"{written} events received\n")
+                    notice.write(feed_ended_line(
+                        addr, reason.code if reason is not None else None,
+                        (reason.reason or "") if reason is not None else "", written))
                     notice.flush()
                 break
             text = message.decode("utf-8", "replace") if isinstance(message, bytes) else message
@@ -394,6 +395,35 @@ async def follow_events(
                 out.flush()
                 written += 1
     return written
+
+
+def feed_ended_line(addr: str, code: int | None, reason: str, written: int) -> str:
+    """The one line ``events`` prints when the feed ends (``code``: the WebSocket close code).
+
+    1006 is no close code at all: the connection dropped without a goodbye (the agent was
+    killed, restarted or lost its network), said in words rather than as a number.
+    """
+    if code == 1006 or code is None:
+        return (f"events: the connection to the agent at {addr} dropped without a close "
+                f"(the agent stopped, restarted or is unreachable); {written} events received\n")
+    why = f" (code {code}{': ' + reason if reason else ''})"
+    return f"events: the agent at {addr} ended the feed{why}; {written} events received\n"
+
+
+def rejected_hint(status: int, token_sent: bool) -> str:
+    """What to do about an ``/events`` upgrade refused with ``status``
+    (docs/crds.md#diagnostics-access)."""
+    if status == 401 and not token_sent:
+        return ("; the agent checks a bearer token (TokenReview), and the kubeconfig has none "
+                "(a client certificate is not enough): use a kubeconfig with a token, e.g. "
+                "from `kubectl create token <serviceaccount> -n <namespace>`, whose subject "
+                "is bound to the ClusterRole bigfleet-metrics-reader")
+    if status == 401:
+        return ("; the kubeconfig's bearer token (--kubeconfig) was not accepted (expired? "
+                "`kubectl create token` issues a new one)")
+    if status == 403:
+        return "; bind your user to the ClusterRole bigfleet-metrics-reader"
+    return ""
 
 
 def _host_port(url: str) -> str:
@@ -487,9 +517,7 @@ async def _connect(url: str, headers: list[tuple[bytes, bytes]] | None = None,
         if entered:  # pragma: no cover - only raised during the handshake
             raise
         said = " ".join((exc.body or b"").decode("utf-8", "replace").split())[:300]
-        hint = {401: "; the kubeconfig's credentials (--kubeconfig) were not accepted",
-                403: "; bind your user to the ClusterRole bigfleet-metrics-reader"}.get(
-                    exc.status_code, "")
+        hint = rejected_hint(exc.status_code, headers is not None)
         raise OSError(f"{url}: server rejected the WebSocket (HTTP {exc.status_code}"
                       f"{': ' + said if said else ''}){hint}") from exc
     except HandshakeError as exc:

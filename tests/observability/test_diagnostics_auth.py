@@ -131,7 +131,7 @@ async def test_events_follower_sends_the_kubeconfig_token(tmp_path: Path) -> Non
     with trio.fail_after(30):
         async with world(tmp_path, feed) as w:
             tls = cli.events_tls(w.ca_file, False, None)
-            with pytest.raises(OSError, match=r"HTTP 401.*--kubeconfig"):
+            with pytest.raises(OSError, match=r"HTTP 401.*kubectl create token"):
                 await follow_events(w.addr, io.StringIO(), tls=tls)
             with pytest.raises(OSError, match=r"HTTP 403.*bigfleet-metrics-reader"):
                 await follow_events(w.addr, io.StringIO(), tls=tls,

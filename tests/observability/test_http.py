@@ -240,3 +240,23 @@ async def test_events_follower_says_when_the_agent_goes_away() -> None:
             assert await follow_events(addr, out, notice=notice) == 1
     assert notice.getvalue() == (
         f"events: the agent at {addr} ended the feed (code 1001); 1 events received\n")
+
+
+def test_a_dropped_feed_is_said_in_words_not_code_1006() -> None:
+    from bigfleet_trio.observability.events import feed_ended_line
+
+    assert feed_ended_line("a:1", 1001, "", 3) == (
+        "events: the agent at a:1 ended the feed (code 1001); 3 events received\n")
+    for code in (1006, None):
+        line = feed_ended_line("a:1", code, "", 0)
+        assert "1006" not in line and "dropped without a close" in line
+
+
+def test_a_401_without_a_token_says_how_to_get_one() -> None:
+    from bigfleet_trio.observability.events import rejected_hint
+
+    assert "kubectl create token" in rejected_hint(401, token_sent=False)
+    assert "client certificate is not enough" in rejected_hint(401, token_sent=False)
+    assert "was not accepted" in rejected_hint(401, token_sent=True)
+    assert "bigfleet-metrics-reader" in rejected_hint(403, token_sent=True)
+    assert rejected_hint(404, token_sent=True) == ""
