@@ -189,6 +189,29 @@ def test_summary_explains_idle_machines_and_recreated_pods() -> None:
     text = render_summary(DemoSummary(ok=True, pods_replaced=2))
     assert "2 (the drain evicted them; their controllers made new ones" in text
     assert "idle = warm in the shard's pool, bound to no cluster" in text
+    zero = render_summary(DemoSummary(ok=True, pods_replaced=0))
+    assert "0 (the drained machines held no Pods" in zero
+    assert "the drain evicted them" not in zero
+
+
+def test_summary_names_the_diagnostics_urls_only_while_they_serve() -> None:
+    from bigfleet_trio.sim.demo_render import render_summary
+    from bigfleet_trio.sim.demo_world import DemoSummary
+
+    s = DemoSummary(ok=True, diagnostics="127.0.0.1:9")
+    assert "http://127.0.0.1:9/metrics" not in render_summary(s)  # the run is over
+    assert "http://127.0.0.1:9/metrics" in render_summary(s, live=True)  # --keep-running
+
+
+def test_the_demo_binder_reports_a_running_pod_as_kubelet_does() -> None:
+    from bigfleet_trio.sim.binder import PodAddresses, running_status
+
+    ips = PodAddresses()
+    host, pod_ip = ips.next("n1")
+    status = running_status([("c", "busybox")], host, pod_ip, "2026-11-28T00:00:00Z")
+    assert status["podIP"] == pod_ip and status["hostIP"] == host
+    assert [c["ready"] for c in status["containerStatuses"]] == [True]  # READY 1/1
+    assert ips.next("n1")[1] != pod_ip and ips.next("n2")[0] != host
 
 
 @pytest.mark.slow

@@ -51,6 +51,8 @@ __all__ = [
     "Binder",
     "BindDecision",
     "NodeView",
+    "PodAddresses",
+    "running_status",
     "is_bound",
     "is_pending",
     "is_terminal",
@@ -241,6 +243,7 @@ class BindDecision:
     namespace: str
     name: str
     node: str
+    containers: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # (name, image)
 
 
 def _pod_sort_key(pod: Mapping[str, Any]) -> tuple[int, str, str, str]:
@@ -312,8 +315,11 @@ def plan_bindings(pods: Sequence[Mapping[str, Any]],
             continue
         best_view.add(req)
         meta = pod.get("metadata") or {}
+        containers = tuple((str(c.get("name", "")), str(c.get("image", "")))
+                           for c in (pod.get("spec") or {}).get("containers") or []
+                           if isinstance(c, Mapping))
         out.append(BindDecision(str(meta.get("namespace") or "default"), str(meta["name"]),
-                                best_view.name))
+                                best_view.name, containers))
     return out
 
 
@@ -324,6 +330,47 @@ def plan_bindings(pods: Sequence[Mapping[str, Any]],
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class PodAddresses:
+    """Host and Pod IPs as a kubelet with a per-node Pod CIDR hands them out: node n is host
+    10.0.x.y, its Pods 10.244+.n.2..254 (an address is reused only after 253 Pods on a node)."""
+
+    def __init__(self) -> None:
+        self._ips: dict[str, list[int]] = {}  # node -> [node index, last pod host number]
+
+    def next(self, node: str) -> tuple[str, str]:
+        """``(hostIP, a fresh podIP)`` on ``node``."""
+        slot = self._ips.setdefault(node, [len(self._ips), 1])
+        n = slot[0]
+        slot[1] = slot[1] % 253 + 1
+        return (f"10.0.{n // 250}.{n % 250 + 1}",
+                f"10.{244 + n // 256}.{n % 256}.{slot[1] + 1}")
+
+
+def running_status(containers: Iterable[tuple[str, str]], host_ip: str, pod_ip: str,
+                   stamp: str) -> dict[str, Any]:
+    """A Running Pod's status as a kubelet reports it: conditions, one ready container status
+    per ``(name, image)``, host and Pod IPs (``kubectl get pods`` shows READY 1/1 and an IP)."""
+    return {
+        "phase": "Running",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": stamp},
+            {"type": "ContainersReady", "status": "True", "lastTransitionTime": stamp},
+            {"type": "Ready", "status": "True", "lastTransitionTime": stamp},
+        ],
+        "containerStatuses": [
+            {"name": name, "image": image, "ready": True, "started": True, "restartCount": 0,
+             "state": {"running": {"startedAt": stamp}}}
+            for name, image in containers
+        ],
+        "hostIP": host_ip,
+        "hostIPs": [{"ip": host_ip}],
+        "podIP": pod_ip,
+        "podIPs": [{"ip": pod_ip}],
+        "startTime": stamp,
+    }
 
 
 class Binder:
@@ -344,6 +391,7 @@ class Binder:
         self.bound = 0
         self.errors = 0
         self._kick = trio.Event()
+        self._addresses = PodAddresses()
 
     def kick(self) -> None:
         """Run a pass now."""
@@ -385,15 +433,7 @@ class Binder:
         from bigfleet_trio.kube.resources import PODS
 
         await self.client.patch(PODS, d.name, {"spec": {"nodeName": d.node}}, d.namespace)
-        stamp = _now()
-        status = {"status": {
-            "phase": "Running",
-            "conditions": [
-                {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp},
-                {"type": "Ready", "status": "True", "lastTransitionTime": stamp},
-            ],
-            "startTime": stamp,
-        }}
+        status = {"status": running_status(d.containers, *self._addresses.next(d.node), _now())}
         await self.client.patch(PODS, d.name, status, d.namespace, subresource="status")
         self.bound += 1
         log.info("bound pod=%s/%s node=%s", d.namespace, d.name, d.node)

@@ -38,8 +38,18 @@ def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
-def render_summary(s: DemoSummary) -> str:
-    """The human summary table."""
+def replaced_line(n: int) -> str:
+    """The "evicted Pods recreated" row: what the count means, worded for zero too."""
+    if n == 0:
+        return ("0 (the drained machines held no Pods any more: the scale-down had removed "
+                "them before the reclaim)")
+    return (f"{n} (the drain evicted them; their controllers made new ones on the remaining "
+            "Nodes)")
+
+
+def render_summary(s: DemoSummary, *, live: bool = False) -> str:
+    """The human summary table. ``live``: the diagnostics listener still serves (with
+    ``--keep-running``), so its URLs are worth printing; otherwise it has stopped."""
     t = s.timings
     rows: list[tuple[str, str]] = [
         ("workloads applied", ", ".join(s.workloads) or "-"),
@@ -57,8 +67,7 @@ def render_summary(s: DemoSummary) -> str:
         ("machines drained and released", f"{s.machines_released} "
                                           f"({', '.join(s.reclaimed_nodes) or '-'})"),
         ("drains finished (operator)", str(s.drains_completed)),
-        ("evicted Pods recreated", f"{s.pods_replaced} (the drain evicted them; their "
-                                   "controllers made new ones on the remaining Nodes)"),
+        ("evicted Pods recreated", replaced_line(s.pods_replaced)),
         ("UpcomingNodes deleted", str(s.upcoming_deleted)),
         ("machines bound while reclaiming", f"{s.machines_bound_while_reclaiming} (demand that "
                                             "came back, e.g. evicted Pods; a just-released warm "
@@ -72,7 +81,7 @@ def render_summary(s: DemoSummary) -> str:
     lines = ["", "BigFleet demo summary" + ("" if s.ok else " (FAILED)"),
              "-" * (width + 40)]
     lines += [f"{k:<{width}}  {v}" for k, v in rows]
-    if s.diagnostics:
+    if s.diagnostics and live:
         lines.append(f"{'diagnostics':<{width}}  {diagnostics_urls(s.diagnostics)}")
     lines.append("")
     lines.append("machine states in the live lines: creating -> configuring -> configured (a "
@@ -107,7 +116,7 @@ def print_summary(summary: DemoSummary, opts: DemoOptions, out: TextIO) -> None:
     if opts.json_summary:
         print(json.dumps(summary.to_dict(), sort_keys=True), file=out, flush=True)
     else:
-        print(render_summary(summary), file=out, flush=True)
+        print(render_summary(summary, live=opts.keep_running), file=out, flush=True)
 
 
 def print_keep_running_banner(summary: DemoSummary, out: TextIO) -> None:

@@ -35,6 +35,7 @@ from bigfleet_trio.sim.binder import (
     STANDARD_RESOURCES,
     ZERO,
     NodeView,
+    PodAddresses,
     _quantities,
     is_bound,
     is_pending,
@@ -43,6 +44,7 @@ from bigfleet_trio.sim.binder import (
     node_ready,
     node_schedulable,
     pod_requests,
+    running_status,
     tolerates,
 )
 
@@ -149,7 +151,7 @@ class PodScheduler:
         self._classes: dict[str, tuple[str, str]] = {}
         self._to_start: dict[str, dict[str, Any]] = {}
         self._binding: set[str] = set()
-        self._ips: dict[str, list[int]] = {}  # node -> [node index, last pod host number]
+        self._addresses = PodAddresses()
         self._finishing: list[tuple[float, str, str]] = []
         self._scheduled_finish: set[str] = set()
         self._wake = trio.Event()
@@ -370,40 +372,13 @@ class PodScheduler:
         if self.on_event is not None:
             self.on_event(kind, fields)
 
-    def _addresses(self, node: str) -> tuple[str, str]:
-        """(hostIP, a fresh podIP) on ``node``, as a kubelet with a per-node pod CIDR hands
-        them out: node n is host 10.0.x.y, its Pods 10.244+.n.2..254 (an address is reused
-        only after 253 Pods on one node)."""
-        slot = self._ips.setdefault(node, [len(self._ips), 1])
-        n = slot[0]
-        slot[1] = slot[1] % 253 + 1
-        return (f"10.0.{n // 250}.{n % 250 + 1}",
-                f"10.{244 + n // 256}.{n % 256}.{slot[1] + 1}")
-
     def _running_status(self, pod: Mapping[str, Any], node: str | None = None) -> dict[str, Any]:
-        stamp = rfc3339_now()
-        host_ip, pod_ip = self._addresses(
+        containers = [(str(c.get("name", "")), str(c.get("image", "")))
+                      for c in (pod.get("spec") or {}).get("containers") or []
+                      if isinstance(c, Mapping)]
+        host_ip, pod_ip = self._addresses.next(
             node or str((pod.get("spec") or {}).get("nodeName") or ""))
-        containers = (pod.get("spec") or {}).get("containers") or []
-        return {
-            "phase": "Running",
-            "conditions": [
-                {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp},
-                {"type": "Initialized", "status": "True", "lastTransitionTime": stamp},
-                {"type": "ContainersReady", "status": "True", "lastTransitionTime": stamp},
-                {"type": "Ready", "status": "True", "lastTransitionTime": stamp},
-            ],
-            "containerStatuses": [
-                {"name": c.get("name", ""), "image": c.get("image", ""), "ready": True,
-                 "started": True, "restartCount": 0, "state": {"running": {"startedAt": stamp}}}
-                for c in containers if isinstance(c, Mapping)
-            ],
-            "hostIP": host_ip,
-            "hostIPs": [{"ip": host_ip}],
-            "podIP": pod_ip,
-            "podIPs": [{"ip": pod_ip}],
-            "startTime": stamp,
-        }
+        return running_status(containers, host_ip, pod_ip, rfc3339_now())
 
     async def _bind(self, pod: dict[str, Any], node: str) -> None:
         meta = pod["metadata"]
