@@ -213,18 +213,21 @@ async def run_podcontroller(kubeconfig: str, workers: int) -> None:
 
 
 async def run_operator(kubeconfig: str) -> None:
-    """The operator's CR cache (its transform) and a roll-up from scratch over it every 10 s,
-    as the operator's roll-up task does on a session start."""
+    """The operator's CR cache (its transform) feeding the incremental roll-up, and the
+    roll-up's from-scratch consistency check over the cache every 10 s (the operator runs it
+    every ``consistency_interval``)."""
     from bigfleet_trio.kube.informer import Informer
     from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
     from bigfleet_trio.operator.crview import slim
-    from bigfleet_trio.operator.rollup.aggregate import build_from_scratch
+    from bigfleet_trio.operator.wiring import CapacityRequestRollup
 
     gc.collect()
     base = rss_kb()
     async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED) as client:
         inf = Informer(client, CAPACITY_REQUESTS, transform=slim,
                        freeze_heap=os.environ.get("BIGFLEET_BENCH_FREEZE", "1") == "1")
+        source = CapacityRequestRollup("bench", events=None, acknowledger=None)
+        source.attach(inf)
         rollups = [0]
 
         def stats() -> dict[str, Any]:
@@ -236,7 +239,7 @@ async def run_operator(kubeconfig: str) -> None:
             await nursery.start(inf.run)
             await inf.wait_synced()
             while True:
-                build_from_scratch(inf.store.list())
+                await source.check_consistency()
                 rollups[0] += 1
                 await trio.sleep(10)
 

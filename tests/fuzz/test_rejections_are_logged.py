@@ -470,7 +470,7 @@ def test_rollup_source_logs_each_excluded_cr_version_once(
             assert stats.crs_excluded == len(reported)
             assert set(src.aggregator.excluded_errors()) == set(reported)
             await src.build()  # never raises on what it accepted
-            assert src.check_consistency()  # incremental == from-scratch over the store
+            assert await src.check_consistency()  # incremental == from-scratch over the store
             nursery.cancel_scope.cancel()
 
     run_trio(main)

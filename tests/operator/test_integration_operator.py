@@ -241,7 +241,7 @@ async def test_rollup_acknowledgement_and_exclusion(autojump_clock: trio.testing
                          and len(h.shard.last_rollup.needs) == 0)
             assert h.operator.statistics().crs_excluded == 0
             assert h.operator.rollup is not None
-            assert h.operator.rollup.check_consistency()
+            assert await h.operator.rollup.check_consistency()
             run.cancel_scope.cancel()
 
 

@@ -29,7 +29,7 @@ from .errors import CapacityRequestError
 from .profile import Profile
 from .translate import Contribution, contribution_from_cr, is_pending
 
-__all__ = ["RollupAggregator", "build_from_scratch"]
+__all__ = ["RollupAggregator", "ScratchBuild", "build_from_scratch"]
 
 _SPEC_CACHE_LIMIT: Final = 20_000
 
@@ -43,37 +43,52 @@ def build_from_scratch(crs: Iterable[Mapping[str, Any]]) -> list[pb.CapacityNeed
     Returns:
         CapacityNeeds sorted by (fingerprint, group).
     """
-    groups: dict[tuple[str, str], list[Contribution]] = {}
-    seen: dict[int, tuple[object, Contribution]] = {}  # shared (slim) specs: parse once
-    for cr in crs:
-        spec = cr.get("spec")
-        hit = seen.get(id(spec))
-        if hit is not None and hit[0] is spec:
-            c = hit[1]
-        else:
-            try:
-                c = contribution_from_cr(cr)
-            except CapacityRequestError:
-                continue
-            if isinstance(spec, dict):
-                seen[id(spec)] = (spec, c)
-        groups.setdefault(c.need_key, []).append(c)
-    out = []
-    for key in sorted(groups):
-        members = groups[key]
-        names = sorted({n for c in members for n in c.resources})
-        agg: dict[str, str] = {}
-        mins: dict[str, str] = {}
-        for n in names:
-            qs = [c.resources[n] for c in members if n in c.resources]
-            total = Decimal(0)
-            for q in qs:
-                total = EXACT_CONTEXT.add(total, q.value)
-            agg[n] = str(Quantity(total, pick_format(q.format for q in qs if not q.is_zero())))
-            top = max(q.value for q in qs)
-            mins[n] = str(Quantity(top, pick_format(q.format for q in qs if q.value == top)))
-        out.append(need_to_wire(members[0].profile, members[0].group, agg, mins))
-    return out
+    build = ScratchBuild()
+    build.add(crs)
+    return list(build.needs())
+
+
+class ScratchBuild:
+    """:func:`build_from_scratch` in steps, so a caller can yield to its event loop between
+    them: :meth:`add` CRs in chunks, then take :meth:`needs` one CapacityNeed at a time."""
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[str, str], list[Contribution]] = {}
+        self._seen: dict[int, tuple[object, Contribution]] = {}  # shared (slim) specs: once
+
+    def add(self, crs: Iterable[Mapping[str, Any]]) -> None:
+        """Add CRs (an excluded one, any :class:`CapacityRequestError`, is skipped)."""
+        groups, seen = self._groups, self._seen
+        for cr in crs:
+            spec = cr.get("spec")
+            hit = seen.get(id(spec))
+            if hit is not None and hit[0] is spec:
+                c = hit[1]
+            else:
+                try:
+                    c = contribution_from_cr(cr)
+                except CapacityRequestError:
+                    continue
+                if isinstance(spec, dict):
+                    seen[id(spec)] = (spec, c)
+            groups.setdefault(c.need_key, []).append(c)
+
+    def needs(self) -> Iterator[pb.CapacityNeed]:
+        """The CapacityNeeds of the CRs added, sorted by (fingerprint, group)."""
+        for key in sorted(self._groups):
+            members = self._groups[key]
+            names = sorted({n for c in members for n in c.resources})
+            agg: dict[str, str] = {}
+            mins: dict[str, str] = {}
+            for n in names:
+                qs = [c.resources[n] for c in members if n in c.resources]
+                total = Decimal(0)
+                for q in qs:
+                    total = EXACT_CONTEXT.add(total, q.value)
+                agg[n] = str(Quantity(total, pick_format(q.format for q in qs if not q.is_zero())))
+                top = max(q.value for q in qs)
+                mins[n] = str(Quantity(top, pick_format(q.format for q in qs if q.value == top)))
+            yield need_to_wire(members[0].profile, members[0].group, agg, mins)
 
 
 # ---------------------------------------------------------------------------- incremental
