@@ -57,6 +57,21 @@ rules:
 answer's code), no reads."""
 
 
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def as_applied(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` as ``kubectl apply`` creates it: with the last-applied annotation (the object's
+    JSON, without that annotation), so a later ``kubectl apply -k config/default`` patches it
+    without warning that the annotation is missing."""
+    out = json.loads(json.dumps(obj))
+    meta = out.setdefault("metadata", {})
+    annotations = meta.setdefault("annotations", {})
+    annotations.pop(LAST_APPLIED, None)
+    annotations[LAST_APPLIED] = json.dumps(out, separators=(",", ":"), sort_keys=True)
+    return out
+
+
 class ControlPlaneError(RuntimeError):
     """A component did not start or become ready; the message carries its log's tail."""
 
@@ -398,7 +413,7 @@ class ControlPlane:
         path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
         names = []
         for crd in load_crds():
-            r = self.request("POST", path, crd)
+            r = self.request("POST", path, as_applied(crd))
             if r.status_code not in (201, 409):
                 raise ControlPlaneError(f"creating CRD {crd['metadata']['name']}: "
                                         f"{r.status_code} {r.text}")

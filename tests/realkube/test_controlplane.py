@@ -69,9 +69,10 @@ async def test_service_account_tokens_are_bound_by_the_shipped_rbac(realkube: Re
 def test_up_prints_ready_writes_a_kubeconfig_and_stops_every_process(tmp_path: Path) -> None:
     require_binaries()
     kubeconfig = tmp_path / "kc.yaml"
+    agents = tmp_path / "agents"
     proc = subprocess.Popen(
         [sys.executable, "-m", "scripts.realkube", "up", "--kubeconfig-out", str(kubeconfig),
-         "--nodes", "1"],
+         "--nodes", "1", "--agent-kubeconfigs", str(agents)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -86,6 +87,20 @@ def test_up_prints_ready_writes_a_kubeconfig_and_stops_every_process(tmp_path: P
         nodes = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "get", "nodes",
                                 "-o", "name"], capture_output=True, text=True, check=True)
         assert nodes.stdout.split() == ["node/kwok-node-0"]
+        # the binaries' own identities, under the shipped RBAC (docs: CONTRIBUTING.md)
+        for name, allowed, refused in (("operator", "nodes", "pods"),
+                                       ("pod-controller", "capacityrequests", "nodes")):
+            kc = agents / f"{name}.kubeconfig"
+            assert subprocess.run([kubectl, "--kubeconfig", str(kc), "get", allowed, "-A"],
+                                  capture_output=True, check=False).returncode == 0, name
+            can = subprocess.run([kubectl, "--kubeconfig", str(kc), "auth", "can-i", "delete",
+                                  refused], capture_output=True, text=True, check=False)
+            assert can.stdout.strip() == "no", (name, can.stdout, can.stderr)
+        # the CRDs carry kubectl's last-applied annotation: a later apply -k does not warn
+        applied = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "apply", "-k",
+                                  str(REPO / "config" / "crd")], capture_output=True,
+                                 text=True, check=False)
+        assert applied.returncode == 0 and "last-applied" not in applied.stderr, applied.stderr
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         for pid in pids:  # every component stopped (reaped by `up`)
