@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -27,6 +26,7 @@ from bigfleet_trio.kube.config import load_kubeconfig
 from bigfleet_trio.kube.errors import NotFound
 from bigfleet_trio.kube.resources import NODES, UPCOMING_NODES
 from tests.operator.test_reclaim import _pdb_allows, _pod_names, _seed
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -34,10 +34,6 @@ BIN = str(Path(sys.executable).parent / "bigfleet-trio")
 SHARD = str(Path(__file__).parent / "_reclaim_shard.py")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Procs:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,13 +22,7 @@ import httpx
 import trio
 
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
+from tests.support.ports import free_port
 
 LEASE = "bigfleet-unschedulable-pod-controller"
 NS = "default"

@@ -34,20 +34,14 @@ from bigfleet_trio.operator.wiring import (
 )
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.transport import MemoryConnector
+from tests.support import capacity
 
 
 def cr(name: str, rv: str, *, cpu: str = "1", op: str | None = None,
        phase: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"priority": 5, "resources": {"cpu": cpu}}
-    if op is not None:
-        spec["requirements"] = [{"key": "k", "operator": op, "values": ["1"]}]
-    obj: dict[str, Any] = {
-        "apiVersion": "bigfleet.lucy.sh/v1alpha1", "kind": "CapacityRequest",
-        "metadata": {"name": name, "namespace": "ns", "resourceVersion": rv}, "spec": spec,
-    }
-    if phase is not None:
-        obj["status"] = {"phase": phase}
-    return obj
+    extra = {"requirements": [{"key": "k", "operator": op, "values": ["1"]}]} if op else {}
+    return capacity.cr(name, 5, {"cpu": cpu}, namespace="ns", resource_version=rv,
+                       phase=phase, **extra)
 
 
 class Events:

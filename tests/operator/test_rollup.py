@@ -34,6 +34,7 @@ from bigfleet_trio.operator.rollup.profile import (
 from bigfleet_trio.operator.rollup.translate import contribution_from_cr, is_pending
 from bigfleet_trio.proto import pb
 from bigfleet_trio.quantity import Quantity
+from tests.support import capacity
 
 GPU = "nvidia.com/gpu"
 ZONE = "topology.kubernetes.io/zone"
@@ -47,12 +48,8 @@ def cr(
     phase: str | None = None,
     **spec: Any,
 ) -> dict[str, Any]:
-    spec.setdefault("priority", 0)
-    spec.setdefault("resources", {GPU: "8"})
-    obj: dict[str, Any] = {"metadata": {"name": name, "namespace": ns}, "spec": spec}
-    if phase is not None:
-        obj["status"] = {"phase": phase}
-    return obj
+    return capacity.cr(name, spec.pop("priority", 0), spec.pop("resources", {GPU: "8"}),
+                       namespace=ns, phase=phase, **spec)
 
 
 # ---------------------------------------------------------------------------- buckets

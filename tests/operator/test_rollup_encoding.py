@@ -21,20 +21,15 @@ from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame
 from bigfleet_trio.shard.grpc import OperatorCodec
 from bigfleet_trio.shard.transport import StreamClosed
+from tests.support import capacity
 
 
 def cr(name: str, cpu: str, *, zone: str | None = None, op: str = "In",
        phase: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"priority": 5, "resources": {"cpu": cpu, "memory": "1Gi"}}
-    if zone is not None:
-        spec["requirements"] = [{"key": "zone", "operator": op, "values": [zone]}]
-    obj: dict[str, Any] = {
-        "apiVersion": "bigfleet.lucy.sh/v1alpha1", "kind": "CapacityRequest",
-        "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"}, "spec": spec,
-    }
-    if phase is not None:
-        obj["status"] = {"phase": phase}
-    return obj
+    extra = ({"requirements": [{"key": "zone", "operator": op, "values": [zone]}]}
+             if zone is not None else {})
+    return capacity.cr(name, 5, {"cpu": cpu, "memory": "1Gi"}, namespace="ns",
+                       resource_version="1", phase=phase, **extra)
 
 
 def betterproto_bytes(cluster: str, needs: list[pb.CapacityNeed], now: int) -> bytes:

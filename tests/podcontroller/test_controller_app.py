@@ -6,7 +6,6 @@ exits 0 on SIGTERM. Real sockets and a real child process, so real time under ``
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from bigfleet_trio.kube.config import load_kubeconfig
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS
 from bigfleet_trio.podcontroller.app import leader_identity
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
+from tests.support.ports import free_port
 
 
 def test_bad_defaults_file_is_one_line_exit_1(
@@ -51,10 +51,6 @@ def test_leader_identity_is_unique(monkeypatch: pytest.MonkeyPatch) -> None:
     assert a.startswith("upc-7d9f_") and b.startswith("upc-7d9f_") and a != b
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cmd(kubeconfig: Path, *extra: str) -> list[str]:
@@ -67,7 +63,7 @@ async def test_process_end_to_end_and_sigterm(nursery: trio.Nursery, tmp_path: P
     url = await nursery.start(serve, server)
     kc = tmp_path / "kubeconfig"
     write_kubeconfig(url, str(kc))
-    port = _free_port()
+    port = free_port()
     proc = await trio.lowlevel.open_process(
         _cmd(kc, "--metrics-addr", f"127.0.0.1:{port}", "--log-level", "warning"),
         stderr=subprocess.PIPE)
@@ -110,7 +106,7 @@ async def test_process_end_to_end_and_sigterm(nursery: trio.Nursery, tmp_path: P
 
 async def test_process_sync_timeout_exit_1(tmp_path: Path) -> None:
     kc = tmp_path / "kubeconfig"
-    write_kubeconfig(f"http://127.0.0.1:{_free_port()}", str(kc))  # nothing listens there
+    write_kubeconfig(f"http://127.0.0.1:{free_port()}", str(kc))  # nothing listens there
     with trio.fail_after(30):
         result = await trio.run_process(
             _cmd(kc, "--metrics-addr", "0", "--sync-timeout", "1s", "--log-level", "error"),

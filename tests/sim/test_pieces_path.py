@@ -20,7 +20,6 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -34,6 +33,7 @@ import trio
 
 from bigfleet_trio.sim.apiserver.testing import find_kubectl
 from tests.support.monitoring import exported_families, queried_families
+from tests.support.ports import free_port
 from tests.support.realkube import RealKube
 
 KUBECTL = find_kubectl()
@@ -64,10 +64,6 @@ spec:
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Pieces:
