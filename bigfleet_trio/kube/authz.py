@@ -75,7 +75,7 @@ class KubeAuthorizer:
         self._clock = clock or trio.current_time
         self._known = _LRU(max_entries)
         self._rejected = _LRU(max_rejected)
-        self._slots = trio.CapacityLimiter(max_in_flight)
+        self._slots = trio.Semaphore(max_in_flight)
 
     async def check(self, authorization: str | None, path: str, verb: str = "get") -> Decision:
         """Decide one request from its ``Authorization`` header.

@@ -187,6 +187,7 @@ class Sampler:
             if now - last >= self.report:
                 print(json.dumps({"t": time.time(), "lag": round(self.worst, 4),
                                   "gc": round(self.gc_worst, 4), "rss_kb": rss_kb(),
+                                  "cpu_s": round(time.process_time(), 3),
                                   **self.stats()}), flush=True)
                 self.worst = self.gc_worst = 0.0
                 last = now

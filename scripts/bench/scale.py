@@ -166,6 +166,9 @@ def run_once(binary: str, n: int, phases: list[str], spy: bool, timeout: float) 
                 secs = _settled(agent, mark, _phase_cond(binary, n, relists, done), timeout)
                 end = len(agent.lines)
                 out[phase] = {"settled_s": round(secs, 1), **_window(agent.lines, mark, end)}
+                if phase == "churn" and mark > 0:  # the agent's whole-process CPU for n Pods
+                    used = agent.lines[end - 1]["cpu_s"] - agent.lines[mark - 1]["cpu_s"]
+                    out[phase]["cpu_ms_per_pod"] = round(1000 * used / n, 3)
                 if phase == "startup":
                     last = agent.lines[-1]
                     out["base_rss_mb"] = last["base_kb"] / 1024
@@ -201,6 +204,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         figs.append(C.figure(f"{args.binary} RSS per {unit} at {n:,}", "KiB",
                              r["kb_per_object"], target=f"<= {budget:g} KiB",
                              met=lambda m, _r, b=budget: m <= b))
+        cpu = (r.get("churn") or {}).get("cpu_ms_per_pod")
+        if cpu is not None and args.binary == "podcontroller":
+            # every Pod replaced: a CR created and stamped per new Pod, one deleted per old one
+            figs.append(C.figure(f"podcontroller CPU per replaced Pod, churn, {n:,}", "ms",
+                                 cpu, target="<= 2 ms", met=lambda m, _r: m <= 2.0))
         if "relist_peak_over_steady" in r:
             figs.append(C.figure(f"{args.binary} peak RSS in relist / steady, {n:,}", "x",
                                  r["relist_peak_over_steady"], target="<= 1.25",
