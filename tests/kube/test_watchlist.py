@@ -23,6 +23,8 @@ from .fakekube import FakeKube
 
 CR = "capacityrequests"
 
+_PENDING = pytest.mark.xfail(strict=True, reason="Informer(watch_list=...) is not built yet")
+
 
 def _obj(name: str, rv: str = "1") -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": rv}}
@@ -131,6 +133,7 @@ def _inf(c: KubeClient, **kw: Any) -> Informer:
                     rng=random.Random(3), page_size=2, **kw)
 
 
+@_PENDING
 async def test_streaming_list_syncs_without_a_list_and_keeps_the_same_watch(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -149,6 +152,7 @@ async def test_streaming_list_syncs_without_a_list_and_keeps_the_same_watch(
     assert server.counters[("watch", CR)] == 1 and inf.watch_list_refused is None
 
 
+@_PENDING
 async def test_streaming_relist_after_410_diffs_against_the_store(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -168,6 +172,7 @@ async def test_streaming_relist_after_410_diffs_against_the_store(
     assert server.counters[("list", CR)] == 0
 
 
+@_PENDING
 async def test_paged_list_when_streaming_is_off(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -180,6 +185,7 @@ async def test_paged_list_when_streaming_is_off(
     assert server.counters[("list", CR)] == 2  # two pages of 2
 
 
+@_PENDING
 @pytest.mark.parametrize("code", [400, 403, 422])
 async def test_a_refused_streaming_list_falls_back_to_the_paged_list_and_remembers(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, code: int
@@ -202,6 +208,7 @@ async def test_a_refused_streaming_list_falls_back_to_the_paged_list_and_remembe
     assert len(inf.store) == 3
 
 
+@_PENDING
 async def test_a_server_error_on_the_streaming_list_retries_it(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -222,6 +229,7 @@ def _fake_informer(fake: FakeKube, **kw: Any) -> Informer:
                     backoff=Backoff(rng=lambda: 0.0), rng=random.Random(7), watch_list=True, **kw)
 
 
+@_PENDING
 async def test_no_end_bookmark_within_the_deadline_falls_back(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -244,6 +252,7 @@ async def test_no_end_bookmark_within_the_deadline_falls_back(
     assert first["allowWatchBookmarks"] == "true"
 
 
+@_PENDING
 async def test_a_plain_bookmark_during_the_initial_events_falls_back_at_once(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
