@@ -6,13 +6,16 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import httpx
+import orjson
 import pytest
 import trio
 import trio.testing
 
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig
-from bigfleet_trio.kube.informer import Informer
+from bigfleet_trio.kube.errors import ApiError
+from bigfleet_trio.kube.informer import Informer, refuses_watch_list
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
 from bigfleet_trio.kube.retry import Backoff
 from bigfleet_trio.kube.watch import InitialEvents, WatchEvent, is_initial_events_end
@@ -23,7 +26,7 @@ from .fakekube import FakeKube
 
 CR = "capacityrequests"
 
-_PENDING = pytest.mark.xfail(strict=True, reason="Informer(watch_list=...) is not built yet")
+
 
 
 def _obj(name: str, rv: str = "1") -> dict[str, Any]:
@@ -133,7 +136,6 @@ def _inf(c: KubeClient, **kw: Any) -> Informer:
                     rng=random.Random(3), page_size=2, **kw)
 
 
-@_PENDING
 async def test_streaming_list_syncs_without_a_list_and_keeps_the_same_watch(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -152,7 +154,6 @@ async def test_streaming_list_syncs_without_a_list_and_keeps_the_same_watch(
     assert server.counters[("watch", CR)] == 1 and inf.watch_list_refused is None
 
 
-@_PENDING
 async def test_streaming_relist_after_410_diffs_against_the_store(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -166,13 +167,14 @@ async def test_streaming_relist_after_410_diffs_against_the_store(
     await trio.testing.wait_all_tasks_blocked()
     await c.delete(CAPACITY_REQUESTS, "a", "default")
     await c.patch(CAPACITY_REQUESTS, "b", {"spec": {"priority": 7}}, "default")
+    server.faults.compact()  # the re-watch from before the changes gets 410
     await trio.sleep(10)
     assert rec.log[3:] == [("delete", "a"), ("update", "b")]
     assert sorted(inf.store.keys()) == ["default/b", "default/c"]
     assert server.counters[("list", CR)] == 0
+    assert inf.relists == 2 and inf.watch_list_refused is None
 
 
-@_PENDING
 async def test_paged_list_when_streaming_is_off(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -185,7 +187,6 @@ async def test_paged_list_when_streaming_is_off(
     assert server.counters[("list", CR)] == 2  # two pages of 2
 
 
-@_PENDING
 @pytest.mark.parametrize("code", [400, 403, 422])
 async def test_a_refused_streaming_list_falls_back_to_the_paged_list_and_remembers(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, code: int
@@ -199,16 +200,17 @@ async def test_a_refused_streaming_list_falls_back_to_the_paged_list_and_remembe
     assert rec.log == [("add", "a"), ("add", "b"), ("add", "c")]
     assert server.counters[("list", CR)] == 2
     assert inf.watch_list_refused is not None and str(code) in inf.watch_list_refused
-    # a later relist remembers: paged LIST again, no second streaming attempt
+    # a later relist remembers: paged LIST again, no second streaming attempt (a change while
+    # the watch is down, then compaction: the re-watch from before it gets 410)
     server.faults.fail_next(1, code=500, verb="watch", resource=CR)
     server.faults.drop_watches()
+    await c.patch(CAPACITY_REQUESTS, "a", {"spec": {"priority": 9}}, "default")
     server.faults.compact()
     await trio.sleep(10)
     assert server.counters[("list", CR)] == 4
     assert len(inf.store) == 3
 
 
-@_PENDING
 async def test_a_server_error_on_the_streaming_list_retries_it(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -229,7 +231,6 @@ def _fake_informer(fake: FakeKube, **kw: Any) -> Informer:
                     backoff=Backoff(rng=lambda: 0.0), rng=random.Random(7), watch_list=True, **kw)
 
 
-@_PENDING
 async def test_no_end_bookmark_within_the_deadline_falls_back(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -252,7 +253,6 @@ async def test_no_end_bookmark_within_the_deadline_falls_back(
     assert first["allowWatchBookmarks"] == "true"
 
 
-@_PENDING
 async def test_a_plain_bookmark_during_the_initial_events_falls_back_at_once(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -267,3 +267,84 @@ async def test_a_plain_bookmark_during_the_initial_events_falls_back_at_once(
     await inf.wait_synced()
     assert rec.log == [("add", "a")]
     assert inf.watch_list_refused is not None and "BOOKMARK" in inf.watch_list_refused
+
+
+async def test_the_watch_ending_before_the_end_bookmark_falls_back(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = FakeKube()
+    fake.seed(CR, _cr("a"))
+    inf = _fake_informer(fake, initial_events_timeout=60.0)
+    rec = _Log(inf)
+    caplog.set_level("INFO", logger="bigfleet_trio.kube.informer")
+    await nursery.start(inf.run)
+    await trio.testing.wait_all_tasks_blocked()
+    fake.end_watches()
+    await inf.wait_synced()
+    assert rec.log == [("add", "a")]
+    assert inf.watch_list_refused is not None and "ended" in inf.watch_list_refused
+    refused = [r for r in caplog.records if "streaming list refused" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].levelname == "INFO"
+    # later watches are ordinary ones: no sendInitialEvents again
+    await trio.testing.wait_all_tasks_blocked()
+    fake.end_watches()
+    await trio.sleep(5)
+    assert [r.url.params.get("sendInitialEvents") for r in fake.watch_requests()][1:] == [
+        None, None]
+
+
+def _watch_body(*docs: dict[str, Any]) -> bytes:
+    return b"".join(orjson.dumps(d) + b"\n" for d in docs)
+
+
+def _added(fake: FakeKube, name: str) -> dict[str, Any]:
+    return {"type": "ADDED", "object": fake.objects[(CR, "default", name)]}
+
+
+async def test_a_410_during_the_initial_events_starts_the_streaming_list_again(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    fake = FakeKube()
+    fake.seed(CR, _cr("a"))
+    fake.seed(CR, _cr("b"))
+    gone = {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                        "reason": "Expired", "code": 410, "message": "too old"}}
+    end = {"type": "BOOKMARK", "object": {"metadata": {
+        "resourceVersion": str(fake.rv), "annotations": {"k8s.io/initial-events-end": "true"}}}}
+    fake.inject("GET", CR, httpx.Response(200, content=_watch_body(_added(fake, "a"), gone)))
+    fake.inject("GET", CR, httpx.Response(
+        200, content=_watch_body(_added(fake, "a"), _added(fake, "b"), end)))
+    inf = _fake_informer(fake)
+    rec = _Log(inf)
+    await nursery.start(inf.run)
+    await inf.wait_synced()
+    assert rec.log == [("add", "a"), ("add", "b")]  # nothing from the stream that failed
+    assert inf.watch_list_refused is None and inf.resource_version == str(fake.rv)
+    assert all(r.url.params.get("watch") == "1" for r in fake.requests)  # no LIST
+    first, second = (r.url.params for r in fake.watch_requests()[:2])
+    assert first.get("sendInitialEvents") == second.get("sendInitialEvents") == "true"
+
+
+async def test_a_5xx_error_event_during_the_initial_events_is_retried_not_refused(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    fake = FakeKube()
+    fake.seed(CR, _cr("a"))
+    boom = {"type": "ERROR", "object": {"kind": "Status", "code": 500, "message": "etcd"}}
+    end = {"type": "BOOKMARK", "object": {"metadata": {
+        "resourceVersion": str(fake.rv), "annotations": {"k8s.io/initial-events-end": "true"}}}}
+    fake.inject("GET", CR, httpx.Response(200, content=_watch_body(boom)))
+    fake.inject("GET", CR, httpx.Response(200, content=_watch_body(_added(fake, "a"), end)))
+    inf = _fake_informer(fake)
+    await nursery.start(inf.run)
+    await inf.wait_synced()
+    assert inf.watch_list_refused is None and sorted(inf.store.keys()) == ["default/a"]
+
+
+@pytest.mark.parametrize(
+    ("code", "refused"),
+    [(400, True), (403, True), (422, True), (401, False), (404, False), (410, False),
+     (429, False), (500, False), (503, False)],
+)
+def test_which_answers_refuse_a_streaming_list(code: int, refused: bool) -> None:
+    assert refuses_watch_list(ApiError(code, "X", "m")) is refused
