@@ -230,11 +230,14 @@ def build_operator(
         cfg.cluster_id, events=client, acknowledger=acknowledger, feed=feed,
         consistency_interval=consistency_interval,
     )
-    cr_informer = Informer(client, CAPACITY_REQUESTS, transform=slim)
+    wl = cfg.watch_list
+    cr_informer = Informer(client, CAPACITY_REQUESTS, transform=slim, watch_list=wl)
     source.attach(cr_informer)
-    un_informer = Informer(client, UPCOMING_NODES, indexers={NODE_REF_INDEX: node_ref_index})
+    un_informer = Informer(client, UPCOMING_NODES, indexers={NODE_REF_INDEX: node_ref_index},
+                           watch_list=wl)
     node_informer = Informer(
-        client, NODES, transform=slim_node, indexers={PROVIDER_ID_INDEX: provider_id_index}
+        client, NODES, transform=slim_node, indexers={PROVIDER_ID_INDEX: provider_id_index},
+        watch_list=wl,
     )
     handlers = OperatorHandlers(
         bootstrap=BootstrapHandler(renderer, cfg.cluster_id, ttl_seconds=int(cfg.bootstrap_ttl)),

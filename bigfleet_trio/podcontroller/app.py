@@ -96,7 +96,8 @@ async def serve_pod_controller(
     """
     async with KubeClient(kube_config, qps=cfg.qps, burst=cfg.burst,
                           user_agent=f"bigfleet-trio/{CONTROLLER_NAME}") as client:
-        ctl = PodController(client, defaults, workers=cfg.workers, sync_timeout=cfg.sync_timeout)
+        ctl = PodController(client, defaults, workers=cfg.workers, sync_timeout=cfg.sync_timeout,
+                            watch_list=cfg.watch_list)
         elector = None
         if cfg.leader_elect:
             lease_ns, source = lease_namespace(cfg.leader_election_namespace)

@@ -112,6 +112,7 @@ class PodController:
         queue: WorkQueue[QueueKey] | None = None,
         namespace: str | None = None,
         component: str = CONTROLLER_NAME,
+        watch_list: bool = False,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1 (got {workers})")
@@ -131,6 +132,7 @@ class PodController:
             namespace=namespace,
             transform=slim_pod,
             indexers={POD_UID_INDEX: proj.index_pod_uid},
+            watch_list=watch_list,
         )
         self.crs = Informer(
             client,
@@ -139,6 +141,7 @@ class PodController:
             label_selector=OWNED_BY_POD_LABEL,
             transform=slim_cr,
             indexers={OWNER_UID_INDEX: proj.index_owner_uid, OWNER_POD_INDEX: proj.index_owner_pod},
+            watch_list=watch_list,
         )
         self.pods.add_handler(self._on_pod_add, self._on_pod_update, self._on_pod_delete)
         self.crs.add_handler(self._on_cr_add, self._on_cr_update, self._on_cr_delete)
