@@ -44,11 +44,6 @@ async def test_real_socket_crud_list_informer(
     nursery: trio.Nursery, tmp_path: Path, kube_backend: RealKube | None, watch_list: bool
 ) -> None:
     # both backends (tests/support/realkube.py): the embedded apiserver, or the real one
-    if watch_list and kube_backend is not None:
-        # kube-apiserver v1.37.2 sends the initial events and the end BOOKMARK, but then no
-        # events on that stream (seen with KubeClient.watch alone): not understood yet, so the
-        # binaries' --watch-list stays off (docs/kube-api.md#streaming-lists)
-        pytest.skip("streaming lists against a real kube-apiserver: events stop after the end")
     kc = await backend_kubeconfig(nursery, tmp_path, kube_backend, token="t0k")
     cfg = load_kubeconfig(str(kc), env={})
     with trio.fail_after(20):

@@ -348,3 +348,20 @@ async def test_a_5xx_error_event_during_the_initial_events_is_retried_not_refuse
 )
 def test_which_answers_refuse_a_streaming_list(code: int, refused: bool) -> None:
     assert refuses_watch_list(ApiError(code, "X", "m")) is refused
+
+
+async def test_watches_ask_for_an_uncompressed_body(autojump_clock: trio.testing.MockClock) -> None:
+    # kube-apiserver v1.37 gzips a streaming list as one gzip member per flush; httpx decodes
+    # only the first member, so every event after the initial ones was lost.
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=b"")
+
+    client = KubeClient(KubeConfig(server="http://kube.test"),
+                        transport=httpx.MockTransport(handler))
+    async with client.watch(CAPACITY_REQUESTS, resource_version="", send_initial_events=True,
+                            retry=False) as stream:
+        assert [e async for e in stream] == []
+    assert seen[0].headers["accept-encoding"] == "identity"
