@@ -137,9 +137,7 @@ class ProcessSettings(Settings):
         metavar="NS")
     leader_election_id: str = knob("bigfleet-operator", "Lease name", metavar="NAME")
     watch_list: bool = knob(
-        # Off, unlike client-go v1.37: kube-apiserver v1.37.2 went quiet after the end
-        # BOOKMARK in our tests (docs/kube-api.md#streaming-lists).
-        False, "fill informer caches from streaming lists (watches with sendInitialEvents) "
+        True, "fill informer caches from streaming lists (watches with sendInitialEvents) "
         "instead of paged LISTs; an apiserver that refuses gets paged LISTs "
         "(docs/kube-api.md#streaming-lists)",
     )

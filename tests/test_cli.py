@@ -861,8 +861,8 @@ def test_watch_list_knob_reaches_both_binaries_informers() -> None:
     for binary, make in (("operator", cli.operator_config),
                          ("pod-controller", cli.pod_controller_config)):
         extra = ["--cluster-id", "c1", "--shard-addr", "s:1"] if binary == "operator" else []
-        assert make(cli.parse_args([binary, *extra])).watch_list is False
-        assert make(cli.parse_args([binary, *extra, "--watch-list=true"])).watch_list is True
+        assert make(cli.parse_args([binary, *extra])).watch_list is True
+        assert make(cli.parse_args([binary, *extra, "--watch-list=false"])).watch_list is False
     client = KubeClient(KubeConfig(server="http://kube.test"))
     ctl = PodController(client, watch_list=True)
     assert ctl.pods.watch_list and ctl.crs.watch_list
