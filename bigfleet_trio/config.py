@@ -147,6 +147,11 @@ class ProcessSettings(Settings):
     leader_elect_retry_period: float = knob(
         2.0, "time between leader-election attempts (renewals and campaigns)",
         unit=DURATION, check=positive)
+    watch_list: bool = knob(
+        True, "fill informer caches from streaming lists (watches with sendInitialEvents) "
+        "instead of paged LISTs; an apiserver that refuses gets paged LISTs "
+        "(docs/kube-api.md#streaming-lists)",
+    )
     sync_timeout: float = knob(
         600.0,
         # Go waits 30 s for the operator's caches; 10 min (the pod controller's Go value) lets an

@@ -859,3 +859,18 @@ async def test_install_crds_says_each_result_once(
     for crd in load_crds():
         name = crd["metadata"]["name"]
         assert (both.out + both.err).count(name) == 1, (both.out, both.err)
+
+
+def test_watch_list_knob_reaches_both_binaries_informers() -> None:
+    from bigfleet_trio.kube.client import KubeClient
+    from bigfleet_trio.kube.config import KubeConfig
+    from bigfleet_trio.podcontroller.controller import PodController
+
+    for binary, make in (("operator", cli.operator_config),
+                         ("pod-controller", cli.pod_controller_config)):
+        extra = ["--cluster-id", "c1", "--shard-addr", "s:1"] if binary == "operator" else []
+        assert make(cli.parse_args([binary, *extra])).watch_list is True
+        assert make(cli.parse_args([binary, *extra, "--watch-list=false"])).watch_list is False
+    client = KubeClient(KubeConfig(server="http://kube.test"))
+    ctl = PodController(client, watch_list=True)
+    assert ctl.pods.watch_list and ctl.crs.watch_list

@@ -192,6 +192,7 @@ class KubeClient(RequestCore):
         allow_bookmarks: bool = True,
         inactivity_timeout: float | None = None,
         retry: bool = True,
+        send_initial_events: bool = False,
     ) -> AsyncIterator[WatchStream]:
         """Open a watch; yields a :class:`WatchStream` of events.
 
@@ -203,6 +204,9 @@ class KubeClient(RequestCore):
                 WatchInactivityTimeout (None = wait forever).
             retry: retry opening like a read (False: one attempt; the informer runs its own
                 backoff).
+            send_initial_events: a streaming list (docs/kube-api.md#streaming-lists): adds
+                ``sendInitialEvents=true`` and ``resourceVersionMatch=NotOlderThan`` (needs
+                ``allow_bookmarks``).
         """
         path = res.collection_path(namespace if res.namespaced else None)
         params = clean_params(
@@ -210,6 +214,8 @@ class KubeClient(RequestCore):
                 "watch": "1",
                 "resourceVersion": resource_version or None,
                 "allowWatchBookmarks": "true" if allow_bookmarks else None,
+                "sendInitialEvents": "true" if send_initial_events else None,
+                "resourceVersionMatch": "NotOlderThan" if send_initial_events else None,
                 "timeoutSeconds": timeout_seconds,
                 "labelSelector": label_selector,
                 "fieldSelector": field_selector,

@@ -1,8 +1,9 @@
 """Informer = reflector (LIST + resumable WATCH) feeding an indexed in-memory store.
 
-Follows client-go's ``tools/cache`` reflector: a paged LIST, then a WATCH resumed from the last
-resourceVersion (bookmarks on, randomised server timeout, an inactivity deadline per line); HTTP
-410 relists and diffs the fresh list against the store; other failures back off with jitter.
+Follows client-go's ``tools/cache`` reflector: a paged LIST (or, with ``watch_list``, a streaming
+list: docs/kube-api.md#streaming-lists), then a WATCH resumed from the last resourceVersion
+(bookmarks on, randomised server timeout, an inactivity deadline per line); HTTP 410 relists and
+diffs the fresh list against the store; other failures back off with jitter.
 Each method below says its part. Objects pass through the optional ``transform`` as their page
 arrives, so only slim projections stay in memory. The contract: docs/kube-api.md.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,6 +37,8 @@ from .errors import (
 from .resources import BIGFLEET_GROUP, Resource
 from .retry import Backoff
 from .watch import (
+    INITIAL_EVENTS_END,
+    InitialEvents,
     ResourceVersionTracker,
     WatchEvent,
     is_expired,
@@ -43,7 +47,15 @@ from .watch import (
     object_rv,
 )
 
-__all__ = ["Store", "Informer", "Transform", "IndexFunc", "SyncTimeout", "wait_all_synced"]
+__all__ = [
+    "Store",
+    "Informer",
+    "Transform",
+    "IndexFunc",
+    "SyncTimeout",
+    "refuses_watch_list",
+    "wait_all_synced",
+]
 
 _List = list  # Store.list shadows the builtin inside the class body
 
@@ -87,6 +99,22 @@ def rv_rolled_back(new: str, old: str) -> bool:
 
 class _RolledBack(Exception):
     """A watch event carried a resourceVersion older than the informer's: the server lost state."""
+
+
+class _WatchListRefused(Exception):
+    """The apiserver will not serve a streaming list; the message says how it showed it."""
+
+
+# 4xx answers that say nothing about the streaming-list parameters: credentials (401), the
+# resource not served (404, the paged LIST would say the same), 408, 410, throttling (429).
+_NOT_A_REFUSAL = frozenset((401, 404, 408, 410, 429))
+
+
+def refuses_watch_list(exc: ApiError) -> bool:
+    """True when the answer to a streaming-list watch means this apiserver will not serve one:
+    a 4xx other than 401, 404, 408, 410 and 429 (an older apiserver answers 422 or 400 to
+    ``sendInitialEvents``; docs/kube-api.md#streaming-lists). 5xx is retried, not a refusal."""
+    return 400 <= exc.status < 500 and exc.status not in _NOT_A_REFUSAL
 
 
 class Store:
@@ -236,6 +264,12 @@ class Informer:
         backoff: error backoff policy (client-go defaults).
         rng: random source (tests pass a seeded ``random.Random``).
         apply_chunk: objects of a LIST applied between two yields to the event loop (500).
+        watch_list: fill the cache from a streaming list (a watch with ``sendInitialEvents``)
+            instead of a paged LIST; a refusal falls back to the paged LIST for good
+            (docs/kube-api.md#streaming-lists). Off by default here; the binaries' knob
+            ``--watch-list`` is on by default.
+        initial_events_timeout: seconds (120) a streaming list may take to reach its
+            ``k8s.io/initial-events-end`` BOOKMARK before it counts as refused.
         freeze_heap: move what the process holds into the garbage collector's permanent
             generation (``gc.freeze()``) after each LIST page, each applied chunk and every
             ``apply_chunk`` watch events, so the collector's full passes never walk the cache
@@ -265,6 +299,8 @@ class Informer:
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
         apply_chunk: int = 500,
+        watch_list: bool = False,
+        initial_events_timeout: float = 120.0,
         freeze_heap: bool = False,
     ):
         self.client = client
@@ -280,7 +316,13 @@ class Informer:
         if apply_chunk < 1:
             raise ValueError(f"apply_chunk must be >= 1 (got {apply_chunk})")
         self.apply_chunk = apply_chunk
+        self.watch_list = watch_list
+        self.initial_events_timeout = initial_events_timeout
         self.freeze_heap = freeze_heap
+        self.watch_list_refused: str | None = None
+        """Why the apiserver would not serve this informer a streaming list (it uses the paged
+        LIST from then on), None while it does or ``watch_list`` is off."""
+        self._need_list = True
         self._backoff = backoff or Backoff()
         self._rng = rng or random.Random()
         self._rv = ResourceVersionTracker()
@@ -347,19 +389,21 @@ class Informer:
         from scratch after one backoff step (docs/kube-api.md#relist-from-scratch). Other
         failures wait out the exponential backoff with jitter (0.8 s doubling to 30 s, reset
         after 2 min healthy; at least ``Retry-After`` on 429), then re-watch, or re-list if the
-        list failed.
+        list failed. With ``watch_list`` every list is a streaming list until the apiserver
+        refuses one (:func:`refuses_watch_list`, a plain BOOKMARK or the watch ending before
+        the initial events do): then the paged LIST at once, and for good.
         """
         task_status.started()
         name = self._name()
-        need_list = True
+        self._need_list = True
         while True:
-            stage = "list" if need_list else "watch"
+            streaming = self._need_list and self.watch_list and self.watch_list_refused is None
             try:
-                if need_list:
+                if self._need_list and not streaming:
                     await self._relist()
-                    need_list = False
-                    stage = "watch"
-                await self._watch_once()
+                await self._watch_once(initial=streaming)
+            except _WatchListRefused as exc:
+                self._refuse(str(exc))
             except WatchInactivityTimeout as exc:
                 log.warning(
                     "kube watch idle, re-watching informer=%s rv=%s err=%s",
@@ -368,34 +412,47 @@ class Informer:
                     exc,
                 )
             except Expired as exc:
-                if stage == "watch":
+                if not self._need_list:
                     log.info(
                         "kube watch expired, relisting informer=%s rv=%s",
                         name,
                         self._rv.resource_version,
                     )
-                    need_list = True
+                    self._need_list = True
                     self._relist_reason = "expired"
                     continue
-                await self._sleep_backoff(exc, stage)
+                await self._sleep_backoff(exc, "list")
             except _RolledBack as exc:
-                need_list = True
+                self._need_list = True
                 self._relist_reason = "rv_rollback"
-                await self._sleep_backoff(exc, stage, logging.INFO)  # the relist logs WARNING
+                await self._sleep_backoff(exc, "watch", logging.INFO)  # the relist logs WARNING
             except (ApiError, KubeTransportError) as exc:
+                stage = "list" if self._need_list else "watch"
                 if isinstance(exc, NotFound):
                     # The resource itself is gone (a CRD deleted, and its objects with it):
                     # when it is back, its state is new, so list it, not watch on from an rv
                     # of the old one.
-                    need_list = True
+                    self._need_list = True
                     self._relist_reason = "not_served"
-                elif stage == "watch" and isinstance(exc, ApiError):
-                    if is_too_large_resource_version(exc):
-                        need_list = True
+                elif isinstance(exc, ApiError):
+                    if streaming and self._need_list and refuses_watch_list(exc):
+                        self._refuse(f"HTTP {exc}")
+                        continue
+                    if stage == "watch" and is_too_large_resource_version(exc):
+                        self._need_list = True
                         self._relist_reason = "too_large_rv"
                         await self._sleep_backoff(exc, stage, logging.INFO)
                         continue
                 await self._sleep_backoff(exc, stage)
+
+    def _refuse(self, why: str) -> None:
+        self.watch_list_refused = why
+        log.info(
+            "kube streaming list refused, using paged LIST informer=%s why=%s",
+            self._name(),
+            why,
+            extra={"informer": self._name(), "why": why},
+        )
 
     async def _sleep_backoff(
         self, exc: Exception, stage: str, level: int = logging.WARNING
@@ -467,27 +524,19 @@ class Informer:
     async def _relist(self) -> None:
         """LIST in ``limit``/``continue`` pages (a 410 on a continue token restarts the list).
 
-        Each item is keyed (``"ns/name"`` or ``"name"``) and transformed as its page arrives.
-        A relist over a non-empty store is diffed against it: vanished keys get a synthesised
-        DELETED, changed ones MODIFIED, new ones ADDED (:func:`.watch.relist_diff`).
-
-        The LIST never carries our resourceVersion: it is a consistent read of the server's
-        current state, so after a server rollback it is the truth. A relist that follows one
-        (or whose resourceVersion is older than ours) is logged once at WARNING with the old and
-        new resourceVersions and the objects dropped (docs/kube-api.md#relist-from-scratch).
+        Each item is keyed (``"ns/name"`` or ``"name"``) and transformed as its page arrives,
+        then applied by :meth:`_listed`. The LIST never carries our resourceVersion: it is a
+        consistent read of the server's current state, so after a server rollback it is the
+        truth.
         """
         fresh: dict[str, Any] = {}
         cached = self.store._items
 
         def on_items(items: list[dict[str, Any]]) -> None:
             for raw in items:
-                kv = self._keyed(raw)
+                kv = _reuse_cached(cached, self._keyed(raw))
                 if kv is not None:
-                    key, obj = kv
-                    old = cached.get(key)
-                    # an unchanged object keeps its cached copy: a relist holds one cache,
-                    # not two (docs/kube-api.md#relist-memory)
-                    fresh[key] = old if old is not None and old == obj else obj
+                    fresh[kv[0]] = kv[1]
             items.clear()  # let the raw page go as soon as it is projected
             if self.freeze_heap:
                 gc.freeze()
@@ -501,6 +550,18 @@ class Informer:
             field_selector=self.field_selector,
             limit=self.page_size,
         )
+        await self._listed(rv, fresh, "list")
+
+    async def _listed(self, rv: str, fresh: dict[str, Any], how: str) -> None:
+        """Apply a complete list ``fresh`` (keyed, transformed objects, at resourceVersion
+        ``rv``) got by ``how`` ("list" or "watch-list"), the same whichever way it came.
+
+        A list over a non-empty store is diffed against it: vanished keys get a synthesised
+        DELETED, changed ones MODIFIED, new ones ADDED (:func:`.watch.relist_diff`). A list
+        that follows a server rollback (or whose resourceVersion is older than ours) is logged
+        once at WARNING with the old and new resourceVersions and the objects dropped
+        (docs/kube-api.md#relist-from-scratch). The first one marks the informer synced.
+        """
         self.relists += 1
         old_rv = self._rv.resource_version
         reason = self._relist_reason
@@ -509,14 +570,16 @@ class Informer:
         counts = await self._apply_list(fresh)
         fresh.clear()  # the store holds the objects now; drop the second index of keys
         self._rv.listed(rv)
+        self._need_list = False
         self._served_again()
         metrics.INFORMER_RELISTS.labels(self.res.plural, reason).inc()
         log.info(
-            "kube listed informer=%s rv=%s objects=%d diff=%s",
+            "kube listed informer=%s rv=%s objects=%d diff=%s by=%s",
             self._name(),
             rv,
             len(self.store),
             counts,
+            how,
         )
         if reason in ("too_large_rv", "rv_rollback"):
             dropped = counts.get("DELETED", 0)
@@ -570,47 +633,53 @@ class Informer:
             gc.freeze()
         return counts
 
-    async def _watch_once(self) -> None:
+    async def _watch_once(self, initial: bool = False) -> None:
         """WATCH from the last resourceVersion with ``allowWatchBookmarks=true`` and a random
         ``timeoutSeconds`` in ``watch_timeout_range``; the resourceVersion advances on every
         event, BOOKMARKs included. Every line read runs under ``inactivity_timeout``.
+
+        ``initial``: a streaming list instead (from no resourceVersion, with
+        ``sendInitialEvents``): its initial events are gathered and applied as a list at the
+        end BOOKMARK, then the same stream goes on as a watch.
+
+        Raises:
+            _WatchListRefused: (``initial``) the server showed it ignores ``sendInitialEvents``.
         """
         lo, hi = self.watch_timeout_range
         timeout = self._rng.randint(lo, hi)
         start = trio.current_time()
         events = 0
         self.watches += 1
-        async with self.client.watch(
-            self.res,
-            self.namespace,
-            resource_version=self._rv.resource_version,
-            label_selector=self.label_selector,
-            field_selector=self.field_selector,
-            timeout_seconds=timeout,
-            allow_bookmarks=True,
-            inactivity_timeout=self.inactivity_timeout,
-            retry=False,
-        ) as stream:
-            self._served_again()
-            async for event in stream:
-                events += 1
-                if event.type == "ERROR":
-                    if is_expired(event):
-                        raise Expired(
-                            410, "Expired", str(event.object.get("message", "")), event.object
-                        )
-                    code = event.object.get("code")
-                    raise error_from_status(code if isinstance(code, int) else 500, event.object)
-                if rv_rolled_back(object_rv(event.object), self._rv.resource_version):
-                    raise _RolledBack(
-                        f"{event.type} at resourceVersion {object_rv(event.object)}, older than "
-                        f"ours ({self._rv.resource_version}): the server lost state"
-                    )
-                self._rv.observe(event)
-                if event.type != "BOOKMARK":
-                    self._apply(event)
+        phase = InitialEvents() if initial else None
+        deadline = start + self.initial_events_timeout if initial else math.inf
+        with trio.CancelScope(deadline=deadline) as scope:
+            async with self.client.watch(
+                self.res,
+                self.namespace,
+                resource_version="" if initial else self._rv.resource_version,
+                label_selector=self.label_selector,
+                field_selector=self.field_selector,
+                timeout_seconds=timeout,
+                allow_bookmarks=True,
+                inactivity_timeout=self.inactivity_timeout,
+                retry=False,
+                send_initial_events=initial,
+            ) as stream:
+                self._served_again()
+                async for event in stream:
+                    events += 1
+                    if phase is not None and not phase.done:
+                        await self._initial_event(phase, event, scope)
+                    else:
+                        self._watch_event(event)
                     if self.freeze_heap and events % self.apply_chunk == 0:
                         gc.freeze()  # churn grows the cache too: docs/kube-api.md#garbage-collector
+        if phase is not None and not phase.done:
+            if scope.cancelled_caught:
+                raise _WatchListRefused(
+                    f"no {INITIAL_EVENTS_END} BOOKMARK within {self.initial_events_timeout:g}s"
+                )
+            raise _WatchListRefused(f"the watch ended before the {INITIAL_EVENTS_END} BOOKMARK")
         if events == 0 and trio.current_time() - start < 1.0:
             # An instantly-closed empty watch is a failure, not a healthy end (client-go
             # "very short watch"); without this a broken proxy would make us spin.
@@ -621,6 +690,36 @@ class Informer:
             self._rv.resource_version,
             events,
         )
+
+    async def _initial_event(
+        self, phase: InitialEvents, event: WatchEvent, scope: trio.CancelScope
+    ) -> None:
+        """One event of a streaming list's initial phase; at its end the gathered objects are
+        applied like a LIST's (:meth:`_listed`) and ``scope`` loses its deadline."""
+        cached = self.store._items
+        step = phase.feed(event, lambda raw: _reuse_cached(cached, self._keyed(raw)))
+        if step == "error":
+            _raise_error_event(event)
+        elif step == "unsupported":
+            raise _WatchListRefused(
+                f"a BOOKMARK without {INITIAL_EVENTS_END} came first: the apiserver ignored "
+                "sendInitialEvents"
+            )
+        elif step == "end":
+            scope.deadline = math.inf
+            await self._listed(phase.resource_version, phase.objects, "watch-list")
+
+    def _watch_event(self, event: WatchEvent) -> None:
+        if event.type == "ERROR":
+            _raise_error_event(event)
+        if rv_rolled_back(object_rv(event.object), self._rv.resource_version):
+            raise _RolledBack(
+                f"{event.type} at resourceVersion {object_rv(event.object)}, older than "
+                f"ours ({self._rv.resource_version}): the server lost state"
+            )
+        self._rv.observe(event)
+        if event.type != "BOOKMARK":
+            self._apply(event)
 
     def _apply(self, event: WatchEvent) -> None:
         kv = self._keyed(event.object)
@@ -650,6 +749,26 @@ class Informer:
                 log.exception(
                     "kube informer handler failed informer=%s event=%s", self._name(), etype
                 )
+
+
+def _reuse_cached(
+    cached: dict[str, Any], kv: tuple[str, Any] | None
+) -> tuple[str, Any] | None:
+    """A listed ``(key, object)``, with the cached object instead when it is equal: a relist
+    holds one cache, not two (docs/kube-api.md#relist-memory)."""
+    if kv is None:
+        return None
+    key, obj = kv
+    old = cached.get(key)
+    return key, (old if old is not None and old == obj else obj)
+
+
+def _raise_error_event(event: WatchEvent) -> None:
+    """Raise a watch ERROR event as its error (:class:`Expired` for 410)."""
+    if is_expired(event):
+        raise Expired(410, "Expired", str(event.object.get("message", "")), event.object)
+    code = event.object.get("code")
+    raise error_from_status(code if isinstance(code, int) else 500, event.object)
 
 
 def _served_name(res: Resource) -> str:

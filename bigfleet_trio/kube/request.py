@@ -364,8 +364,12 @@ class RequestCore:
 
     async def _open_stream(self, path: str, params: dict[str, Any]) -> httpx.Response:
         await self._limiter.acquire()
-        request = self._watch_http.build_request("GET", path, params=params,
-                                                 extensions=self._extensions)
+        # Uncompressed: kube-apiserver gzips a streaming list one gzip member per flush, and
+        # httpx decodes only the first member (docs/kube-api.md#streaming-lists).
+        request = self._watch_http.build_request(
+            "GET", path, params=params, headers={"Accept-Encoding": "identity"},
+            extensions=self._extensions,
+        )
         response: httpx.Response | None = None
         with trio.move_on_after(self.request_timeout):
             try:

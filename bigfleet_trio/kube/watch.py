@@ -4,6 +4,8 @@
 * :class:`ResourceVersionTracker` keeps the resourceVersion to resume from (advanced by every
   ADDED/MODIFIED/DELETED/BOOKMARK event, never by ERROR).
 * :func:`is_expired` recognises the "too old resource version" ERROR event (code 410).
+* :class:`InitialEvents` follows the initial phase of a streaming list (a watch with
+  ``sendInitialEvents=true``) up to its ``k8s.io/initial-events-end`` BOOKMARK.
 * :func:`relist_diff` compares the cache with a fresh LIST and synthesises the events that were
   missed while disconnected (DELETED for vanished keys, MODIFIED for changed ones, ADDED for new).
 
@@ -29,6 +31,10 @@ __all__ = [
     "is_expired",
     "relist_diff",
     "iter_relist_diff",
+    "INITIAL_EVENTS_END",
+    "InitialStep",
+    "InitialEvents",
+    "is_initial_events_end",
 ]
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]
@@ -135,6 +141,75 @@ def is_expired(event: WatchEvent) -> bool:
         return False
     obj = event.object
     return obj.get("code") == 410 or obj.get("reason") in ("Expired", "Gone")
+
+
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+"""Annotation of the BOOKMARK that ends a streaming list's initial events (value ``"true"``)."""
+
+InitialStep = Literal["more", "end", "unsupported", "error"]
+
+
+def is_initial_events_end(event: WatchEvent) -> bool:
+    """True for the BOOKMARK annotated ``k8s.io/initial-events-end: "true"``."""
+    if event.type != "BOOKMARK":
+        return False
+    meta = event.object.get("metadata")
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return isinstance(ann, Mapping) and ann.get(INITIAL_EVENTS_END) == "true"
+
+
+class InitialEvents:
+    """The initial phase of a streaming list (docs/kube-api.md#streaming-lists).
+
+    Feed it each event of a watch opened with ``sendInitialEvents=true``; it gathers the
+    objects (keyed and transformed by ``keyed``) until the end BOOKMARK. :meth:`feed` answers:
+
+    * ``"more"``: an object event, applied to :attr:`objects` (ADDED/MODIFIED set, DELETED
+      removes; a server may send more than ADDED before the end);
+    * ``"end"``: the ``k8s.io/initial-events-end`` BOOKMARK; :attr:`resource_version` is its
+      resourceVersion, the state :attr:`objects` is consistent at;
+    * ``"unsupported"``: a BOOKMARK without the annotation before the end: the server ignored
+      ``sendInitialEvents`` (one that honours it sends no other BOOKMARK first);
+    * ``"error"``: an ERROR event (the caller raises it).
+
+    Events after ``"end"`` are not for this class (the caller applies them as a watch).
+    """
+
+    __slots__ = ("objects", "resource_version", "done", "skipped")
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Any] = {}
+        self.resource_version = ""
+        self.done = False
+        self.skipped = 0
+        """Objects ``keyed`` refused (no name, a failing transform)."""
+
+    def feed(
+        self, event: WatchEvent, keyed: Callable[[dict[str, Any]], tuple[str, Any] | None]
+    ) -> InitialStep:
+        """One event of the initial phase; see the class docstring for the answers.
+
+        Raises:
+            RuntimeError: fed after ``"end"``.
+        """
+        if self.done:
+            raise RuntimeError("initial events already ended")
+        if event.type == "ERROR":
+            return "error"
+        if event.type == "BOOKMARK":
+            if not is_initial_events_end(event):
+                return "unsupported"
+            self.done = True
+            self.resource_version = object_rv(event.object)
+            return "end"
+        kv = keyed(event.object)
+        if kv is None:
+            self.skipped += 1
+        elif event.type == "DELETED":
+            self.objects.pop(kv[0], None)
+        else:
+            self.objects[kv[0]] = kv[1]
+        return "more"
 
 
 def relist_diff(

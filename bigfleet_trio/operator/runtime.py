@@ -233,13 +233,15 @@ def build_operator(
     )
     # freeze_heap: the caches stay out of the collector's full passes
     # (docs/kube-api.md#garbage-collector)
-    cr_informer = Informer(client, CAPACITY_REQUESTS, transform=slim, freeze_heap=freeze_heap)
+    wl, fz = cfg.watch_list, freeze_heap
+    cr_informer = Informer(client, CAPACITY_REQUESTS, transform=slim, watch_list=wl,
+                           freeze_heap=fz)
     source.attach(cr_informer)
     un_informer = Informer(client, UPCOMING_NODES, indexers={NODE_REF_INDEX: node_ref_index},
-                           freeze_heap=freeze_heap)
+                           watch_list=wl, freeze_heap=fz)
     node_informer = Informer(
         client, NODES, transform=slim_node, indexers={PROVIDER_ID_INDEX: provider_id_index},
-        freeze_heap=freeze_heap,
+        watch_list=wl, freeze_heap=fz,
     )
     handlers = OperatorHandlers(
         bootstrap=BootstrapHandler(renderer, cfg.cluster_id, ttl_seconds=int(cfg.bootstrap_ttl)),

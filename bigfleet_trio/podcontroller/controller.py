@@ -104,6 +104,7 @@ class PodController:
         namespace: str | None = None,
         component: str = CONTROLLER_NAME,
         freeze_heap: bool = False,
+        watch_list: bool = False,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1 (got {workers})")
@@ -124,6 +125,7 @@ class PodController:
             transform=slim_pod,
             indexers={POD_UID_INDEX: proj.index_pod_uid},
             freeze_heap=freeze_heap,
+            watch_list=watch_list,
         )
         self.crs = Informer(
             client,
@@ -133,6 +135,7 @@ class PodController:
             transform=slim_cr,
             indexers={OWNER_UID_INDEX: proj.index_owner_uid, OWNER_POD_INDEX: proj.index_owner_pod},
             freeze_heap=freeze_heap,
+            watch_list=watch_list,
         )
         self.pods.add_handler(self._on_pod_add, self._on_pod_update, self._on_pod_delete)
         self.crs.add_handler(self._on_cr_add, self._on_cr_update, self._on_cr_delete)

@@ -193,13 +193,13 @@ class Sampler:
                 last = now
 
 
-async def run_podcontroller(kubeconfig: str, workers: int) -> None:
+async def run_podcontroller(kubeconfig: str, workers: int, watch_list: bool = False) -> None:
     from bigfleet_trio.podcontroller.controller import PodController
 
     gc.collect()
     base = rss_kb()
     async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED) as client:
-        ctl = PodController(client, workers=workers, resync_period=3600,
+        ctl = PodController(client, workers=workers, resync_period=3600, watch_list=watch_list,
                             freeze_heap=os.environ.get("BIGFLEET_BENCH_FREEZE", "1") == "1")
 
         def stats() -> dict[str, Any]:
@@ -213,7 +213,7 @@ async def run_podcontroller(kubeconfig: str, workers: int) -> None:
             await trio.sleep_forever()
 
 
-async def run_operator(kubeconfig: str) -> None:
+async def run_operator(kubeconfig: str, watch_list: bool = False) -> None:
     """The operator's CR cache (its transform) feeding the incremental roll-up, and the
     roll-up's from-scratch consistency check over the cache every 10 s (the operator runs it
     every ``consistency_interval``)."""
@@ -225,7 +225,7 @@ async def run_operator(kubeconfig: str) -> None:
     gc.collect()
     base = rss_kb()
     async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED) as client:
-        inf = Informer(client, CAPACITY_REQUESTS, transform=slim,
+        inf = Informer(client, CAPACITY_REQUESTS, transform=slim, watch_list=watch_list,
                        freeze_heap=os.environ.get("BIGFLEET_BENCH_FREEZE", "1") == "1")
         source = CapacityRequestRollup("bench", events=None, acknowledger=None)
         source.attach(inf)
@@ -253,13 +253,14 @@ def main() -> int:
     ap.add_argument("--crs", action="store_true", help="server: each Pod's CR too")
     ap.add_argument("--history", type=int, default=400_000)
     ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--watch-list", action="store_true", help="agent: streaming lists")
     args = ap.parse_args()
     if args.mode == "server":
         trio.run(serve_server, args.pods, args.crs, args.history)
     elif args.mode == "podcontroller":
-        trio.run(run_podcontroller, args.kubeconfig, args.workers)
+        trio.run(run_podcontroller, args.kubeconfig, args.workers, args.watch_list)
     else:
-        trio.run(run_operator, args.kubeconfig)
+        trio.run(run_operator, args.kubeconfig, args.watch_list)
     return 0
 
 

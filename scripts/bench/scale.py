@@ -17,8 +17,12 @@ start-up per cached Pod (the pod controller caches the Pod and its CR) or per ca
 the process's own RSS before its informers started (same run). ``--spy`` takes a ``py-spy dump``
 of the agent whenever it has printed nothing for 1 s (a stall in progress) into the result.
 
+``--watch-list on|off|both`` fills the agent's caches from streaming lists or paged LISTs
+(docs/kube-api.md#streaming-lists); ``both`` runs off then on and reports on/off ratios, with
+the sim apiserver's peak RSS during the start-up too (its ``VmHWM``, reset after the fill).
+
 Usage: ``python -m scripts.bench scale --binary podcontroller --pods 150000 [--phases
-startup,relist,churn] [--spy]``.
+startup,relist,churn] [--watch-list on|off|both] [--spy]``.
 """
 
 from __future__ import annotations
@@ -133,10 +137,32 @@ def _phase_cond(binary: str, n: int, relists: int, done: int) -> Any:
     return lambda x: x["synced"] and x["relists"] >= relists and x["crs"] == n and x["done"] >= 1
 
 
-def run_once(binary: str, n: int, phases: list[str], spy: bool, timeout: float) -> dict[str, Any]:
+def _proc_kb(pid: int, field: str) -> float:
+    """``field`` (``VmHWM``, ``VmRSS``) of /proc/<pid>/status in KiB (0 where not Linux)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0
+
+
+def _reset_peak(pid: int) -> None:
+    """Reset the process's ``VmHWM`` to its current RSS (Linux ``clear_refs`` 5)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def run_once(binary: str, n: int, phases: list[str], spy: bool, timeout: float,
+             watch_list: bool = False) -> dict[str, Any]:
     """One server + one agent through ``phases``; per-phase lag and RSS, steady RSS/object."""
     probe = [sys.executable, "-m", "scripts.bench._scale_probe"]
-    out: dict[str, Any] = {"binary": binary, "pods": n}
+    out: dict[str, Any] = {"binary": binary, "pods": n, "watch_list": watch_list}
     with tempfile.TemporaryDirectory() as tmp:
         from bigfleet_trio.sim.apiserver import write_kubeconfig
 
@@ -149,7 +175,10 @@ def run_once(binary: str, n: int, phases: list[str], spy: bool, timeout: float) 
             out["server_fill_s"] = first["filled_s"]
             kc = os.path.join(tmp, "kubeconfig")
             write_kubeconfig(first["url"], kc)
-            agent = _Child([*probe, binary, "--kubeconfig", kc])
+            _reset_peak(server.proc.pid)
+            out["server_base_rss_mb"] = _proc_kb(server.proc.pid, "VmRSS") / 1024
+            agent = _Child([*probe, binary, "--kubeconfig", kc,
+                            *(["--watch-list"] if watch_list else [])])
             if spy:
                 threading.Thread(target=_spy, args=(agent, dumps, stop), daemon=True).start()
             per_inf = 2 if binary == "podcontroller" else 1
@@ -170,6 +199,7 @@ def run_once(binary: str, n: int, phases: list[str], spy: bool, timeout: float) 
                     used = agent.lines[end - 1]["cpu_s"] - agent.lines[mark - 1]["cpu_s"]
                     out[phase]["cpu_ms_per_pod"] = round(1000 * used / n, 3)
                 if phase == "startup":
+                    out["server_startup_peak_mb"] = _proc_kb(server.proc.pid, "VmHWM") / 1024
                     last = agent.lines[-1]
                     out["base_rss_mb"] = last["base_kb"] / 1024
                     out["steady_rss_mb"] = last["rss_kb"] / 1024
@@ -187,10 +217,27 @@ def run_once(binary: str, n: int, phases: list[str], spy: bool, timeout: float) 
     return out
 
 
+def _watch_list_figures(binary: str, n: int, off: dict[str, Any], on: dict[str, Any]) -> list[Any]:
+    """Streaming lists on / off, same size, back to back: client and server peak RSS."""
+    figs = []
+    for what, key in (("agent peak RSS, start-up", ("startup", "peak_rss_mb")),
+                      ("agent peak RSS, relist", ("relist", "peak_rss_mb")),
+                      ("sim apiserver peak RSS, start-up", ("server_startup_peak_mb",))):
+        a, b = off, on
+        for k in key:
+            a, b = a.get(k, {}), b.get(k, {})
+        if isinstance(a, float) and isinstance(b, float) and a > 0:
+            figs.append(C.figure(f"{binary} {what}, watch-list on/off, {n:,}", "x", b / a,
+                                 target="< 1", met=lambda m, _r: m < 1.0))
+    return figs
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = [2000] if args.quick else [int(s) for s in args.pods.split(",")]
     phases = args.phases.split(",")
-    rows = [run_once(args.binary, n, phases, args.spy, args.timeout) for n in sizes]
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.watch_list]
+    rows = [run_once(args.binary, n, phases, args.spy, args.timeout, wl)
+            for n in sizes for wl in modes]
     figs = []
     unit = "Pod (Pod + its CR cached)" if args.binary == "podcontroller" else "CR"
     budget = 3.0 if args.binary == "podcontroller" else 1.0
@@ -213,7 +260,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             figs.append(C.figure(f"{args.binary} peak RSS in relist / steady, {n:,}", "x",
                                  r["relist_peak_over_steady"], target="<= 1.25",
                                  met=lambda m, _r: m <= 1.25))
-    return C.result("scale", {"binary": args.binary, "pods": sizes, "phases": phases}, figs,
+    if len(modes) == 2:
+        for i in range(0, len(rows), 2):
+            figs += _watch_list_figures(args.binary, rows[i]["pods"], rows[i], rows[i + 1])
+    return C.result("scale", {"binary": args.binary, "pods": sizes, "phases": phases,
+                              "watch_list": args.watch_list}, figs,
                     ["sim apiserver in its own process, filled in-process; agent in its own "
                      "process; lag sampled every 50 ms"], {"rounds": rows})
 
@@ -225,5 +276,7 @@ def register(sub: Any) -> None:
     p.add_argument("--pods", default="10000", help="comma-separated sizes")
     p.add_argument("--phases", default="startup,relist,churn")
     p.add_argument("--spy", action="store_true", help="py-spy dump the agent during stalls")
+    p.add_argument("--watch-list", choices=("on", "off", "both"), default="off",
+                   help="agent caches from streaming lists; both: off then on, with ratios")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per phase")
     p.set_defaults(func=run)

@@ -58,13 +58,14 @@ class Recorder:
         return out
 
 
-def _informer(client: KubeClient) -> Informer:
+def _informer(client: KubeClient, watch_list: bool = False) -> Informer:
     return Informer(
         client,
         CAPACITY_REQUESTS,
         transform=_name,
         backoff=Backoff(rng=lambda: 0.0),
         rng=random.Random(7),
+        watch_list=watch_list,
     )
 
 
@@ -83,10 +84,12 @@ def _relist_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]
     ]
 
 
+@pytest.mark.parametrize("watch_list", [False, True], ids=["paged-list", "watch-list"])
 async def test_watch_refused_as_too_large_after_restore_relists_and_deletes_phantoms(
     nursery: trio.Nursery,
     autojump_clock: trio.testing.MockClock,
     caplog: pytest.LogCaptureFixture,
+    watch_list: bool,
 ) -> None:
     caplog.set_level(logging.INFO, logger="bigfleet_trio.kube.informer")
     before = _relists("too_large_rv")
@@ -95,7 +98,7 @@ async def test_watch_refused_as_too_large_after_restore_relists_and_deletes_phan
     client = KubeClient(KubeConfig(server="http://apiserver"), transport=transport)
     for n in "abcd":
         await client.create(CAPACITY_REQUESTS, _cr(n))
-    inf = _informer(client)
+    inf = _informer(client, watch_list)
     rec = Recorder(inf)
     await nursery.start(inf.run)
     await inf.wait_synced()

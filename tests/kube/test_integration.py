@@ -39,8 +39,9 @@ def _slim(obj: dict[str, Any]) -> dict[str, Any]:
     return {"name": obj["metadata"]["name"], "priority": obj["spec"]["priority"]}
 
 
+@pytest.mark.parametrize("watch_list", [False, True], ids=["paged-list", "watch-list"])
 async def test_real_socket_crud_list_informer(
-    nursery: trio.Nursery, tmp_path: Path, kube_backend: RealKube | None
+    nursery: trio.Nursery, tmp_path: Path, kube_backend: RealKube | None, watch_list: bool
 ) -> None:
     # both backends (tests/support/realkube.py): the embedded apiserver, or the real one
     kc = await backend_kubeconfig(nursery, tmp_path, kube_backend, token="t0k")
@@ -70,7 +71,8 @@ async def test_real_socket_crud_list_informer(
             out = await c.list(CAPACITY_REQUESTS, "default", limit=2)
             assert [o["metadata"]["name"] for o in out.items] == ["a", "p0", "p1", "p2", "p3", "p4"]
 
-            inf = Informer(c, CAPACITY_REQUESTS, transform=_slim, page_size=2)
+            inf = Informer(c, CAPACITY_REQUESTS, transform=_slim, page_size=2,
+                           watch_list=watch_list)
             added = trio.Event()
             inf.add_handler(on_add=lambda o: added.set() if o["name"] == "late" else None)
             async with trio.open_nursery() as n:
@@ -89,8 +91,9 @@ async def test_real_socket_crud_list_informer(
                 await c.get(CAPACITY_REQUESTS, "late", "default")
 
 
+@pytest.mark.parametrize("watch_list", [False, True], ids=["paged-list", "watch-list"])
 async def test_informer_recovers_deletions_across_410(
-    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, watch_list: bool
 ) -> None:
     server = ApiServer()
     c = KubeClient(
@@ -98,7 +101,8 @@ async def test_informer_recovers_deletions_across_410(
     )
     for n in "abc":
         await c.create(CAPACITY_REQUESTS, _cr(n))
-    inf = Informer(c, CAPACITY_REQUESTS, transform=_slim, backoff=Backoff(rng=lambda: 0.0))
+    inf = Informer(c, CAPACITY_REQUESTS, transform=_slim, backoff=Backoff(rng=lambda: 0.0),
+                   watch_list=watch_list)
     log: list[tuple[str, str]] = []
     inf.add_handler(
         on_add=lambda o: log.append(("add", o["name"])),
@@ -118,7 +122,8 @@ async def test_informer_recovers_deletions_across_410(
     await trio.sleep(10)
     assert log == [("add", "a"), ("add", "b"), ("add", "c"), ("delete", "a"), ("update", "b")]
     assert sorted(inf.store.keys()) == ["default/b", "default/c"]
-    assert inf.relists == 2
+    assert inf.relists == 2 and inf.watch_list_refused is None
+    assert server.counters[("list", "capacityrequests")] == (0 if watch_list else 2)
     await c.create(CAPACITY_REQUESTS, _cr("d"))
     await trio.testing.wait_all_tasks_blocked()
     assert log[-1] == ("add", "d")

@@ -513,10 +513,12 @@ async def _start_up_failure(h: Any, *, limit: float) -> SyncTimeout:
 async def test_informers_that_never_sync_end_run_with_sync_timeout_and_no_dial(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # RBAC missing for capacityrequests: every LIST is 403. The Go operator exits after 30 s
+    # RBAC missing for capacityrequests: every LIST and WATCH is 403 (the streaming list's 403
+    # falls back to the paged LIST). The Go operator exits after 30 s
     # ("cache: initial sync timed out"); so do we (--sync-timeout), without dialling the shard.
     async with harness(sync_timeout=30.0) as h:
         h.server.faults.fail_next(10**6, code=403, verb="list", resource="capacityrequests")
+        h.server.faults.fail_next(10**6, code=403, verb="watch", resource="capacityrequests")
         t0 = trio.current_time()
         exc = await _start_up_failure(h, limit=120)
         assert trio.current_time() - t0 == 30.0
@@ -535,6 +537,7 @@ async def test_401_during_sync_is_reported_at_once_not_after_the_timeout(
     # start-up with "401 Unauthorized: ..." instead of retrying until --sync-timeout.
     async with harness(sync_timeout=600.0) as h:
         h.server.faults.fail_next(10**6, code=401, verb="list", resource="capacityrequests")
+        h.server.faults.fail_next(10**6, code=401, verb="watch", resource="capacityrequests")
         t0 = trio.current_time()
         exc = await _start_up_failure(h, limit=1200)
         assert isinstance(exc, Unauthenticated)  # a SyncTimeout: callers report it too

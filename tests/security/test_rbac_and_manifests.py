@@ -107,6 +107,8 @@ OPERATOR_UNEXERCISED: dict[Triple, str] = {
         "operator/available.py:199 read before upsert",
     ("", "nodes", "get"): "operator/reclaim.py:745 resolve a reclaim entry to a Node",
     ("", "events", "create"): "operator/wiring.py:270 Warning Event for an excluded CR",
+    ("bigfleet.lucy.sh", "capacityrequests", "list"):
+        "kube/informer.py Informer._relist: the paged LIST when a streaming list is refused",
 }
 
 async def _operator_calls() -> set[Triple]:

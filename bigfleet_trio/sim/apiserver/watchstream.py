@@ -151,14 +151,15 @@ async def stream_watch(server: ApiState, plan: WatchPlan, receive: Receive, send
                 nursery.start_soon(bookmarks)
             with trio.move_on_after(plan.timeout if plan.timeout is not None else float("inf")):
                 if plan.initial:
-                    buf = [_encode_item(res, it, table_state, plan.partial) for it in plan.initial]
-                    for i in range(0, len(buf), 1000):
+                    # encoded 1,000 at a time, as sent: a streaming list of N objects never
+                    # holds N encoded events (kube-apiserver streams from its watch cache)
+                    initial = plan.initial
+                    for i in range(0, len(initial), 1000):
+                        part = [_encode_item(res, it, table_state, plan.partial)
+                                for it in initial[i : i + 1000]]
                         await send(
-                            {
-                                "type": "http.response.body",
-                                "body": b"".join(buf[i : i + 1000]),
-                                "more_body": True,
-                            }
+                            {"type": "http.response.body", "body": b"".join(part),
+                             "more_body": True}
                         )
                 else:
                     await send({"type": "http.response.body", "body": b"", "more_body": True})
