@@ -327,7 +327,9 @@ class Informer:
         self._rng = rng or random.Random()
         self._rv = ResourceVersionTracker()
         self._handlers: list[_Handler] = []
-        self._served_listeners: list[Callable[[], None]] = []
+        self.served_again: list[Callable[[], None]] = []
+        """Called (synchronously, from the informer's task) each time the resource is served
+        again after a 404 for the resource itself (a CRD reinstalled)."""
         self._synced = trio.Event()
         metrics.INFORMER_SYNCED.labels(res.plural).set(0)
         self.last_error: Exception | None = None
@@ -494,13 +496,8 @@ class Informer:
             self.not_served = False
             log.info("%s is served again", _served_name(self.res),
                      extra={"informer": self._name()})
-            for listener in self._served_listeners:
+            for listener in self.served_again:
                 listener()
-
-    def on_served_again(self, listener: Callable[[], None]) -> None:
-        """Call ``listener()`` (synchronously, from the informer's task) each time the resource
-        is served again after a 404 for the resource itself (a CRD reinstalled)."""
-        self._served_listeners.append(listener)
 
     def _name(self) -> str:
         return f"{self.res.plural}{'@' + self.namespace if self.namespace else ''}"

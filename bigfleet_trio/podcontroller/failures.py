@@ -41,7 +41,7 @@ class FailedReconciles:
         self._crs = crs
         self._limiter = limiter or CauseLimiter(30.0)
         self.parked: set[QueueKey] = set()
-        crs.on_served_again(self._served_again)
+        crs.served_again.append(self._served_again)
 
     def failed(self, item: QueueKey, exc: ApiError | KubeTransportError) -> None:
         """Handle one failed reconcile of ``item``: park it or requeue it, and log (or not)."""
