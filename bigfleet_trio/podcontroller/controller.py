@@ -30,7 +30,7 @@ from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS
 from bigfleet_trio.kube.startup import sync_or_refused
 
 from ..kube.workqueue import WorkQueue
-from . import metrics
+from . import metrics, zonepin
 from . import projections as proj
 from .apply import PlanApplier
 from .defaults import PriorityClassDefaults
@@ -123,7 +123,9 @@ class PodController:
             PODS,
             namespace=namespace,
             transform=slim_pod,
-            indexers={POD_UID_INDEX: proj.index_pod_uid},
+            indexers={POD_UID_INDEX: proj.index_pod_uid,
+                      zonepin.BOUND_ZONE_INDEX: zonepin.index_bound_zone,
+                      zonepin.CO_LOCATED_INDEX: zonepin.index_co_located},
             freeze_heap=freeze_heap,
             watch_list=watch_list,
         )
@@ -160,18 +162,25 @@ class PodController:
 
     # -- informer handlers (sync, never block) -------------------------------------------------
 
+    # a bound group member coming, changing or going may pin or unpin its zone group's CRs
+    # (docs/rules.md#pod-translation-co-location-zone-pin); before the sync, the resync does
+
     def _on_pod_add(self, pod: dict[str, Any]) -> None:
         self.queue.add(PodKey.parse(proj.object_key(pod)))
+        zonepin.enqueue_groups(self.queue, self.pods.store, pod if self.synced else None)
 
     def _on_pod_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old != new:  # the projection hides status churn that cannot change the CR
             self.queue.add(PodKey.parse(proj.object_key(new)))
+            if self.synced:
+                zonepin.enqueue_groups(self.queue, self.pods.store, old, new)
 
     def _on_pod_delete(self, pod: dict[str, Any]) -> None:
         uid = pod.get("metadata", {}).get("uid")
         if isinstance(uid, str):
             self.applier.clear(uid, *REASONS)
         self.queue.add(PodKey.parse(proj.object_key(pod)))
+        zonepin.enqueue_groups(self.queue, self.pods.store, pod if self.synced else None)
 
     def _on_cr_add(self, cr: dict[str, Any]) -> None:
         """Enqueue whatever a CR change may require (its Pod, or an orphan check)."""

@@ -5,6 +5,9 @@
   ``pod_terminal``, ``invalid_pod``, ``error`` (plus ``orphan_deleted`` for our orphan clean-up,
   ``unsupported_requirement`` for a Pod whose requirement operator is not a node-selector one
   and ``cr_rejected`` for a CR write the apiserver refused with 422 Invalid).
+* ``bigfleet_unschedulable_pod_controller_zone_pins_total{decision}``: reconciles of a Pod with
+  a required zone co-location term, by the zone pin's decision (:data:`PIN_DECISIONS`; rule:
+  docs/rules.md#pod-translation-co-location-zone-pin).
 * Work-queue metrics named like client-go's ``workqueue_*`` (controller-runtime exposes those
   for the Go controller), labelled ``name``: ``workqueue_depth``, ``workqueue_adds_total``,
   ``workqueue_retries_total``, ``workqueue_queue_duration_seconds``,
@@ -22,7 +25,9 @@ from bigfleet_trio.observability.metrics import exponential_buckets
 
 __all__ = [
     "OUTCOMES",
+    "PIN_DECISIONS",
     "RECONCILES",
+    "ZONE_PINS",
     "QUEUE_ADDS",
     "QUEUE_DEPTH",
     "QUEUE_LATENCY",
@@ -30,6 +35,7 @@ __all__ = [
     "QUEUE_WORK",
     "PrometheusQueueMetrics",
     "count_reconcile",
+    "count_zone_pin",
 ]
 
 OUTCOMES = (
@@ -72,6 +78,22 @@ QUEUE_WORK = Histogram(
     ["name"],
     buckets=exponential_buckets(1e-6, 10, 10),
 )
+
+
+PIN_DECISIONS = ("pinned", "several_zones", "not_running", "own_zone", "opted_out",
+                 "namespace_selector")
+ZONE_PINS = Counter(
+    "bigfleet_unschedulable_pod_controller_zone_pins",
+    "Reconciles of co-located Pods (zone term) by the zone pin's decision.",
+    ["decision"],
+)
+for _decision in PIN_DECISIONS:
+    ZONE_PINS.labels(decision=_decision)
+
+
+def count_zone_pin(decision: str) -> None:
+    """Count one zone pin decision (one of :data:`PIN_DECISIONS`)."""
+    ZONE_PINS.labels(decision=decision).inc()
 
 
 def count_reconcile(outcome: str) -> None:

@@ -9,8 +9,8 @@ does I/O; the rules, in order, are :func:`plan_pod`'s docstring.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from bigfleet_trio.kube.mergepatch import merge_diff
@@ -24,6 +24,7 @@ from .translate import (
     translate_pod,
     unsupported_requirements,
 )
+from .zonepin import ZonePin, pinned_spec, plan_zone_pin
 
 __all__ = [
     "Action",
@@ -92,6 +93,7 @@ class PodPlan:
         clear: Event reasons whose condition has cleared (forget they were reported).
         detail: what the log line names (the translation error, the unsupported requirements).
         phase: ``delete`` of a terminal Pod: its phase (for the log line).
+        zone_pin: the co-location zone pin decided for the CR (steps 4-6), else None.
     """
 
     action: Action
@@ -107,6 +109,7 @@ class PodPlan:
     clear: tuple[str, ...] = ()
     detail: str = ""
     phase: str = ""
+    zone_pin: ZonePin | None = None
 
 
 def _describe_unsupported(unsupported: Sequence[Mapping[str, Any]]) -> str:
@@ -117,6 +120,7 @@ def plan_pod(
     pod: Mapping[str, Any],
     owned_crs: Sequence[dict[str, Any]],
     defaults: PriorityClassDefaults | None,
+    bound: Iterable[Mapping[str, Any]] = (),
 ) -> PodPlan:
     """Decide what one live Pod needs.
 
@@ -124,6 +128,7 @@ def plan_pod(
         pod: the Pod as the controller caches it (:func:`~.controller.slim_pod`).
         owned_crs: the CapacityRequests labelled as owned by the Pod's UID (cache order).
         defaults: PriorityClass penalty defaults (None: none).
+        bound: cached bound Pods the Pod may co-locate with (:mod:`.zonepin`); () for none.
 
     Returns:
         The plan (see :class:`PodPlan`). The rules, in order:
@@ -141,7 +146,10 @@ def plan_pod(
            (``duplicate``); ``update`` the kept one with a merge patch when its spec differs
            (``cr_updated``), else ``delete`` of the extras or ``nothing`` (``cr_exists``).
 
-        Translation warnings ride along in ``warnings`` (steps 4-6).
+        Translation warnings ride along in ``warnings`` (steps 4-6). The CR's spec is the
+        translation pinned to its co-location group's zone when the bound Pods in ``bound``
+        (:func:`~.zonepin.candidates`) say so (:func:`~.zonepin.plan_zone_pin`,
+        docs/rules.md#pod-translation-co-location-zone-pin).
     """
     meta = pod.get("metadata") or {}
     uid = meta.get("uid")
@@ -159,6 +167,9 @@ def plan_pod(
         return PodPlan("nothing", "pod_terminal", uid)
     try:
         translation = translate_pod(pod, defaults)
+        pin = plan_zone_pin(pod, translation.spec, bound)
+        if pin.zone is not None:
+            translation = replace(translation, spec=pinned_spec(translation.spec, pin))
         body = build_capacity_request(pod, translation)
     except TranslationError as exc:
         return PodPlan("report", "invalid_pod", uid,
@@ -180,11 +191,11 @@ def plan_pod(
         return PodPlan("report", "unsupported_requirement", uid, body=body,
                        delete=tuple(owned_crs), delete_reason="unsupported_requirement",
                        report=EventReport(REASON_UNSUPPORTED, (message,)),
-                       warnings=warnings, clear=tuple(clear), detail=what)
+                       warnings=warnings, clear=tuple(clear), detail=what, zone_pin=pin)
     clear.append(REASON_UNSUPPORTED)
     if not owned_crs:
         return PodPlan("create", "cr_created", uid, body=body, warnings=warnings,
-                       clear=tuple(clear))
+                       clear=tuple(clear), zone_pin=pin)
     want = body["metadata"]["name"]
     keep = next((cr for cr in owned_crs if cr["metadata"].get("name") == want), owned_crs[0])
     extras = tuple(cr for cr in owned_crs if cr is not keep)
@@ -193,10 +204,10 @@ def plan_pod(
         patch = {"spec": merge_diff(keep.get("spec") or {}, spec)}
         return PodPlan("update", "cr_updated", uid, body=body, target=keep, patch=patch,
                        delete=extras, delete_reason="duplicate", warnings=warnings,
-                       clear=tuple(clear))
+                       clear=tuple(clear), zone_pin=pin)
     return PodPlan("delete" if extras else "nothing", "cr_exists", uid, body=body, target=keep,
                    delete=extras, delete_reason="duplicate", warnings=warnings,
-                   clear=tuple(clear))
+                   clear=tuple(clear), zone_pin=pin)
 
 
 def plan_rejected(plan: PodPlan, owned_crs: Sequence[dict[str, Any]], message: str) -> PodPlan:

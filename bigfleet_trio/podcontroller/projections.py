@@ -18,6 +18,7 @@ from .translate import (
     OWNED_BY_POD_LABEL,
     RECLAMATION_PENALTY_ANNOTATION,
 )
+from .zonepin import PIN_ANNOTATION, ZONE_LABEL
 
 __all__ = [
     "index_owner_pod",
@@ -31,7 +32,8 @@ __all__ = [
     "slim_pod",
 ]
 
-_ANNOTATIONS_KEPT = (INTERRUPTION_PENALTY_ANNOTATION, RECLAMATION_PENALTY_ANNOTATION)
+_ANNOTATIONS_KEPT = (INTERRUPTION_PENALTY_ANNOTATION, RECLAMATION_PENALTY_ANNOTATION,
+                     PIN_ANNOTATION)
 _POD_META = ("name", "namespace", "uid", "deletionTimestamp")  # the Pod's owners are not read
 _POD_SPEC = (
     "nodeSelector",
@@ -72,10 +74,12 @@ def _slim_containers(value: Any, *, init: bool) -> Any:
 def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
     """The Pod as the controller keeps it in memory (informer transform).
 
-    Keeps ``metadata`` name/namespace/uid/deletionTimestamp and the two penalty
-    annotations; ``spec`` fields :func:`~.translate.translate_pod` reads (container requests,
-    init-container restartPolicy, required node/pod affinity, nodeSelector, overhead, pod-level
-    resources, priority, priorityClassName, topologySpreadConstraints); ``status.phase``.
+    Keeps ``metadata`` name/namespace/uid/deletionTimestamp, the two penalty annotations and
+    the zone-pin opt-out, and the labels of a bound Pod that carries its Node's zone (what the
+    co-location zone pin matches: :mod:`.zonepin`; shared between equal label sets); ``spec``
+    fields :func:`~.translate.translate_pod` reads (container requests, init-container
+    restartPolicy, required node/pod affinity, nodeSelector, overhead, pod-level resources,
+    priority, priorityClassName, topologySpreadConstraints); ``status.phase``.
     Malformed shapes are kept as they are so translation reports them. ``apiVersion``/``kind``
     are always ``v1``/``Pod`` (Events need them).
     """
@@ -93,6 +97,9 @@ def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
             out_meta["annotations"] = kept
     elif annotations is not None:
         out_meta["annotations"] = annotations
+    labels = meta.get("labels")
+    if spec.get("nodeName") and isinstance(labels, Mapping) and labels.get(ZONE_LABEL):
+        out_meta["labels"] = _share(dict(labels))
     out_spec: dict[str, Any] = {k: spec[k] for k in _POD_SPEC if k in spec}
     if "containers" in spec:
         out_spec["containers"] = _slim_containers(spec["containers"], init=False)

@@ -17,6 +17,7 @@ from bigfleet_trio.kube.resources import PODS
 from bigfleet_trio.kube.workqueue import WorkQueue
 
 from . import projections as proj
+from . import zonepin
 from .apply import PlanApplier
 from .defaults import PriorityClassDefaults
 from .keys import OrphanKey, PodKey, QueueKey, RecreateKey, StampKey
@@ -91,7 +92,8 @@ class PodReconciler:
         owned = (
             self.crs.by_index(OWNER_UID_INDEX, uid) if isinstance(uid, str) and uid else []
         )
-        plan = plan_pod(pod, owned, self.defaults)
+        plan = plan_pod(pod, owned, self.defaults, zonepin.candidates(self.pods, pod))
+        zonepin.report(plan.zone_pin, skey, plan.action)
         return await self.applier.apply(key, pod, owned, plan)
 
     async def reconcile_recreate(self, key: RecreateKey) -> str:

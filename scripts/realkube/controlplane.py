@@ -72,6 +72,15 @@ def as_applied(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+EXTRA_ADMISSION_PLUGINS = ("ExtendedResourceToleration", "NodeRestriction")
+"""Admission plugins kube-apiserver v1.37 leaves off by default that managed clusters (GKE, EKS,
+AKS, kubeadm for NodeRestriction) turn on: ExtendedResourceToleration gives a Pod requesting
+e.g. ``nvidia.com/gpu`` the toleration of the GPU machines' ``nvidia.com/gpu`` NoSchedule taint;
+NodeRestriction confines a kubelet's credentials to its own Node and Pods. The defaults
+(NamespaceLifecycle, ServiceAccount, PodSecurity, DefaultTolerationSeconds, ...) stay on by
+themselves (docs/deviations.md#realkube-admission)."""
+
+
 class ControlPlaneError(RuntimeError):
     """A component did not start or become ready; the message carries its log's tail."""
 
@@ -245,6 +254,7 @@ class ControlPlane:
                     "--service-account-key-file", str(pki.sa_pub),
                     "--service-account-signing-key-file", str(pki.sa_key),
                     "--authorization-mode", "Node,RBAC",
+                    "--enable-admission-plugins", ",".join(EXTRA_ADMISSION_PLUGINS),
                     "--allow-privileged=true",
                     # the `kubernetes` Service's endpoints may not be a loopback address, and
                     # nothing here runs in a Pod that would need them

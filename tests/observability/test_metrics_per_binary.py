@@ -58,6 +58,7 @@ OPERATOR = [
 
 POD_CONTROLLER = [
     "bigfleet_unschedulable_pod_controller_reconciles",
+    "bigfleet_unschedulable_pod_controller_zone_pins",
     "workqueue_adds",
     "workqueue_depth",
     "workqueue_queue_duration_seconds",

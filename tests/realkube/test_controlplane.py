@@ -55,6 +55,28 @@ async def test_kwok_runs_bound_pods_and_finishes_deletions(realkube: RealKube) -
         realkube.cp.request("DELETE", f"/api/v1/nodes/{node}")
 
 
+async def test_a_pod_requesting_a_gpu_gets_the_extended_resource_toleration(
+        realkube: RealKube) -> None:
+    # kube-apiserver runs the admission plugins a managed cluster adds to the defaults
+    # (docs/deviations.md#realkube-admission): ExtendedResourceToleration lets a GPU Pod onto
+    # the shard's GPU machines, tainted nvidia.com/gpu:NoSchedule as on GKE
+    realkube.reset()
+    ns = realkube.namespace("gpu")
+    gpu = {"limits": {"nvidia.com/gpu": "1"}}
+    async with realkube.client() as kube:
+        await kube.create(PODS, pod("gpu", containers=[
+            {"name": "c", "image": "busybox", "resources": gpu}]), ns)
+        await kube.create(PODS, pod("cpu"), ns)
+        tolerations = (await kube.get(PODS, "gpu", ns))["spec"].get("tolerations") or []
+        assert {"key": "nvidia.com/gpu", "operator": "Exists",
+                "effect": "NoSchedule"} in tolerations
+        cpu_tolerations = (await kube.get(PODS, "cpu", ns))["spec"].get("tolerations") or []
+        assert all(t.get("key") != "nvidia.com/gpu" for t in cpu_tolerations)
+    argv = realkube.cp.argv("kube-apiserver")
+    plugins = argv[argv.index("--enable-admission-plugins") + 1].split(",")
+    assert plugins == ["ExtendedResourceToleration", "NodeRestriction"]
+
+
 async def test_service_account_tokens_are_bound_by_the_shipped_rbac(realkube: RealKube) -> None:
     async with realkube.client(realkube.pod_controller_kubeconfig) as pc, \
             realkube.client(realkube.operator_kubeconfig) as op:

@@ -113,4 +113,6 @@ async def test_kubectl_describe_node_finds_the_node_lease(tmp_path: Path) -> Non
     out = proc.stdout.decode()
     assert proc.returncode == 0, proc.stderr.decode()
     lease = out[out.index("Lease:"):].splitlines()
-    assert lease[1].split() == ["HolderIdentity:", MACHINE.node_name], out
+    # no holder (a kubelet stand-in such as kwok takes it: sim/test_shard_heartbeat.py)
+    assert lease[1].split() == ["HolderIdentity:", "<unset>"], out
+    assert lease[3].split()[0] == "RenewTime:", out

@@ -3,8 +3,9 @@ through the Kubernetes API.
 
 :class:`KubeNodeHooks` implements :class:`~bigfleet_trio.sim.shard.session.NodeHooks` with the
 project's raw-httpx client: a Configured machine becomes a Ready Node named after its
-``node_name`` (labels, providerID, taints, capacity = allocatable); a released machine's Node is
-deleted. :func:`node_manifest` is the pure part and is what tests check.
+``node_name`` (labels, providerID, taints, capacity = allocatable), kept alive as a kubelet
+keeps it (:mod:`.heartbeat`); a released machine's Node is deleted. :func:`node_manifest` is the
+pure part and is what tests check.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import datetime as dt
 import logging
 from typing import Any
 
+import trio
+
 from .engine import MachineInfo
+from .heartbeat import NODE_LEASE_NAMESPACE, NodeHeartbeats, lease_manifest
 
 log = logging.getLogger(__name__)
 
@@ -76,23 +80,27 @@ def node_status(machine: MachineInfo, stamp: str) -> dict[str, Any]:
     }
 
 
-NODE_LEASE_NAMESPACE = "kube-node-lease"
-
-
 class KubeNodeHooks:
-    """Create/delete Nodes through a :class:`bigfleet_trio.kube.KubeClient` (owned by the caller).
+    """Create/delete Nodes through a :class:`bigfleet_trio.kube.KubeClient` (owned by the caller),
+    and keep the registered ones' heartbeats (:mod:`.heartbeat`) while :meth:`run` runs
+    (:meth:`SimShard.run <bigfleet_trio.sim.shard.session.SimShard.run>` runs it).
 
     Create: POST the Node; on AlreadyExists merge-patch its metadata/spec instead; then
-    merge-patch the ``status`` subresource (an apiserver drops status on create). Delete: DELETE,
-    NotFound ignored. Both are idempotent; errors propagate (the shard retries the call with
-    backoff: :mod:`.noderetry`).
+    merge-patch the ``status`` subresource (an apiserver drops status on create), write its
+    Lease and start its heartbeats. Delete: stop its heartbeats, DELETE, NotFound ignored. Both
+    are idempotent; errors propagate (the shard retries the call with backoff: :mod:`.noderetry`).
     """
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        self.heartbeats = NodeHeartbeats(client)
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Renew the registered Nodes' Leases and status until cancelled."""
+        await self.heartbeats.run(task_status=task_status)
 
     async def on_machine_configured(self, machine: MachineInfo) -> None:
-        """Register the machine's Node and mark it Ready."""
+        """Register the machine's Node, mark it Ready and start its heartbeats."""
         from bigfleet_trio.kube.errors import AlreadyExists
         from bigfleet_trio.kube.resources import NODES
 
@@ -109,24 +117,20 @@ class KubeNodeHooks:
         await self.client.patch(NODES, machine.node_name, {"status": body["status"]},
                                 subresource="status")
         await self._node_lease(node)
+        self.heartbeats.add(machine.node_name, node["metadata"].get("uid", ""))
         log.info("node registered node=%s machine=%s", machine.node_name, machine.machine_id)
 
     async def _node_lease(self, node: dict[str, Any]) -> None:
         """The kubelet's heartbeat Lease (``kube-node-lease/<node>``, owned by the Node so it
-        goes with it), which ``kubectl describe node`` shows; renewed once, at registration."""
+        goes with it), which ``kubectl describe node`` shows and the node lifecycle controller
+        reads; renewed from then on by :class:`~.heartbeat.NodeHeartbeats`."""
         from bigfleet_trio.kube.client import rfc3339_micro
         from bigfleet_trio.kube.errors import AlreadyExists
         from bigfleet_trio.kube.resources import LEASES
 
         meta = node["metadata"]
-        now = rfc3339_micro(dt.datetime.now(dt.UTC))
-        lease = {
-            "metadata": {"name": meta["name"], "namespace": NODE_LEASE_NAMESPACE,
-                         "ownerReferences": [{"apiVersion": "v1", "kind": "Node",
-                                              "name": meta["name"], "uid": meta.get("uid", "")}]},
-            "spec": {"holderIdentity": meta["name"], "leaseDurationSeconds": 40,
-                     "renewTime": now},
-        }
+        lease = lease_manifest(meta["name"], meta.get("uid", ""),
+                               rfc3339_micro(dt.datetime.now(dt.UTC)))
         try:
             await self.client.create(LEASES, lease, NODE_LEASE_NAMESPACE)
         except AlreadyExists:
@@ -134,10 +138,11 @@ class KubeNodeHooks:
                                     NODE_LEASE_NAMESPACE)
 
     async def on_machine_released(self, machine: MachineInfo) -> None:
-        """Delete the machine's Node."""
+        """Stop the machine's Node heartbeats and delete the Node."""
         from bigfleet_trio.kube.errors import NotFound
         from bigfleet_trio.kube.resources import NODES
 
+        self.heartbeats.remove(machine.node_name)
         try:
             await self.client.delete(NODES, machine.node_name)
         except NotFound:

@@ -20,7 +20,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 import betterproto
 import trio
@@ -89,6 +89,16 @@ class NodeHooks(Protocol):
 
     async def on_machine_released(self, machine: MachineInfo) -> None:
         """The machine was reclaimed and drained back to Idle: delete its Node."""
+
+
+@runtime_checkable
+class HeartbeatNodeHooks(NodeHooks, Protocol):
+    """:class:`NodeHooks` that also keep their Nodes alive, as a kubelet does (Lease renewals,
+    status reports: :class:`~bigfleet_trio.sim.shard.nodes.KubeNodeHooks`); :meth:`SimShard.run`
+    runs their :meth:`run` beside the engine."""
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the registered Nodes alive until cancelled."""
 
 
 class NoopNodeHooks:
@@ -266,7 +276,8 @@ class SimShard:
     # ---------------------------------------------------------------- background
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the engine clock, the effect executor and the node hook retries until cancelled."""
+        """Run the engine clock, the effect executor, the node hook retries and the hooks' Node
+        heartbeats (:class:`HeartbeatNodeHooks`) until cancelled."""
         if self._running:
             raise RuntimeError("SimShard.run() is already running")
         self._running = True
@@ -274,6 +285,8 @@ class SimShard:
             async with trio.open_nursery() as nursery:
                 # owner of every node hook retry task: cancelling run() (SIGTERM) ends them
                 await nursery.start(self.node_hooks.run)
+                if isinstance(self.hooks, HeartbeatNodeHooks):
+                    await nursery.start(self.hooks.run)
                 nursery.start_soon(self._clock)
                 nursery.start_soon(self._executor)
                 task_status.started()
