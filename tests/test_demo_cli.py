@@ -44,8 +44,9 @@ def test_failure_line_is_one_plain_line() -> None:
 
 def test_summary_and_banner_name_the_diagnostics() -> None:
     s = demo.DemoSummary(kubeconfig="/tmp/kc", diagnostics="127.0.0.1:4242")
-    table = demo.render_summary(s)
+    table = demo.render_summary(s, live=True)  # --keep-running: the listener still serves
     assert "http://127.0.0.1:4242/metrics" in table and "ws://127.0.0.1:4242/events" in table
+    assert "http://127.0.0.1:4242/metrics" not in demo.render_summary(s)  # the run is over
     assert "time to all Pods bound           -" in table  # not reached: no made-up 0.0s
     out = io.StringIO()
     demo.print_keep_running_banner(s, out)
