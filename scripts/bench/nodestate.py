@@ -63,7 +63,7 @@ async def _one(
     from bigfleet_trio.kube.config import KubeConfig
     from bigfleet_trio.kube.informer import Informer
     from bigfleet_trio.kube.resources import UPCOMING_NODES
-    from bigfleet_trio.operator.session import Session
+    from bigfleet_trio.operator.session.core import Session
     from bigfleet_trio.operator.session.types import SessionConfig
     from bigfleet_trio.operator.upcoming.handler import UpcomingNodeHandler
     from bigfleet_trio.operator.upcoming.plan import DrainMemory
