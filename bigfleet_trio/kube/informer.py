@@ -127,10 +127,16 @@ class Store:
         indexers: index name → function(stored object) → list of index values.
     """
 
-    __slots__ = ("_items", "_indexers", "_indices")
+    __slots__ = ("_items", "_indexers", "_indices", "observers")
 
     def __init__(self, indexers: dict[str, IndexFunc] | None = None):
         self._items: dict[str, Any] = {}
+        self.observers: list[Callable[[Any | None, Any | None], object]] = []
+        """Called as ``observer(old, new)`` after each change of the store, with the exact
+        objects replaced and stored (None for an add's old or a removal's new): derived state
+        that must see every change, whatever the handlers are told (a DELETED handler gets the
+        watch event's object, not the cached one). An observer must not raise; one that does is
+        logged and the store is unaffected."""
         self._indexers: dict[str, IndexFunc] = dict(indexers or {})
         # index value -> the one key (a str: most values name one object, and a set costs
         # ~200 bytes) or a set of keys
@@ -226,13 +232,25 @@ class Store:
         self._items[key] = obj
         if self._indexers:
             self._index(key, obj)
+        if self.observers:
+            self._observe(old, obj)
         return old
 
     def _pop(self, key: str) -> Any | None:
         old = self._items.pop(key, None)
-        if old is not None and self._indexers:
-            self._unindex(key, old)
+        if old is not None:
+            if self._indexers:
+                self._unindex(key, old)
+            if self.observers:
+                self._observe(old, None)
         return old
+
+    def _observe(self, old: Any | None, new: Any | None) -> None:
+        for observer in self.observers:
+            try:
+                observer(old, new)
+            except Exception:  # derived state must not take the informer down
+                log.exception("kube store observer failed observer=%r", observer)
 
 
 

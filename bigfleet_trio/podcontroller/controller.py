@@ -167,20 +167,25 @@ class PodController:
 
     def _on_pod_add(self, pod: dict[str, Any]) -> None:
         self.queue.add(PodKey.parse(proj.object_key(pod)))
-        zonepin.enqueue_groups(self.queue, self.pods.store, pod if self.synced else None)
+        self._zones_moved(None, pod)
 
     def _on_pod_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
         if old != new:  # the projection hides status churn that cannot change the CR
             self.queue.add(PodKey.parse(proj.object_key(new)))
-            if self.synced:
-                zonepin.enqueue_groups(self.queue, self.pods.store, old, new)
+            self._zones_moved(old, new)
 
     def _on_pod_delete(self, pod: dict[str, Any]) -> None:
         uid = pod.get("metadata", {}).get("uid")
         if isinstance(uid, str):
             self.applier.clear(uid, *REASONS)
         self.queue.add(PodKey.parse(proj.object_key(pod)))
-        zonepin.enqueue_groups(self.queue, self.pods.store, pod if self.synced else None)
+        self._zones_moved(pod, None)
+
+    def _zones_moved(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        """Once synced, queue the Pods of the zone groups whose set of zones this change moved
+        (the store has told :class:`~.zonegroups.GroupZones` already)."""
+        if self.reconciler.zone_groups.take_moved() and self.synced:
+            zonepin.enqueue_groups(self.queue, self.pods.store, old, new)
 
     def _on_cr_add(self, cr: dict[str, Any]) -> None:
         """Enqueue whatever a CR change may require (its Pod, or an orphan check)."""

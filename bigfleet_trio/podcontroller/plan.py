@@ -121,6 +121,8 @@ def plan_pod(
     owned_crs: Sequence[dict[str, Any]],
     defaults: PriorityClassDefaults | None,
     bound: Iterable[Mapping[str, Any]] = (),
+    *,
+    zones: Iterable[str] | None = None,
 ) -> PodPlan:
     """Decide what one live Pod needs.
 
@@ -129,6 +131,8 @@ def plan_pod(
         owned_crs: the CapacityRequests labelled as owned by the Pod's UID (cache order).
         defaults: PriorityClass penalty defaults (None: none).
         bound: cached bound Pods the Pod may co-locate with (:mod:`.zonepin`); () for none.
+        zones: instead of ``bound``, the zones its co-location group runs in
+            (:class:`~.zonegroups.GroupZones`; None: read them from ``bound``).
 
     Returns:
         The plan (see :class:`PodPlan`). The rules, in order:
@@ -167,7 +171,7 @@ def plan_pod(
         return PodPlan("nothing", "pod_terminal", uid)
     try:
         translation = translate_pod(pod, defaults)
-        pin = plan_zone_pin(pod, translation.spec, bound)
+        pin = plan_zone_pin(pod, translation.spec, bound, zones=zones)
         if pin.zone is not None:
             translation = replace(translation, spec=pinned_spec(translation.spec, pin))
         body = build_capacity_request(pod, translation)

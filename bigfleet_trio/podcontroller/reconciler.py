@@ -22,6 +22,7 @@ from .apply import PlanApplier
 from .defaults import PriorityClassDefaults
 from .keys import OrphanKey, PodKey, QueueKey, RecreateKey, StampKey
 from .plan import plan_pod
+from .zonegroups import GroupZones
 
 __all__ = ["OWNER_POD_INDEX", "OWNER_UID_INDEX", "POD_UID_INDEX", "PodReconciler"]
 
@@ -58,6 +59,8 @@ class PodReconciler:
         self.applier = applier
         self.defaults = defaults
         self.orphan_grace = orphan_grace
+        self.zone_groups = GroupZones(pods)
+        """The zones each co-location group runs in; the controller feeds it every Pod event."""
 
     async def reconcile(self, item: QueueKey) -> str | None:
         """Reconcile one queue key; returns the outcome label (None: nothing to count).
@@ -92,7 +95,7 @@ class PodReconciler:
         owned = (
             self.crs.by_index(OWNER_UID_INDEX, uid) if isinstance(uid, str) and uid else []
         )
-        plan = plan_pod(pod, owned, self.defaults, zonepin.candidates(self.pods, pod))
+        plan = plan_pod(pod, owned, self.defaults, zones=self.zone_groups.zones(pod))
         zonepin.report(plan.zone_pin, skey, plan.action)
         return await self.applier.apply(key, pod, owned, plan)
 

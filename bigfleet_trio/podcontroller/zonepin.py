@@ -132,7 +132,8 @@ def _constrains_zone(spec: Mapping[str, Any]) -> bool:
 
 
 def plan_zone_pin(pod: Mapping[str, Any], spec: Mapping[str, Any],
-                  bound: Iterable[Mapping[str, Any]]) -> ZonePin:
+                  bound: Iterable[Mapping[str, Any]] = (), *,
+                  zones: Iterable[str] | None = None) -> ZonePin:
     """Whether the CR of ``pod`` (translated ``spec``) is pinned to its group's zone.
 
     Args:
@@ -141,6 +142,8 @@ def plan_zone_pin(pod: Mapping[str, Any], spec: Mapping[str, Any],
         bound: Pods it might co-locate with: each with ``metadata.namespace``,
             ``metadata.labels`` carrying :data:`ZONE_LABEL` (the Pod is bound) and
             ``status.phase``; others are skipped. The Pod itself may be among them.
+        zones: instead of ``bound``, the zones the group's bound Pods run in, as the controller
+            keeps them (:class:`~.zonegroups.GroupZones`).
 
     Returns:
         A :class:`ZonePin`; the group is the bound, non-terminal Pods in the term's namespaces
@@ -156,8 +159,10 @@ def plan_zone_pin(pod: Mapping[str, Any], spec: Mapping[str, Any],
         return ZonePin("own_zone")
     if term.get("namespaceSelector") is not None:
         return ZonePin("namespace_selector")
+    if zones is not None:
+        return _decide(set(zones))
     namespaces = set(_namespaces(pod, term))
-    zones: set[str] = set()
+    running: set[str] = set()
     for other in bound:
         meta = other.get("metadata") or {}
         labels = meta.get("labels") or {}
@@ -165,7 +170,11 @@ def plan_zone_pin(pod: Mapping[str, Any], spec: Mapping[str, Any],
         if (isinstance(zone, str) and zone and meta.get("namespace") in namespaces
                 and not is_terminal(other) and selector_matches(term.get("labelSelector"),
                                                                 labels)):
-            zones.add(zone)
+            running.add(zone)
+    return _decide(running)
+
+
+def _decide(zones: set[str]) -> ZonePin:
     if not zones:
         return ZonePin("not_running")
     return ZonePin("pinned" if len(zones) == 1 else "several_zones", tuple(sorted(zones)))
