@@ -11,7 +11,7 @@ and the pod controller's ``--unmanaged-node-selector`` / ``--exclude-pod-selecto
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .names import is_dns1123_subdomain, is_label_value, is_qualified_name_part
 
@@ -139,7 +139,7 @@ def parse_label_selector(text: str | None) -> list[Requirement]:
     return reqs
 
 
-def match_labels(reqs: list[Requirement], labels: Mapping[str, str] | None) -> bool:
+def match_labels(reqs: Sequence[Requirement], labels: Mapping[str, str] | None) -> bool:
     """True when ``labels`` satisfies every requirement."""
     labels = labels or {}
     for key, op, values in reqs:
