@@ -104,7 +104,8 @@ async def serve_pod_controller(
         client = await clients.enter_async_context(
             KubeClient(kube_config, qps=cfg.qps, burst=cfg.burst, user_agent=agent))
         ctl = PodController(client, defaults, workers=cfg.workers, sync_timeout=cfg.sync_timeout,
-                            watch_list=cfg.watch_list, freeze_heap=freeze_heap)
+                            watch_list=cfg.watch_list, freeze_heap=freeze_heap,
+                            scope=cfg.pod_scope())
         elector = None
         if cfg.leader_elect:
             lease_ns, source = lease_namespace(cfg.leader_election_namespace)
