@@ -22,7 +22,7 @@ from bigfleet_trio.kube.resources import NODES
 from bigfleet_trio.kube.workqueue import WorkQueue
 
 from .keys import PodKey, QueueKey
-from .scope import NODE_NAME_KEY, NodeView, PodScope
+from .scope import NodeView, PodScope, cached_node_name
 
 __all__ = ["NODE_SYNC_GRACE", "SCAN_CHUNK", "NodeWatch"]
 
@@ -68,7 +68,7 @@ class NodeWatch:
     def unmanaged(self, pod: dict[str, Any]) -> bool:
         """The cached Pod is bound to a Node the cache has and says is unmanaged (a pending Pod,
         or one bound to a Node not cached yet, is managed)."""
-        name = pod.get(NODE_NAME_KEY)
+        name = cached_node_name(pod)
         view = self.informer.store.get(name) if isinstance(name, str) else None
         return view is not None and bool(view.unmanaged)
 
@@ -134,7 +134,7 @@ class NodeWatch:
         queued = 0
         for i, key in enumerate(self.pods.keys(), 1):
             pod = self.pods.get(key)
-            if pod is not None and pod.get(NODE_NAME_KEY) in names:
+            if pod is not None and cached_node_name(pod) in names:
                 self.queue.add(PodKey.parse(key))
                 queued += 1
             if i % SCAN_CHUNK == 0:

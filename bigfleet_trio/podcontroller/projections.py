@@ -84,9 +84,10 @@ def slim_pod(obj: Mapping[str, Any], scope: PodScope | None = None) -> dict[str,
     Malformed shapes are kept as they are so translation reports them. ``apiVersion``/``kind``
     are always ``v1``/``Pod`` (Events need them).
 
-    With a ``scope`` (docs/rules.md#pod-translation-unmanaged-nodes-and-opt-out), two top-level
-    keys: ``nodeName`` (:data:`~.scope.NODE_NAME_KEY`, the interned ``spec.nodeName`` of a
-    bound Pod, when some Node may be unmanaged; kept out of the shared ``spec``) and
+    With a ``scope`` (docs/rules.md#pod-translation-unmanaged-nodes-and-opt-out), two more
+    ``metadata`` keys: ``nodeName`` (:data:`~.scope.NODE_NAME_KEY`, the interned
+    ``spec.nodeName`` of a bound Pod, when some Node may be unmanaged; kept out of the shared
+    ``spec``) and
     ``excluded`` (:data:`~.scope.EXCLUDED_KEY`, True when the Pod's labels match
     ``--exclude-pod-selector``: the labels themselves are not kept).
     """
@@ -143,11 +144,12 @@ def slim_pod(obj: Mapping[str, Any], scope: PodScope | None = None) -> dict[str,
 
 
 def _scoped(out: dict[str, Any], spec: Mapping[str, Any], labels: Any, scope: PodScope) -> None:
+    meta = out["metadata"]
     node = spec.get("nodeName")
     if scope.watches_nodes and isinstance(node, str) and node:
-        out[NODE_NAME_KEY] = sys.intern(node)
+        meta[NODE_NAME_KEY] = sys.intern(node)
     if scope.pod_labels_excluded(labels if isinstance(labels, Mapping) else None):
-        out[EXCLUDED_KEY] = True
+        meta[EXCLUDED_KEY] = True
 
 
 _SHARED_MAX = 4096

@@ -11,6 +11,7 @@ from bigfleet_trio.podcontroller.scope import (
     EXCLUDED_KEY,
     NodeView,
     PodScope,
+    cached_node_name,
 )
 
 CP = "node-role.kubernetes.io/control-plane"
@@ -64,7 +65,7 @@ def test_pod_exclusion_by_namespace_or_marker() -> None:
     assert scope.exclude_namespaces == frozenset({"team-x"})
     assert scope.pod_excluded({"metadata": {"namespace": "team-x"}})
     assert not scope.pod_excluded({"metadata": {"namespace": "kube-system"}})
-    assert scope.pod_excluded({"metadata": {"namespace": "a"}, EXCLUDED_KEY: True})
+    assert scope.pod_excluded({"metadata": {"namespace": "a", EXCLUDED_KEY: True}})
     assert scope.pod_labels_excluded({"app": "batch"})
     assert not scope.pod_labels_excluded({"app": "web"})
     assert not PodScope.parse((), (), " ").pod_labels_excluded({"app": "batch"})
@@ -76,12 +77,16 @@ def test_slim_pod_keeps_the_node_name_and_the_exclusion_only_with_a_scope() -> N
     pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"app": "batch"}},
            "spec": {"nodeName": "n1", "containers": []}}
     plain = slim_pod(pod)
-    assert "nodeName" not in plain and EXCLUDED_KEY not in plain
+    assert "nodeName" not in plain["metadata"] and EXCLUDED_KEY not in plain["metadata"]
     assert "nodeName" not in plain["spec"]
     scoped = slim_pod(pod, PodScope.parse(exclude_pod_selector="app=batch"))
-    assert scoped["nodeName"] == "n1" and scoped[EXCLUDED_KEY] is True
-    assert {k: v for k, v in scoped.items() if k not in ("nodeName", EXCLUDED_KEY)} == plain
+    assert cached_node_name(scoped) == "n1" and scoped["metadata"][EXCLUDED_KEY] is True
+    assert len(scoped) == len(plain)  # the top-level dict does not grow (memory)
+    assert {k: v for k, v in scoped["metadata"].items()
+            if k not in ("nodeName", EXCLUDED_KEY)} == plain["metadata"]
+    assert {k: v for k, v in scoped.items() if k != "metadata"} == {
+        k: v for k, v in plain.items() if k != "metadata"}
     other = slim_pod(pod, PodScope.parse([""], (), "app=web"))
-    assert "nodeName" not in other and EXCLUDED_KEY not in other
+    assert cached_node_name(other) is None and EXCLUDED_KEY not in other["metadata"]
     pending = slim_pod({**pod, "spec": {"containers": []}}, PodScope.parse())
-    assert "nodeName" not in pending
+    assert cached_node_name(pending) is None
