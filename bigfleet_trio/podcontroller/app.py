@@ -142,7 +142,10 @@ async def serve_pod_controller(
             log.info("pod controller starting",
                      extra={"server": kube_config.server, "workers": cfg.workers, "qps": cfg.qps,
                             "burst": cfg.burst, "leader_elect": cfg.leader_elect,
-                            "defaults_classes": len(defaults) if defaults else 0})
+                            "defaults_classes": len(defaults) if defaults else 0,
+                            "unmanaged_node_selectors": list(cfg.unmanaged_node_selector),
+                            "exclude_namespaces": list(cfg.exclude_namespace),
+                            "exclude_pod_selector": cfg.exclude_pod_selector})
             await nursery.start(partial(ctl.run, elector=elector))
             task_status.started(ctl)
 

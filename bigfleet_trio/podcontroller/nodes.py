@@ -124,7 +124,8 @@ class NodeWatch:
             await self._wake.wait()
             self._wake = trio.Event()
             names, self._changed = self._changed, set()
-            await self.requeue_bound(names)
+            if names:
+                await self.requeue_bound(names)
 
     async def requeue_bound(self, names: set[str]) -> int:
         """Queue every cached Pod bound to one of ``names``; returns how many.
