@@ -141,6 +141,18 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"invalid boolean {text!r} (use true or false)")
 
 
+class _Repeated(argparse.Action):
+    """A repeatable flag of a tuple-valued knob: the first use replaces the default, each
+    further use adds one value (``--exclude-namespace a --exclude-namespace b``)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        current = getattr(namespace, self.dest, None)
+        if current is None or current is self.default:
+            current = ()
+        setattr(namespace, self.dest, (*current, values))
+
+
 def add_log_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
     """The log flags on the root parser (``suppress=False``: default None, so a command's own
     default applies) and on commands without settings (sim, install-crds, events)."""
@@ -152,8 +164,10 @@ def add_log_flags(p: argparse.ArgumentParser, *, suppress: bool) -> None:
 def _help(spec: KnobSpec) -> str:
     text = spec.knob.help
     value = spec.default
-    if value is None or value == "" or isinstance(value, bool):
+    if value is None or value == "" or value == () or isinstance(value, bool):
         return text
+    if isinstance(value, tuple):
+        return f"{text} (default {', '.join(repr(v) for v in value)})"
     shown = format_duration(value) if spec.knob.unit == DURATION else f"{value:g}" if isinstance(
         value, float) else str(value)
     return f"{text} (default {shown})"
@@ -173,7 +187,9 @@ def _add_knob(p: Any, spec: KnobSpec, *, suppress: bool = False, root: bool = Fa
         return
     kwargs: dict[str, Any] = {"dest": spec.dest, "default": default,
                               "help": _help(spec)}
-    if meta.choices is not None:
+    if isinstance(spec.default, tuple):
+        kwargs["action"] = _Repeated
+    elif meta.choices is not None:
         kwargs["choices"] = meta.choices
     elif meta.unit == DURATION:
         kwargs["type"] = _duration

@@ -32,7 +32,9 @@ from bigfleet_trio.knobs import (
     read_text,
     rebased,
 )
+from bigfleet_trio.kube.labelselector import LabelSelectorError, parse_label_selector
 from bigfleet_trio.kube.leader import leader_timing_problem
+from bigfleet_trio.kube.names import is_dns1123_label
 from bigfleet_trio.observability.tls import (
     DEFAULT_CERT_NAME,
     DEFAULT_KEY_NAME,
@@ -42,6 +44,7 @@ from bigfleet_trio.observability.tls import (
 )
 from bigfleet_trio.operator.agent import AgentConfig
 from bigfleet_trio.operator.session.types import SessionConfig
+from bigfleet_trio.podcontroller.scope import DEFAULT_UNMANAGED_NODE_SELECTORS, PodScope
 
 __all__ = [
     "DEFAULT_NAMESPACE",
@@ -76,6 +79,23 @@ def cluster_id_syntax(value: str) -> str | None:
         "must be a DNS-1123 label: lower-case letters, digits and '-', starting and ending "
         "with a letter or digit, at most 63 characters"
     )
+
+
+def _label_selectors(value: str | tuple[str, ...]) -> str | None:
+    """Check: each value is a label selector as ``kubectl -l`` takes it ("" allowed: none)."""
+    for text in (value,) if isinstance(value, str) else value:
+        try:
+            parse_label_selector(text)
+        except LabelSelectorError as exc:
+            return f"is not a label selector: {exc}"
+    return None
+
+
+def _namespaces(value: tuple[str, ...]) -> str | None:
+    """Check: each value is a namespace name (a DNS-1123 label)."""
+    bad = [ns for ns in value if not is_dns1123_label(ns)]
+    return f"must be namespace names (DNS-1123 labels): {', '.join(map(repr, bad))}" if (
+        bad) else None
 
 
 # ------------------------------------------------------------------------------ settings groups
@@ -339,6 +359,19 @@ class PodControllerConfig(ProcessSettings):
     )
     workers: int = knob(16, "concurrent reconciles (distinct Pods)", metavar="N",
                         check=at_least_one)
+    # docs/rules.md#pod-translation-unmanaged-nodes-and-opt-out
+    unmanaged_node_selector: tuple[str, ...] = knob(
+        DEFAULT_UNMANAGED_NODE_SELECTORS,
+        "repeatable: a Node matching any of these label selectors is not BigFleet's, and a Pod "
+        "bound to it gets no CapacityRequest; giving the flag replaces the defaults, '' = no "
+        "Node is unmanaged (and Nodes are not watched)", metavar="SELECTOR",
+        check=_label_selectors)
+    exclude_namespace: tuple[str, ...] = knob(
+        (), "repeatable: Pods of this namespace get no CapacityRequest (kube-system is not "
+        "excluded unless named)", metavar="NS", check=_namespaces)
+    exclude_pod_selector: str = knob(
+        "", "Pods whose labels match this label selector get no CapacityRequest",
+        metavar="SELECTOR", check=_label_selectors)
 
     def validate(self) -> None:
         """Check every knob, the leader-election names and that the defaults file is readable.
@@ -357,6 +390,18 @@ class PodControllerConfig(ProcessSettings):
                 raise ConfigFileError(
                     f"priority-class-defaults: read {self.priority_class_defaults}: {reason}"
                 ) from exc
+
+    def pod_scope(self) -> PodScope:
+        """The opt-out settings, parsed (docs/rules.md#pod-translation-unmanaged-nodes-and-opt-out).
+
+        Raises:
+            ConfigError: a selector does not parse (``validate()`` says so first).
+        """
+        try:
+            return PodScope.parse(self.unmanaged_node_selector, self.exclude_namespace,
+                                  self.exclude_pod_selector)
+        except LabelSelectorError as exc:
+            raise ConfigError(f"is not a label selector: {exc}") from None
 
 
 # ------------------------------------------------------------------------------ file checks

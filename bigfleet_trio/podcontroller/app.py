@@ -104,7 +104,8 @@ async def serve_pod_controller(
         client = await clients.enter_async_context(
             KubeClient(kube_config, qps=cfg.qps, burst=cfg.burst, user_agent=agent))
         ctl = PodController(client, defaults, workers=cfg.workers, sync_timeout=cfg.sync_timeout,
-                            watch_list=cfg.watch_list, freeze_heap=freeze_heap)
+                            watch_list=cfg.watch_list, freeze_heap=freeze_heap,
+                            scope=cfg.pod_scope())
         elector = None
         if cfg.leader_elect:
             lease_ns, source = lease_namespace(cfg.leader_election_namespace)
@@ -141,7 +142,10 @@ async def serve_pod_controller(
             log.info("pod controller starting",
                      extra={"server": kube_config.server, "workers": cfg.workers, "qps": cfg.qps,
                             "burst": cfg.burst, "leader_elect": cfg.leader_elect,
-                            "defaults_classes": len(defaults) if defaults else 0})
+                            "defaults_classes": len(defaults) if defaults else 0,
+                            "unmanaged_node_selectors": list(cfg.unmanaged_node_selector),
+                            "exclude_namespaces": list(cfg.exclude_namespace),
+                            "exclude_pod_selector": cfg.exclude_pod_selector})
             await nursery.start(partial(ctl.run, elector=elector))
             task_status.started(ctl)
 

@@ -28,6 +28,7 @@ from ..kube.workqueue import WorkQueue
 from . import projections as proj
 from .keys import PodKey, QueueKey, StampKey
 from .plan import (
+    NO_CR_OUTCOMES,
     REASON_REJECTED,
     REASON_UNSUPPORTED,
     EventReport,
@@ -78,6 +79,8 @@ class PlanApplier:
                 log.info("crs deleted for terminal pod pod=%s uid=%s phase=%s crs=%d",
                          key, uid, plan.phase, sum(gone))
             return plan.outcome
+        if plan.outcome in NO_CR_OUTCOMES:
+            return await self._unwanted(key, plan)
         if plan.outcome == "invalid_pod":
             assert plan.report is not None
             # WARNING once per distinct error (with the Event); a resync repeating it is DEBUG
@@ -132,6 +135,17 @@ class PlanApplier:
             log.debug("pod demand still not sent, cr rejected again pod=%s", key)
         for cr in plan.delete:
             await self.delete_cr(cr, why=plan.delete_reason)
+
+    async def _unwanted(self, key: PodKey, plan: PodPlan) -> str:
+        """The Pod gets no CR on purpose (excluded, or on an unmanaged Node): delete the CRs it
+        has, one INFO line when any went, no Event
+        (docs/rules.md#pod-translation-unmanaged-nodes-and-opt-out)."""
+        self.clear(plan.uid, *plan.clear)
+        if plan.delete:
+            gone = [await self.delete_cr(cr, why=plan.delete_reason) for cr in plan.delete]
+            log.info("crs deleted, pod gets no cr pod=%s uid=%s reason=%s crs=%d",
+                     key, plan.uid, plan.outcome, sum(gone))
+        return plan.outcome
 
     async def _write(self, key: PodKey, plan: PodPlan) -> str:
         """Create the CR, or delete extras and bring the kept one in line (``plan.action``)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+from functools import partial
 from typing import Any
 
 import trio
@@ -36,11 +37,13 @@ from .apply import PlanApplier
 from .defaults import PriorityClassDefaults
 from .failures import FailedReconciles
 from .keys import OrphanKey, PodKey, QueueKey, RecreateKey
+from .nodes import NodeWatch
 from .plan import (
     REASONS,
 )
 from .projections import slim_cr, slim_pod
 from .reconciler import OWNER_POD_INDEX, OWNER_UID_INDEX, POD_UID_INDEX, PodReconciler
+from .scope import PodScope
 from .translate import OWNED_BY_POD_LABEL, is_terminal
 
 __all__ = ["CONTROLLER_NAME", "PodController"]
@@ -73,6 +76,10 @@ class PodController:
         component: Event source component.
         freeze_heap: the informers keep their caches out of the garbage collector's full
             passes (``Informer(freeze_heap=True)``; the binary sets it, tests do not).
+        watch_list: the informers fill their caches from streaming lists.
+        scope: which Pods get no CR on purpose (:class:`~.scope.PodScope`; None: every Pod
+            gets one). With unmanaged-node selectors a third informer caches Nodes
+            (:class:`~.nodes.NodeWatch`; docs/rules.md#pod-translation-unmanaged-nodes-and-opt-out).
 
     Usage::
 
@@ -83,6 +90,8 @@ class PodController:
 
     Attributes:
         pods, crs: the two informers (``.store`` for inspection).
+        nodes: the Node cache (:class:`~.nodes.NodeWatch`), None without unmanaged-node
+            selectors.
         queue: the work queue.
         applier: the write side (:class:`~.apply.PlanApplier`), given the client, the CR store
             and the queue.
@@ -105,6 +114,7 @@ class PodController:
         component: str = CONTROLLER_NAME,
         freeze_heap: bool = False,
         watch_list: bool = False,
+        scope: PodScope | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1 (got {workers})")
@@ -122,7 +132,7 @@ class PodController:
             client,
             PODS,
             namespace=namespace,
-            transform=slim_pod,
+            transform=slim_pod if scope is None else partial(slim_pod, scope=scope),
             indexers={POD_UID_INDEX: proj.index_pod_uid,
                       zonepin.BOUND_ZONE_INDEX: zonepin.index_bound_zone,
                       zonepin.CO_LOCATED_INDEX: zonepin.index_co_located},
@@ -141,10 +151,14 @@ class PodController:
         )
         self.pods.add_handler(self._on_pod_add, self._on_pod_update, self._on_pod_delete)
         self.crs.add_handler(self._on_cr_add, self._on_cr_update, self._on_cr_delete)
+        self.nodes = (NodeWatch(client, scope, self.pods.store, self.queue,
+                                freeze_heap=freeze_heap, watch_list=watch_list)
+                      if scope is not None and scope.watches_nodes else None)
         self.applier = PlanApplier(client, self.crs.store, self.queue, component)
         self.failures = FailedReconciles(self.queue, self.crs)
         self.reconciler = PodReconciler(client, self.pods.store, self.crs.store, self.queue,
-                                        self.applier, defaults, orphan_grace)
+                                        self.applier, defaults, orphan_grace, scope=scope,
+                                        nodes=self.nodes)
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.synced = False
         self.leading = False
@@ -218,12 +232,14 @@ class PodController:
         uid = proj.owner_uid(cr)
         # recreate at once if that very Pod is still live (not for GC after a Pod deletion),
         # and not when we deleted it ourselves because that Pod cannot have a CR right now
-        # (unsupported requirement / rejected by the apiserver: a Pod change re-checks it)
+        # (unsupported requirement / rejected by the apiserver / excluded / on an unmanaged
+        # Node: a Pod or Node change re-checks it)
         # ... but the cache may lag: a CR deleted by GC after its Pod was deleted can arrive on
         # the CR watch before the Pod watch delivers the Pod's deletion, and re-creating then
         # loops (the new CR is collected again at once). So the Pod is confirmed live first.
         if (pod is not None and pod.get("metadata", {}).get("uid") == uid
-                and not is_terminal(pod) and not self.applier.no_cr_wanted(uid)):
+                and not is_terminal(pod) and not self.applier.no_cr_wanted(uid)
+                and not self.reconciler.wants_no_cr(pod)):
             self.queue.add(RecreateKey.parse(key))
 
     # -- running ------------------------------------------------------------------------------
@@ -248,7 +264,11 @@ class PodController:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.pods.run)
             await nursery.start(self.crs.run)
+            if self.nodes is not None:
+                await nursery.start(self.nodes.run)
             timed_out = await self._wait_synced()
+            if timed_out is None and self.nodes is not None:
+                await self.nodes.wait_synced()  # a short grace; unknown Nodes count as managed
             if timed_out is None:
                 await self._synced_run(elector, task_status)
             nursery.cancel_scope.cancel()
@@ -263,6 +283,8 @@ class PodController:
         self, elector: LeaderElector | None, task_status: trio.TaskStatus[None]
     ) -> None:
         self.synced = True
+        if self.nodes is not None:
+            self.nodes.live = True
         log.info(
             "pod controller caches synced pods=%d crs=%d", len(self.pods.store), len(self.crs.store)
         )
@@ -286,6 +308,8 @@ class PodController:
                 for i in range(self.workers):
                     nursery.start_soon(self._worker, i)
                 nursery.start_soon(self._resync_loop)
+                if self.nodes is not None:
+                    nursery.start_soon(self.nodes.requeue_loop)
         finally:
             self.leading = False
 

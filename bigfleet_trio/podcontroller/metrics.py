@@ -3,8 +3,10 @@
 * ``bigfleet_unschedulable_pod_controller_reconciles_total{outcome}`` (the reference's name), with
   outcomes :data:`OUTCOMES`: ``cr_created``, ``cr_exists``, ``cr_updated``, ``pod_gone``,
   ``pod_terminal``, ``invalid_pod``, ``error`` (plus ``orphan_deleted`` for our orphan clean-up,
-  ``unsupported_requirement`` for a Pod whose requirement operator is not a node-selector one
-  and ``cr_rejected`` for a CR write the apiserver refused with 422 Invalid).
+  ``unsupported_requirement`` for a Pod whose requirement operator is not a node-selector one,
+  ``cr_rejected`` for a CR write the apiserver refused with 422 Invalid, ``excluded`` and
+  ``unmanaged_node`` for a Pod that gets no CR on purpose:
+  docs/rules.md#pod-translation-unmanaged-nodes-and-opt-out).
 * ``bigfleet_unschedulable_pod_controller_zone_pins_total{decision}``: reconciles of a Pod with
   a required zone co-location term, by the zone pin's decision (:data:`PIN_DECISIONS`; rule:
   docs/rules.md#pod-translation-co-location-zone-pin).
@@ -48,6 +50,8 @@ OUTCOMES = (
     "unsupported_requirement",
     "cr_rejected",
     "orphan_deleted",
+    "excluded",
+    "unmanaged_node",
     "error",
 )
 

@@ -35,6 +35,7 @@ __all__ = [
     "REASON_UNSUPPORTED",
     "REASON_WARNING",
     "REASONS",
+    "NO_CR_OUTCOMES",
     "plan_pod",
     "plan_rejected",
 ]
@@ -49,6 +50,9 @@ REASON_REJECTED = "CapacityRequestRejected"
 """Event reason: the apiserver rejected the CR create/patch with 422 Invalid; no CR."""
 REASONS = (REASON_FAILED, REASON_WARNING, REASON_UNSUPPORTED, REASON_REJECTED)
 NOT_SENT = "this Pod's demand is not sent to BigFleet"
+NO_CR_OUTCOMES = ("excluded", "unmanaged_node")
+"""Outcomes of a Pod that gets no CR on purpose, no Event either: opted out, or bound to a Node
+BigFleet does not manage (docs/rules.md#pod-translation-unmanaged-nodes-and-opt-out)."""
 
 Action = Literal["create", "update", "delete", "report", "nothing"]
 
@@ -78,7 +82,8 @@ class PodPlan:
             no CR: ``report`` Events, ``delete`` the CRs it has), ``nothing``.
         outcome: the reconcile outcome counted once the plan is applied (``cr_created``,
             ``cr_updated``, ``cr_exists``, ``pod_terminal``, ``invalid_pod``,
-            ``unsupported_requirement``, ``cr_rejected``; ``cr_created`` may turn into
+            ``unsupported_requirement``, ``cr_rejected``, ``excluded``, ``unmanaged_node``;
+            ``cr_created`` may turn into
             ``cr_exists``/``cr_updated`` when the CR turns out to exist).
         uid: the Pod UID ("" for a Pod without one).
         body: the CR the Pod should have (``create``/``update``: ``update`` recreates it from
@@ -86,14 +91,14 @@ class PodPlan:
         target: ``update``: the cached CR patched.
         patch: ``update``: the merge patch of ``{"spec": ...}``.
         delete: CRs to delete, with a reason for the log line (``duplicate``,
-            ``unsupported_requirement``, ``rejected_update``, ``pod_terminal``), before the
-            write.
+            ``unsupported_requirement``, ``rejected_update``, ``pod_terminal``, ``excluded``,
+            ``unmanaged_node``), before the write.
         report: Events for the decision (``report``), or None.
         warnings: translation warnings (Events + log lines) reported on the way to a write.
         clear: Event reasons whose condition has cleared (forget they were reported).
         detail: what the log line names (the translation error, the unsupported requirements).
         phase: ``delete`` of a terminal Pod: its phase (for the log line).
-        zone_pin: the co-location zone pin decided for the CR (steps 4-6), else None.
+        zone_pin: the co-location zone pin decided for the CR (steps 5-7), else None.
     """
 
     action: Action
@@ -123,6 +128,8 @@ def plan_pod(
     bound: Iterable[Mapping[str, Any]] = (),
     *,
     zones: Iterable[str] | None = None,
+    excluded: bool = False,
+    node_unmanaged: bool = False,
 ) -> PodPlan:
     """Decide what one live Pod needs.
 
@@ -133,6 +140,9 @@ def plan_pod(
         bound: cached bound Pods the Pod may co-locate with (:mod:`.zonepin`); () for none.
         zones: instead of ``bound``, the zones its co-location group runs in
             (:class:`~.zonegroups.GroupZones`; None: read them from ``bound``).
+        excluded: the Pod is opted out (``--exclude-namespace``, ``--exclude-pod-selector``).
+        node_unmanaged: the Pod is bound to a Node the Node cache says BigFleet does not manage
+            (False for a pending Pod and for a Node not in the cache).
 
     Returns:
         The plan (see :class:`PodPlan`). The rules, in order:
@@ -140,17 +150,21 @@ def plan_pod(
         1. No UID: ``nothing``/``invalid_pod``.
         2. Terminal (Succeeded/Failed): ``delete`` of the collection labelled with its UID when
            it owns any CR, else ``nothing``; ``pod_terminal`` either way; never a create.
-        3. Untranslatable: ``report`` :data:`REASON_FAILED` with the error, ``invalid_pod``; its
+        3. ``excluded``, else ``node_unmanaged``: ``delete`` of every CR it owns (each by name),
+           else ``nothing``; outcome and delete reason ``excluded`` / ``unmanaged_node``; no
+           Event, and every reported Event reason cleared
+           (docs/rules.md#pod-translation-unmanaged-nodes-and-opt-out).
+        4. Untranslatable: ``report`` :data:`REASON_FAILED` with the error, ``invalid_pod``; its
            CRs are left alone (the error may be ours).
-        4. A requirement operator the CRD does not accept: ``report``
+        5. A requirement operator the CRD does not accept: ``report``
            :data:`REASON_UNSUPPORTED` naming key and operator, delete every CR it has (it would
            carry the demand with constraints the Pod no longer has), ``unsupported_requirement``.
-        5. No CR: ``create`` (``cr_created``).
-        6. CRs: keep the one with the deterministic name (else the first); delete the others
+        6. No CR: ``create`` (``cr_created``).
+        7. CRs: keep the one with the deterministic name (else the first); delete the others
            (``duplicate``); ``update`` the kept one with a merge patch when its spec differs
            (``cr_updated``), else ``delete`` of the extras or ``nothing`` (``cr_exists``).
 
-        Translation warnings ride along in ``warnings`` (steps 4-6). The CR's spec is the
+        Translation warnings ride along in ``warnings`` (steps 5-7). The CR's spec is the
         translation pinned to its co-location group's zone when the bound Pods in ``bound``
         (:func:`~.zonepin.candidates`) say so (:func:`~.zonepin.plan_zone_pin`,
         docs/rules.md#pod-translation-co-location-zone-pin).
@@ -169,6 +183,10 @@ def plan_pod(
                            delete_reason="pod_terminal",
                            phase=str((pod.get("status") or {}).get("phase")))
         return PodPlan("nothing", "pod_terminal", uid)
+    if excluded or node_unmanaged:
+        why = "excluded" if excluded else "unmanaged_node"
+        return PodPlan("delete" if owned_crs else "nothing", why, uid, delete=tuple(owned_crs),
+                       delete_reason=why, clear=REASONS)
     try:
         translation = translate_pod(pod, defaults)
         pin = plan_zone_pin(pod, translation.spec, bound, zones=zones)

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from .scope import EXCLUDED_KEY, NODE_NAME_KEY, PodScope
 from .translate import (
     INTERRUPTION_PENALTY_ANNOTATION,
     OWNED_BY_POD_LABEL,
@@ -71,7 +72,7 @@ def _slim_containers(value: Any, *, init: bool) -> Any:
     return out
 
 
-def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
+def slim_pod(obj: Mapping[str, Any], scope: PodScope | None = None) -> dict[str, Any]:
     """The Pod as the controller keeps it in memory (informer transform).
 
     Keeps ``metadata`` name/namespace/uid/deletionTimestamp, the two penalty annotations and
@@ -82,6 +83,13 @@ def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
     priority, priorityClassName, topologySpreadConstraints); ``status.phase``.
     Malformed shapes are kept as they are so translation reports them. ``apiVersion``/``kind``
     are always ``v1``/``Pod`` (Events need them).
+
+    With a ``scope`` (docs/rules.md#pod-translation-unmanaged-nodes-and-opt-out), two more
+    ``metadata`` keys: ``nodeName`` (:data:`~.scope.NODE_NAME_KEY`, the interned
+    ``spec.nodeName`` of a bound Pod, when some Node may be unmanaged; kept out of the shared
+    ``spec``) and
+    ``excluded`` (:data:`~.scope.EXCLUDED_KEY`, True when the Pod's labels match
+    ``--exclude-pod-selector``: the labels themselves are not kept).
     """
     meta = obj.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
@@ -130,7 +138,18 @@ def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
     }
     if "phase" in status:
         out["status"] = _share({"phase": status["phase"]})
+    if scope is not None:
+        _scoped(out, spec, labels, scope)
     return out
+
+
+def _scoped(out: dict[str, Any], spec: Mapping[str, Any], labels: Any, scope: PodScope) -> None:
+    meta = out["metadata"]
+    node = spec.get("nodeName")
+    if scope.watches_nodes and isinstance(node, str) and node:
+        meta[NODE_NAME_KEY] = sys.intern(node)
+    if scope.pod_labels_excluded(labels if isinstance(labels, Mapping) else None):
+        meta[EXCLUDED_KEY] = True
 
 
 _SHARED_MAX = 4096

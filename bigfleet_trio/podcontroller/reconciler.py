@@ -21,7 +21,9 @@ from . import zonepin
 from .apply import PlanApplier
 from .defaults import PriorityClassDefaults
 from .keys import OrphanKey, PodKey, QueueKey, RecreateKey, StampKey
+from .nodes import NodeWatch
 from .plan import plan_pod
+from .scope import PodScope
 from .zonegroups import GroupZones
 
 __all__ = ["OWNER_POD_INDEX", "OWNER_UID_INDEX", "POD_UID_INDEX", "PodReconciler"]
@@ -47,11 +49,15 @@ class PodReconciler:
         applier: the write side.
         defaults: PriorityClass penalty defaults (None = none).
         orphan_grace: seconds a CR whose Pod vanished is left to the garbage collector.
+        scope: the opt-out settings (None: no Pod is excluded).
+        nodes: the Node cache (None: every Node is managed); with ``scope``, what makes a Pod
+            get no CR (docs/rules.md#pod-translation-unmanaged-nodes-and-opt-out).
     """
 
     def __init__(self, client: Any, pods: Store, crs: Store, queue: WorkQueue[QueueKey],
                  applier: PlanApplier, defaults: PriorityClassDefaults | None,
-                 orphan_grace: float) -> None:
+                 orphan_grace: float, *, scope: PodScope | None = None,
+                 nodes: NodeWatch | None = None) -> None:
         self.client = client
         self.pods = pods
         self.crs = crs
@@ -60,7 +66,9 @@ class PodReconciler:
         self.defaults = defaults
         self.orphan_grace = orphan_grace
         self.zone_groups = GroupZones(pods)
-        """The zones each co-location group runs in; the controller feeds it every Pod event."""
+        """The zones each co-location group runs in (the Pod store tells it every change)."""
+        self.scope = scope
+        self.nodes = nodes
 
     async def reconcile(self, item: QueueKey) -> str | None:
         """Reconcile one queue key; returns the outcome label (None: nothing to count).
@@ -95,9 +103,22 @@ class PodReconciler:
         owned = (
             self.crs.by_index(OWNER_UID_INDEX, uid) if isinstance(uid, str) and uid else []
         )
-        plan = plan_pod(pod, owned, self.defaults, zones=self.zone_groups.zones(pod))
+        plan = plan_pod(pod, owned, self.defaults, zones=self.zone_groups.zones(pod),
+                        excluded=self.excluded(pod), node_unmanaged=self.on_unmanaged_node(pod))
         zonepin.report(plan.zone_pin, skey, plan.action)
         return await self.applier.apply(key, pod, owned, plan)
+
+    def excluded(self, pod: dict[str, Any]) -> bool:
+        """The cached Pod is opted out (``--exclude-namespace``/``--exclude-pod-selector``)."""
+        return self.scope is not None and self.scope.pod_excluded(pod)
+
+    def on_unmanaged_node(self, pod: dict[str, Any]) -> bool:
+        """The cached Pod is bound to a Node the Node cache says is unmanaged."""
+        return self.nodes is not None and self.nodes.unmanaged(pod)
+
+    def wants_no_cr(self, pod: dict[str, Any]) -> bool:
+        """The cached Pod gets no CR on purpose (excluded, or on an unmanaged Node)."""
+        return self.excluded(pod) or self.on_unmanaged_node(pod)
 
     async def reconcile_recreate(self, key: RecreateKey) -> str:
         """Re-create a deleted CR only if its Pod is live at the apiserver (a GET), not just in

@@ -118,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--kubeconfig-out", type=Path, required=True,
                       help="where to write the admin kubeconfig")
     p_up.add_argument("--nodes", type=int, default=3,
-                      help="fake Nodes run by kwok (default 3): Pods can bind there without "
-                      "any shard. 0 leaves the cluster with the shard's Nodes only, as the "
-                      "pieces path in the README wants (every Pod then waits for BigFleet)")
+                      help="fake Nodes run by kwok (default 3), labelled "
+                      "bigfleet.lucy.sh/unmanaged=true: Pods can bind there without any shard, "
+                      "and get no CapacityRequest. 0 leaves the cluster with the shard's Nodes "
+                      "only, as the pieces path in the README wants (every Pod then waits for "
+                      "BigFleet)")
     p_up.add_argument("--agent-kubeconfigs", type=Path, metavar="DIR",
                       help="also apply the shipped RBAC and write DIR/operator.kubeconfig and "
                       "DIR/pod-controller.kubeconfig with each binary's ServiceAccount token, "

@@ -38,6 +38,10 @@ from .pki import Pki, write_pki
 __all__ = ["ControlPlane", "ControlPlaneError", "free_port", "KWOK_NODE_PREFIX"]
 
 KWOK_NODE_PREFIX = "kwok-node-"
+UNMANAGED_LABEL = "bigfleet.lucy.sh/unmanaged"
+"""On kwok's Nodes: BigFleet did not buy them, so the pod controller's default
+``--unmanaged-node-selector`` gives the Pods bound to them no CapacityRequest
+(docs/rules.md#pod-translation-unmanaged-nodes-and-opt-out)."""
 SERVICE_CIDR = "10.0.0.0/24"
 SA_ISSUER = "https://kubernetes.default.svc"
 # start order; stop is the reverse
@@ -108,7 +112,8 @@ class ControlPlane:
     Args:
         binaries: from :func:`scripts.realkube.build.find_binaries`.
         workdir: where data, certificates, kubeconfigs and logs go (``logs/<component>.log``).
-        nodes: fake Nodes kwok runs (``kwok-node-0`` ...; 32 CPU, 256Gi, 110 Pods each).
+        nodes: fake Nodes kwok runs (``kwok-node-0`` ...; 32 CPU, 256Gi, 110 Pods each),
+            labelled ``bigfleet.lucy.sh/unmanaged: "true"`` (:data:`UNMANAGED_LABEL`).
         ready_timeout: seconds each component gets to become ready.
         extra_args: per component name, flags appended to its command line (e.g. a scale
             test's client QPS for kube-controller-manager); a name not in the components is
@@ -439,16 +444,22 @@ class ControlPlane:
 
     # ---- Nodes ---------------------------------------------------------------------------------
 
-    def create_nodes(self, count: int, prefix: str = KWOK_NODE_PREFIX) -> list[str]:
-        """Create ``count`` fake Nodes (kwok runs them) and wait until each is Ready."""
+    def create_nodes(self, count: int, prefix: str = KWOK_NODE_PREFIX, *,
+                     unmanaged: bool = True) -> list[str]:
+        """Create ``count`` fake Nodes (kwok runs them) and wait until each is Ready.
+
+        ``unmanaged``: label them ``bigfleet.lucy.sh/unmanaged: "true"`` (:data:`UNMANAGED_LABEL`),
+        so Pods on them get no CapacityRequest with the pod controller's default flags.
+        """
         names = [f"{prefix}{i}" for i in range(count)]
+        extra = {UNMANAGED_LABEL: "true"} if unmanaged else {}
         for name in names:
             node = {"apiVersion": "v1", "kind": "Node", "metadata": {
                 "name": name,
                 "annotations": {"node.alpha.kubernetes.io/ttl": "0",
                                 "kwok.x-k8s.io/node": "fake"},
                 "labels": {"kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux",
-                           "kubernetes.io/hostname": name, "type": "kwok"}},
+                           "kubernetes.io/hostname": name, "type": "kwok", **extra}},
                 "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
                            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"}}}
             r = self.request("POST", "/api/v1/nodes", node)

@@ -210,8 +210,9 @@ selector_text = st.one_of(
 @fuzz(1000)
 @given(selector_text)
 def test_apiserver_selector_parser_answers_400_or_parses(text: str) -> None:
+    from bigfleet_trio.kube.labelselector import match_labels
     from bigfleet_trio.sim.apiserver.errors import ApiError
-    from bigfleet_trio.sim.apiserver.selectors import match_labels, parse_label_selector
+    from bigfleet_trio.sim.apiserver.selectors import parse_label_selector
 
     try:
         reqs = parse_label_selector(text)

@@ -170,6 +170,7 @@ POD_CONTROLLER_UNEXERCISED: dict[Triple, str] = {
 
 async def _pod_controller_calls() -> set[Triple]:
     from bigfleet_trio.podcontroller.controller import PodController
+    from bigfleet_trio.podcontroller.scope import PodScope
 
     server = ApiServer()
     async with trio.open_nursery() as nursery:
@@ -192,7 +193,8 @@ async def _pod_controller_calls() -> set[Triple]:
                 while not await pred():  # noqa: ASYNC110 - polls the apiserver
                     await trio.sleep(0.1)
 
-        ctl = PodController(client, orphan_grace=1.0)
+        # the binary's default scope: the Node cache of --unmanaged-node-selector
+        ctl = PodController(client, orphan_grace=1.0, scope=PodScope.parse())
         async with trio.open_nursery() as run:
             await run.start(ctl.run)
             await setup.create(PODS, pod("a"))

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from bigfleet_trio.kube.labelselector import match_labels
 from bigfleet_trio.sim.apiserver.errors import ApiError
 from bigfleet_trio.sim.apiserver.metadata import validate_name
 from bigfleet_trio.sim.apiserver.patching import merge_patch, strategic_merge_patch
 from bigfleet_trio.sim.apiserver.selectors import (
     label_selector_from_object,
-    match_labels,
     parse_field_selector,
     parse_label_selector,
 )

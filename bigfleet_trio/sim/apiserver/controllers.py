@@ -15,7 +15,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .selectors import label_selector_from_object, match_labels
+from bigfleet_trio.kube.labelselector import match_labels
+
+from .selectors import label_selector_from_object
 from .store import Event
 
 if TYPE_CHECKING:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from bigfleet_trio.kube.labelselector import match_labels
+
 from . import errors as E
 from .objects import to_int
-from .selectors import label_selector_from_object, match_labels
+from .selectors import label_selector_from_object
 
 DELETE_ONLY = None  # plan value: delete the pod, write no PDB
 

@@ -10,10 +10,12 @@ import datetime as _dt
 from collections.abc import Iterable
 from typing import Any
 
+from bigfleet_trio.kube.labelselector import Requirement, match_labels
+
 from . import errors as E
 from .metadata import metadata_type_error, validate_name, validate_path_segment_name
 from .resources import ResourceType
-from .selectors import FieldRequirement, Requirement, match_labels
+from .selectors import FieldRequirement
 
 PROTECTED_NAMESPACES = ("default", "kube-system", "kube-public")
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")

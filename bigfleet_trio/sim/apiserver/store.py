@@ -14,8 +14,10 @@ from typing import Any
 
 import trio
 
+from bigfleet_trio.kube.labelselector import Requirement, match_labels
+
 from .resources import ResourceType
-from .selectors import FieldRequirement, Requirement, match_labels
+from .selectors import FieldRequirement
 
 log = logging.getLogger(__name__)
 
