@@ -51,6 +51,28 @@ def load_traces(fleet: Fleet) -> dict[str, list[tuple[float, float]]]:
     return trace_index(lines)
 
 
+WRITE_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
+
+
+def count_writes(fleet: Fleet, name: str) -> int:
+    """Apiserver writes (POST, PUT, PATCH, DELETE) in binary ``name``'s request trace; 0
+    without one."""
+    import orjson
+
+    try:
+        raw = fleet.trace_path(name).read_bytes()
+    except OSError:
+        return 0
+    writes = 0
+    for line in raw.splitlines():
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        writes += isinstance(row, list) and len(row) > 2 and row[2] in WRITE_METHODS
+    return writes
+
+
 def _own_rows(ph: str, name: str, windows: list[Window],
               index: dict[str, list[tuple[float, float]]]) -> list[dict[str, Any]]:
     """Agent-own rows of one matched latency: end-to-end minus the apiserver requests on its
@@ -251,6 +273,14 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 "operator: CPU per downlink frame", "ms", cpu / frames_down * 1000,
                 baseline=frames_down, baseline_label="frames the shard sent (NodeStateUpdates, "
                 "BootstrapRequests, ReclaimInstruction sends)"))
+        writes = count_writes(fleet, name) if name in TRACED else 0
+        if writes:
+            figures.append(C.figure(
+                f"{name}: CPU per apiserver write", "ms", cpu / writes * 1000,
+                baseline=writes, baseline_label="writes in its request trace (whole-process "
+                "CPU: reads, watches and the shard stream included)",
+                target="<= 1 ms (operator)" if name == "operator" else "reported",
+                met=cpu / writes * 1000 <= 1.0 if name == "operator" else None))
         if name == "pod-controller" and obs.pod_added:
             figures.append(C.figure(
                 "pod-controller: CPU per Pod", "ms", cpu / len(obs.pod_added) * 1000,
