@@ -104,7 +104,7 @@ class NodeWatch:
                     log.error(
                         "pod controller cannot watch Nodes (403 Forbidden): every Node counts "
                         "as managed, so Pods on unmanaged Nodes keep their CapacityRequests; "
-                        "grant get/list/watch on nodes (config/rbac/pod-controller.yaml) or "
+                        "grant list and watch on nodes (config/rbac/pod-controller.yaml) or "
                         "pass --unmanaged-node-selector '' err=%s", self.informer.last_error)
                 await trio.sleep(ACCESS_POLL)
             if self.refused:
