@@ -131,3 +131,36 @@ def test_all_lists_only_the_modules_own_names() -> None:
                 found += [f"{path}: {e.value}" for e in node.value.elts
                           if isinstance(e, ast.Constant) and e.value not in own]
     assert not found, f"re-exported names: {found}"
+
+
+TESTS = Path(__file__).resolve().parent
+# minimal objects for the kube layer's own tests (informers, the client), not CapacityRequests
+# as the operator or the pod controller reads them
+_KUBE_LAYER_CR_FIXTURES = {
+    "kube/test_informer.py", "kube/test_informer_relist_apply.py", "kube/test_integration.py",
+    "kube/test_retry.py", "kube/test_client.py", "kube/test_informer_rollback.py",
+    "kube/test_client_delete_collection.py",
+}
+
+
+def _test_functions(*names: str) -> list[tuple[str, ast.FunctionDef]]:
+    """Every module-level function called one of ``names`` under tests/, with its file."""
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name in names:
+                found.append((str(path.relative_to(TESTS)), node))
+    return found
+
+
+def test_one_free_port_and_one_capacity_request_builder() -> None:
+    # one helper each in tests/support, which every test imports; a test that wants its own
+    # CR defaults keeps a small wrapper over the shared builder
+    assert [path for path, _ in _test_functions("free_port", "_free_port")] == [
+        "support/ports.py"]
+    imports_scripts_port = [str(p.relative_to(TESTS)) for p in sorted(TESTS.rglob("*.py"))
+                            if "from scripts.realkube " + "import free_port" in p.read_text()]
+    assert imports_scripts_port == []
+    copies = [path for path, node in _test_functions("cr", "_cr")
+              if path != "support/capacity.py" and "capacity.cr(" not in ast.unparse(node)]
+    assert set(copies) <= _KUBE_LAYER_CR_FIXTURES, sorted(set(copies) - _KUBE_LAYER_CR_FIXTURES)

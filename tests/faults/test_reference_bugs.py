@@ -16,13 +16,12 @@ from bigfleet_trio.operator.bootstrap import (
 from bigfleet_trio.operator.rollup.translate import contribution_from_cr
 from bigfleet_trio.operator.upcoming.plan import spec_equal
 from bigfleet_trio.proto import pb
+from tests.support import capacity
 
 
 def _cr(reqs: list[dict[str, Any]], spread: list[dict[str, Any]] | None = None) -> Any:
-    spec: dict[str, Any] = {"priority": 1, "resources": {"cpu": "1"}, "requirements": reqs}
-    if spread:
-        spec["topologySpread"] = spread
-    return contribution_from_cr({"metadata": {"name": "x"}, "spec": spec})
+    extra = {"topologySpread": spread} if spread else {}
+    return contribution_from_cr(capacity.cr("x", 1, {"cpu": "1"}, requirements=reqs, **extra))
 
 
 def test_18_17_fingerprint_is_injective_for_delimiters_in_values() -> None:

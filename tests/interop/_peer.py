@@ -26,7 +26,7 @@ import trio
 
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import load_kubeconfig
-from scripts.realkube import free_port
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = str(Path(sys.executable).parent / "bigfleet-trio")

@@ -17,16 +17,14 @@ from bigfleet_trio.operator.acknowledge import (
     format_acknowledged_at,
     needs_acknowledgement,
 )
+from tests.support import capacity
 from tests.support.kube import Record, RecordingKube, sim_kube
 
 T0 = datetime(2026, 3, 1, 12, 0, 5, 987654, tzinfo=UTC)
 
 
 def _cr(ns: str, name: str, phase: str | None = "Pending") -> dict[str, Any]:
-    cr: dict[str, Any] = {"metadata": {"namespace": ns, "name": name}, "spec": {}}
-    if phase is not None:
-        cr["status"] = {"phase": phase}
-    return cr
+    return capacity.cr(name, namespace=ns, phase=phase)
 
 
 def ack_kube(nursery: trio.Nursery, *crs: dict[str, Any]) -> RecordingKube:

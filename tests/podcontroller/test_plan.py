@@ -19,6 +19,7 @@ from bigfleet_trio.podcontroller.plan import (
     plan_pod,
     plan_rejected,
 )
+from tests.support import capacity
 
 UID = "0b0e2f3c-1111-4222-8333-944455556666"
 CR_NAME = f"cr-{UID}"
@@ -51,9 +52,9 @@ def want_spec(cpu: str = "1") -> dict[str, Any]:
 
 
 def cr(name: str = CR_NAME, spec: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
-                         "labels": {LABEL: UID}},
-            "spec": want_spec() if spec is None else spec}
+    obj = capacity.cr(name, namespace="ns", **(want_spec() if spec is None else spec))
+    obj["metadata"].update(uid=f"uid-{name}", labels={LABEL: UID})
+    return obj
 
 
 def test_pod_without_uid_is_invalid_and_nothing_is_done() -> None:

@@ -36,7 +36,7 @@ from bigfleet_trio.kube.errors import (
     Unauthorized,
 )
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS, Resource
-from scripts.realkube import free_port
+from tests.support.ports import free_port
 from tests.support.realkube import RealKube, until
 from tests.support.simproc import SHARD_LISTENING
 

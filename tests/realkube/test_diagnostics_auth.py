@@ -13,8 +13,8 @@ import trio
 import trustme
 
 from bigfleet_trio.observability.tls import client_context
-from scripts.realkube import free_port
 from tests.realkube.agent import Agent
+from tests.support.ports import free_port
 from tests.support.realkube import RealKube, until
 
 
