@@ -139,7 +139,7 @@ TESTS = Path(__file__).resolve().parent
 _KUBE_LAYER_CR_FIXTURES = {
     "kube/test_informer.py", "kube/test_informer_relist_apply.py", "kube/test_integration.py",
     "kube/test_retry.py", "kube/test_client.py", "kube/test_informer_rollback.py",
-    "kube/test_client_delete_collection.py",
+    "kube/test_client_delete_collection.py", "kube/test_watchlist.py",
 }
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bigfleet_trio.podcontroller.plan import REASONS, PodPlan, plan_pod
+from tests.support import capacity
 
 UID = "0b0e2f3c-1111-4222-8333-944455556666"
 LABEL = "bigfleet.lucy.sh/owned-by-pod"
@@ -24,8 +25,9 @@ def pod(*, phase: str = "Pending", uid: str | None = UID, cpu: str = "1") -> dic
 
 
 def cr(name: str = f"cr-{UID}") -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
-                         "labels": {LABEL: UID}}, "spec": {"resources": {"cpu": "1"}}}
+    obj = capacity.cr(name, namespace="ns", resources={"cpu": "1"})
+    obj["metadata"].update(uid=f"uid-{name}", labels={LABEL: UID})
+    return obj
 
 
 @pytest.mark.parametrize("kwargs, outcome", [
