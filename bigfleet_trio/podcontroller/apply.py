@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import trio
+
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.errors import (
     AlreadyExists,
@@ -42,6 +44,11 @@ __all__ = ["PlanApplier"]
 log = logging.getLogger("bigfleet_trio.podcontroller.controller")
 
 
+STAMP_BACKLOG = 10_000
+"""Pending stamps that may wait in the work queue at once; CRs created past it are stamped by
+:meth:`PlanApplier.sweep_stamps` (docs/rules.md#pod-translation-pending-stamp)."""
+
+
 class PlanApplier:
     """Writes for one Pod's plan.
 
@@ -63,7 +70,12 @@ class PlanApplier:
         # (pod uid, Event reason) -> (messages, version) last reported: each condition is
         # reported once while it persists and again after it cleared and came back
         self._reported: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {}
-        self.stamp_rv: dict[StampKey, str | None] = {}  # resourceVersion after our create
+        # resourceVersion after our create; "" for a stamp the sweep queued (read the CR first)
+        self.stamp_rv: dict[StampKey, str | None] = {}
+        self.stamp_backlog = STAMP_BACKLOG
+        self.stamps_overflowed = False
+        """A CR was created while the stamp backlog was full: the next sweep looks for it."""
+        self.stamps_swept = 0
 
     async def apply(
         self, key: PodKey, pod: dict[str, Any], owned: list[dict[str, Any]], plan: PodPlan
@@ -191,8 +203,42 @@ class PlanApplier:
         empty phase as Pending anyway.
         """
         key = StampKey(ns, name)
+        if key not in self.stamp_rv and len(self.stamp_rv) >= self.stamp_backlog:
+            # A burst of creates must not hold a queued stamp per CR (at 150,000 Pods replaced
+            # at once those were 44 MB): the sweep finds the CRs without a phase later.
+            self.stamps_overflowed = True
+            return
         self.stamp_rv[key] = resource_version
         self.queue.add(key, low=True)
+
+    async def sweep_stamps(self, chunk: int = 1000) -> int:
+        """After an overflow, queue a stamp for each cached CR with no phase (and not being
+        deleted) while the backlog has room; returns how many. Stays overflowed if it filled
+        up again. Yields to the event loop every ``chunk`` CRs. Such a stamp reads the CR before
+        it writes (the cache keeps no resourceVersion), so it never overwrites a phase."""
+        if not self.stamps_overflowed:
+            return 0
+        self.stamps_overflowed = False
+        queued = 0
+        for i, key in enumerate(self.crs.keys(), 1):
+            cr = self.crs.get(key)
+            if (cr is not None and not (cr.get("status") or {}).get("phase")
+                    and not cr["metadata"].get("deletionTimestamp")):
+                stamp = StampKey.parse(key)
+                if stamp not in self.stamp_rv:
+                    if len(self.stamp_rv) >= self.stamp_backlog:
+                        self.stamps_overflowed = True
+                        break
+                    self.stamp_rv[stamp] = ""
+                    self.queue.add(stamp, low=True)
+                    queued += 1
+            if i % chunk == 0:
+                await trio.lowlevel.checkpoint()
+        self.stamps_swept += queued
+        if queued:
+            log.info("cr Pending stamps queued by the sweep crs=%d more=%s", queued,
+                     self.stamps_overflowed)
+        return queued
 
     async def reconcile_stamp(self, key: StampKey | str) -> None:
         """Status merge-patch ``{"status":{"phase":"Pending"}}`` on a CR we created.
@@ -210,6 +256,11 @@ class PlanApplier:
             return
         ns, name = key.namespace, key.name
         try:
+            if rv == "":  # queued by the sweep: no resourceVersion of ours to guard with
+                live = await self.client.get(CAPACITY_REQUESTS, name, ns)
+                if (live.get("status") or {}).get("phase"):
+                    return
+                rv = proj.resource_version(live)
             for _attempt in range(3):
                 patch: dict[str, Any] = {"status": {"phase": "Pending"}}
                 if rv:

@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 CONTROLLER_NAME = "bigfleet-unschedulable-pod-controller"
 RESYNC_CHUNK = 1000
 """Objects a resync enqueues between two yields to the event loop."""
+STAMP_SWEEP_PERIOD = 5.0
+"""Seconds between two looks for CRs whose Pending stamp did not fit the backlog."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,6 +310,7 @@ class PodController:
                 for i in range(self.workers):
                     nursery.start_soon(self._worker, i)
                 nursery.start_soon(self._resync_loop)
+                nursery.start_soon(self._stamp_sweep_loop)
                 if self.nodes is not None:
                     nursery.start_soon(self.nodes.requeue_loop)
         finally:
@@ -341,6 +344,16 @@ class PodController:
         while True:
             await trio.sleep(self.resync_period)
             await self.resync()
+
+    async def _stamp_sweep_loop(self) -> None:
+        """Every :data:`STAMP_SWEEP_PERIOD` seconds, once the stamp backlog overflowed and has
+        half its room again, queue the stamps it could not hold
+        (docs/rules.md#pod-translation-pending-stamp)."""
+        applier = self.applier
+        while True:
+            await trio.sleep(STAMP_SWEEP_PERIOD)
+            if applier.stamps_overflowed and len(applier.stamp_rv) <= applier.stamp_backlog // 2:
+                await applier.sweep_stamps()
 
     async def _worker(self, index: int) -> None:
         while True:
