@@ -67,6 +67,10 @@ def add_sim_command(sub: Any) -> None:
     shard.add_argument("--reclaim-grace", type=int_arg, default=None, metavar="SECONDS",
                        help="grace period of every ReclaimInstruction (default 2; a fault test "
                        "sets a long one to keep a drain in flight)")
+    shard.add_argument("--node-lease-duration", type=int_arg, default=None, metavar="SECONDS",
+                       help="the simulated kubelets' Lease duration, renewed at a quarter of it "
+                       "(default 40, kubelet's; a fleet-scale bench sets 200, as for kwok's "
+                       "Nodes, with the node lifecycle controller's grace period to match)")
     shard.add_argument("--stats-addr", default=None, metavar="HOST:PORT",
                        help="serve shard-side timestamps as JSON at http://HOST:PORT/stats "
                        "(benchmarks)")
@@ -147,7 +151,8 @@ def run_command(ns: argparse.Namespace) -> int:
     # --catalog/--seed are passed only when given: without them the call is unchanged.
     kw = {k: v for k, v in (("catalog_file", ns.catalog), ("seed", ns.seed),
                             ("stats_addr", ns.stats_addr), ("host", ns.host),
-                            ("reclaim_grace", ns.reclaim_grace)) if v is not None}
+                            ("reclaim_grace", ns.reclaim_grace),
+                            ("node_lease_duration", ns.node_lease_duration)) if v is not None}
     return invoke(name, partial(fn, **kw), ns.port, ns.kubeconfig or None)
 
 

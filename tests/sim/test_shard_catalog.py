@@ -307,3 +307,22 @@ def test_run_demo_catalog_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     assert capsys.readouterr().err.splitlines() == [
         f"demo: {bad}: shapes[0]: 'allocatable' is a required property"]
     assert len(seen) == 2
+
+
+def test_run_cli_node_lease_duration_reaches_the_node_hooks_or_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bigfleet_trio.sim.shard.heartbeat import HeartbeatTiming
+
+    timings: list[Any] = []
+
+    async def fake_main(*args: Any, **kwargs: Any) -> int:
+        timings.append(kwargs.get("timing"))
+        return 0
+
+    monkeypatch.setattr(shard_cli, "_main", fake_main)
+    assert shard_cli.run_cli(0, None, node_lease_duration=200) == 0
+    assert shard_cli.run_cli(0, None) == 0
+    assert timings == [HeartbeatTiming(lease_duration=200), None]  # None: kubelet's 40 s
+    assert shard_cli.run_cli(0, None, node_lease_duration=3) == 1
+    assert capsys.readouterr().err == "sim shard: --node-lease-duration 3 must be >= 4\n"

@@ -25,6 +25,7 @@ import trio
 
 from .catalog import Catalog, CatalogError, default_catalog, load_catalog
 from .engine import EngineConfig
+from .heartbeat import DEFAULT_TIMING, HeartbeatTiming
 from .nodes import KubeNodeHooks
 from .session import NodeHooks, SimShard
 from .stats import ShardStats, serve_stats
@@ -51,6 +52,7 @@ def run_cli(
     seed: int | None = None,
     stats_addr: str | None = None,
     reclaim_grace: int | None = None,
+    node_lease_duration: int | None = None,
 ) -> int:
     """Run the simulated shard until SIGINT/SIGTERM. Returns the process exit code.
 
@@ -66,6 +68,8 @@ def run_cli(
             ``/stats`` (:mod:`.stats`; port 0 picks one, logged).
         reclaim_grace: ``--reclaim-grace``: seconds of grace in every ReclaimInstruction
             (overrides ``config.reclaim_grace_seconds``; must be >= 0).
+        node_lease_duration: ``--node-lease-duration``: the simulated kubelets' Lease duration
+            in seconds, renewed at a quarter of it (default 40, kubelet's; must be >= 4).
 
     Returns:
         0 after a signal, 1 on a startup error (one line ``sim shard: <what>`` on stderr, e.g.
@@ -85,6 +89,14 @@ def run_cli(
             print(f"sim shard: --reclaim-grace {reclaim_grace} must be >= 0", file=sys.stderr)
             return 1
         config = replace(config or EngineConfig(), reclaim_grace_seconds=reclaim_grace)
+    timing = DEFAULT_TIMING
+    if node_lease_duration is not None:
+        try:
+            timing = HeartbeatTiming(lease_duration=node_lease_duration)
+        except ValueError:
+            print(f"sim shard: --node-lease-duration {node_lease_duration} must be >= 4",
+                  file=sys.stderr)
+            return 1
     if catalog is None:
         catalog, source = default_catalog(), "default catalog"
     else:
@@ -99,7 +111,9 @@ def run_cli(
             return 1
         stats_at = (shost, int(sport))
     try:
-        extra = {"stats_at": stats_at} if stats_at is not None else {}
+        extra: dict[str, Any] = {"stats_at": stats_at} if stats_at is not None else {}
+        if timing is not DEFAULT_TIMING:
+            extra["timing"] = timing
         return trio.run(partial(_main, port, kubeconfig, host, catalog, config, **extra))
     except KeyboardInterrupt:
         return 0
@@ -151,7 +165,8 @@ async def serve_sim_shard(
 
 
 async def _main(port: int, kubeconfig: str | None, host: str, catalog: Catalog | None,
-                config: EngineConfig | None, stats_at: tuple[str, int] | None = None) -> int:
+                config: EngineConfig | None, stats_at: tuple[str, int] | None = None,
+                timing: HeartbeatTiming = DEFAULT_TIMING) -> int:
     try:
         import bigfleet_trio.shard.server  # noqa: F401
     except ImportError as exc:
@@ -170,7 +185,7 @@ async def _main(port: int, kubeconfig: str | None, host: str, catalog: Catalog |
             except KubeConfigError as exc:
                 raise _StartupError(str(exc)) from None
             client = await stack.enter_async_context(KubeClient(cfg))
-            hooks = KubeNodeHooks(client)
+            hooks = KubeNodeHooks(client, timing)
         stats = ShardStats() if stats_at is not None else None
         shard = SimShard(catalog, config, hooks=hooks, stats=stats)
         async with trio.open_nursery() as nursery:

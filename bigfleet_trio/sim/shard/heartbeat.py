@@ -36,6 +36,38 @@ BeatKind = Literal["lease", "status"]
 
 
 @dataclass(frozen=True)
+class HeartbeatTiming:
+    """How often the simulated kubelets beat (seconds).
+
+    Attributes:
+        lease_duration: the Lease's ``leaseDurationSeconds`` (kubelet's default 40); it is
+            renewed at a quarter of it, as kubelet does. A fleet-scale bench sets it longer, as
+            for kwok's Nodes, with the node lifecycle controller's grace period to match.
+        status_interval: seconds between two Ready reports of an unchanged Node.
+
+    Raises:
+        ValueError: ``lease_duration`` < 4 or ``status_interval`` <= 0.
+    """
+
+    lease_duration: int = LEASE_DURATION_SECONDS
+    status_interval: float = STATUS_REPORT_INTERVAL
+
+    def __post_init__(self) -> None:
+        if self.lease_duration < 4:
+            raise ValueError(f"lease_duration must be >= 4 s (got {self.lease_duration})")
+        if self.status_interval <= 0:
+            raise ValueError(f"status_interval must be > 0 (got {self.status_interval})")
+
+    @property
+    def renew_interval(self) -> float:
+        """Seconds between two renewals of a Lease."""
+        return self.lease_duration / 4
+
+
+DEFAULT_TIMING = HeartbeatTiming()
+
+
+@dataclass(frozen=True)
 class Beat:
     """When one Node's next heartbeats are due (seconds on the Trio clock).
 
@@ -51,9 +83,9 @@ class Beat:
     failures: int = 0
 
 
-def registered_beat(uid: str, now: float) -> Beat:
+def registered_beat(uid: str, now: float, timing: HeartbeatTiming = DEFAULT_TIMING) -> Beat:
     """The schedule of a Node just registered at ``now`` (its Lease and status just written)."""
-    return Beat(uid, now + LEASE_RENEW_INTERVAL, now + STATUS_REPORT_INTERVAL)
+    return Beat(uid, now + timing.renew_interval, now + timing.status_interval)
 
 
 def due_beats(beats: Mapping[str, Beat], now: float) -> list[tuple[str, BeatKind]]:
@@ -74,11 +106,12 @@ def next_due(beats: Mapping[str, Beat]) -> float:
     return min((min(b.lease_due, b.status_due) for b in beats.values()), default=math.inf)
 
 
-def after_beat(beat: Beat, kind: BeatKind, now: float, ok: bool) -> Beat:
+def after_beat(beat: Beat, kind: BeatKind, now: float, ok: bool,
+               timing: HeartbeatTiming = DEFAULT_TIMING) -> Beat:
     """The schedule after a ``kind`` write at ``now``: the next one a full interval later on
     success; on failure again after the registration backoff (0.1 s doubling to 7 s, never
     later than the interval), as kubelet retries a failed renewal soon."""
-    interval = LEASE_RENEW_INTERVAL if kind == "lease" else STATUS_REPORT_INTERVAL
+    interval = timing.renew_interval if kind == "lease" else timing.status_interval
     failures = 0 if ok else beat.failures + 1
     delay = interval if ok else min(retry_delay(failures), interval)
     if kind == "lease":
@@ -86,7 +119,8 @@ def after_beat(beat: Beat, kind: BeatKind, now: float, ok: bool) -> Beat:
     return replace(beat, failures=failures, status_due=now + delay)
 
 
-def lease_manifest(name: str, uid: str, renew_time: str) -> dict[str, Any]:
+def lease_manifest(name: str, uid: str, renew_time: str,
+                   timing: HeartbeatTiming = DEFAULT_TIMING) -> dict[str, Any]:
     """The kubelet's Lease ``kube-node-lease/<name>``, owned by the Node ``name``/``uid``;
     ``renew_time`` is RFC 3339 with microseconds.
 
@@ -97,7 +131,7 @@ def lease_manifest(name: str, uid: str, renew_time: str) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": NODE_LEASE_NAMESPACE,
                      "ownerReferences": [{"apiVersion": "v1", "kind": "Node",
                                           "name": name, "uid": uid}]},
-        "spec": {"leaseDurationSeconds": LEASE_DURATION_SECONDS, "renewTime": renew_time},
+        "spec": {"leaseDurationSeconds": timing.lease_duration, "renewTime": renew_time},
     }
 
 
@@ -121,13 +155,16 @@ class NodeHeartbeats:
         client: a :class:`bigfleet_trio.kube.KubeClient` (or the same interface).
         timeout: seconds one write may take before it counts as failed.
         wall: the wall clock the written timestamps come from.
+        timing: the Lease duration and status interval (:class:`HeartbeatTiming`).
 
     Counters: ``renewals`` and ``reports`` (successful writes), ``errors`` (failed ones).
     """
 
     def __init__(self, client: Any, *, timeout: float = 10.0,
-                 wall: Callable[[], dt.datetime] = _wall) -> None:
+                 wall: Callable[[], dt.datetime] = _wall,
+                 timing: HeartbeatTiming = DEFAULT_TIMING) -> None:
         self.client = client
+        self.timing = timing
         self.timeout = timeout
         self.wall = wall
         self.beats: dict[str, Beat] = {}
@@ -137,7 +174,7 @@ class NodeHeartbeats:
 
     def add(self, name: str, uid: str) -> None:
         """Start heartbeats for Node ``name`` (just registered: Lease and status written)."""
-        self.beats[name] = registered_beat(uid, trio.current_time())
+        self.beats[name] = registered_beat(uid, trio.current_time(), self.timing)
         self._changed.set()
 
     def remove(self, name: str) -> None:
@@ -169,7 +206,7 @@ class NodeHeartbeats:
                 log.debug("node heartbeat (%s) failed node=%s: %r", kind, name, exc)
         beat = self.beats.get(name)
         if beat is not None:  # removed meanwhile: stays removed
-            self.beats[name] = after_beat(beat, kind, now, ok)
+            self.beats[name] = after_beat(beat, kind, now, ok, self.timing)
 
     async def renew_lease(self, name: str, uid: str) -> None:
         """Merge-patch the Lease's ``renewTime`` alone (a holder that took it keeps it); create
@@ -179,7 +216,7 @@ class NodeHeartbeats:
         from bigfleet_trio.kube.errors import NotFound
         from bigfleet_trio.kube.resources import LEASES
 
-        lease = lease_manifest(name, uid, rfc3339_micro(self.wall()))
+        lease = lease_manifest(name, uid, rfc3339_micro(self.wall()), self.timing)
         try:
             renew = {"spec": {"renewTime": lease["spec"]["renewTime"]}}
             await self.client.patch(LEASES, name, renew, NODE_LEASE_NAMESPACE)

@@ -17,7 +17,13 @@ from typing import Any
 import trio
 
 from .engine import MachineInfo
-from .heartbeat import NODE_LEASE_NAMESPACE, NodeHeartbeats, lease_manifest
+from .heartbeat import (
+    DEFAULT_TIMING,
+    NODE_LEASE_NAMESPACE,
+    HeartbeatTiming,
+    NodeHeartbeats,
+    lease_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +97,9 @@ class KubeNodeHooks:
     are idempotent; errors propagate (the shard retries the call with backoff: :mod:`.noderetry`).
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, timing: HeartbeatTiming = DEFAULT_TIMING) -> None:
         self.client = client
-        self.heartbeats = NodeHeartbeats(client)
+        self.heartbeats = NodeHeartbeats(client, timing=timing)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Renew the registered Nodes' Leases and status until cancelled."""
@@ -130,7 +136,7 @@ class KubeNodeHooks:
 
         meta = node["metadata"]
         lease = lease_manifest(meta["name"], meta.get("uid", ""),
-                               rfc3339_micro(dt.datetime.now(dt.UTC)))
+                               rfc3339_micro(dt.datetime.now(dt.UTC)), self.heartbeats.timing)
         try:
             await self.client.create(LEASES, lease, NODE_LEASE_NAMESPACE)
         except AlreadyExists:
