@@ -260,8 +260,8 @@ def test_metrics_reader_cluster_role() -> None:
 def test_pod_controller_rbac_is_exactly_what_the_code_needs() -> None:
     assert _rules("ClusterRole", "bigfleet-pod-controller") == {
         ("", "pods"): {"get", "list", "watch"},
-        # the Node cache of --unmanaged-node-selector (docs/rules.md#pod-translation-unmanaged-
-        # nodes-and-opt-out): the informer only, never a GET
+        # the Node cache of --unmanaged-node-selector, an informer only (never a GET):
+        # docs/rules.md#pod-translation-unmanaged-nodes-and-opt-out
         ("", "nodes"): {"list", "watch"},
         (B, "capacityrequests"): {
             "get",
