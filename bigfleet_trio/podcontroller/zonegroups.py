@@ -19,7 +19,14 @@ from typing import Any
 from bigfleet_trio.kube.informer import Store
 
 from .translate import is_terminal
-from .zonepin import BOUND_ZONE_INDEX, ZONE_LABEL, _namespaces, _term, selector_matches
+from .zonepin import (
+    BOUND_ZONE_INDEX,
+    ZONE_LABEL,
+    _namespaces,
+    _term,
+    first_pair,
+    selector_matches,
+)
 
 __all__ = ["GroupId", "GroupZones", "group_id"]
 
@@ -65,13 +72,8 @@ class _Group:
         self.selector = selector
         self.users = 0  # cached Pods whose term names this group
         self.zones: Counter[str] = Counter()  # zone -> running member Pods (only counts > 0)
-        match_labels = selector.get("matchLabels") if isinstance(selector, Mapping) else None
-        pair = ""
-        if isinstance(match_labels, Mapping) and match_labels:
-            key = min(match_labels)
-            pair = f"{key}={match_labels[key]}"
         # every member carries the selector's first matchLabels pair: look it up by that
-        self.pairs = tuple(f"{ns}/{pair}" for ns in self.namespaces)
+        self.pairs = tuple(f"{ns}/{first_pair(selector)}" for ns in self.namespaces)
 
     def add(self, zone: str, delta: int) -> bool:
         """Count one member Pod in or out of ``zone``; True when the set of zones changed."""
@@ -131,7 +133,7 @@ class GroupZones:
         changed = False
         ran, runs = _running(old), _running(new)
         if ran is not None:
-            for member in self._matching(*ran):
+            for member in self._matching(ran[0], ran[2]):
                 changed |= member.add(ran[1], -1)
         created: GroupId | None = None
         gid_new = group_id(new)
@@ -148,7 +150,7 @@ class GroupZones:
             if left.users <= 0:
                 self._forget(gid_old, left)
         if runs is not None:
-            for member in self._matching(*runs):
+            for member in self._matching(runs[0], runs[2]):
                 if member.gid != created:
                     changed |= member.add(runs[1], +1)
         self._moved |= changed
@@ -180,9 +182,8 @@ class GroupZones:
                 if not ids:
                     del self._by_pair[pair]
 
-    def _matching(self, ns: str, zone: str, labels: Mapping[str, Any]) -> Iterable[_Group]:
+    def _matching(self, ns: str, labels: Mapping[str, Any]) -> Iterable[_Group]:
         """The tracked groups a Pod in ``ns`` with ``labels`` is a member of."""
-        del zone
         ids: set[GroupId] = set(self._by_pair.get(f"{ns}/", ()))
         for key, value in labels.items():
             ids.update(self._by_pair.get(f"{ns}/{key}={value}", ()))

@@ -30,6 +30,7 @@ __all__ = [
     "ZonePin",
     "candidates",
     "enqueue_groups",
+    "first_pair",
     "group_keys",
     "index_bound_zone",
     "index_co_located",
@@ -207,13 +208,18 @@ def index_co_located(pod: Mapping[str, Any]) -> list[str]:
     term = _term(pod)
     if term is None or is_terminal(pod):
         return []
-    selector = term.get("labelSelector")
+    pair = first_pair(term.get("labelSelector"))
+    return [f"{ns}/{pair}" for ns in _namespaces(pod, term)]
+
+
+def first_pair(selector: Any) -> str:
+    """``"key=value"`` of a label selector's first ``matchLabels`` pair (by key), which every
+    Pod it selects carries; ``""`` when it has none (or is malformed)."""
     match_labels = selector.get("matchLabels") if isinstance(selector, Mapping) else None
-    pair = ""
     if isinstance(match_labels, Mapping) and match_labels:
         key = min(match_labels)
-        pair = f"{key}={match_labels[key]}"
-    return [f"{ns}/{pair}" for ns in _namespaces(pod, term)]
+        return f"{key}={match_labels[key]}"
+    return ""
 
 
 def candidates(store: Any, pod: Mapping[str, Any]) -> list[Any]:
