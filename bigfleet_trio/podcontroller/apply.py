@@ -240,6 +240,15 @@ class PlanApplier:
                      self.stamps_overflowed)
         return queued
 
+    def forget_stamp(self, cr_key: str) -> None:
+        """The CR ``"ns/name"`` was deleted: a stamp still queued for it sends nothing.
+
+        A burst's stamps run behind all Pod work, so by then many of their CRs are gone (the
+        Job finished, a churn replaced the Pod), and each PATCH would be a wasted write that
+        comes back 404.
+        """
+        self.stamp_rv.pop(StampKey.parse(cr_key), None)
+
     async def reconcile_stamp(self, key: StampKey | str) -> None:
         """Status merge-patch ``{"status":{"phase":"Pending"}}`` on a CR we created.
 
@@ -249,7 +258,9 @@ class PlanApplier:
         the stamp is cosmetic.
         """
         key = StampKey.parse(key) if isinstance(key, str) else key
-        rv = self.stamp_rv.pop(key, None)
+        if key not in self.stamp_rv:
+            return  # its CR was deleted after the stamp was queued (forget_stamp)
+        rv = self.stamp_rv.pop(key)
         cr_key = str(key)
         cached = self.crs.get(cr_key)
         if cached is not None and (cached.get("status") or {}).get("phase"):

@@ -226,6 +226,7 @@ class PodController:
         self._on_cr_add(new)  # as for a new CR: its Pod, or an orphan check
 
     def _on_cr_delete(self, cr: dict[str, Any]) -> None:
+        self.applier.forget_stamp(proj.object_key(cr))
         owner = proj.owner_pod_name(cr)
         if not owner or not self.synced:
             return

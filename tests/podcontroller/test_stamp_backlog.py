@@ -80,3 +80,26 @@ async def test_a_swept_stamp_reads_the_cr_first_and_never_overwrites_a_phase(
 
 async def _stamp_done(ctl: Any) -> bool:
     return not ctl.applier.stamp_rv and len(ctl.queue) == 0
+
+
+async def test_a_stamp_queued_for_a_cr_since_deleted_sends_nothing(
+        autojump_clock: trio.testing.MockClock) -> None:
+    # A burst's stamps run behind all Pod work, so many of their CRs are gone by then (the Job
+    # finished, the churn replaced the Pod): a PATCH for each would be a wasted write (404).
+    server = ApiServer()
+    async with running(server) as (ctl, client):
+        created = await client.create(PODS, pod("p"))
+        name = "cr-" + created["metadata"]["uid"]
+        await eventually(lambda: _pending_count(client, 1))
+        key = StampKey("default", name)
+        ctl.applier.stamp_rv[key] = "1"  # a stamp still waiting in the queue
+        await client.delete(PODS, "p", "default")
+        await eventually(lambda: _cr_gone(ctl, f"default/{name}"))
+        with mock.patch.object(ctl.client, "patch", wraps=ctl.client.patch) as patch:
+            await ctl.reconciler.reconcile(key)
+        assert patch.call_count == 0
+        assert key not in ctl.applier.stamp_rv
+
+
+async def _cr_gone(ctl: Any, key: str) -> bool:
+    return ctl.crs.store.get(key) is None
