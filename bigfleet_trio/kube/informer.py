@@ -42,7 +42,6 @@ from .watch import (
     ResourceVersionTracker,
     WatchEvent,
     is_expired,
-    iter_relist_diff,
     object_key,
     object_rv,
 )
@@ -281,7 +280,8 @@ class Informer:
         watch_timeout_range: bounds (s) of the random server ``timeoutSeconds`` (300, 600).
         backoff: error backoff policy (client-go defaults).
         rng: random source (tests pass a seeded ``random.Random``).
-        apply_chunk: objects of a LIST applied between two yields to the event loop (500).
+        apply_chunk: streaming-list events applied, or objects removed at the end of a list,
+            between two yields to the event loop (500); a paged LIST yields per page.
         watch_list: fill the cache from a streaming list (a watch with ``sendInitialEvents``)
             instead of a paged LIST; a refusal falls back to the paged LIST for good
             (docs/kube-api.md#streaming-lists). Off by default here; the binaries' knob
@@ -539,20 +539,19 @@ class Informer:
     async def _relist(self) -> None:
         """LIST in ``limit``/``continue`` pages (a 410 on a continue token restarts the list).
 
-        Each item is keyed (``"ns/name"`` or ``"name"``) and transformed as its page arrives,
-        then applied by :meth:`_listed`. The LIST never carries our resourceVersion: it is a
-        consistent read of the server's current state, so after a server rollback it is the
-        truth.
+        Each item is keyed (``"ns/name"`` or ``"name"``), transformed and applied to the store
+        as its page arrives (:class:`_ListApply`); :meth:`_listed` finishes the list. The LIST
+        never carries our resourceVersion: it is a consistent read of the server's current
+        state, so after a server rollback it is the truth.
         """
-        fresh: dict[str, Any] = {}
-        cached = self.store._items
+        apply = _ListApply(self)
 
         def on_items(items: list[dict[str, Any]]) -> None:
             for raw in items:
-                kv = _reuse_cached(cached, self._keyed(raw))
+                kv = self._keyed(raw)
                 if kv is not None:
-                    fresh[kv[0]] = kv[1]
-            items.clear()  # let the raw page go as soon as it is projected
+                    apply.upsert(*kv)
+            items.clear()  # let the raw page go as soon as it is applied
             if self.freeze_heap:
                 gc.freeze()
 
@@ -560,21 +559,22 @@ class Informer:
             self.res,
             self.namespace,
             on_items=on_items,
-            on_restart=fresh.clear,
+            on_restart=apply.restart,
             label_selector=self.label_selector,
             field_selector=self.field_selector,
             limit=self.page_size,
         )
-        await self._listed(rv, fresh, "list")
+        await self._listed(rv, apply, "list")
 
-    async def _listed(self, rv: str, fresh: dict[str, Any], how: str) -> None:
-        """Apply a complete list ``fresh`` (keyed, transformed objects, at resourceVersion
-        ``rv``) got by ``how`` ("list" or "watch-list"), the same whichever way it came.
+    async def _listed(self, rv: str, apply: _ListApply, how: str) -> None:
+        """Finish a complete list at resourceVersion ``rv``, got by ``how`` ("list" or
+        "watch-list") and applied object by object as it arrived (``apply``), the same
+        whichever way it came: the cached objects it did not name are removed.
 
-        A list over a non-empty store is diffed against it: vanished keys get a synthesised
-        DELETED, changed ones MODIFIED, new ones ADDED (:func:`.watch.relist_diff`). A list
-        that follows a server rollback (or whose resourceVersion is older than ours) is logged
-        once at WARNING with the old and new resourceVersions and the objects dropped
+        Against a non-empty store the handlers see the difference: changed objects as
+        MODIFIED and new ones as ADDED as they arrive, vanished ones as DELETED at the end. A
+        list that follows a server rollback (or whose resourceVersion is older than ours) is
+        logged once at WARNING with the old and new resourceVersions and the objects dropped
         (docs/kube-api.md#relist-from-scratch). The first one marks the informer synced.
         """
         self.relists += 1
@@ -582,8 +582,7 @@ class Informer:
         reason = self._relist_reason
         if reason in ("initial", "expired") and rv_rolled_back(rv, old_rv):
             reason = "rv_rollback"
-        counts = await self._apply_list(fresh)
-        fresh.clear()  # the store holds the objects now; drop the second index of keys
+        counts = await apply.finish()
         self._rv.listed(rv)
         self._need_list = False
         self._served_again()
@@ -618,36 +617,6 @@ class Informer:
             self._synced.set()
             metrics.INFORMER_SYNCED.labels(self.res.plural).set(1)
 
-    async def _apply_list(self, fresh: dict[str, Any]) -> dict[str, int]:
-        """Turn the store into ``fresh`` (a LIST's keyed, transformed objects): a synthesised
-        DELETED, ADDED or MODIFIED per differing key (:func:`.watch.iter_relist_diff`), each
-        dispatched to the handlers. Yields to the event loop every ``apply_chunk`` objects, so
-        applying 150,000 objects never holds the loop (docs/kube-api.md#relist-apply); between
-        chunks other tasks see a store part-way through the relist, every object in it at one
-        of its versions. Returns the count per event type."""
-        counts = {"ADDED": 0, "MODIFIED": 0, "DELETED": 0}
-        chunk = self.apply_chunk
-        seen = 0
-        for etype, key, old, new in iter_relist_diff(self.store._items, fresh):
-            if etype is None:  # an unchanged object: compared, counted towards the chunk
-                pass
-            elif etype == "DELETED":
-                counts[etype] += 1
-                self.store._pop(key)
-                self._dispatch(etype, old, new)
-            else:
-                counts[etype] += 1
-                self.store._set(key, new)
-                self._dispatch(etype, old, new)
-            seen += 1
-            if seen % chunk == 0:
-                if self.freeze_heap:
-                    gc.freeze()
-                await trio.lowlevel.checkpoint()
-        if self.freeze_heap:
-            gc.freeze()
-        return counts
-
     async def _watch_once(self, initial: bool = False) -> None:
         """WATCH from the last resourceVersion with ``allowWatchBookmarks=true`` and a random
         ``timeoutSeconds`` in ``watch_timeout_range``; the resourceVersion advances on every
@@ -665,7 +634,8 @@ class Informer:
         start = trio.current_time()
         events = 0
         self.watches += 1
-        phase = InitialEvents() if initial else None
+        listing = _ListApply(self) if initial else None
+        phase = InitialEvents(listing.upsert, listing.remove) if listing is not None else None
         deadline = start + self.initial_events_timeout if initial else math.inf
         with trio.CancelScope(deadline=deadline) as scope:
             async with self.client.watch(
@@ -683,8 +653,10 @@ class Informer:
                 self._served_again()
                 async for event in stream:
                     events += 1
-                    if phase is not None and not phase.done:
-                        await self._initial_event(phase, event, scope)
+                    if phase is not None and listing is not None and not phase.done:
+                        await self._initial_event(phase, listing, event, scope)
+                        if events % self.apply_chunk == 0:
+                            await trio.lowlevel.checkpoint()  # docs/kube-api.md#relist-apply
                     else:
                         self._watch_event(event)
                     if self.freeze_heap and events % self.apply_chunk == 0:
@@ -707,12 +679,13 @@ class Informer:
         )
 
     async def _initial_event(
-        self, phase: InitialEvents, event: WatchEvent, scope: trio.CancelScope
+        self, phase: InitialEvents, listing: _ListApply, event: WatchEvent,
+        scope: trio.CancelScope,
     ) -> None:
-        """One event of a streaming list's initial phase; at its end the gathered objects are
-        applied like a LIST's (:meth:`_listed`) and ``scope`` loses its deadline."""
-        cached = self.store._items
-        step = phase.feed(event, lambda raw: _reuse_cached(cached, self._keyed(raw)))
+        """One event of a streaming list's initial phase, applied as it arrives (``phase``
+        hands it to ``listing``); at the end the list is finished like a LIST's
+        (:meth:`_listed`) and ``scope`` loses its deadline."""
+        step = phase.feed(event, self._keyed)
         if step == "error":
             _raise_error_event(event)
         elif step == "unsupported":
@@ -722,7 +695,7 @@ class Informer:
             )
         elif step == "end":
             scope.deadline = math.inf
-            await self._listed(phase.resource_version, phase.objects, "watch-list")
+            await self._listed(phase.resource_version, listing, "watch-list")
 
     def _watch_event(self, event: WatchEvent) -> None:
         if event.type == "ERROR":
@@ -766,16 +739,65 @@ class Informer:
                 )
 
 
-def _reuse_cached(
-    cached: dict[str, Any], kv: tuple[str, Any] | None
-) -> tuple[str, Any] | None:
-    """A listed ``(key, object)``, with the cached object instead when it is equal: a relist
-    holds one cache, not two (docs/kube-api.md#relist-memory)."""
-    if kv is None:
-        return None
-    key, obj = kv
-    old = cached.get(key)
-    return key, (old if old is not None and old == obj else obj)
+class _ListApply:
+    """A list (paged, or a streaming list's initial events) applied to the store as it
+    arrives, so a relist never holds a second cache (docs/kube-api.md#relist-memory).
+
+    Each listed object replaces the cached one at once (MODIFIED, or ADDED for a new key; an
+    equal one keeps the cached copy and dispatches nothing); :meth:`finish` removes the cached
+    objects the list did not name (DELETED) and returns the count per event type. Every
+    object in the store is at one of its versions at all times, as between watch events
+    (docs/kube-api.md#relist-apply).
+    """
+
+    __slots__ = ("_inf", "seen", "counts")
+
+    def __init__(self, inf: Informer) -> None:
+        self._inf = inf
+        self.seen: set[str] = set()
+        self.counts = {"ADDED": 0, "MODIFIED": 0, "DELETED": 0}
+
+    def upsert(self, key: str, new: Any) -> None:
+        """A listed object."""
+        self.seen.add(key)
+        inf = self._inf
+        old = inf.store._items.get(key)
+        if old is not None and (old is new or old == new):
+            return
+        etype = "ADDED" if old is None else "MODIFIED"
+        self.counts[etype] += 1
+        inf.store._set(key, new)
+        inf._dispatch(etype, old, new)
+
+    def remove(self, key: str, obj: Any) -> None:
+        """A DELETED among a streaming list's initial events."""
+        self.seen.discard(key)
+        old = self._inf.store._pop(key)
+        if old is not None:
+            self.counts["DELETED"] += 1
+            self._inf._dispatch("DELETED", old, obj)
+
+    def restart(self) -> None:
+        """The list starts over (a 410 on a continue token): what it names is counted anew."""
+        self.seen.clear()
+
+    async def finish(self) -> dict[str, int]:
+        """Remove the cached objects the list did not name, yielding to the event loop every
+        ``apply_chunk`` of them."""
+        inf = self._inf
+        seen = self.seen
+        gone = [key for key in inf.store._items if key not in seen]
+        self.seen = set()
+        for n, key in enumerate(gone, 1):
+            old = inf.store._pop(key)
+            if old is not None:
+                self.counts["DELETED"] += 1
+                inf._dispatch("DELETED", old, None)
+            if n % inf.apply_chunk == 0:
+                await trio.lowlevel.checkpoint()
+        if inf.freeze_heap:
+            gc.freeze()
+        return self.counts
 
 
 def _raise_error_event(event: WatchEvent) -> None:

@@ -173,12 +173,22 @@ class InitialEvents:
     * ``"error"``: an ERROR event (the caller raises it).
 
     Events after ``"end"`` are not for this class (the caller applies them as a watch).
+
+    With ``on_set`` and ``on_delete``, each object goes to them as it arrives (``(key,
+    object)``) and :attr:`objects` stays empty: an informer applies a list as it arrives.
     """
 
-    __slots__ = ("objects", "resource_version", "done", "skipped")
+    __slots__ = ("objects", "resource_version", "done", "skipped", "_on_set", "_on_delete")
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        on_set: Callable[[str, Any], None] | None = None,
+        on_delete: Callable[[str, Any], None] | None = None,
+    ) -> None:
         self.objects: dict[str, Any] = {}
+        self._on_set = on_set if on_set is not None else self.objects.__setitem__
+        self._on_delete = (on_delete if on_delete is not None
+                           else lambda key, _obj: self.objects.pop(key, None))
         self.resource_version = ""
         self.done = False
         self.skipped = 0
@@ -206,9 +216,9 @@ class InitialEvents:
         if kv is None:
             self.skipped += 1
         elif event.type == "DELETED":
-            self.objects.pop(kv[0], None)
+            self._on_delete(*kv)
         else:
-            self.objects[kv[0]] = kv[1]
+            self._on_set(*kv)
         return "more"
 
 

@@ -76,3 +76,47 @@ async def test_freeze_heap_moves_the_cache_out_of_the_collectors_passes(
             gc.unfreeze()
     finally:
         gc.unfreeze()
+
+
+async def test_a_relist_after_a_churn_applies_each_page_as_it_arrives(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """docs/kube-api.md#relist-memory: when every object changed (a churn), a relist that held
+    the listed objects until its end would hold two caches; each page is applied to the store
+    before the next is read, and the objects gone are removed at the end."""
+    fake = FakeKube()
+    for i in range(300):
+        fake.seed(CR, _cr(f"c{i:03}", "1"))
+    inf = _informer(fake, _cpu, chunk=50)
+    events: list[tuple[str, str]] = []
+    inf.add_handler(on_add=lambda o: events.append(("ADDED", o["name"])),
+                    on_update=lambda _o, n: events.append(("MODIFIED", n["name"])),
+                    on_delete=lambda o: events.append(("DELETED", o["name"])))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(inf.run)
+        await inf.wait_synced()
+        nursery.cancel_scope.cancel()
+    events.clear()
+    for i in range(300):  # the churn: every object changes, ten are deleted, one is new
+        if i % 30 == 0:
+            fake.remove(CR, "default", f"c{i:03}")
+        else:
+            fake.modify(CR, "default", f"c{i:03}", {"spec": {"resources": {"cpu": "2"}}})
+    fake.seed(CR, _cr("new", "3"))
+    applied_per_page: list[int] = []
+    list_paged = inf.client.list_paged
+
+    async def spy(*args: Any, on_items: Any, **kwargs: Any) -> str:
+        def counted(items: list[dict[str, Any]]) -> None:
+            on_items(items)
+            applied_per_page.append(sum(o["cpu"] == "2" for o in inf.store.list()))
+        return await list_paged(*args, on_items=counted, **kwargs)
+
+    inf.client.list_paged = spy  # type: ignore[method-assign]
+    await inf._relist()
+    assert applied_per_page == [100, 200, 290]  # 100 listed per page (the last: 90 and "new")
+    assert sorted(inf.store.keys()) == sorted(
+        [f"default/c{i:03}" for i in range(300) if i % 30] + ["default/new"])
+    assert sum(1 for e in events if e[0] == "MODIFIED") == 290
+    assert [e for e in events if e[0] == "ADDED"] == [("ADDED", "new")]
+    assert events[-10:] == [("DELETED", f"c{i:03}") for i in range(0, 300, 30)]  # last

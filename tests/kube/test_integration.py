@@ -120,7 +120,7 @@ async def test_informer_recovers_deletions_across_410(
     await c.patch(CAPACITY_REQUESTS, "b", {"spec": {"priority": 7}}, "default")
     server.faults.compact()
     await trio.sleep(10)
-    assert log == [("add", "a"), ("add", "b"), ("add", "c"), ("delete", "a"), ("update", "b")]
+    assert log == [("add", "a"), ("add", "b"), ("add", "c"), ("update", "b"), ("delete", "a")]
     assert sorted(inf.store.keys()) == ["default/b", "default/c"]
     assert inf.relists == 2 and inf.watch_list_refused is None
     assert server.counters[("list", "capacityrequests")] == (0 if watch_list else 2)

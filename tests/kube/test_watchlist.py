@@ -60,6 +60,18 @@ def test_initial_events_gather_until_the_end_bookmark() -> None:
         ie.feed(WatchEvent("ADDED", _obj("c")), _keyed)
 
 
+def test_initial_events_go_to_the_callers_sink_as_they_arrive() -> None:
+    got: list[tuple[str, str, Any]] = []
+    ie = InitialEvents(lambda k, o: got.append(("set", k, o)),
+                       lambda k, o: got.append(("delete", k, o)))
+    ie.feed(WatchEvent("ADDED", _obj("a", "3")), _keyed)
+    assert got == [("set", "ns/a", "a")]  # before the end BOOKMARK
+    ie.feed(WatchEvent("DELETED", _obj("a", "4")), _keyed)
+    assert ie.feed(_bookmark("9", end=True), _keyed) == "end"
+    assert got == [("set", "ns/a", "a"), ("delete", "ns/a", "a")]
+    assert ie.objects == {}  # nothing gathered
+
+
 def test_a_plain_bookmark_before_the_end_means_the_server_ignored_send_initial_events() -> None:
     ie = InitialEvents()
     ie.feed(WatchEvent("ADDED", _obj("a")), _keyed)
@@ -169,7 +181,7 @@ async def test_streaming_relist_after_410_diffs_against_the_store(
     await c.patch(CAPACITY_REQUESTS, "b", {"spec": {"priority": 7}}, "default")
     server.faults.compact()  # the re-watch from before the changes gets 410
     await trio.sleep(10)
-    assert rec.log[3:] == [("delete", "a"), ("update", "b")]
+    assert rec.log[3:] == [("update", "b"), ("delete", "a")]  # applied as listed, deletions last
     assert sorted(inf.store.keys()) == ["default/b", "default/c"]
     assert server.counters[("list", CR)] == 0
     assert inf.relists == 2 and inf.watch_list_refused is None
