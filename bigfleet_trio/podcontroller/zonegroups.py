@@ -22,10 +22,10 @@ from .translate import is_terminal
 from .zonepin import (
     BOUND_ZONE_INDEX,
     ZONE_LABEL,
-    _namespaces,
-    _term,
     first_pair,
     selector_matches,
+    term_namespaces,
+    zone_term,
 )
 
 __all__ = ["GroupId", "GroupZones", "group_id"]
@@ -38,14 +38,14 @@ JSON."""
 def group_id(pod: Mapping[str, Any] | None) -> GroupId | None:
     """The zone group ``pod``'s first required pod-affinity term names, or None (no such term,
     or one with a ``namespaceSelector``, which is never pinned)."""
-    term = _term(pod) if pod is not None else None
+    term = zone_term(pod) if pod is not None else None
     if term is None or pod is None or term.get("namespaceSelector") is not None:
         return None
     try:
         selector = json.dumps(term.get("labelSelector"), sort_keys=True, separators=(",", ":"))
     except (TypeError, ValueError):  # not JSON: a cache object is; never raise in a handler
         selector = repr(term.get("labelSelector"))
-    return tuple(sorted(set(_namespaces(pod, term)))), selector
+    return tuple(sorted(set(term_namespaces(pod, term)))), selector
 
 
 def _running(pod: Mapping[str, Any] | None) -> tuple[str, str, Mapping[str, Any]] | None:
@@ -159,7 +159,7 @@ class GroupZones:
     # -- internals ---------------------------------------------------------------------------
 
     def _count(self, gid: GroupId, pod: Mapping[str, Any]) -> _Group:
-        term = _term(pod) or {}
+        term = zone_term(pod) or {}
         group = _Group(gid, term.get("labelSelector"))
         for ns in group.namespaces:
             for other in self._store.by_index(BOUND_ZONE_INDEX, ns):

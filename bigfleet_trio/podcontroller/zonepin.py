@@ -38,6 +38,8 @@ __all__ = [
     "pinned_spec",
     "report",
     "selector_matches",
+    "term_namespaces",
+    "zone_term",
 ]
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
@@ -77,7 +79,7 @@ class ZonePin:
         return self.zones[0] if self.decision == "pinned" else None
 
 
-def _term(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def zone_term(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The Pod's first required pod-affinity term when its topology key is the zone."""
     affinity = ((pod.get("spec") or {}).get("affinity") or {})
     terms = ((affinity.get("podAffinity") or {}) if isinstance(affinity, Mapping) else {})
@@ -87,7 +89,7 @@ def _term(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return terms[0] if terms[0].get("topologyKey") == ZONE_LABEL else None
 
 
-def _namespaces(pod: Mapping[str, Any], term: Mapping[str, Any]) -> list[str]:
+def term_namespaces(pod: Mapping[str, Any], term: Mapping[str, Any]) -> list[str]:
     """The namespaces the term selects Pods in: its ``namespaces``, else the Pod's own."""
     listed = term.get("namespaces")
     if isinstance(listed, list) and listed:
@@ -150,7 +152,7 @@ def plan_zone_pin(pod: Mapping[str, Any], spec: Mapping[str, Any],
         A :class:`ZonePin`; the group is the bound, non-terminal Pods in the term's namespaces
         that its label selector matches (kube-scheduler's pod-affinity view).
     """
-    term = _term(pod)
+    term = zone_term(pod)
     if term is None:
         return ZonePin("no_group")
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
@@ -162,7 +164,7 @@ def plan_zone_pin(pod: Mapping[str, Any], spec: Mapping[str, Any],
         return ZonePin("namespace_selector")
     if zones is not None:
         return _decide(set(zones))
-    namespaces = set(_namespaces(pod, term))
+    namespaces = set(term_namespaces(pod, term))
     running: set[str] = set()
     for other in bound:
         meta = other.get("metadata") or {}
@@ -205,11 +207,11 @@ def index_co_located(pod: Mapping[str, Any]) -> list[str]:
     """:data:`CO_LOCATED_INDEX`: per namespace the Pod's zone co-location term looks in,
     ``"<ns>/<key>=<value>"`` of the first ``matchLabels`` pair of its selector, or ``"<ns>/"``
     when it has none (a bound Pod then finds its group among few: :func:`group_keys`)."""
-    term = _term(pod)
+    term = zone_term(pod)
     if term is None or is_terminal(pod):
         return []
     pair = first_pair(term.get("labelSelector"))
-    return [f"{ns}/{pair}" for ns in _namespaces(pod, term)]
+    return [f"{ns}/{pair}" for ns in term_namespaces(pod, term)]
 
 
 def first_pair(selector: Any) -> str:
@@ -225,10 +227,10 @@ def first_pair(selector: Any) -> str:
 def candidates(store: Any, pod: Mapping[str, Any]) -> list[Any]:
     """The cached bound Pods (zone known) in the namespaces ``pod``'s zone term looks in;
     ``store`` is the Pod informer's store (:data:`BOUND_ZONE_INDEX` indexed)."""
-    term = _term(pod)
+    term = zone_term(pod)
     if term is None:
         return []
-    return [p for ns in _namespaces(pod, term) for p in store.by_index(BOUND_ZONE_INDEX, ns)]
+    return [p for ns in term_namespaces(pod, term) for p in store.by_index(BOUND_ZONE_INDEX, ns)]
 
 
 def group_keys(store: Any, pod: Mapping[str, Any]) -> list[str]:
@@ -245,7 +247,7 @@ def group_keys(store: Any, pod: Mapping[str, Any]) -> list[str]:
     found: dict[str, None] = {}
     for index_value in [f"{ns}/", *(f"{ns}/{k}={v}" for k, v in labels.items())]:
         for other in store.by_index(CO_LOCATED_INDEX, index_value):
-            term = _term(other)
+            term = zone_term(other)
             if term is not None and selector_matches(term.get("labelSelector"), labels):
                 o = other.get("metadata") or {}
                 found[f"{o.get('namespace', '')}/{o.get('name', '')}"] = None

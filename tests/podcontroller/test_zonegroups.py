@@ -51,7 +51,7 @@ class Cluster:
         return pin.zones
 
     def all_groups(self) -> dict[str, tuple[str, ...]]:
-        return {k: self.scanned(p) for k, p in self.store.items() if zonepin._term(p)}
+        return {k: self.scanned(p) for k, p in self.store.items() if zonepin.zone_term(p)}
 
 
 def random_pod(rng: random.Random, i: int) -> dict[str, Any]:
