@@ -27,8 +27,9 @@ import functools
 import heapq
 import itertools
 import math
+import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, Protocol, TypeVar
 
 import trio
@@ -246,9 +247,9 @@ class QueueCore(Generic[K]):
         return key in self._parked
 
 
-GET_YIELD_EVERY = 64
-"""Keys :meth:`WorkQueue.get` hands out without waiting before it yields to the event loop once
-(docs/kube-api.md#relist-apply)."""
+GET_HOLD = 0.01
+"""Seconds :meth:`WorkQueue.get` hands out keys without the loop turning before each worker
+yields to it once (docs/kube-api.md#relist-apply)."""
 
 
 class WorkQueue(QueueCore[K]):
@@ -273,7 +274,11 @@ class WorkQueue(QueueCore[K]):
 
     # The constructor is QueueCore's; the one thing added, the workers' parking lot, is made on
     # first use.
-    _taken = 0  # keys handed out by get(), for its periodic yield
+    held_clock: Callable[[], float] = staticmethod(time.perf_counter)
+    """Wall-clock seconds for :data:`GET_HOLD` (tests pass their own)."""
+    _since: float | None = None  # when the loop last turned, as get() saw it
+    _turns = 0  # loop turns get() saw: only the first worker back from a yield restarts _since
+
     @functools.cached_property
     def _lot(self) -> trio.lowlevel.ParkingLot:
         return trio.lowlevel.ParkingLot()
@@ -318,16 +323,27 @@ class WorkQueue(QueueCore[K]):
             key = self.pop(trio.current_time())
             if key is not None:
                 # A backlog of keys whose reconciles never wait (a cache in sync) would hold the
-                # loop for the whole backlog: yield once every GET_YIELD_EVERY keys (a yield per
-                # key costs more than many a reconcile).
-                self._taken += 1
-                if self._taken % GET_YIELD_EVERY == 0:
+                # loop for the whole backlog. Once GET_HOLD seconds passed since the loop last
+                # turned, every worker yields once: a yield lets the other ready tasks run but
+                # not the loop's timers and I/O, which come only when all of them have yielded
+                # (counting keys per worker instead let 16 workers x 64 keys hold it 0.5-1 s in
+                # the 5,000-machine soak). A yield per key costs more than many a reconcile.
+                now = self.held_clock()
+                if self._since is None:
+                    self._since = now
+                elif now - self._since >= GET_HOLD:
+                    turn = self._turns
                     await trio.lowlevel.checkpoint()
+                    if self._turns == turn:  # the first worker back since the loop turned
+                        self._turns += 1
+                        self._since = self.held_clock()
                 return key
             if self.shutting_down:
                 raise ShutDown
             with trio.move_on_at(self.next_deadline()):
                 await self._lot.park()
+            self._turns += 1  # the loop turned while this worker waited
+            self._since = self.held_clock()
 
     def shut_down(self) -> None:
         """Stop accepting keys; waiting :meth:`get` calls raise :class:`ShutDown` once drained."""

@@ -290,15 +290,25 @@ def test_low_priority_keys_wait_for_normal_ones() -> None:
     assert q.pop(5) is None
 
 
+class _Ticks:
+    """A clock that moves 1 ms each time it is read: one reconcile per read of it."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 0.001
+        return self.t
+
+
 async def test_a_backlog_taken_without_waiting_still_yields_to_the_loop() -> None:
     """A worker whose reconciles need no I/O (a cache in sync: 50,000 Pods at start-up) takes
-    key after key without ever waiting: ``get`` yields every GET_YIELD_EVERY keys anyway, so the
-    rest of the process (Lease renewals, probes) runs meanwhile (docs/kube-api.md#relist-apply).
-    Before: a 50,000-key backlog held the loop for 2.1 s."""
-    from bigfleet_trio.kube.workqueue import GET_YIELD_EVERY
-
-    n = 100 * GET_YIELD_EVERY
+    key after key without ever waiting: ``get`` yields once GET_HOLD seconds passed anyway, so
+    the rest of the process (Lease renewals, probes) runs meanwhile
+    (docs/kube-api.md#relist-apply). Before: a 50,000-key backlog held the loop for 2.1 s."""
+    n = 1000
     q: WorkQueue[int] = WorkQueue()
+    q.held_clock = _Ticks()
     for i in range(n):
         q.add(i)
     others = 0
@@ -316,6 +326,48 @@ async def test_a_backlog_taken_without_waiting_still_yields_to_the_loop() -> Non
             await q.get()  # a reconcile with no await: nothing else yields
         ran = others - before
         nursery.cancel_scope.cancel()
-    # about one turn of the other task per yield (Trio's scheduler order is randomised, so not
-    # exactly); before: 0
+    # one yield per GET_HOLD (10 ms: every 10 keys here), about one turn of the other task each
+    # (Trio's scheduler order is randomised, so not exactly); before: 0
     assert ran >= 50, ran
+
+
+async def test_many_workers_give_the_loop_back_within_the_hold_budget() -> None:
+    """16 workers with reconciles that never wait: the loop turns (its timers and I/O) again
+    after GET_HOLD plus a key or two per worker, not after each worker's own quota (the counted
+    rule, 64 keys a worker)."""
+    q: WorkQueue[int] = WorkQueue()
+    ticks = _Ticks()
+    q.held_clock = ticks
+    for i in range(5000):
+        q.add(i)
+    taken = 0
+    worst = 0
+    drained = trio.Event()
+
+    async def worker() -> None:
+        nonlocal taken
+        while True:
+            await q.get()
+            taken += 1
+            if taken == 5000:
+                drained.set()
+
+    async def turns() -> None:
+        # Trio runs the ready tasks in batches and looks at its timers and I/O between two
+        # batches; a task that only yields runs once a batch, so it counts the keys per batch.
+        nonlocal worst
+        while True:
+            before = taken
+            await trio.lowlevel.checkpoint()
+            worst = max(worst, taken - before)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(turns)
+        for _ in range(16):
+            nursery.start_soon(worker)
+        await drained.wait()
+        nursery.cancel_scope.cancel()
+    # a batch: GET_HOLD (10 ms: 10 keys here) for the first worker back, then up to two keys
+    # for each other worker (the one it held while it yielded, one more); ``turns`` sits at a
+    # random place in each batch, so one count can span parts of two. Before: 1,728.
+    assert worst <= 2 * (10 + 2 * 16), worst
