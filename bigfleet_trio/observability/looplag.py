@@ -151,7 +151,8 @@ async def watch_loop_lag(
     """
     if not interval > 0 or not warn_after > 0:
         raise ValueError(f"interval and warn_after must be > 0, got {interval}, {warn_after}")
-    watch = StallWatch(warn_after, threading.get_ident())
+    # a beat is one interval old when on time: a stall of warn_after is interval + warn_after
+    watch = StallWatch(interval + warn_after, threading.get_ident())
     stop = threading.Event()
     async with trio.open_nursery() as nursery:
         if watchdog:

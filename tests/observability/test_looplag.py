@@ -144,3 +144,25 @@ async def test_the_watchdog_thread_ends_with_its_task(autojump_clock: trio.abc.C
 async def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="must be > 0"):
         await watch_loop_lag(interval=0)
+
+
+async def test_the_watchdog_reports_only_a_wake_up_late_by_warn_after(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The loop task beats once per interval, so a beat is interval + lag old when it is late:
+    # in the 5,000-machine soak a watchdog at warn_after alone reported 0.5 s lags as stalls.
+    from bigfleet_trio.observability import looplag
+
+    made: list[float] = []
+
+    class Recorded(StallWatch):
+        def __init__(self, held_after: float, loop_thread: int, **kw: object) -> None:
+            made.append(held_after)
+            super().__init__(held_after, loop_thread)
+
+    monkeypatch.setattr(looplag, "StallWatch", Recorded)
+    async with trio.open_nursery() as n:
+        await n.start(lambda task_status: watch_loop_lag(
+            interval=0.5, warn_after=1.0, watchdog=False, task_status=task_status))
+        n.cancel_scope.cancel()
+    assert made == [1.5]
