@@ -194,6 +194,7 @@ class PodController:
         uid = pod.get("metadata", {}).get("uid")
         if isinstance(uid, str):
             self.applier.clear(uid, *REASONS)
+            self.reconciler.gone_uids.add(uid)
         self.queue.add(PodKey.parse(proj.object_key(pod)))
         self._zones_moved(pod, None)
 
