@@ -188,6 +188,9 @@ class Sampler:
             if now - last >= self.report:
                 print(json.dumps({"t": time.time(), "lag": round(self.worst, 4),
                                   "gc": round(self.gc_worst, 4), "rss_kb": rss_kb(),
+                                  # live pymalloc blocks: RSS that grows while they do not is
+                                  # the allocator holding freed memory, not live objects
+                                  "blocks": sys.getallocatedblocks(),
                                   "cpu_s": round(time.process_time(), 3),
                                   **self.stats()}), flush=True)
                 self.worst = self.gc_worst = 0.0

@@ -127,7 +127,8 @@ def _window(lines: list[dict[str, Any]], a: int, b: int) -> dict[str, float]:
     return {"worst_lag_s": max(x["lag"] for x in part),
             "worst_gc_pass_s": max(x.get("gc", 0.0) for x in part),
             "peak_rss_mb": max(x["rss_kb"] for x in part) / 1024,
-            "end_rss_mb": part[-1]["rss_kb"] / 1024}
+            "end_rss_mb": part[-1]["rss_kb"] / 1024,
+            "end_blocks": part[-1].get("blocks", 0)}
 
 
 def _phase_cond(binary: str, n: int, relists: int, done: int) -> Any:
