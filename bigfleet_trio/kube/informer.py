@@ -116,6 +116,10 @@ def refuses_watch_list(exc: ApiError) -> bool:
     return 400 <= exc.status < 500 and exc.status not in _NOT_A_REFUSAL
 
 
+COMPACT_AFTER = 1024
+"""Removals below which :meth:`Store.compact_if_churned` never rebuilds (small stores)."""
+
+
 class Store:
     """Keyed cache with secondary indexes (client-go ``cache.Indexer`` analogue).
 
@@ -126,10 +130,11 @@ class Store:
         indexers: index name → function(stored object) → list of index values.
     """
 
-    __slots__ = ("_items", "_indexers", "_indices", "observers")
+    __slots__ = ("_items", "_indexers", "_indices", "observers", "_removed")
 
     def __init__(self, indexers: dict[str, IndexFunc] | None = None):
         self._items: dict[str, Any] = {}
+        self._removed = 0  # keys removed since the dicts were last rebuilt
         self.observers: list[Callable[[Any | None, Any | None], object]] = []
         """Called as ``observer(old, new)`` after each change of the store, with the exact
         objects replaced and stored (None for an add's old or a removal's new): derived state
@@ -235,9 +240,26 @@ class Store:
             self._observe(old, obj)
         return old
 
+    def compact_if_churned(self) -> bool:
+        """Rebuild the dicts once as many keys were removed as the store holds (at least
+        :data:`COMPACT_AFTER`), the index ones too; O(objects), so O(1) per removal.
+
+        A dict never shrinks as keys are deleted, so after a churn that replaced every object
+        its table stayed sized for the burst (docs/kube-api.md#relist-memory). Returns True if
+        it rebuilt them.
+        """
+        if self._removed < max(COMPACT_AFTER, len(self._items)):
+            return False
+        self._removed = 0
+        self._items = dict(self._items)
+        for name, index in self._indices.items():
+            self._indices[name] = dict(index)
+        return True
+
     def _pop(self, key: str) -> Any | None:
         old = self._items.pop(key, None)
         if old is not None:
+            self._removed += 1
             if self._indexers:
                 self._unindex(key, old)
             if self.observers:
@@ -659,8 +681,10 @@ class Informer:
                             await trio.lowlevel.checkpoint()  # docs/kube-api.md#relist-apply
                     else:
                         self._watch_event(event)
-                    if self.freeze_heap and events % self.apply_chunk == 0:
-                        gc.freeze()  # churn grows the cache too: docs/kube-api.md#garbage-collector
+                    if events % self.apply_chunk == 0:
+                        self.store.compact_if_churned()  # docs/kube-api.md#relist-memory
+                        if self.freeze_heap:
+                            gc.freeze()  # churn grows the cache: docs/kube-api.md#garbage-collector
         if phase is not None and not phase.done:
             if scope.cancelled_caught:
                 raise _WatchListRefused(
@@ -795,6 +819,7 @@ class _ListApply:
                 inf._dispatch("DELETED", old, None)
             if n % inf.apply_chunk == 0:
                 await trio.lowlevel.checkpoint()
+        inf.store.compact_if_churned()
         if inf.freeze_heap:
             gc.freeze()
         return self.counts

@@ -27,6 +27,7 @@ import functools
 import heapq
 import itertools
 import math
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -220,7 +221,20 @@ class QueueCore(Generic[K]):
             return True
         if self.shutting_down:
             self._dirty.pop(key, None)
+        if not self._processing:
+            self._shrink()
         return False
+
+    def _shrink(self) -> None:
+        """Give back the tables a burst grew, once they are empty: a dict never shrinks as keys
+        leave it (after a churn of 50,000 Pods the pod controller's queue kept 10 MiB)."""
+        if not self._processing and sys.getsizeof(self._processing) > _EMPTY_DICT:
+            self._processing = {}
+        if not self._dirty and sys.getsizeof(self._dirty) > _EMPTY_DICT:
+            self._dirty = {}
+        if not self._parked and (self._heap or sys.getsizeof(self._parked) > _EMPTY_DICT):
+            self._parked = {}
+            self._heap = []  # every entry left is stale once nothing is parked
 
     # -- introspection -------------------------------------------------------------------------
 
@@ -246,6 +260,8 @@ class QueueCore(Generic[K]):
         """True if ``key`` waits for a moment."""
         return key in self._parked
 
+
+_EMPTY_DICT = sys.getsizeof({})
 
 GET_HOLD = 0.01
 """Seconds :meth:`WorkQueue.get` hands out keys without the loop turning before each worker

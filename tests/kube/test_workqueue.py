@@ -371,3 +371,23 @@ async def test_many_workers_give_the_loop_back_within_the_hold_budget() -> None:
     # for each other worker (the one it held while it yielded, one more); ``turns`` sits at a
     # random place in each batch, so one count can span parts of two. Before: 1,728.
     assert worst <= 2 * (10 + 2 * 16), worst
+
+
+def test_a_drained_queue_gives_its_burst_sized_tables_back() -> None:
+    """A burst of 20,000 keys grows the queue's dicts, and a dict never shrinks as keys leave:
+    once the queue is empty they are rebuilt (the pod controller kept 10 MiB after a churn of
+    50,000 Pods)."""
+    import sys
+
+    q: QueueCore[int] = QueueCore()
+    for i in range(20_000):
+        q.add(i, 0.0)
+        q.add_at(100_000 + i, 5.0, 0.0)
+    small = sys.getsizeof({})
+    while (key := q.pop(10.0)) is not None:
+        q.done(key, 10.0)
+    assert len(q) == 0
+    assert sys.getsizeof(q._dirty) == small
+    assert sys.getsizeof(q._processing) == small
+    assert sys.getsizeof(q._parked) == small
+    assert q._heap == []
