@@ -6,15 +6,13 @@
 * :func:`is_expired` recognises the "too old resource version" ERROR event (code 410).
 * :class:`InitialEvents` follows the initial phase of a streaming list (a watch with
   ``sendInitialEvents=true``) up to its ``k8s.io/initial-events-end`` BOOKMARK.
-* :func:`relist_diff` compares the cache with a fresh LIST and synthesises the events that were
-  missed while disconnected (DELETED for vanished keys, MODIFIED for changed ones, ADDED for new).
 
 Nothing here does I/O or reads a clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,8 +27,6 @@ __all__ = [
     "object_rv",
     "object_key",
     "is_expired",
-    "relist_diff",
-    "iter_relist_diff",
     "INITIAL_EVENTS_END",
     "InitialStep",
     "InitialEvents",
@@ -220,55 +216,6 @@ class InitialEvents:
         else:
             self._on_set(*kv)
         return "more"
-
-
-def relist_diff(
-    cached: Mapping[str, Any],
-    fresh: Mapping[str, Any],
-    equal: Callable[[Any, Any], bool] | None = None,
-) -> list[tuple[EventType, str, Any, Any]]:
-    """Events that turn ``cached`` into ``fresh`` (both keyed like :func:`object_key`).
-
-    Args:
-        cached: the informer's current store contents.
-        fresh: the (already transformed) result of a new LIST, in list order.
-        equal: equality of two stored objects; defaults to ``==`` (compare transformed
-            objects, so a change the transform drops is not an update).
-
-    Returns:
-        ``(type, key, old, new)`` tuples: first ``("DELETED", key, old, None)`` for keys only in
-        ``cached`` (in cache order), then, in ``fresh`` order, ``("ADDED", key, None, new)`` for
-        new keys and ``("MODIFIED", key, old, new)`` for keys whose object differs. Unchanged
-        keys produce nothing.
-    """
-    return [e for e in iter_relist_diff(cached, fresh, equal) if e[0] is not None]  # type: ignore[misc]
-
-
-def iter_relist_diff(
-    cached: Mapping[str, Any],
-    fresh: Mapping[str, Any],
-    equal: Callable[[Any, Any], bool] | None = None,
-) -> Iterator[tuple[EventType | None, str, Any, Any]]:
-    """:func:`relist_diff` one event at a time, plus ``(None, key, old, new)`` for each
-    unchanged key (so a caller can pace itself by objects compared, not only events).
-
-    The deleted keys are collected first, so the caller may apply each event to ``cached``
-    before taking the next; ``fresh`` must not change while this runs.
-    """
-    eq = equal or (lambda a, b: a is b or bool(a == b))
-    gone = [key for key in cached if key not in fresh]
-    for key in gone:
-        old = cached.get(key)
-        if old is not None:
-            yield "DELETED", key, old, None
-    for key, new in fresh.items():
-        old = cached.get(key)
-        if old is None:
-            yield "ADDED", key, None, new
-        elif eq(old, new):
-            yield None, key, old, new
-        else:
-            yield "MODIFIED", key, old, new
 
 
 def iter_keys(objs: Iterable[Mapping[str, Any]]) -> list[str]:

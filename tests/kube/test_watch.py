@@ -9,7 +9,6 @@ from bigfleet_trio.kube.watch import (
     decode_watch_line,
     is_expired,
     object_key,
-    relist_diff,
 )
 
 
@@ -69,15 +68,4 @@ def test_object_key() -> None:
     with pytest.raises(ValueError):
         object_key({"metadata": {}})
 
-
-def test_relist_diff() -> None:
-    cached = {"ns/a": {"v": 1}, "ns/b": {"v": 1}, "ns/c": {"v": 1}}
-    fresh = {"ns/d": {"v": 1}, "ns/c": {"v": 2}, "ns/a": {"v": 1}}
-    assert relist_diff(cached, fresh) == [
-        ("DELETED", "ns/b", {"v": 1}, None),
-        ("ADDED", "ns/d", None, {"v": 1}),
-        ("MODIFIED", "ns/c", {"v": 1}, {"v": 2}),
-    ]
-    assert relist_diff({}, {}) == []
-    assert relist_diff(cached, cached) == []
 
