@@ -785,7 +785,7 @@ class _ListApply:
         """A listed object."""
         self.seen.add(key)
         inf = self._inf
-        old = inf.store._items.get(key)
+        old = inf.store.get(key)
         if old is not None and (old is new or old == new):
             return
         etype = "ADDED" if old is None else "MODIFIED"

@@ -157,34 +157,31 @@ def is_initial_events_end(event: WatchEvent) -> bool:
 class InitialEvents:
     """The initial phase of a streaming list (docs/kube-api.md#streaming-lists).
 
-    Feed it each event of a watch opened with ``sendInitialEvents=true``; it gathers the
-    objects (keyed and transformed by ``keyed``) until the end BOOKMARK. :meth:`feed` answers:
+    Feed it each event of a watch opened with ``sendInitialEvents=true``: each object (keyed
+    and transformed by ``keyed``) goes to ``on_set`` or ``on_delete`` as ``(key, object)`` as
+    it arrives, so the caller applies the list as it comes (an informer: its store).
+    :meth:`feed` answers:
 
-    * ``"more"``: an object event, applied to :attr:`objects` (ADDED/MODIFIED set, DELETED
-      removes; a server may send more than ADDED before the end);
+    * ``"more"``: an object event, handed on (ADDED/MODIFIED to ``on_set``, DELETED to
+      ``on_delete``; a server may send more than ADDED before the end);
     * ``"end"``: the ``k8s.io/initial-events-end`` BOOKMARK; :attr:`resource_version` is its
-      resourceVersion, the state :attr:`objects` is consistent at;
+      resourceVersion, the state the objects handed on are consistent at;
     * ``"unsupported"``: a BOOKMARK without the annotation before the end: the server ignored
       ``sendInitialEvents`` (one that honours it sends no other BOOKMARK first);
     * ``"error"``: an ERROR event (the caller raises it).
 
     Events after ``"end"`` are not for this class (the caller applies them as a watch).
-
-    With ``on_set`` and ``on_delete``, each object goes to them as it arrives (``(key,
-    object)``) and :attr:`objects` stays empty: an informer applies a list as it arrives.
     """
 
-    __slots__ = ("objects", "resource_version", "done", "skipped", "_on_set", "_on_delete")
+    __slots__ = ("resource_version", "done", "skipped", "_on_set", "_on_delete")
 
     def __init__(
         self,
-        on_set: Callable[[str, Any], None] | None = None,
-        on_delete: Callable[[str, Any], None] | None = None,
+        on_set: Callable[[str, Any], None],
+        on_delete: Callable[[str, Any], None],
     ) -> None:
-        self.objects: dict[str, Any] = {}
-        self._on_set = on_set if on_set is not None else self.objects.__setitem__
-        self._on_delete = (on_delete if on_delete is not None
-                           else lambda key, _obj: self.objects.pop(key, None))
+        self._on_set = on_set
+        self._on_delete = on_delete
         self.resource_version = ""
         self.done = False
         self.skipped = 0

@@ -48,14 +48,21 @@ def _keyed(raw: dict[str, Any]) -> tuple[str, Any] | None:
 # -- the state machine (pure) --------------------------------------------------------------------
 
 
+def _gathering() -> tuple[InitialEvents, dict[str, Any]]:
+    """An InitialEvents whose objects are gathered in a dict (set on ADDED/MODIFIED, popped on
+    DELETED), as the informer's store receives them."""
+    objects: dict[str, Any] = {}
+    return InitialEvents(objects.__setitem__, lambda k, _o: objects.pop(k, None)), objects
+
+
 def test_initial_events_gather_until_the_end_bookmark() -> None:
-    ie = InitialEvents()
+    ie, objects = _gathering()
     assert ie.feed(WatchEvent("ADDED", _obj("a", "3")), _keyed) == "more"
     assert ie.feed(WatchEvent("ADDED", _obj("b", "5")), _keyed) == "more"
     assert not ie.done
     assert ie.feed(_bookmark("9", end=True), _keyed) == "end"
     assert ie.done and ie.resource_version == "9"
-    assert ie.objects == {"ns/a": "a", "ns/b": "b"}
+    assert objects == {"ns/a": "a", "ns/b": "b"}
     with pytest.raises(RuntimeError):
         ie.feed(WatchEvent("ADDED", _obj("c")), _keyed)
 
@@ -69,11 +76,10 @@ def test_initial_events_go_to_the_callers_sink_as_they_arrive() -> None:
     ie.feed(WatchEvent("DELETED", _obj("a", "4")), _keyed)
     assert ie.feed(_bookmark("9", end=True), _keyed) == "end"
     assert got == [("set", "ns/a", "a"), ("delete", "ns/a", "a")]
-    assert ie.objects == {}  # nothing gathered
 
 
 def test_a_plain_bookmark_before_the_end_means_the_server_ignored_send_initial_events() -> None:
-    ie = InitialEvents()
+    ie, _ = _gathering()
     ie.feed(WatchEvent("ADDED", _obj("a")), _keyed)
     assert ie.feed(_bookmark("4", end=False), _keyed) == "unsupported"
     assert not ie.done
@@ -90,19 +96,19 @@ def test_the_annotation_must_say_true() -> None:
 
 
 def test_modified_and_deleted_before_the_end_apply_and_bad_objects_are_counted() -> None:
-    ie = InitialEvents()
+    ie, objects = _gathering()
     ie.feed(WatchEvent("ADDED", _obj("a")), _keyed)
     ie.feed(WatchEvent("ADDED", _obj("b")), _keyed)
     ie.feed(WatchEvent("MODIFIED", _obj("a", "7")), _keyed)
     ie.feed(WatchEvent("DELETED", _obj("b")), _keyed)
     ie.feed(WatchEvent("DELETED", _obj("never-seen")), _keyed)
     ie.feed(WatchEvent("ADDED", {"metadata": {}}), _keyed)
-    assert ie.objects == {"ns/a": "a"}
+    assert objects == {"ns/a": "a"}
     assert ie.skipped == 1
 
 
 def test_an_error_event_is_reported() -> None:
-    ie = InitialEvents()
+    ie, _ = _gathering()
     assert ie.feed(WatchEvent("ERROR", {"code": 410}), _keyed) == "error"
 
 
