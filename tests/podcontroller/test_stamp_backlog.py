@@ -61,11 +61,8 @@ def _small_backlog(peak: _Peak) -> Any:
 
 async def test_a_swept_stamp_reads_the_cr_first_and_never_overwrites_a_phase(
         autojump_clock: trio.testing.MockClock) -> None:
-    server = ApiServer()
-    async with running(server) as (ctl, client):
-        created = await client.create(PODS, pod("p"))
-        name = "cr-" + created["metadata"]["uid"]
-        await eventually(lambda: _pending_count(client, 1))
+    async with running(ApiServer()) as (ctl, client):
+        name = await _one_pod_stamped(client)
         await client.patch(CAPACITY_REQUESTS, name, {"status": {"phase": "Acknowledged"}},
                            "default", subresource="status")
         # the cache still shows no phase (a lagging watch); the sweep queued a stamp for it
@@ -78,6 +75,13 @@ async def test_a_swept_stamp_reads_the_cr_first_and_never_overwrites_a_phase(
         assert got[0]["status"]["phase"] == "Acknowledged"
 
 
+async def _one_pod_stamped(client: Any) -> str:
+    """Create Pod ``default/p``; once its CR is stamped Pending, the CR's name."""
+    created = await client.create(PODS, pod("p"))
+    await eventually(lambda: _pending_count(client, 1))
+    return "cr-" + str(created["metadata"]["uid"])
+
+
 async def _stamp_done(ctl: Any) -> bool:
     return not ctl.applier.stamp_rv and len(ctl.queue) == 0
 
@@ -86,11 +90,8 @@ async def test_a_stamp_queued_for_a_cr_since_deleted_sends_nothing(
         autojump_clock: trio.testing.MockClock) -> None:
     # A burst's stamps run behind all Pod work, so many of their CRs are gone by then (the Job
     # finished, the churn replaced the Pod): a PATCH for each would be a wasted write (404).
-    server = ApiServer()
-    async with running(server) as (ctl, client):
-        created = await client.create(PODS, pod("p"))
-        name = "cr-" + created["metadata"]["uid"]
-        await eventually(lambda: _pending_count(client, 1))
+    async with running(ApiServer()) as (ctl, client):
+        name = await _one_pod_stamped(client)
         key = StampKey("default", name)
         ctl.applier.stamp_rv[key] = "1"  # a stamp still waiting in the queue
         await client.delete(PODS, "p", "default")
