@@ -22,6 +22,8 @@ from .translate import (
 from .zonepin import PIN_ANNOTATION, ZONE_LABEL
 
 __all__ = [
+    "OWNED_BY_POD_KEY",
+    "OWNER_POD_KEY",
     "index_owner_pod",
     "index_owner_uid",
     "index_pod_uid",
@@ -174,30 +176,35 @@ def _share(value: Any) -> Any:
     return value
 
 
+OWNED_BY_POD_KEY = "ownedByPod"
+"""Key in a cached CR's ``metadata`` (:func:`slim_cr`): the value of its
+``bigfleet.lucy.sh/owned-by-pod`` label (its Pod's uid)."""
+OWNER_POD_KEY = "ownerPod"
+"""Key in a cached CR's ``metadata``: the name of its first ``ownerReference`` of kind Pod."""
+
+
 def slim_cr(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """The CapacityRequest as the controller keeps it: identity, the owner Pod's kind and name
-    (other owners as they are), the owned-by-pod label, spec and status.phase (both shared
-    between equal CRs: read-only)."""
+    """The CapacityRequest as the controller keeps it: name, namespace, uid and
+    deletionTimestamp; the owned-by-pod label's value (:data:`OWNED_BY_POD_KEY`) and the owner
+    Pod's name (:data:`OWNER_POD_KEY`), the only parts of labels and ownerReferences anything
+    reads, as two strings (a labels dict, a list and an ownerReference dict would cost about
+    450 bytes more per CR); spec and status.phase (both shared between equal CRs: read-only).
+    Read the owner through :func:`owner_uid` and :func:`owner_pod_name`, which take the full
+    object too."""
     meta = obj.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
-    labels = meta.get("labels")
-    labels = labels if isinstance(labels, Mapping) else {}
     out_meta: dict[str, Any] = {
         k: meta[k] for k in ("name", "namespace", "uid", "deletionTimestamp") if k in meta
     }
     ns = out_meta.get("namespace")
     if type(ns) is str:
         out_meta["namespace"] = sys.intern(ns)
-    refs = meta.get("ownerReferences")
-    if isinstance(refs, list):  # only the Pod owner's kind and name are read
-        out_meta["ownerReferences"] = [
-            {"kind": "Pod", "name": ref["name"]} if (
-                isinstance(ref, Mapping) and ref.get("kind") == "Pod") else _share(ref)
-            for ref in refs]
-    elif refs is not None:
-        out_meta["ownerReferences"] = refs
-    if OWNED_BY_POD_LABEL in labels:
-        out_meta["labels"] = {OWNED_BY_POD_LABEL: labels[OWNED_BY_POD_LABEL]}
+    uid = owner_uid(obj)
+    if uid:
+        out_meta[OWNED_BY_POD_KEY] = uid
+    owner = owner_pod_name(obj)
+    if owner is not None:
+        out_meta[OWNER_POD_KEY] = owner
     status = obj.get("status")
     out: dict[str, Any] = {"metadata": out_meta, "spec": _share(obj.get("spec"))}
     if isinstance(status, Mapping) and "phase" in status:
@@ -206,22 +213,35 @@ def slim_cr(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def owner_uid(cr: Mapping[str, Any]) -> str:
-    labels = cr.get("metadata", {}).get("labels") or {}
-    uid = labels.get(OWNED_BY_POD_LABEL)
+    """The uid of the Pod a CR belongs to, from a cached CR (:func:`slim_cr`) or the full
+    object's owned-by-pod label ("" when absent or not a string)."""
+    meta = cr.get("metadata")
+    if not isinstance(meta, Mapping):
+        return ""
+    uid = meta.get(OWNED_BY_POD_KEY)
+    if uid is None:
+        labels = meta.get("labels")
+        uid = labels.get(OWNED_BY_POD_LABEL) if isinstance(labels, Mapping) else None
     return uid if isinstance(uid, str) else ""
 
 
 def owner_pod_name(cr: Mapping[str, Any]) -> str | None:
-    refs = cr.get("metadata", {}).get("ownerReferences")
+    """The name of a CR's owner Pod, from a cached CR (:func:`slim_cr`) or the full object's
+    first ``ownerReference`` of kind Pod with a string name (None when there is none)."""
+    meta = cr.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    name = meta.get(OWNER_POD_KEY)
+    if isinstance(name, str):
+        return name
+    refs = meta.get("ownerReferences")
     if not isinstance(refs, list):
         return None
     for ref in refs:
-        if (
-            isinstance(ref, Mapping)
-            and ref.get("kind") == "Pod"
-            and isinstance(ref.get("name"), str)
-        ):
-            return str(ref["name"])
+        if isinstance(ref, Mapping) and ref.get("kind") == "Pod":
+            name = ref.get("name")
+            if isinstance(name, str):
+                return name
     return None
 
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from bigfleet_trio.kube.mergepatch import merge_diff as merge_patch_diff
-from bigfleet_trio.podcontroller.projections import slim_cr, slim_pod
+from bigfleet_trio.podcontroller.projections import (
+    OWNED_BY_POD_KEY,
+    OWNER_POD_KEY,
+    index_owner_pod,
+    index_owner_uid,
+    owner_pod_name,
+    owner_uid,
+    slim_cr,
+    slim_pod,
+)
 from bigfleet_trio.podcontroller.translate import translate_pod
 
 REQ = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -129,17 +138,39 @@ def test_slim_cr() -> None:
         "spec": {"priority": 1, "resources": {}},
         "status": {"phase": "Acknowledged", "acknowledgedAt": "t"},
     }
-    assert slim_cr(cr) == {
+    slim = slim_cr(cr)
+    # the owned-by-pod label's value and the owner Pod's name are kept as two strings in
+    # metadata, not as a labels dict and a list of ownerReference dicts (450 bytes per CR)
+    assert slim == {
         "metadata": {
             "name": "cr-u",
             "namespace": "ns",
             "uid": "c-1",
-            "labels": {"bigfleet.lucy.sh/owned-by-pod": "u"},
-            "ownerReferences": [{"kind": "Pod", "name": "p"}],  # only the owner Pod's name is read
+            OWNED_BY_POD_KEY: "u",
+            OWNER_POD_KEY: "p",
         },
         "spec": {"priority": 1, "resources": {}},
         "status": {"phase": "Acknowledged"},
     }
+    for shape in (cr, slim):  # the readers take the full object and the cached one alike
+        assert owner_uid(shape) == "u"
+        assert owner_pod_name(shape) == "p"
+        assert index_owner_uid(shape) == ["u"]
+        assert index_owner_pod(shape) == ["ns/p"]
+
+
+def test_slim_cr_owner_is_the_first_pod_reference_and_malformed_owners_read_as_none() -> None:
+    refs = [{"kind": "ReplicaSet", "name": "rs"}, "junk", {"kind": "Pod", "name": "p1"},
+            {"kind": "Pod", "name": "p2"}]
+    cr = {"metadata": {"name": "c", "namespace": "ns", "ownerReferences": refs}}
+    assert owner_pod_name(slim_cr(cr)) == "p1"
+    for bad in ("oops", [{"kind": "Pod", "name": 7}], [{"kind": "Pod"}], []):
+        slim = slim_cr({"metadata": {"name": "c", "ownerReferences": bad,
+                                     "labels": {"bigfleet.lucy.sh/owned-by-pod": 3}}})
+        assert owner_pod_name(slim) is None
+        assert owner_uid(slim) == ""
+        assert index_owner_pod(slim) == index_owner_uid(slim) == []
+    assert owner_uid(slim_cr({})) == "" and owner_pod_name(slim_cr({})) is None
 
 
 def test_merge_patch_diff() -> None:
