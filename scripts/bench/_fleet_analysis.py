@@ -278,11 +278,20 @@ def server_wait(spans: list[tuple[float, float]], start: float, end: float) -> f
     return covered
 
 
-def agent_own(windows: list[Window], index: dict[str, list[tuple[float, float]]]) -> list[float]:
+def agent_own(windows: list[Window], index: dict[str, list[tuple[float, float]]], *,
+              watched_end: bool = False) -> list[float]:
     """Per window: its length minus the time the apiserver requests on its objects covered
-    (merged over the objects, so overlapping requests count once), clipped at 0."""
+    (merged over the objects, so overlapping requests count once), clipped at 0.
+
+    ``watched_end``: the window ends when the bench's own watch saw the write (Pod -> CR,
+    NodeStateUpdate -> UpcomingNode), so it ends at the last answer to a request on its objects
+    inside it, where there is one: what follows is the apiserver delivering the event to the
+    bench, with no work of the agent's left in it (docs/kube-api.md#request-trace). A later
+    request's answer only moves that end later, so the agent's share is never understated."""
     out = []
     for names, start, end in windows:
         spans = sorted(sp for n in names for sp in index.get(n, ()))
+        if watched_end:
+            end = max((s1 for _s0, s1 in spans if start <= s1 <= end), default=end)
         out.append(max(0.0, (end - start) - server_wait(spans, start, end)))
     return out

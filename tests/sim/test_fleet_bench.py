@@ -216,6 +216,25 @@ def test_agent_own_is_end_to_end_minus_the_requests_on_the_named_objects() -> No
     assert agent_own([(("un-m1", "other"), 10.0, 11.0)], index) == [pytest.approx(0.0)]
 
 
+def test_agent_own_of_a_watched_end_stops_at_the_last_answer_on_its_objects() -> None:
+    """A latency the bench ends at its own watch event: after the write's answer, the time until
+    the event reaches the bench is the apiserver's watch delivery (and the bench), not the
+    agent's."""
+    from scripts.bench._fleet_analysis import agent_own, trace_index
+
+    index = trace_index([[10.2, 10.5, "POST", "/apis/g/v1/capacityrequests", "cr-u", 201],
+                         [10.6, 10.7, "PATCH", "/apis/g/v1/capacityrequests/cr-u", "cr-u", 200],
+                         [11.5, 11.6, "PATCH", "/apis/g/v1/capacityrequests/cr-u", "cr-u", 200]])
+    window = (("cr-u",), 10.0, 11.0)  # the bench saw the CR at 11.0, 0.3 s after the answer
+    assert agent_own([window], index) == [pytest.approx(0.6)]  # 0.2 + 0.1 + 0.3
+    assert agent_own([window], index, watched_end=True) == [pytest.approx(0.3)]  # 0.2 + 0.1
+    # no answer inside the window (a request still open, or none traced): the end stays
+    assert agent_own([(("cr-u",), 10.0, 10.4)], index, watched_end=True) == [
+        pytest.approx(0.2)]
+    assert agent_own([(("nobody",), 10.0, 11.0)], index, watched_end=True) == [
+        pytest.approx(1.0)]
+
+
 def test_matched_latencies_carry_windows_naming_their_objects() -> None:
     rec = reclaim_latencies([["r1", "n1,n2", 10.0, 12.5, 1]], lambda t: "churn")
     assert rec.windows["churn"] == [(("n1", "n2"), 10.0, 12.5)]
