@@ -14,7 +14,8 @@ Semantics (``k8s.io/client-go/util/workqueue``):
   :meth:`WorkQueue.forget` resets the count after a success.
 * FIFO order among ready keys; parked keys join the tail when their moment comes. Keys added
   with ``low=True`` wait in a second FIFO that workers drain only when the first is empty (the
-  controller's cosmetic status writes must not slow down CR creation under a burst).
+  controller's cosmetic status writes and a co-location group's re-pins must not slow down CR
+  creation under a burst); a normal add of a key waiting there moves it to the first.
 
 The bookkeeping is pure (:class:`QueueCore`, explicit ``now``) and unit-tested without Trio;
 :class:`WorkQueue` adds the blocking :meth:`~WorkQueue.get` on Trio's clock (no background task:
@@ -107,7 +108,10 @@ class QueueCore(Generic[K]):
         self._backoff = Backoff(initial=base_delay, cap=max_delay, jitter=0.0)
         self.metrics = metrics
         self._queue: deque[K] = deque()
-        self._low: deque[K] = deque()
+        # low keys: (entry number, key); an entry is live while _low_live[key] is its number (a
+        # normal add of a waiting low key moves it to _queue and leaves its entry here, stale)
+        self._low: deque[tuple[int, K]] = deque()
+        self._low_live: dict[K, int] = {}
         self._dirty: dict[K, float] = {}  # key -> when it became ready (queued or pending re-queue)
         self._processing: dict[K, float] = {}  # key -> when a worker took it
         self._parked: dict[K, float] = {}  # key -> earliest moment
@@ -119,16 +123,27 @@ class QueueCore(Generic[K]):
     # -- adding --------------------------------------------------------------------------------
 
     def add(self, key: K, now: float, *, low: bool = False) -> bool:
-        """Make ``key`` ready (``low``: behind every normal key).
+        """Make ``key`` ready (``low``: behind every normal key). A key waiting behind every
+        normal key that is added without ``low`` moves to the normal queue's tail (it has a
+        change of its own: docs/rules.md#pod-translation-co-location-zone-pin).
 
-        Returns True if a worker can take it now (it joined a queue).
+        Returns True if a worker can take it now (it joined a queue and was not ready before).
         """
-        if self.shutting_down or key in self._dirty:
+        if self.shutting_down:
+            return False
+        if key in self._dirty:
+            if not low and self._low_live.pop(key, None) is not None:
+                self._queue.append(key)
             return False
         self._dirty[key] = now
         if key in self._processing:
             return False
-        (self._low if low else self._queue).append(key)
+        if low:
+            n = next(self._seq)
+            self._low.append((n, key))
+            self._low_live[key] = n
+        else:
+            self._queue.append(key)
         if self.metrics is not None:
             self.metrics.added()
             self.metrics.depth(len(self))
@@ -197,10 +212,15 @@ class QueueCore(Generic[K]):
         self.promote(now)
         if self._queue:
             key = self._queue.popleft()
-        elif self._low:
-            key = self._low.popleft()
         else:
-            return None
+            low, live = self._low, self._low_live
+            while low:
+                n, key = low.popleft()
+                if live.get(key) == n:
+                    del live[key]
+                    break
+            else:
+                return None
         ready_since = self._dirty.pop(key, now)
         self._processing[key] = now
         if self.metrics is not None:
@@ -228,6 +248,9 @@ class QueueCore(Generic[K]):
     def _shrink(self) -> None:
         """Give back the tables a burst grew, once they are empty: a dict never shrinks as keys
         leave it (after a churn of 50,000 Pods the pod controller's queue kept 10 MiB)."""
+        if not self._low_live and (self._low or sys.getsizeof(self._low_live) > _EMPTY_DICT):
+            self._low_live = {}
+            self._low = deque()  # every entry left is stale once no low key waits
         if not self._processing and sys.getsizeof(self._processing) > _EMPTY_DICT:
             self._processing = {}
         if not self._dirty and sys.getsizeof(self._dirty) > _EMPTY_DICT:
@@ -240,7 +263,7 @@ class QueueCore(Generic[K]):
 
     def __len__(self) -> int:
         """Keys ready to be taken, both priorities (not counting parked or processing ones)."""
-        return len(self._queue) + len(self._low)
+        return len(self._queue) + len(self._low_live)
 
     @property
     def parked(self) -> int:

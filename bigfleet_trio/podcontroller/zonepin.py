@@ -257,13 +257,16 @@ def group_keys(store: Any, pod: Mapping[str, Any]) -> list[str]:
 def enqueue_groups(queue: Any, store: Any, *pods: Mapping[str, Any] | None) -> None:
     """Add to ``queue`` (as :class:`~.keys.PodKey`) the Pods of the zone groups ``pods``
     belong to (:func:`group_keys`): a group member bound, changed or gone may pin or unpin
-    the group's CRs."""
+    the group's CRs. They wait behind every Pod with a change of its own (``low``): a group
+    starting to run patches each of its CRs once, hundreds of writes that must not hold back
+    the creates of new Pods' CRs (a Pod with no CR is not counted at all; an unpinned CR is
+    still counted). A Pod of the group that changes meanwhile moves up."""
     from .keys import PodKey
 
     for pod in pods:
         if pod is not None:
             for key in group_keys(store, pod):
-                queue.add(PodKey.parse(key))
+                queue.add(PodKey.parse(key), low=True)
 
 
 def report(pin: ZonePin | None, key: str, action: str) -> None:

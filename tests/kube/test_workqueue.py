@@ -284,10 +284,29 @@ def test_low_priority_keys_wait_for_normal_ones() -> None:
     q.add("a", 1)
     q.add("s2", 2, low=True)
     q.add("b", 3)
-    q.add("s1", 4)  # already queued (low): de-duplicated, keeps its place
+    q.add("s2", 4, low=True)  # already queued (low): de-duplicated, keeps its place
     assert len(q) == 4
     assert [q.pop(5) for _ in range(4)] == ["a", "b", "s1", "s2"]
     assert q.pop(5) is None
+
+
+def test_a_normal_add_moves_a_low_key_up_once() -> None:
+    """A key waiting behind every normal key (a co-location group's re-reconcile) that gets a
+    change of its own joins the normal queue's tail, and is handed out once."""
+    q: QueueCore[str] = QueueCore()
+    q.add("g1", 0, low=True)
+    q.add("g2", 0, low=True)
+    q.add("a", 1)
+    assert q.add("g2", 2) is False  # ready already: no new key for the workers
+    assert len(q) == 3
+    assert [q.pop(3) for _ in range(3)] == ["a", "g2", "g1"]
+    assert q.pop(3) is None and len(q) == 0
+    for key in ("a", "g2", "g1"):
+        assert q.done(key, 3) is False
+    # taken from the normal queue, then added low again: once, in the low queue's order
+    q.add("g3", 4, low=True)
+    q.add("g2", 4, low=True)
+    assert [q.pop(5), q.pop(5), q.pop(5)] == ["g3", "g2", None]
 
 
 class _Ticks:

@@ -210,3 +210,22 @@ def test_candidates_and_group_keys_come_from_the_indexes() -> None:
     assert zonepin.group_keys(store, slim_pod(bound("b", None))) == []
     assert zonepin.group_keys(store, slim_pod(pending())) == []
     assert zonepin.candidates(store, slim_pod(pending(terms=[]))) == []
+
+
+async def test_a_groups_re_reconciles_wait_behind_pods_with_a_change_of_their_own() -> None:
+    """A group that starts or stops running in a zone re-reconciles all its Pods (each CR is
+    patched once); under a burst that is hundreds of writes, which must not hold back the
+    creates of new Pods' CRs. A member that changes itself meanwhile moves up."""
+    from bigfleet_trio.kube.workqueue import WorkQueue
+    from bigfleet_trio.podcontroller.keys import PodKey
+
+    member = bound("a", "z-a")
+    store = store_of(pending("p"), pending("e"), pending("f"), member)
+    queue: WorkQueue[PodKey] = WorkQueue()
+    zonepin.enqueue_groups(queue, store, None, slim_pod(member))  # the group now runs in z-a
+    queue.add(PodKey("ns", "new"))  # a Pod with no CR yet, created after
+    queue.add(PodKey("ns", "f"))  # a group member with a change of its own
+    order = [await queue.get() for _ in range(4)]
+    assert order[:2] == [PodKey("ns", "new"), PodKey("ns", "f")]
+    assert sorted(map(str, order[2:])) == ["ns/e", "ns/p"]
+    assert len(queue) == 0
