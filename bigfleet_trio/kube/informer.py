@@ -54,6 +54,7 @@ __all__ = [
     "SyncTimeout",
     "refuses_watch_list",
     "wait_all_synced",
+    "freeze_heap",
 ]
 
 _List = list  # Store.list shadows the builtin inside the class body
@@ -95,6 +96,15 @@ def rv_rolled_back(new: str, old: str) -> bool:
         return False
     return int(new) < int(old)
 
+
+def freeze_heap() -> None:
+    """Move what the process holds into the garbage collector's permanent generation, which its
+    passes skip (``gc.freeze()``), after collecting what is garbage already: a reference cycle
+    frozen while garbage is never collected, and a soak leaked every one (a failed request's
+    exception and its traceback). The collection walks only what is not frozen yet, which
+    between two freezes is little. docs/kube-api.md#garbage-collector."""
+    gc.collect()
+    gc.freeze()
 
 class _RolledBack(Exception):
     """A watch event carried a resourceVersion older than the informer's: the server lost state."""
@@ -575,7 +585,7 @@ class Informer:
                     apply.upsert(*kv)
             items.clear()  # let the raw page go as soon as it is applied
             if self.freeze_heap:
-                gc.freeze()
+                freeze_heap()
 
         rv = await self.client.list_paged(
             self.res,
@@ -684,7 +694,7 @@ class Informer:
                     if events % self.apply_chunk == 0:
                         self.store.compact_if_churned()  # docs/kube-api.md#relist-memory
                         if self.freeze_heap:
-                            gc.freeze()  # churn grows the cache: docs/kube-api.md#garbage-collector
+                            freeze_heap()  # churn grows the cache too
         if phase is not None and not phase.done:
             if scope.cancelled_caught:
                 raise _WatchListRefused(
@@ -821,7 +831,7 @@ class _ListApply:
                 await trio.lowlevel.checkpoint()
         inf.store.compact_if_churned()
         if inf.freeze_heap:
-            gc.freeze()
+            freeze_heap()
         return self.counts
 
 

@@ -254,18 +254,10 @@ class RequestCore:
                 f"{method} {path}: no answer within {self.request_timeout:g}s")
             raise self.last_transport_error
         if status >= 400:
-            err = self._error(status, data, headers if isinstance(headers, Mapping)
-                              else httpx.Headers(headers))
-            if (isinstance(err, TooManyRequests) and err.retry_after
-                    and not path.endswith("/eviction")):
-                # API Priority and Fairness refused this client's flow, not just this request:
-                # every request of the client waits out the Retry-After (the retry of this one
-                # too), instead of each being refused in turn. An eviction's 429 is a
-                # PodDisruptionBudget speaking about one Pod. docs/kube-api.md#retries
-                self._limiter.hold_until(
-                    trio.current_time() + min(err.retry_after, self.max_retry_after))
-                metrics.KUBE_THROTTLED.inc()
-            raise err
+            # raised as returned, never from a local of this frame: the exception's traceback
+            # holds this frame, so a local naming it would make a reference cycle (freed only by
+            # the cycle collector, or never once frozen: docs/kube-api.md#garbage-collector)
+            raise self._refusal(status, data, headers, path)
         if not data:
             return None
         try:
@@ -274,6 +266,23 @@ class RequestCore:
             raise KubeTransportError(
                 f"{method} {path}: invalid JSON in {status} answer"
             ) from exc
+
+    def _refusal(self, status: int, data: bytes,
+                 headers: Mapping[str, str] | list[tuple[bytes, bytes]], path: str) -> ApiError:
+        """The exception for error answer ``status`` (:meth:`_error`); a 429 with Retry-After
+        also holds the client's rate limiter."""
+        err = self._error(status, data, headers if isinstance(headers, Mapping)
+                          else httpx.Headers(headers))
+        if (isinstance(err, TooManyRequests) and err.retry_after
+                and not path.endswith("/eviction")):
+            # API Priority and Fairness refused this client's flow, not just this request:
+            # every request of the client waits out the Retry-After (the retry of this one
+            # too), instead of each being refused in turn. An eviction's 429 is a
+            # PodDisruptionBudget speaking about one Pod. docs/kube-api.md#retries
+            self._limiter.hold_until(
+                trio.current_time() + min(err.retry_after, self.max_retry_after))
+            metrics.KUBE_THROTTLED.inc()
+        return err
 
     async def _exchange(
         self, method: str, path: str, query: str, auth: str | None, content: bytes | None,

@@ -78,6 +78,45 @@ async def test_freeze_heap_moves_the_cache_out_of_the_collectors_passes(
         gc.unfreeze()
 
 
+async def test_freeze_heap_never_keeps_a_reference_cycle_that_is_already_garbage(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """docs/kube-api.md#garbage-collector: a cycle that is garbage when the informer freezes
+    the heap is collected first, not moved where the collector never looks again (a soak
+    leaked every such cycle: a failed request's exception and its traceback)."""
+    import gc
+    import weakref
+
+    class Cycle:
+        me: Any = None
+
+    gc.unfreeze()
+    try:
+        fake = FakeKube()
+        for i in range(50):
+            fake.seed("pods", {"metadata": {"name": f"p{i}", "namespace": "d"}, "spec": {}})
+        client = KubeClient(KubeConfig(server="http://kube.test"),
+                            transport=fake.transport(), max_attempts=1)
+        inf = Informer(client, PODS, apply_chunk=10, freeze_heap=True)
+        gc.disable()  # no collection of its own between the garbage and the freeze
+        try:
+            garbage = Cycle()
+            garbage.me = garbage
+            ref = weakref.ref(garbage)
+            del garbage
+            async with trio.open_nursery() as nursery:
+                await nursery.start(inf.run)
+                await inf.wait_synced()
+                assert gc.get_freeze_count() > 0
+                nursery.cancel_scope.cancel()
+        finally:
+            gc.enable()
+        gc.collect()  # a frozen cycle would survive this
+        assert ref() is None
+    finally:
+        gc.unfreeze()
+
+
 async def test_a_relist_after_a_churn_applies_each_page_as_it_arrives(
     autojump_clock: trio.abc.Clock,
 ) -> None:
