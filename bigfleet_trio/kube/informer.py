@@ -106,6 +106,7 @@ def freeze_heap() -> None:
     gc.collect()
     gc.freeze()
 
+
 class _RolledBack(Exception):
     """A watch event carried a resourceVersion older than the informer's: the server lost state."""
 
