@@ -55,6 +55,7 @@ __all__ = [
     "refuses_watch_list",
     "wait_all_synced",
     "freeze_heap",
+    "drop_managed_fields",
 ]
 
 _List = list  # Store.list shadows the builtin inside the class body
@@ -105,6 +106,22 @@ def freeze_heap() -> None:
     between two freezes is little. docs/kube-api.md#garbage-collector."""
     gc.collect()
     gc.freeze()
+
+
+def drop_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """Informer transform: the object without ``metadata.managedFields`` (a shallow copy; the
+    same object when it has none).
+
+    The server-side-apply bookkeeping is never read by a controller here, and on a real
+    apiserver it is the larger part of a small object's metadata: every field each manager set,
+    as nested dicts (client-go's informers drop it the same way).
+    docs/kube-api.md#informer-memory.
+    """
+    meta = obj.get("metadata")
+    if isinstance(meta, dict) and "managedFields" in meta:
+        obj = dict(obj)
+        obj["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    return obj
 
 
 class _RolledBack(Exception):

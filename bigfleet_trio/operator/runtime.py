@@ -16,7 +16,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from bigfleet_trio.kube.client import KubeClient
-from bigfleet_trio.kube.informer import Informer, Store
+from bigfleet_trio.kube.informer import Informer, Store, drop_managed_fields
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, NODES, UPCOMING_NODES
 from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability import metrics
@@ -237,12 +237,17 @@ def build_operator(
     cr_informer = Informer(client, CAPACITY_REQUESTS, transform=slim, watch_list=wl,
                            freeze_heap=fz)
     source.attach(cr_informer)
-    un_informer = Informer(client, UPCOMING_NODES, indexers={NODE_REF_INDEX: node_ref_index},
-                           watch_list=wl, freeze_heap=fz)
+    un_informer = Informer(client, UPCOMING_NODES, transform=drop_managed_fields,
+                           indexers={NODE_REF_INDEX: node_ref_index}, watch_list=wl,
+                           freeze_heap=fz)
     node_informer = Informer(
         client, NODES, transform=slim_node, indexers={PROVIDER_ID_INDEX: provider_id_index},
         watch_list=wl, freeze_heap=fz,
     )
+    upcoming = UpcomingNodeHandler(
+        client, memory, get_cached=partial(cached, un_informer.store), feed=feed
+    )
+    upcoming.attach(un_informer)  # the overlay lives only as long as the watch lags
     handlers = OperatorHandlers(
         bootstrap=BootstrapHandler(renderer, cfg.cluster_id, ttl_seconds=int(cfg.bootstrap_ttl)),
         reclaim=ReclaimHandler(
@@ -251,9 +256,7 @@ def build_operator(
             node_lookup=partial(by_index, node_informer.store, PROVIDER_ID_INDEX),
             events=kube_events, wall_clock=wall_clock,
         ),
-        upcoming=UpcomingNodeHandler(
-            client, memory, get_cached=partial(cached, un_informer.store), feed=feed
-        ),
+        upcoming=upcoming,
         available=AvailableCapacityHandler(client),
         feed=feed,
     )

@@ -11,7 +11,7 @@ import trio.testing
 
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig
-from bigfleet_trio.kube.informer import Informer
+from bigfleet_trio.kube.informer import Informer, drop_managed_fields
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, UPCOMING_NODES
 from bigfleet_trio.kube.retry import Backoff
 
@@ -333,3 +333,17 @@ async def test_cluster_scoped_keys_without_transform(
     assert inf.store.by_index("node", "node-2") == []
     with pytest.raises(KeyError):
         inf.store.by_index("nope", "x")
+
+
+def test_drop_managed_fields_keeps_everything_else_and_the_input() -> None:
+    obj = {"kind": "UpcomingNode", "spec": {"a": 1}, "metadata": {
+        "name": "un-1", "resourceVersion": "7", "labels": {"x": "y"},
+        "managedFields": [{"manager": "bigfleet-operator", "fieldsV1": {"f:status": {}}}]}}
+    out = drop_managed_fields(obj)
+    assert out == {"kind": "UpcomingNode", "spec": {"a": 1}, "metadata": {
+        "name": "un-1", "resourceVersion": "7", "labels": {"x": "y"}}}
+    assert out["spec"] is obj["spec"]  # a shallow copy: the rest is shared, not copied
+    assert "managedFields" in obj["metadata"]  # the input is not mutated
+    bare = {"metadata": {"name": "n"}}
+    assert drop_managed_fields(bare) is bare  # nothing to drop: the same object
+    assert drop_managed_fields({"kind": "X"}) == {"kind": "X"}

@@ -533,3 +533,29 @@ async def test_the_consistency_check_yields_to_the_loop_while_it_rebuilds() -> N
         during = ticks - before
         done = True
     assert during >= 5, during
+
+
+async def test_the_upcoming_node_overlay_empties_as_the_informer_catches_up(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    """The wiring of docs/deviations.md UpcomingNode 6: the handler's last-write overlay is
+    attached to the operator's UpcomingNode informer, so an entry lives only as long as the
+    watch lags the write (it stayed for every machine ever written)."""
+    from bigfleet_trio.sim.apiserver import ApiServer
+    from bigfleet_trio.sim.apiserver.testing import InProcessTransport
+
+    server = ApiServer()
+    client = KubeClient(KubeConfig(server="http://apiserver"),
+                        transport=InProcessTransport(server.app, nursery))
+    cfg = OperatorConfig(cluster_id="c1", shard_addr="s:1")
+    op = Operator(cfg, client=client, connector=MemoryConnector(), feed=EventFeed())
+    parts = op.build()
+    await nursery.start(parts.un_informer.run)
+    await parts.un_informer.wait_synced()
+    upcoming = parts.handlers.upcoming
+    for i in range(10):
+        await upcoming.on_node_state_update(pb.NodeStateUpdate(
+            supersedes_key=f"node:m-{i}", machine_id=f"m-{i}", state=pb.MachineState.CREATING))
+    await trio.sleep(1)
+    assert len(parts.un_informer.store) == 10
+    assert upcoming.overlay_entries == 0

@@ -780,6 +780,64 @@ def test_choose_view_by_resource_version() -> None:
     assert choose_view(o("12", "Provisioning"), gone) == (o("12", "Provisioning"), False)
 
 
+def test_settled_by_event() -> None:
+    from bigfleet_trio.operator.upcoming.handler import LastWrite, settled_by_event
+
+    def o(rv: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": "un-m-1"}
+        if rv is not None:
+            meta["resourceVersion"] = rv
+        return {"metadata": meta}
+
+    ours = LastWrite.of(o("10"))
+    # the watch delivers our write, or a later one: the cache holds it now
+    assert settled_by_event(ours, o("10"), deleted=False)
+    assert settled_by_event(ours, o("11"), deleted=False)
+    # an event from before our write: the cache still lags it
+    assert not settled_by_event(ours, o("9"), deleted=False)
+    # deleted at or after our write: the cache's "gone" is the truth
+    assert settled_by_event(ours, o("12"), deleted=True)
+    # a deletion from before our write (a former life), or a relist's synthesized delete of
+    # what the cache last saw: our write is still the fresher view
+    assert not settled_by_event(ours, o("9"), deleted=True)
+    # our tombstone (the object we deleted was at rv 10; its deletion is rv 11 or later)
+    gone = LastWrite.deleted("10")
+    assert settled_by_event(gone, o("11"), deleted=True)
+    assert not settled_by_event(gone, o("10"), deleted=False)  # the stale pre-delete copy
+    assert settled_by_event(gone, o("12"), deleted=False)  # a new life, newer than our delete
+    # no integer resourceVersion on either side: kept (choose_view keeps ours)
+    assert not settled_by_event(LastWrite.of(o(None)), o("12"), deleted=False)
+    assert not settled_by_event(ours, o("x"), deleted=True)
+
+
+async def test_overlay_entries_dropped_once_the_informer_sees_the_writes(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    # the overlay only bridges the watch's lag: an entry left behind for every machine ever
+    # written (until the next frame for that machine) grew the operator without bound
+    from bigfleet_trio.kube.informer import Informer, drop_managed_fields
+
+    server, client = _apiserver(nursery)
+    inf = Informer(client, UPCOMING_NODES, transform=drop_managed_fields)
+    h = UpcomingNodeHandler(client, DrainMemory(), now=lambda: NOW, get_cached=inf.store.get)
+    h.attach(inf)
+    await nursery.start(inf.run)
+    await inf.wait_synced()
+    machines = [f"m-{i}" for i in range(20)]
+    for m in machines:
+        await h.on_node_state_update(nsu(MS.CREATING, machine_id=m))
+        await h.on_node_state_update(nsu(MS.IDLE, machine_id=m))
+    await trio.sleep(1)
+    assert len(inf.store) == len(machines)
+    assert h.overlay_entries == 0
+    # our deletes leave tombstones, dropped as the watch delivers each deletion
+    for m in machines:
+        await h.on_node_state_update(nsu(MS.DELETING, machine_id=m))
+    await trio.sleep(1)
+    assert len(inf.store) == 0
+    assert h.overlay_entries == 0
+
+
 async def test_requests_per_frame_without_lookup_get_and_patch(
     nursery: trio.Nursery, autojump_clock: trio.abc.Clock
 ) -> None:

@@ -19,6 +19,7 @@ import trio
 
 from bigfleet_trio.kube.api import KubeAPI
 from bigfleet_trio.kube.errors import AlreadyExists, Conflict, Forbidden, KubeError, NotFound
+from bigfleet_trio.kube.informer import drop_managed_fields
 from bigfleet_trio.kube.resources import UPCOMING_NODES
 from bigfleet_trio.kube.retry import TRANSIENT, Replan, conflict_retrying
 from bigfleet_trio.observability import events as kinds
@@ -194,6 +195,38 @@ def choose_view(
     return written.obj, True
 
 
+def settled_by_event(written: LastWrite, obj: Mapping[str, Any], *, deleted: bool) -> bool:
+    """Whether an informer event about the overlay entry's object makes the entry redundant.
+
+    Pure. The overlay only bridges the watch's lag behind our own writes; an entry kept after
+    the cache caught up would stay until the machine's next frame, which for a machine that
+    left (deleted, or Ready for good) never comes: the operator grew by an UpcomingNode per
+    machine it ever wrote (docs/kube-api.md#informer-memory).
+
+    Args:
+        written: our overlay entry for the object's name.
+        obj: the object the event carries (for a deletion: its last state, whose
+            resourceVersion is the deletion's on a real apiserver).
+        deleted: the event is a deletion.
+
+    Returns:
+        An add or update: True when :func:`choose_view` would drop the entry (the cache now has
+        our write or a later one). A deletion: True when it is at or after our write (the
+        cache's "gone" is the truth, our tombstone included); an older one (a former life, or
+        a relist's removal of a copy that predates our write) leaves the entry. Without
+        integer resourceVersions on both sides: False (the capacity bound still applies).
+    """
+    if not deleted:
+        return not choose_view(obj, written)[1]
+    rv = _resource_version(obj)
+    return rv is not None and written.rv is not None and rv >= written.rv
+
+
+def _slim(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An overlay entry's object as the informer caches it (without managedFields)."""
+    return drop_managed_fields(obj) if isinstance(obj, dict) else obj
+
+
 def _once(fn: Callable[[], object]) -> Callable[[], None]:
     """``fn`` wrapped to run on the first call only (later calls do nothing)."""
     done = False
@@ -289,6 +322,32 @@ class UpcomingNodeHandler:
                 trio.current_time() - started
             )
 
+    @property
+    def overlay_entries(self) -> int:
+        """Overlay entries held now (writes the informer cache has not shown yet)."""
+        return len(self._written)
+
+    def attach(self, informer: Any) -> None:
+        """Drop overlay entries as the UpcomingNode informer (the one ``get_cached`` reads)
+        delivers what they bridge (:func:`settled_by_event`); register before it runs."""
+        informer.add_handler(on_add=self._cache_saw, on_update=self._cache_updated,
+                             on_delete=self._cache_deleted)
+
+    def _cache_saw(self, obj: Mapping[str, Any], *, deleted: bool = False) -> None:
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if not isinstance(name, str):
+            return
+        entry = self._written.get(name)
+        if entry is not None and settled_by_event(entry, obj, deleted=deleted):
+            del self._written[name]
+
+    def _cache_updated(self, _old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        self._cache_saw(new)
+
+    def _cache_deleted(self, obj: Mapping[str, Any]) -> None:
+        self._cache_saw(obj, deleted=True)
+
     def _written_one(self, machine_id: str, name: str, op: WriteOp, phase: str | None) -> None:
         if self._feed is not None:
             self._feed.publish(
@@ -306,7 +365,9 @@ class UpcomingNodeHandler:
         """Set (or with None drop) the overlay entry; only kept when a cache is in use."""
         if self._get_cached is None:
             return
-        if entry is None:
+        # the watch event for this write may have come before its answer: then the cache
+        # holds it already, and no later event would drop the entry (settled_by_event)
+        if entry is None or not choose_view(self._get_cached(name), entry)[1]:
             self._written.pop(name, None)
             return
         self._written[name] = entry
@@ -315,9 +376,10 @@ class UpcomingNodeHandler:
             self._written.popitem(last=False)
 
     def _remember_obj(self, name: str, obj: Any) -> None:
-        """Overlay the object the apiserver returned from a write (ignored if not an object)."""
+        """Overlay the object the apiserver returned from a write (ignored if not an object),
+        without its managedFields, as the informer caches it."""
         if isinstance(obj, Mapping):
-            self._remember(name, LastWrite.of(obj))
+            self._remember(name, LastWrite.of(_slim(obj)))
 
     async def _existing(self, name: str, live: bool) -> Mapping[str, Any] | None:
         """The object to plan from: live GET, or cache + overlay (:func:`choose_view`)."""
@@ -325,7 +387,7 @@ class UpcomingNodeHandler:
             return await self._get(name)
         if live:
             obj = await self._get(name)
-            self._remember(name, LastWrite.of(obj) if obj is not None else None)
+            self._remember(name, LastWrite.of(_slim(obj)) if obj is not None else None)
             return obj
         view, keep = choose_view(self._get_cached(name), self._written.get(name))
         if not keep:

@@ -24,7 +24,7 @@ import trio
 
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.errors import AlreadyExists, ApiError, KubeTransportError, NotFound
-from bigfleet_trio.kube.informer import IndexFunc, Informer
+from bigfleet_trio.kube.informer import IndexFunc, Informer, drop_managed_fields
 from bigfleet_trio.kube.resources import (
     DEPLOYMENTS,
     JOBS,
@@ -56,7 +56,7 @@ from .workloads import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WorkloadControllers", "admit", "status_patch", "rfc3339_now", "slim"]
+__all__ = ["WorkloadControllers", "admit", "status_patch", "rfc3339_now"]
 
 Key = tuple[str, str, str]  # (kind, namespace, name)
 GPU = "nvidia.com/gpu"
@@ -75,15 +75,6 @@ def _parse_time(text: str) -> float | None:
         return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
     except (TypeError, ValueError):
         return None
-
-
-def slim(obj: dict[str, Any]) -> dict[str, Any]:
-    """Informer transform: drop ``managedFields`` (never read here)."""
-    meta = obj.get("metadata")
-    if isinstance(meta, dict) and "managedFields" in meta:
-        obj = dict(obj)
-        obj["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
-    return obj
 
 
 def _owner_index(obj: Any) -> list[str]:
@@ -159,7 +150,7 @@ class WorkloadControllers:
     Args:
         client: a :class:`KubeClient` (owned by the caller).
         pods: a running Pod :class:`Informer` to share (None: one is made here, with
-            ``slim`` as transform and the owner index).
+            ``drop_managed_fields`` as transform and the owner index).
         workers: reconciles running at once.
         write_concurrency: Pod creates/deletes in flight per reconcile.
         rng: random source for Pod name suffixes.
@@ -186,13 +177,14 @@ class WorkloadControllers:
         self.on_event = on_event
         self.queue: WorkQueue[Key] = WorkQueue()
         idx: dict[str, IndexFunc] = {OWNER_INDEX: _owner_index}
-        self.pods = pods or Informer(client, PODS, transform=slim, indexers=idx)
+        self.pods = pods or Informer(client, PODS, transform=drop_managed_fields, indexers=idx)
         self._own_pods = pods is None
         self.informers: dict[str, Informer] = {
-            "Deployment": Informer(client, DEPLOYMENTS, transform=slim),
-            "ReplicaSet": Informer(client, REPLICASETS, transform=slim, indexers=idx),
-            "StatefulSet": Informer(client, STATEFULSETS, transform=slim),
-            "Job": Informer(client, JOBS, transform=slim),
+            "Deployment": Informer(client, DEPLOYMENTS, transform=drop_managed_fields),
+            "ReplicaSet": Informer(client, REPLICASETS, transform=drop_managed_fields,
+                                   indexers=idx),
+            "StatefulSet": Informer(client, STATEFULSETS, transform=drop_managed_fields),
+            "Job": Informer(client, JOBS, transform=drop_managed_fields),
         }
         self.priority_classes = Informer(client, PRIORITY_CLASSES)
         self.runtime_classes = Informer(client, RUNTIME_CLASSES)

@@ -29,7 +29,7 @@ import trio
 
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.errors import ApiError, KubeTransportError, NotFound
-from bigfleet_trio.kube.informer import Informer
+from bigfleet_trio.kube.informer import Informer, drop_managed_fields
 from bigfleet_trio.kube.resources import NODES, PODS
 from bigfleet_trio.sim.binder import (
     STANDARD_RESOURCES,
@@ -48,7 +48,7 @@ from bigfleet_trio.sim.binder import (
     tolerates,
 )
 
-from .controllers import rfc3339_now, slim
+from .controllers import rfc3339_now
 from .workloads import controller_ref
 
 log = logging.getLogger(__name__)
@@ -138,9 +138,9 @@ class PodScheduler:
         self.job_run_seconds = job_run_seconds
         self.write_concurrency = write_concurrency
         self.on_event = on_event
-        self.pods = pods or Informer(client, PODS, transform=slim)
+        self.pods = pods or Informer(client, PODS, transform=drop_managed_fields)
         self._own_pods = pods is None
-        self.nodes = Informer(client, NODES, transform=slim)
+        self.nodes = Informer(client, NODES, transform=drop_managed_fields)
         self._used: dict[str, dict[str, Decimal]] = {}
         self._charged: dict[str, tuple[str, dict[str, Decimal]]] = {}
         # pending Pods with what placing them needs, computed once per Pod event:

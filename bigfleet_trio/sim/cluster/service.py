@@ -19,10 +19,10 @@ import trio
 from bigfleet_trio.excgroups import find_in_group
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import load_kubeconfig
-from bigfleet_trio.kube.informer import Informer
+from bigfleet_trio.kube.informer import Informer, drop_managed_fields
 from bigfleet_trio.kube.resources import PODS
 
-from .controllers import OWNER_INDEX, WorkloadControllers, _owner_index, slim
+from .controllers import OWNER_INDEX, WorkloadControllers, _owner_index
 from .scheduler import PodScheduler
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,8 @@ async def run_cluster_services(
         job_run_seconds: how long a Job's Pod runs once Running (None: never finishes).
         scheduler_interval: minimum seconds between placement passes.
     """
-    pods = Informer(client, PODS, transform=slim, indexers={OWNER_INDEX: _owner_index})
+    pods = Informer(client, PODS, transform=drop_managed_fields,
+                    indexers={OWNER_INDEX: _owner_index})
     controllers = WorkloadControllers(client, pods=pods)
     scheduler = PodScheduler(client, pods=pods, interval=scheduler_interval,
                              job_run_seconds=job_run_seconds)
