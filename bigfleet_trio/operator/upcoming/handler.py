@@ -222,7 +222,7 @@ def settled_by_event(written: LastWrite, obj: Mapping[str, Any], *, deleted: boo
     return rv is not None and written.rv is not None and rv >= written.rv
 
 
-def _slim(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+def _as_cached(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     """An overlay entry's object as the informer caches it (without managedFields)."""
     return drop_managed_fields(obj) if isinstance(obj, dict) else obj
 
@@ -379,7 +379,7 @@ class UpcomingNodeHandler:
         """Overlay the object the apiserver returned from a write (ignored if not an object),
         without its managedFields, as the informer caches it."""
         if isinstance(obj, Mapping):
-            self._remember(name, LastWrite.of(_slim(obj)))
+            self._remember(name, LastWrite.of(_as_cached(obj)))
 
     async def _existing(self, name: str, live: bool) -> Mapping[str, Any] | None:
         """The object to plan from: live GET, or cache + overlay (:func:`choose_view`)."""
@@ -387,7 +387,7 @@ class UpcomingNodeHandler:
             return await self._get(name)
         if live:
             obj = await self._get(name)
-            self._remember(name, LastWrite.of(_slim(obj)) if obj is not None else None)
+            self._remember(name, LastWrite.of(_as_cached(obj)) if obj is not None else None)
             return obj
         view, keep = choose_view(self._get_cached(name), self._written.get(name))
         if not keep:
