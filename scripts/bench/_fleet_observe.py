@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from bigfleet_trio.podcontroller.translate import cr_name_for_pod
+
 OWNED_BY_POD = "bigfleet.lucy.sh/owned-by-pod"
 
 
@@ -60,7 +62,39 @@ def pod_view(pod: dict[str, Any]) -> dict[str, Any]:
                          "uid": meta.get("uid")},
             "node": (pod.get("spec") or {}).get("nodeName"),
             "job": any(r.get("kind") == "Job" for r in meta.get("ownerReferences") or ()),
-            "phase": (pod.get("status") or {}).get("phase")}
+            "phase": (pod.get("status") or {}).get("phase"),
+            "unschedulable": unschedulable_message(pod)}
+
+
+def unschedulable_message(pod: dict[str, Any]) -> str | None:
+    """kube-scheduler's reason a Pod is not placed (its ``PodScheduled=False`` condition's
+    message, at most 300 characters), or None."""
+    for cond in (pod.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return str(cond.get("message") or cond.get("reason") or "")[:300]
+    return None
+
+
+def pending_why(pods: list[dict[str, Any]], crs: Any, limit: int = 6) -> list[dict[str, Any]]:
+    """Unbound Pods that are not a Job's, grouped by workload (the Pod name without its
+    generated suffix): count, kube-scheduler's message, and the CR's requirements (a zone
+    pin shows there), largest groups first."""
+    groups: dict[str, dict[str, Any]] = {}
+    for p in pods:
+        if p["node"] or p["job"]:
+            continue
+        meta = p["metadata"]
+        workload = meta["name"].rsplit("-", 2 if meta["name"].startswith("dep-") else 1)[0]
+        g = groups.setdefault(f"{meta['namespace']}/{workload}", {"n": 0})
+        g["n"] += 1
+        if "scheduler" not in g and p.get("unschedulable"):
+            g["scheduler"] = p["unschedulable"]
+        if "cr_requirements" not in g:
+            cr = crs.store.get(f"{meta['namespace']}/{cr_name_for_pod(meta['uid'])}")
+            if cr is not None:
+                g["cr_requirements"] = (cr.get("spec") or {}).get("requirements")
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1]["n"])[:limit]
+    return [{"workload": k, **v} for k, v in ranked]
 
 
 def cr_view(cr: dict[str, Any]) -> dict[str, Any]:

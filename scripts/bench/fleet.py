@@ -37,6 +37,7 @@ from scripts.bench._fleet_observe import (
     Observed,
     StatsPoller,
     cr_view,
+    pending_why,
     pod_view,
     read_histogram,
     read_metrics,
@@ -110,6 +111,7 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 "cr_cpu_milli": obs.cpu,
                 "unbound_not_job": sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}"
                                           for p in live if not p["node"] and not p["job"])[:8],
+                "pending_why": pending_why(live, crs),
             }
 
         async def progress() -> None:

@@ -262,3 +262,41 @@ def test_plot_writes_a_png(tmp_path: Any) -> None:
          {"operator": [(0.0, 50.0, 0.0), (5.0, 55.0, 1.0), (30.0, 60.0, 4.0)]},
          [(0.0, "ramp"), (10.0, "churn")], "test")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pending_pods_are_grouped_by_workload_with_the_schedulers_message_and_the_crs_pin() -> (
+        None):
+    from scripts.bench._fleet_observe import pending_why, pod_view
+    from bigfleet_trio.podcontroller.translate import cr_name_for_pod
+
+    def pod(name: str, uid: str, *, node: str | None = None, msg: str | None = None,
+            job: bool = False) -> dict[str, Any]:
+        status: dict[str, Any] = {"phase": "Pending"}
+        if msg:
+            status["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                     "reason": "Unschedulable", "message": msg}]
+        refs = [{"kind": "Job", "name": "j"}] if job else []
+        return pod_view({"metadata": {"name": name, "namespace": "fleet-9", "uid": uid,
+                                      "ownerReferences": refs},
+                         "spec": {"nodeName": node} if node else {}, "status": status})
+
+    pin = [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["sim-zone-c"]}]
+
+    class Store:
+        def get(self, key: str) -> dict[str, Any] | None:
+            return ({"spec": {"requirements": pin}}
+                    if key == f"fleet-9/{cr_name_for_pod('u1')}" else None)
+
+    class CRs:
+        store = Store()
+
+    pods = [pod("dep-0009-5cc7dd5bd9-aaaaa", "u1", msg="0/76 nodes are available"),
+            pod("dep-0009-5cc7dd5bd9-bbbbb", "u2"),
+            pod("dep-0009-5cc7dd5bd9-ccccc", "u3", node="n1"),
+            pod("sta-0016-7", "u4", msg="affinity"),
+            pod("job-0003-xyz", "u5", job=True)]
+    assert pending_why(pods, CRs()) == [
+        {"workload": "fleet-9/dep-0009", "n": 2, "scheduler": "0/76 nodes are available",
+         "cr_requirements": pin},
+        {"workload": "fleet-9/sta-0016", "n": 1, "scheduler": "affinity"},
+    ]
