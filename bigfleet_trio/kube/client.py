@@ -22,6 +22,7 @@ from .errors import ApiError, Expired, KubeTransportError
 from .request import RequestCore, clean_params
 from .resources import EVENTS, Resource
 from .retry import TRANSIENT, write_retry_on
+from .transport import release_response
 from .watchstream import WatchStream
 
 __all__ = ["KubeClient", "ObjectList", "PatchType", "rfc3339", "rfc3339_micro"]
@@ -233,6 +234,7 @@ class KubeClient(RequestCore):
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await response.aclose()
+            release_response(response)
 
     # -- writes ------------------------------------------------------------------------------
 

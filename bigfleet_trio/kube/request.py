@@ -34,7 +34,7 @@ from .errors import (
 )
 from .ratelimit import AsyncRateLimiter
 from .retry import RetryPolicy
-from .transport import KeepAlivePool, replay_safe
+from .transport import KeepAlivePool, StreamingTransport, release_response, replay_safe
 
 __all__ = ["RequestCore", "authorization", "clean_params", "describe_cause"]
 
@@ -168,7 +168,8 @@ class RequestCore:
 
         # Requests run on our keep-alive pool (kube.transport): httpx's default pool walks every
         # connection, with a syscall each, on every request. Watches hold a connection for
-        # minutes and stream, so they keep httpx's default transport in a client of their own.
+        # minutes and stream, so they have httpcore's pool in a client of their own (on our
+        # network backend: kube.transport.StreamingTransport).
         # An injected transport (tests) serves both.
         request_transport = transport or KeepAlivePool(
             ssl_context=verify if isinstance(verify, ssl.SSLContext) else None,
@@ -180,7 +181,9 @@ class RequestCore:
         self._base_path = self._base_url.raw_path.rstrip(b"/")
         self._raw_headers = [(b"User-Agent", user_agent.encode()),
                              (b"Accept", b"application/json")]
-        self._watch_http = self._http if transport is not None else http_client(4, None)
+        self._watch_http = self._http if transport is not None else http_client(
+            4, StreamingTransport(
+                ssl_context=verify if isinstance(verify, ssl.SSLContext) else None))
         self._base = config.server.rstrip("/")
         self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
         self._user_agent = user_agent
@@ -396,6 +399,7 @@ class RequestCore:
                 pass
             finally:
                 await response.aclose()
+                release_response(response)
             raise self._error(response.status_code, body, response.headers)
         return response
 

@@ -1,7 +1,9 @@
-"""The request connection pool under httpx: a stack of idle HTTP/1.1 keep-alive connections.
+"""The kube client's connections under httpx: a keep-alive pool for requests, one for watches.
 
 :class:`KeepAlivePool` is an ``httpx.AsyncBaseTransport`` for the client's non-streaming
-requests (watches keep httpx's default transport). Each connection is an
+requests, :class:`StreamingTransport` the one for watches (httpcore's pool, streamed bodies).
+Both open their connections on a network backend of ours (:class:`_TrioBackend`). Each
+connection of the request pool is an
 ``httpcore.AsyncHTTPConnection`` (httpcore does the HTTP/1.1 work, h11 the parsing, trio's
 SSLStream the TLS) on a network backend of ours (:class:`_TrioBackend`) that sends each
 request's head and body in one write. The pool differs from httpx's default one, whose
@@ -23,7 +25,7 @@ import trio
 
 from ..observability import metrics
 
-__all__ = ["KeepAlivePool", "replay_safe"]
+__all__ = ["KeepAlivePool", "StreamingTransport", "release_response", "replay_safe"]
 
 _ORIGIN_KEY = tuple[bytes, bytes, int | None]
 
@@ -81,6 +83,31 @@ def replay_safe(method: str, path: str, body: Any) -> bool:
 
 _CORE_ERRORS = (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError,
                 httpcore.UnsupportedProtocol)
+
+
+def _release_tls(stream: trio.SSLStream[Any]) -> None:
+    """Break the reference cycle of a closed ``trio.SSLStream`` so it is freed at once.
+
+    An SSLStream keeps its handshake as a callable bound to itself (trio 0.35: ``_handshook``),
+    a cycle: a closed stream, with its OpenSSL connection and its two memory BIOs (whose buffers
+    keep the largest read ever, up to ~85 KB), waited for the cyclic garbage collector. The
+    informers freeze the heap (``gc.freeze()``, docs/kube-api.md#garbage-collector), and a
+    stream alive at a freeze was never collected after it closed: the operator grew by every
+    connection it ever closed (a pool overflow, a keep-alive expiry, a watch's reconnect).
+    Unknown attributes (another trio) are left alone; a test proves the stream is freed.
+    """
+    vars(stream).pop("_handshook", None)
+
+
+def release_response(response: httpx.Response) -> None:
+    """Let a closed streamed response be freed at once (call it after ``aclose()``).
+
+    httpx's ``AsyncClient.send`` binds the body stream back to its response, a reference cycle
+    that holds the connection too (and, over TLS, what :func:`_release_tls` frees). A watch's
+    response lives for minutes, so a heap freeze always caught one, and it was never freed
+    after (docs/kube-api.md#garbage-collector). The closed body is replaced by an empty one.
+    """
+    response.stream = httpx.ByteStream(b"")
 
 
 class _TrioStream(httpcore.AsyncNetworkStream):
@@ -153,7 +180,11 @@ class _TrioStream(httpcore.AsyncNetworkStream):
     async def aclose(self) -> None:
         self._out.clear()  # a request cut short: its unsent rest is dropped with the connection
         self._out_len = 0
-        await self._stream.aclose()
+        try:
+            await self._stream.aclose()
+        finally:
+            if isinstance(self._stream, trio.SSLStream):
+                _release_tls(self._stream)
 
     async def start_tls(
         self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
@@ -168,6 +199,7 @@ class _TrioStream(httpcore.AsyncNetworkStream):
                 await tls.do_handshake()
         except BaseException as exc:
             await trio.aclose_forcefully(self._stream)
+            _release_tls(tls)
             if isinstance(exc, trio.TooSlowError):
                 raise httpcore.ConnectTimeout(str(exc)) from exc
             if isinstance(exc, trio.BrokenResourceError):
@@ -435,3 +467,72 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         for conns in idle.values():
             for conn in conns:
                 await self._close(conn)
+
+
+class StreamingTransport(httpx.AsyncBaseTransport):
+    """The watches' transport: httpcore's connection pool, on :class:`_TrioBackend`
+    connections, with the response body streamed.
+
+    httpx's default transport is the same pool on httpcore's own Trio backend; ours closes a
+    TLS connection so that it is freed at once (:func:`_release_tls`): a watch reconnects every
+    5 to 10 minutes, and on the default backend each closed connection waited for the garbage
+    collector. httpcore errors are raised as the httpx errors of the same name, while the
+    request is sent and while its body is read.
+
+    Args:
+        ssl_context: for https origins (None: httpcore's default context).
+        max_idle: idle connections kept.
+    """
+
+    def __init__(self, *, ssl_context: ssl.SSLContext | None = None, max_idle: int = 4) -> None:
+        # no bound on connections: each open watch holds one for its life
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context, max_connections=None, max_keepalive_connections=max_idle,
+            http1=True,
+            http2=False, network_backend=_TrioBackend())
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request``; the response's body streams from the connection.
+
+        Raises:
+            httpx.TransportError (subclass named like httpcore's): no answer.
+        """
+        url = request.url
+        assert isinstance(request.stream, httpx.AsyncByteStream)
+        core = httpcore.Request(
+            request.method,
+            httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port,
+                         target=url.raw_path),
+            headers=request.headers.raw, content=request.stream,
+            extensions=request.extensions)
+        try:
+            resp = await self._pool.handle_async_request(core)
+        except _CORE_ERRORS as exc:
+            raise _httpx_error(exc) from exc
+        stream = resp.stream
+        assert isinstance(stream, AsyncIterable)
+        return httpx.Response(resp.status, headers=resp.headers,
+                              stream=_MappedBody(stream), extensions=resp.extensions)
+
+    async def aclose(self) -> None:
+        """Close the pool's connections."""
+        await self._pool.aclose()
+
+
+class _MappedBody(httpx.AsyncByteStream):
+    """An httpcore response body whose errors come out as httpx's."""
+
+    def __init__(self, stream: AsyncIterable[bytes]) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> Any:
+        try:
+            async for part in self._stream:
+                yield part
+        except _CORE_ERRORS as exc:
+            raise _httpx_error(exc) from exc
+
+    async def aclose(self) -> None:
+        close = getattr(self._stream, "aclose", None)
+        if close is not None:
+            await close()

@@ -263,3 +263,61 @@ async def test_tls_server_name_is_the_name_the_certificate_is_checked_against(
 ])
 def test_replay_safe(method: str, path: str, body: Any, safe: bool) -> None:
     assert replay_safe(method, path, body) is safe
+
+
+async def test_closed_tls_connections_are_freed_without_the_garbage_collector(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request connection and a watch connection, once closed, are freed by reference
+    counting: the informers freeze the heap, and a TLS stream that needed the cyclic collector
+    (trio's SSLStream is a reference cycle) was never freed after a freeze
+    (docs/kube-api.md#garbage-collector)."""
+    import gc
+    import weakref
+
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    event = (b'{"type": "ADDED", "object": {"kind": "Node", "metadata": '
+             b'{"name": "n1", "resourceVersion": "8"}}}\n')
+
+    async def handler(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        buf = bytearray()
+        try:
+            async with stream:
+                while (head := await _read_request(stream, buf)) is not None:  # type: ignore[arg-type]
+                    watch = b"watch=1" in head.split(b"\r\n", 1)[0]
+                    await stream.send_all(_answer(event if watch else b'{"kind": "Node"}'))
+        except trio.BrokenResourceError:
+            pass
+
+    clients: list[weakref.ref[trio.SSLStream[Any]]] = []
+    real_init = trio.SSLStream.__init__
+
+    def recording_init(self: trio.SSLStream[Any], *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        if not kwargs.get("server_side"):
+            clients.append(weakref.ref(self))
+
+    monkeypatch.setattr(trio.SSLStream, "__init__", recording_init)
+    with trio.fail_after(30):  # real sockets and TLS: a generous wall-clock bound
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(partial(
+                trio.serve_ssl_over_tcp, handler, 0, server_ctx, host="127.0.0.1"))
+            port = listeners[0].transport_listener.socket.getsockname()[1]
+            config = KubeConfig(server=f"https://127.0.0.1:{port}", ca_file=str(ca_file))
+            gc.collect()
+            gc.disable()
+            try:
+                async with KubeClient(config, max_attempts=1) as client:
+                    assert (await client.get(NODES, "n1"))["kind"] == "Node"
+                    async with client.watch(NODES, resource_version="7") as events:
+                        assert [e.object["metadata"]["name"] async for e in events] == ["n1"]
+                    del events  # the watch's response (with its connection) is let go of
+                assert len(clients) == 2
+                assert [ref() for ref in clients] == [None, None]
+            finally:
+                gc.enable()
+            nursery.cancel_scope.cancel()
