@@ -33,6 +33,7 @@ __all__ = [
     "TRANSIENT",
     "NOT_PROCESSED",
     "Replan",
+    "ConflictRetrying",
     "conflict_retrying",
     "write_retry_on",
 ]
@@ -254,8 +255,8 @@ def conflict_retrying(
     *,
     backoff: Backoff | None = None,
     also: tuple[type[Exception], ...] = (),
-) -> tenacity.AsyncRetrying:
-    """Tenacity policy for a handler's read-plan-write loop: the one handler retry policy.
+) -> ConflictRetrying:
+    """Retry policy for a handler's read-plan-write loop: the one handler retry policy.
 
     The client already repeated transient failures (:class:`RetryPolicy`); what is left for a
     handler is "the object changed under us": 409 Conflict / AlreadyExists and :class:`Replan`,
@@ -280,10 +281,79 @@ def conflict_retrying(
     def wait(state: tenacity.RetryCallState) -> float:
         return b.delay(state.attempt_number - 1)
 
-    return tenacity.AsyncRetrying(
+    return ConflictRetrying(
         retry=tenacity.retry_if_exception_type((Conflict, AlreadyExists, Replan, *also)),
         stop=tenacity.stop_after_attempt(attempts),
         wait=wait,
-        sleep=trio.sleep,
-        reraise=True,
     )
+
+
+class ConflictRetrying:
+    """The attempts of one retry loop: tenacity's ``async for attempt ...: with attempt:``
+    idiom and its retry, stop and wait strategies, over state without a reference cycle.
+
+    ``tenacity.AsyncRetrying`` keeps its call state on itself and that state refers back to it
+    (and to the last exception, whose traceback holds the handler's frame): each loop was freed
+    only by the cyclic garbage collector. The binaries freeze the heap, so every loop running at
+    a freeze was never freed (docs/kube-api.md#garbage-collector). Here an attempt refers to
+    its loop, never the other way, and the loop drops an exception once it has judged it.
+
+    A failure the ``retry`` strategy accepts, before ``stop`` says so, is swallowed and the
+    next attempt comes after ``wait`` seconds (``trio.sleep``); any other exception leaves the
+    ``with`` block as raised (tenacity's ``reraise=True``). A block that completes ends the
+    loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        retry: Callable[[tenacity.RetryCallState], bool],
+        stop: Callable[[tenacity.RetryCallState], bool],
+        wait: Callable[[tenacity.RetryCallState], float],
+    ) -> None:
+        self._retry = retry
+        self._stop = stop
+        self._wait = wait
+        # tenacity's own call state, for its strategies (it names no retrying object here)
+        self._state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+        self._state.attempt_number = 0
+        self._again = True
+
+    def __aiter__(self) -> ConflictRetrying:
+        return self
+
+    async def __anext__(self) -> _Attempt:
+        if not self._again:
+            raise StopAsyncIteration
+        self._again = False
+        if self._state.attempt_number:
+            await trio.sleep(self._wait(self._state))
+        self._state.attempt_number += 1
+        return _Attempt(self)
+
+    def _failed(self, exc: BaseException) -> bool:
+        """Judge ``exc`` from the current attempt: True to swallow it and go again."""
+        state = self._state
+        state.set_exception((type(exc), exc, exc.__traceback__))
+        try:
+            again = bool(self._retry(state)) and not self._stop(state)
+        finally:
+            state.outcome = None  # the exception holds the handler's frame, which holds us
+        self._again = again
+        return again
+
+
+class _Attempt:
+    """One attempt of a :class:`ConflictRetrying` loop (a context manager)."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self, loop: ConflictRetrying) -> None:
+        self._loop = loop
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> bool:
+        return exc is not None and self._loop._failed(exc)

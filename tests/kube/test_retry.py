@@ -12,6 +12,7 @@ from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.errors import (
     AlreadyExists,
     Conflict,
+    KubeError,
     KubeTransportError,
     NotFound,
     ServerError,
@@ -271,3 +272,34 @@ async def test_conflict_retrying_replans_on_409_only(autojump_clock: object) -> 
         async for attempt in conflict_retrying(3):
             with attempt:
                 raise NotFound(404, "NotFound", "x")
+
+
+async def test_conflict_retrying_leaves_no_reference_cycle(autojump_clock: object) -> None:
+    """A handler's retry loop is freed by reference counting when it ends, however it ends:
+    the binaries freeze the heap, and a loop alive at a freeze that needed the cyclic collector
+    was never freed (docs/kube-api.md#garbage-collector)."""
+    import gc
+    import weakref
+
+    async def run(outcomes: list[Exception | None]) -> weakref.ref[object]:
+        retrying = conflict_retrying(3)
+        ref = weakref.ref(retrying)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    if outcomes[0] is not None:
+                        raise outcomes.pop(0)  # named by no local: no cycle of the test's own
+                    outcomes.pop(0)
+        except KubeError:
+            pass
+        return ref
+
+    gc.collect()
+    gc.disable()
+    try:
+        refs = [await run([Conflict(409, "Conflict", "x"), None]),  # re-planned, then done
+                await run([Conflict(409, "Conflict", str(i)) for i in range(3)]),  # no more tries
+                await run([NotFound(404, "NotFound", "x")])]  # not re-planned
+        assert [ref() for ref in refs] == [None, None, None]
+    finally:
+        gc.enable()
