@@ -10,6 +10,7 @@ shard-frame handlers also re-plan after a transient failure). Contract: docs/kub
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -282,10 +283,17 @@ def conflict_retrying(
         return b.delay(state.attempt_number - 1)
 
     return ConflictRetrying(
-        retry=tenacity.retry_if_exception_type((Conflict, AlreadyExists, Replan, *also)),
+        retry=_replan_on(also),
         stop=tenacity.stop_after_attempt(attempts),
         wait=wait,
     )
+
+
+@functools.cache
+def _replan_on(also: tuple[type[Exception], ...]) -> tenacity.retry_if_exception_type:
+    """The retry strategy of :func:`conflict_retrying`, one per ``also``: tenacity's refers to
+    itself (a bound method of its own), so one per loop was a cycle per loop."""
+    return tenacity.retry_if_exception_type((Conflict, AlreadyExists, Replan, *also))
 
 
 class ConflictRetrying:

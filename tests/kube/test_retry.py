@@ -282,8 +282,9 @@ async def test_conflict_retrying_leaves_no_reference_cycle(autojump_clock: objec
     import weakref
 
     async def run(outcomes: list[Exception | None]) -> weakref.ref[object]:
-        retrying = conflict_retrying(3)
+        retrying = conflict_retrying(3, also=(ServerError,))
         ref = weakref.ref(retrying)
+        strategies.append(weakref.ref(retrying._retry))
         try:
             async for attempt in retrying:
                 with attempt:
@@ -294,6 +295,7 @@ async def test_conflict_retrying_leaves_no_reference_cycle(autojump_clock: objec
             pass
         return ref
 
+    strategies: list[weakref.ref[object]] = []
     gc.collect()
     gc.disable()
     try:
@@ -301,5 +303,7 @@ async def test_conflict_retrying_leaves_no_reference_cycle(autojump_clock: objec
                 await run([Conflict(409, "Conflict", str(i)) for i in range(3)]),  # no more tries
                 await run([NotFound(404, "NotFound", "x")])]  # not re-planned
         assert [ref() for ref in refs] == [None, None, None]
+        # one retry strategy for them all (tenacity's refers to itself): none made per loop
+        assert len({id(ref()) for ref in strategies}) == 1
     finally:
         gc.enable()
