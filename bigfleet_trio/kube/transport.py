@@ -227,7 +227,11 @@ class _TrioStream(httpcore.AsyncNetworkStream):
 
 
 class _TrioBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's Trio network backend with :class:`_TrioStream` streams."""
+    """httpcore's Trio network backend with :class:`_TrioStream` streams; counts the
+    connections it opens for ``pool`` (``requests`` or ``watches``)."""
+
+    def __init__(self, pool: str) -> None:
+        self._opened = metrics.KUBE_CONNECTIONS_OPENED.labels(pool=pool)
 
     async def connect_tcp(
         self, host: str, port: int, timeout: float | None = None,  # noqa: ASYNC109
@@ -243,6 +247,7 @@ class _TrioBackend(httpcore.AsyncNetworkBackend):
             raise httpcore.ConnectError(str(exc)) from exc
         for option in socket_options or ():
             stream.setsockopt(*option)
+        self._opened.inc()
         return _TrioStream(stream)
 
     async def connect_unix_socket(
@@ -302,7 +307,7 @@ class KeepAlivePool(httpx.AsyncBaseTransport):
         self._idle: dict[_ORIGIN_KEY, list[httpcore.AsyncHTTPConnection]] = {}
         self._origins: dict[_ORIGIN_KEY, httpcore.Origin] = {}
         self._closed = False
-        self._backend = _TrioBackend()
+        self._backend = _TrioBackend("requests")
         self.opened = 0
         """Connections opened so far (for tests and benchmarks)."""
 
@@ -489,7 +494,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=ssl_context, max_connections=None, max_keepalive_connections=max_idle,
             http1=True,
-            http2=False, network_backend=_TrioBackend())
+            http2=False, network_backend=_TrioBackend("watches"))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request``; the response's body streams from the connection.

@@ -118,6 +118,14 @@ KUBE_STALE_REPLAYS = Counter(
     "(docs/kube-api.md#connections).",
 )
 
+KUBE_CONNECTIONS_OPENED = Counter(
+    "bigfleet_kube_client_connections_opened",
+    "Connections opened to the apiserver, by pool (requests|watches). Requests reuse keep-alive "
+    "connections, so against requests_total this is a small fraction; a rate that follows the "
+    "request rate means the pool closes and reopens connections (docs/kube-api.md#connections).",
+    ["pool"],
+)
+
 KUBE_THROTTLED = Counter(
     "bigfleet_kube_client_throttled",
     "429 answers from the apiserver that held the client for their Retry-After (API Priority "

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import trio
 import trustme
+from prometheus_client import REGISTRY
 
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig
@@ -308,6 +309,9 @@ async def test_closed_tls_connections_are_freed_without_the_garbage_collector(
                 trio.serve_ssl_over_tcp, handler, 0, server_ctx, host="127.0.0.1"))
             port = listeners[0].transport_listener.socket.getsockname()[1]
             config = KubeConfig(server=f"https://127.0.0.1:{port}", ca_file=str(ca_file))
+            opened = {pool: REGISTRY.get_sample_value(
+                "bigfleet_kube_client_connections_opened_total", {"pool": pool}) or 0.0
+                for pool in ("requests", "watches")}
             gc.collect()
             gc.disable()
             try:
@@ -318,6 +322,9 @@ async def test_closed_tls_connections_are_freed_without_the_garbage_collector(
                     del events  # the watch's response (with its connection) is let go of
                 assert len(clients) == 2
                 assert [ref() for ref in clients] == [None, None]
+                assert {pool: REGISTRY.get_sample_value(
+                    "bigfleet_kube_client_connections_opened_total", {"pool": pool}) - n
+                    for pool, n in opened.items()} == {"requests": 1.0, "watches": 1.0}
             finally:
                 gc.enable()
             nursery.cancel_scope.cancel()
