@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -153,7 +153,7 @@ async def aio_put(send: trio.MemorySendChannel[Any], item: Any) -> None:
     try:
         send.send_nowait(item)
     except trio.WouldBlock:
-        await trio_asyncio.trio_as_aio(send.send)(item)
+        await _trio_call(send.send, item)
 
 
 async def aio_get(recv: trio.MemoryReceiveChannel[Any]) -> Any:
@@ -161,7 +161,25 @@ async def aio_get(recv: trio.MemoryReceiveChannel[Any]) -> Any:
     try:
         return recv.receive_nowait()
     except trio.WouldBlock:
-        return await trio_asyncio.trio_as_aio(recv.receive)()
+        return await _trio_call(recv.receive)
+
+
+async def _trio_call(fn: Any, *args: Any) -> Any:
+    """asyncio-flavoured: ``await fn(*args)`` run as a Trio task (trio-asyncio's future).
+
+    trio-asyncio replaces the future's ``cancel`` with a closure over the task's handle, which
+    holds the future: a reference cycle, with the call's result (a frame) inside. The downlink's
+    wait for its next frame is nearly always pending, so a heap freeze nearly always caught one,
+    and the frame it then got was never freed (docs/kube-api.md#garbage-collector). The
+    replacement is dropped once the call is over.
+    """
+    loop: Any = asyncio.get_running_loop()  # trio-asyncio's loop (untyped)
+    future = loop.trio_as_future(fn, *args)
+    try:
+        return await future
+    finally:
+        with suppress(AttributeError):  # another trio-asyncio may not replace it
+            del future.cancel
 
 
 @asynccontextmanager
