@@ -10,6 +10,7 @@ your own section below, with your binary's name prefix; never rename one that ex
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable, Mapping
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -117,6 +118,14 @@ KUBE_STALE_REPLAYS = Counter(
     "before any answer byte (the server had closed it); only replay-safe requests "
     "(docs/kube-api.md#connections).",
 )
+
+GC_FROZEN_OBJECTS = Gauge(
+    "bigfleet_gc_frozen_objects",
+    "Objects in the garbage collector's permanent generation, which the informers fill with "
+    "gc.freeze() (docs/kube-api.md#garbage-collector). It follows the caches; growth while they "
+    "hold steady is garbage a freeze kept.",
+)
+GC_FROZEN_OBJECTS.set_function(gc.get_freeze_count)
 
 KUBE_CONNECTIONS_OPENED = Counter(
     "bigfleet_kube_client_connections_opened",

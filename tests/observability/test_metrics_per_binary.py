@@ -12,6 +12,8 @@ from bigfleet_trio.observability.metrics import BinaryRegistry, owner_of
 
 SHARED = [
     "bigfleet_build_info",  # both binaries: which build runs (docs/reference.md#exit-codes)
+    "bigfleet_gc_frozen_objects",  # both: the heap freeze (docs/kube-api.md#garbage-collector)
+    "bigfleet_kube_client_connections_opened",
     "process_cpu_seconds",
     "process_max_fds",
     "process_open_fds",
@@ -96,3 +98,19 @@ def test_everything_for_the_demo_and_unknown_binary_refused() -> None:
     assert set(OPERATOR + POD_CONTROLLER) <= set(BinaryRegistry(None).families())
     with pytest.raises(ValueError, match="unknown binary"):
         BinaryRegistry("shard")
+
+
+def test_frozen_objects_gauge_reads_the_permanent_generation() -> None:
+    import gc
+
+    def frozen() -> float:
+        text = generate_latest(BinaryRegistry("pod-controller")).decode()
+        line = next(x for x in text.splitlines() if x.startswith("bigfleet_gc_frozen_objects "))
+        return float(line.split()[1])
+
+    gc.freeze()
+    try:
+        assert frozen() == gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    assert frozen() == 0
