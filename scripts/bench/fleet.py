@@ -112,6 +112,9 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 "unbound_not_job": sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}"
                                           for p in live if not p["node"] and not p["job"])[:8],
                 "pending_why": pending_why(live, crs),
+                # kube-scheduler found no place for these; the rest it has not tried yet
+                "pending_unschedulable": sum(1 for p in live if not p["node"]
+                                             and not p["job"] and p.get("unschedulable")),
             }
 
         async def progress() -> None:
