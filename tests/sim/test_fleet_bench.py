@@ -266,8 +266,8 @@ def test_plot_writes_a_png(tmp_path: Any) -> None:
 
 def test_pending_pods_are_grouped_by_workload_with_the_schedulers_message_and_the_crs_pin() -> (
         None):
-    from scripts.bench._fleet_observe import pending_why, pod_view
     from bigfleet_trio.podcontroller.translate import cr_name_for_pod
+    from scripts.bench._fleet_observe import pending_why, pod_view
 
     def pod(name: str, uid: str, *, node: str | None = None, msg: str | None = None,
             job: bool = False) -> dict[str, Any]:
