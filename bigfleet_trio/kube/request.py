@@ -171,9 +171,9 @@ class RequestCore:
         # minutes and stream, so they have httpcore's pool in a client of their own (on our
         # network backend: kube.transport.StreamingTransport).
         # An injected transport (tests) serves both.
+        tls = verify if isinstance(verify, ssl.SSLContext) else None
         request_transport = transport or KeepAlivePool(
-            ssl_context=verify if isinstance(verify, ssl.SSLContext) else None,
-            server_hostname=config.tls_server_name)
+            ssl_context=tls, server_hostname=config.tls_server_name)
         self._http = http_client(20, request_transport)
         self._transport: httpx.AsyncBaseTransport = request_transport
         self._pool = request_transport if isinstance(request_transport, KeepAlivePool) else None
@@ -182,8 +182,7 @@ class RequestCore:
         self._raw_headers = [(b"User-Agent", user_agent.encode()),
                              (b"Accept", b"application/json")]
         self._watch_http = self._http if transport is not None else http_client(
-            4, StreamingTransport(
-                ssl_context=verify if isinstance(verify, ssl.SSLContext) else None))
+            4, StreamingTransport(ssl_context=tls))
         self._base = config.server.rstrip("/")
         self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
         self._user_agent = user_agent

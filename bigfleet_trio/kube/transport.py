@@ -2,13 +2,12 @@
 
 :class:`KeepAlivePool` is an ``httpx.AsyncBaseTransport`` for the client's non-streaming
 requests, :class:`StreamingTransport` the one for watches (httpcore's pool, streamed bodies).
-Both open their connections on a network backend of ours (:class:`_TrioBackend`). Each
-connection of the request pool is an
-``httpcore.AsyncHTTPConnection`` (httpcore does the HTTP/1.1 work, h11 the parsing, trio's
-SSLStream the TLS) on a network backend of ours (:class:`_TrioBackend`) that sends each
-request's head and body in one write. The pool differs from httpx's default one, whose
-bookkeeping walks every connection, several times and with a readability syscall each, on every
-request.
+Both open their connections on a network backend of ours (:class:`_TrioBackend`), which sends
+each request's head and body in one write and frees a closed TLS connection at once. Each
+connection of the request pool is an ``httpcore.AsyncHTTPConnection`` (httpcore does the
+HTTP/1.1 work, h11 the parsing, trio's SSLStream the TLS). The request pool differs from
+httpx's default one, whose bookkeeping walks every connection, several times and with a
+readability syscall each, on every request.
 """
 
 from __future__ import annotations
@@ -493,8 +492,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         # no bound on connections: each open watch holds one for its life
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=ssl_context, max_connections=None, max_keepalive_connections=max_idle,
-            http1=True,
-            http2=False, network_backend=_TrioBackend("watches"))
+            http1=True, http2=False, network_backend=_TrioBackend("watches"))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request``; the response's body streams from the connection.
