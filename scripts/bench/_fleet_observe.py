@@ -17,8 +17,18 @@ from decimal import Decimal
 from typing import Any
 
 from bigfleet_trio.podcontroller.translate import cr_name_for_pod
+from bigfleet_trio.quantity import Quantity, QuantityError
 
 OWNED_BY_POD = "bigfleet.lucy.sh/owned-by-pod"
+ZONE = "topology.kubernetes.io/zone"
+
+
+def _milli_cpu(q: Any) -> int:
+    """A cpu quantity string in millicores; 0 for a missing or malformed one (a diagnostic)."""
+    try:
+        return int(Quantity.parse(q).value * 1000) if q is not None else 0
+    except (QuantityError, TypeError, ValueError):
+        return 0
 
 
 def _milli(q: Any) -> int:
@@ -63,7 +73,22 @@ def pod_view(pod: dict[str, Any]) -> dict[str, Any]:
             "node": (pod.get("spec") or {}).get("nodeName"),
             "job": any(r.get("kind") == "Job" for r in meta.get("ownerReferences") or ()),
             "phase": (pod.get("status") or {}).get("phase"),
-            "unschedulable": unschedulable_message(pod)}
+            "unschedulable": unschedulable_message(pod),
+            # the containers' cpu requests, millicores (init containers and overhead left out:
+            # the fleet's workloads have none)
+            "cpu_m": sum(_milli_cpu(((c.get("resources") or {}).get("requests") or {})
+                                    .get("cpu"))
+                         for c in (pod.get("spec") or {}).get("containers") or ())}
+
+
+def node_view(node: dict[str, Any]) -> dict[str, Any]:
+    """What the bench keeps of a Node (its informer's transform): zone, allocatable cpu
+    (millicores), cordoned."""
+    meta = node.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name")},
+            "zone": (meta.get("labels") or {}).get(ZONE) or "",
+            "cpu_m": _milli_cpu(((node.get("status") or {}).get("allocatable") or {}).get("cpu")),
+            "cordoned": bool((node.get("spec") or {}).get("unschedulable"))}
 
 
 def unschedulable_message(pod: dict[str, Any]) -> str | None:
@@ -75,10 +100,37 @@ def unschedulable_message(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def pending_why(pods: list[dict[str, Any]], crs: Any, limit: int = 6) -> list[dict[str, Any]]:
+def room(pods: list[dict[str, Any]], nodes: list[dict[str, Any]],
+         cpu_m: int) -> dict[str, dict[str, Any]]:
+    """Per zone ("" for Nodes without one), over the Nodes not cordoned: how many, their free
+    cpu (allocatable less the requests of the Pods bound there; cores) and how many have
+    ``cpu_m`` millicores free."""
+    used: dict[str, int] = defaultdict(int)
+    for p in pods:
+        if p["node"]:
+            used[p["node"]] += p.get("cpu_m", 0)
+    out: dict[str, dict[str, Any]] = {}
+    for n in nodes:
+        if n["cordoned"]:
+            continue
+        free = n["cpu_m"] - used[n["metadata"]["name"]]
+        z = out.setdefault(n["zone"], {"nodes": 0, "free_cpu": 0, "fit": 0})
+        z["nodes"] += 1
+        z["free_cpu"] += free
+        z["fit"] += free >= cpu_m
+    for z in out.values():
+        z["free_cpu"] = z["free_cpu"] / 1000
+    return out
+
+
+def pending_why(pods: list[dict[str, Any]], crs: Any,
+                nodes: list[dict[str, Any]] | None = None,
+                limit: int = 6) -> list[dict[str, Any]]:
     """Unbound Pods that are not a Job's, grouped by workload (the Pod name without its
     generated suffix): count, kube-scheduler's message, and the CR's requirements (a zone
-    pin shows there), largest groups first."""
+    pin shows there), largest groups first. Given the Nodes (:func:`node_view`), each group
+    also gets its first Pod's cpu request (``pod_cpu``, cores) and the :func:`room` for it:
+    room in another zone than the pin is a zone gap, room nowhere is the fleet short."""
     groups: dict[str, dict[str, Any]] = {}
     for p in pods:
         if p["node"] or p["job"]:
@@ -93,6 +145,9 @@ def pending_why(pods: list[dict[str, Any]], crs: Any, limit: int = 6) -> list[di
             cr = crs.store.get(f"{meta['namespace']}/{cr_name_for_pod(meta['uid'])}")
             if cr is not None:
                 g["cr_requirements"] = (cr.get("spec") or {}).get("requirements")
+        if nodes is not None and "pod_cpu" not in g:
+            g["pod_cpu"] = p.get("cpu_m", 0) / 1000
+            g["room"] = room(pods, nodes, p.get("cpu_m", 0))
     ranked = sorted(groups.items(), key=lambda kv: -kv[1]["n"])[:limit]
     return [{"workload": k, **v} for k, v in ranked]
 

@@ -37,6 +37,7 @@ from scripts.bench._fleet_observe import (
     Observed,
     StatsPoller,
     cr_view,
+    node_view,
     pending_why,
     pod_view,
     read_histogram,
@@ -74,6 +75,7 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
         DEPLOYMENTS,
         JOBS,
         NAMESPACES,
+        NODES,
         PODS,
         PRIORITY_CLASSES,
         STATEFULSETS,
@@ -88,6 +90,7 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
         pods = Informer(client, PODS, transform=pod_view)
         crs = Informer(client, CAPACITY_REQUESTS, transform=cr_view)
         uns = Informer(client, UPCOMING_NODES, transform=un_view)
+        nodes = Informer(client, NODES, transform=node_view)
         jobs = Informer(client, JOBS, transform=lambda o: {"metadata": {
             "name": o["metadata"]["name"], "namespace": o["metadata"].get("namespace")}})
         wire(obs, pods, crs, uns)
@@ -111,7 +114,7 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 "cr_cpu_milli": obs.cpu,
                 "unbound_not_job": sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}"
                                           for p in live if not p["node"] and not p["job"])[:8],
-                "pending_why": pending_why(live, crs),
+                "pending_why": pending_why(live, crs, nodes.store.list()),
                 # kube-scheduler found no place for these; the rest it has not tried yet
                 "pending_unschedulable": sum(1 for p in live if not p["node"]
                                              and not p["job"] and p.get("unschedulable")),
@@ -252,9 +255,9 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
         want_pods = sum(w.replicas for w in workloads)
         t0 = time.time()
         async with trio.open_nursery() as nursery:
-            for inf in (pods, crs, uns, jobs):
+            for inf in (pods, crs, uns, jobs, nodes):
                 await nursery.start(inf.run)
-            for inf in (pods, crs, uns, jobs):
+            for inf in (pods, crs, uns, jobs, nodes):
                 await inf.wait_synced()
             nursery.start_soon(progress)
             for ns in sorted({w.namespace for w in workloads}):

@@ -300,3 +300,44 @@ def test_pending_pods_are_grouped_by_workload_with_the_schedulers_message_and_th
          "cr_requirements": pin},
         {"workload": "fleet-9/sta-0016", "n": 1, "scheduler": "affinity"},
     ]
+
+
+def test_pending_report_says_where_the_cluster_has_room_for_the_pod_per_zone() -> None:
+    """Whether a pinned group's Pod is pending for room in its zone while other zones have
+    it, or for room anywhere (fragmentation), is read off the per-zone figures."""
+    from scripts.bench._fleet_observe import node_view, pending_why, pod_view
+
+    def node(name: str, zone: str | None, cpu: str, *, cordoned: bool = False) -> dict[str, Any]:
+        labels = {"topology.kubernetes.io/zone": zone} if zone else {}
+        return node_view({"metadata": {"name": name, "labels": labels},
+                          "spec": {"unschedulable": True} if cordoned else {},
+                          "status": {"allocatable": {"cpu": cpu, "memory": "8Gi"}}})
+
+    def pod(name: str, uid: str, cpu: str, node: str | None = None) -> dict[str, Any]:
+        return pod_view({"metadata": {"name": name, "namespace": "fleet-1", "uid": uid},
+                         "spec": {"nodeName": node, "containers": [
+                             {"name": "a", "resources": {"requests": {"cpu": cpu}}},
+                             {"name": "b"}]} if node else {"containers": [
+                             {"name": "a", "resources": {"requests": {"cpu": cpu}}}]},
+                         "status": {"phase": "Running" if node else "Pending"}})
+
+    class CRs:
+        class store:  # noqa: N801 - the informer's attribute name
+            @staticmethod
+            def get(key: str) -> None:
+                return None
+
+    nodes = [node("a1", "zone-a", "4"), node("a2", "zone-a", "4"), node("c1", "zone-c", "4"),
+             node("c2", "zone-c", "4", cordoned=True), node("k", None, "2")]
+    pods = [pod("dep-0001-5cc7dd5bd9-aaaaa", "u1", "1500m"),
+            pod("dep-0002-5cc7dd5bd9-aaaaa", "u2", "3", node="a1"),
+            pod("dep-0002-5cc7dd5bd9-bbbbb", "u3", "500m", node="a2"),
+            pod("dep-0002-5cc7dd5bd9-ccccc", "u4", "3", node="c1")]
+    [report] = pending_why(pods, CRs(), nodes)
+    assert report["pod_cpu"] == 1.5
+    # zone-a: 1 + 3.5 free, one node fits; zone-c: c1 has 1 free, c2 is cordoned (no room)
+    assert report["room"] == {"zone-a": {"nodes": 2, "free_cpu": 4.5, "fit": 1},
+                              "zone-c": {"nodes": 1, "free_cpu": 1.0, "fit": 0},
+                              "": {"nodes": 1, "free_cpu": 2.0, "fit": 1}}
+    # without nodes, no room figures (the report stays what it was)
+    assert "room" not in pending_why(pods, CRs())[0]

@@ -187,22 +187,12 @@ def fill(
     def done() -> bool:
         return bool(take) and covers(covered, agg)
 
-    sup_sorted = sorted(sup, key=lambda m: (m.need != key, SUPPLY_RANK[m.state], m.seq,
-                                            m.index))
-    for m in sup_sorted:
-        if done():
-            break
-        take.append(m)
-        add_into(covered, m.alloc)
     spread_keys = [s.topology_key for s in need.spread
                    if s.when_unsatisfiable != pb.TopologySpreadWhenUnsatisfiable
                    .WHEN_UNSATISFIABLE_SCHEDULE_ANYWAY]
-    new: list[Machine] = []
-    # The cheapest machine by (price, load of its spread domains and zone, not Idle, inventory
-    # index).
-    # A fresh machine's hostname domain always has load 0 (its hostname is its own), so only
-    # the other spread keys split the free machines into domains; within a domain the load
-    # is the same, so each domain's best is the first in (price, not Idle, index) order.
+    # A machine's domains: the need's spread keys and the zone. A fresh machine's hostname
+    # domain always has load 0 (its hostname is its own), so only the other spread keys split
+    # machines into domains.
     dom_keys = [k for k in spread_keys if k != LABEL_HOSTNAME]
     if LABEL_ZONE not in dom_keys:
         # Zones are balanced even without a spread term: kube-scheduler spreads a workload's
@@ -210,7 +200,43 @@ def fill(
         # zone whatever machines were bound for it; machines piled into one zone leave the
         # other zones' co-location groups to take the overflow (docs/rules.md#roll-up-same).
         dom_keys.append(LABEL_ZONE)
-    counts = [Counter(m.labels.get(k) for m in take) for k in dom_keys]
+    counts: list[Counter[str | None]] = [Counter() for _ in dom_keys]
+
+    def load(d: tuple[str | None, ...]) -> tuple[int, ...]:
+        return tuple(c[v] for c, v in zip(counts, d, strict=True))
+
+    def taken(m: Machine, d: tuple[str | None, ...]) -> None:
+        for c, v in zip(counts, d, strict=True):
+            c[v] += 1
+        take.append(m)
+        add_into(covered, m.alloc)
+
+    # Bound machines: the need's own first (sticky), then by supply rank (a Configured machine
+    # before one still being created), then the domain with the fewest of the need's machines,
+    # then the oldest. Balanced in what a need keeps, not only in what it buys: a need that
+    # grew in one zone and shrinks keeps a machine in every zone its Pods run in and gives
+    # back where it holds the most (as a cluster autoscaler balancing similar node groups
+    # scales down); keeping its oldest machines instead emptied one zone of the fleet bench
+    # to 12 machines, where 51 Pods of a group pinned there then found no room while 45 cores
+    # stood free in the other two zones (docs/benchmarks/fleet-real.md).
+    sup_lanes: dict[tuple[Any, ...], list[Machine]] = {}
+    for m in sorted(sup, key=lambda m: (m.need != key, SUPPLY_RANK[m.state], m.seq, m.index)):
+        sup_lanes.setdefault((m.need != key, SUPPLY_RANK[m.state],
+                              *(m.labels.get(k) for k in dom_keys)), []).append(m)
+    sup_heads = {lk: 0 for lk in sup_lanes}
+    while sup_heads and not done():
+        best_lk = min(sup_heads, key=lambda lk: (lk[0], lk[1], load(lk[2:]),
+                                                 sup_lanes[lk][sup_heads[lk]].seq,
+                                                 sup_lanes[lk][sup_heads[lk]].index))
+        lane_ms = sup_lanes[best_lk]
+        taken(lane_ms[sup_heads[best_lk]], best_lk[2:])
+        sup_heads[best_lk] += 1
+        if sup_heads[best_lk] >= len(lane_ms):
+            del sup_heads[best_lk]
+    new: list[Machine] = []
+    # The cheapest machine by (price, load of its domains, not Idle, inventory index).
+    # Within a domain the load is the same, so each domain's best is the first in (price,
+    # not Idle, index) order.
     lanes: list[tuple[tuple[str | None, ...], list[Machine]]] = []
     if streams is None:
         domains: dict[tuple[str | None, ...], list[Machine]] = {}
@@ -234,8 +260,7 @@ def fill(
             if i >= len(lst):
                 continue
             m = lst[i]
-            load = tuple(c[v] for c, v in zip(counts, d, strict=True))
-            key_ = (m.shape.price_per_hour, load, m.state != State.IDLE, m.index)
+            key_ = (m.shape.price_per_hour, load(d), m.state != State.IDLE, m.index)
             if best_key is None or key_ < best_key:
                 best_key, best_i = key_, li
         if best_i is None:
@@ -243,11 +268,8 @@ def fill(
         best_d, lane = lanes[best_i]
         best = lane[heads[best_i]]
         heads[best_i] += 1
-        for c, v in zip(counts, best_d, strict=True):
-            c[v] += 1
         new.append(best)
-        take.append(best)
-        add_into(covered, best.alloc)
+        taken(best, best_d)
     short: list[str] = []
     if not take:
         short = ["machines"]
