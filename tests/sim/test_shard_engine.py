@@ -209,6 +209,20 @@ def test_every_dimension_of_the_aggregate_is_covered() -> None:
     assert len(e.needs[0].machines) == 3
 
 
+def test_a_machine_covers_whole_pods_of_the_need() -> None:
+    # Five Pods of 750m: a 2-cpu small holds two of them (1.5 cpu), not 2 cpu's worth. Two
+    # smalls (4 cpu >= 3.75) would leave one Pod Pending; three hold all five.
+    e = engine()
+    e.on_rollup(rollup(need({"cpu": "3750m"}, {"cpu": "750m"},
+                            req(IT, Op.OPERATOR_IN, "small"))), 1.0)
+    assert len(e.needs[0].machines) == 3 and not e.needs[0].short
+    # a dimension the unit does not name counts whole
+    e = engine()
+    e.on_rollup(rollup(need({"cpu": "3750m", "memory": "1Gi"}, {"cpu": "750m"},
+                            req(IT, Op.OPERATOR_IN, "small"))), 1.0)
+    assert len(e.needs[0].machines) == 3
+
+
 def test_need_without_requests_still_gets_one_machine() -> None:
     e = engine()
     e.on_rollup(rollup(need({}, {})), 1.0)

@@ -350,7 +350,7 @@ class ShardEngine(MachineLifecycle):
                 own = [m for m in by_need.get(key, ())
                        if m.machine_id not in claimed and serves(m)]
                 if own:
-                    plan = fill(need, key, agg, own, [])
+                    plan = fill(need, key, agg, own, [], unit=unit)
                     if plan.short:
                         plan = None
             if plan is None:
@@ -358,11 +358,12 @@ class ShardEngine(MachineLifecycle):
                 if same_keys(need.requirements) or any(
                         r.key == LABEL_HOSTNAME for r in need.requirements):
                     free = [m for m in pool if m.machine_id not in used_pool and serves(m)]
-                    plan = plan_need(need, key, agg, sup, free)
+                    plan = plan_need(need, key, agg, sup, free, unit)
                 else:  # the pool per shape, in pick order, without a scan per need
                     streams = [lane for lanes in pool_lanes.values() if serves(lanes[0][0])
                                for lane in lanes]
-                    plan = fill(need, key, agg, sup, [], streams=streams, skip=used_pool)
+                    plan = fill(need, key, agg, sup, [], streams=streams, skip=used_pool,
+                                unit=unit)
             for m in plan.take:
                 claimed.add(m.machine_id)
                 m.need = key
