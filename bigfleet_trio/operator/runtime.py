@@ -254,6 +254,8 @@ def build_operator(
             client, drains, memory,
             upcoming_lookup=partial(by_index, un_informer.store, NODE_REF_INDEX),
             node_lookup=partial(by_index, node_informer.store, PROVIDER_ID_INDEX),
+            node_get=partial(cached, node_informer.store),
+            upcoming_get=partial(cached, un_informer.store),
             events=kube_events, wall_clock=wall_clock,
         ),
         upcoming=upcoming,

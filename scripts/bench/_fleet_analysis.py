@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,7 +167,8 @@ def nsu_latencies(nsu: list[list[Any]], un_events: dict[str, list[tuple[float, s
     return out
 
 
-def reclaim_latencies(records: list[list[Any]], phase_of: Any) -> Matched:
+def reclaim_latencies(records: list[list[Any]], phase_of: Any,
+                      machine_of_node: Mapping[str, str] | None = None) -> Matched:
     """ReclaimInstruction first sent -> its ReclaimAck received, per phase of the first send.
 
     ``records`` are the shard's ``[instruction_id, nodes, first_sent, acked | None, sends]``
@@ -174,6 +176,8 @@ def reclaim_latencies(records: list[list[Any]], phase_of: Any) -> Matched:
     unchanged until acked), so the match is by id; acks that came only after the shard re-sent
     the instruction are timed from the first send in ``latency`` and counted apart in
     ``superseded`` (seconds from the first send, as there). Never acked: ``unmatched``.
+    ``machine_of_node`` (the shard's Node -> machine id): the windows also name each Node's
+    UpcomingNode, whose drain record the ack waits on.
     """
     out = Matched()
     for rec in records:
@@ -184,8 +188,12 @@ def reclaim_latencies(records: list[list[Any]], phase_of: Any) -> Matched:
             out.unmatched[ph] += 1
             continue
         out.latency[ph].append(max(0.0, acked - issued))
-        out.windows[ph].append((tuple(n for n in str(rec[1]).split(",") if n), issued,
-                                max(issued, acked)))
+        nodes = [n for n in str(rec[1]).split(",") if n]
+        # the objects the ack waits on: each Node (cordoned) and its machine's UpcomingNode
+        # (the drain record), when the shard said which machine the Node is
+        uns = [f"un-{machine_of_node[n]}" for n in nodes if machine_of_node and n in
+               machine_of_node]
+        out.windows[ph].append((tuple(nodes + uns), issued, max(issued, acked)))
         if sends > 1:
             out.superseded[ph].append(max(0.0, acked - issued))
     return out
@@ -276,6 +284,20 @@ def server_wait(spans: list[tuple[float, float]], start: float, end: float) -> f
             covered += hi - lo
             reach = hi
     return covered
+
+
+def before_first_request(windows: list[Window],
+                         index: dict[str, list[tuple[float, float]]]) -> list[float]:
+    """Per window: seconds from its start to the agent's first request on its objects that
+    starts inside it (the whole window when none does): the part of agent-own spent waiting
+    for a worker, a dispatch slot or a turn in the work queue, before the agent touched the
+    apiserver for this object."""
+    out = []
+    for names, start, end in windows:
+        first = min((s0 for n in names for s0, _s1 in index.get(n, ()) if start <= s0 <= end),
+                    default=end)
+        out.append(first - start)
+    return out
 
 
 def agent_own(windows: list[Window], index: dict[str, list[tuple[float, float]]], *,

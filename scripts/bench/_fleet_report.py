@@ -18,6 +18,7 @@ from scripts.bench._fleet_analysis import (
     Matched,
     Window,
     agent_own,
+    before_first_request,
     cr_readds,
     nsu_latencies,
     pct,
@@ -84,10 +85,15 @@ def _own_rows(ph: str, name: str, windows: list[Window],
         return []
     own = agent_own(windows, index, watched_end=watched_end)
     e2e = [end - start for _n, start, end in windows]
+    # where agent-own goes: before the first request on the objects (a worker, a slot, the
+    # work queue) or after it (building, retries' backoff, the next request of a sequence)
+    before = [min(b, o) for b, o in zip(before_first_request(windows, index), own, strict=True)]
     return _rows(f"{ph}: {name}: agent-own", own, baseline=pct(e2e, 0.99),
                  label="end-to-end p99 (same samples)",
                  target=f"p99 <= {AGENT_OWN_P99 * 1000:g} ms",
-                 met=pct(own, 0.99) <= AGENT_OWN_P99)
+                 met=pct(own, 0.99) <= AGENT_OWN_P99) + _rows(
+        f"{ph}: {name}: agent-own before its first request", before, baseline=pct(own, 0.99),
+        label="agent-own p99 (same samples)")
 
 
 def _rows(name: str, samples: list[float], unit: str = "s", *, baseline: float | None = None,
@@ -164,7 +170,8 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
             continue
         boot[obs.phase_of(sent)].append(answered - sent)
     readds = cr_readds(obs.cr_readds, obs.pod_deleted, obs.cr_deleted)
-    rec = reclaim_latencies(stats.get("reclaim") or [], obs.phase_of)
+    rec = reclaim_latencies(stats.get("reclaim") or [], obs.phase_of,
+                            stats.get("machine_of_node") or {})
     pod_cr = pod_cr_latencies(obs.pod_added, obs.cr_added, obs.pod_deleted, cr_name_for_pod)
     index = load_traces(fleet)
     result["extra"]["traced_requests"] = sum(len(v) for v in index.values())

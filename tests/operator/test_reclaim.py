@@ -364,6 +364,76 @@ async def test_node_name_upcoming_found_through_injected_lookup(
     assert "un-m-1" not in upcoming(c)  # drained and deleted
 
 
+def _caches(c: RecordingKube) -> dict[str, Any]:
+    """The operator's informer lookups, answered from the sim store as it is now."""
+    def by_ref(node: str) -> list[dict[str, Any]]:
+        return [u for u in upcoming(c).values()
+                if ((u.get("status") or {}).get("nodeRef") or {}).get("name") == node]
+
+    def by_provider(pid: str) -> list[dict[str, Any]]:
+        return [n for n in c.objects(NODES).values() if n["spec"].get("providerID") == pid]
+
+    return {"node_get": lambda name: c.objects(NODES).get(name),
+            "upcoming_get": lambda name: upcoming(c).get(name),
+            "upcoming_lookup": by_ref, "node_lookup": by_provider}
+
+
+@pytest.mark.parametrize(("entry", "how"), [("n-1", "a Node name"), ("m-1", "a machine id")])
+async def test_an_entry_the_caches_know_is_cordoned_without_a_read(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock, entry: str, how: str,
+) -> None:
+    # The reference cordons the named Node with one merge patch; resolving each entry with
+    # reads first (the UpcomingNode by name, the Node by name: one of them a 404 whichever the
+    # shard sends) put two to three round trips before every ack, seconds each on a loaded
+    # kube-apiserver. The operator's informers know both: only the writes go out.
+    c = standard_cluster(nursery)
+    memory = DrainMemory()
+    drains = DrainManager(c, memory, rng=random.Random(7))
+    handler = ReclaimHandler(c, drains, memory, **_caches(c))
+    replies = Replies()
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
+        c.history.clear()
+        await handler.on_reclaim_instruction(instr("r", entry), replies)
+        before_drain = list(c.history)
+        await drains.wait_idle()
+        inner.cancel_scope.cancel()
+    assert replies.acks == [("r", 1)], how
+    assert [(r.op, r.plural) for r in before_drain if r.op in ("get", "list")] == []
+    assert node_patches(c) == [("n-1", {"spec": {"unschedulable": True}})]
+    assert un_writes(c)[0][:3] == ("patch", "un-m-1", {"phase": "Draining"})
+
+
+async def test_a_node_the_cache_still_holds_but_gone_falls_back_to_reads(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
+) -> None:
+    # The caches lag: they still show un-m-1 pointing at n-1, and n-1, which is deleted; the
+    # machine's UpcomingNode now points at n-2. The cordon's 404 sends the entry through the
+    # reads, which find n-2 as they did before the caches were used.
+    c = standard_cluster(nursery)
+    add_node(c, "n-2")
+    stale_un = upcoming(c)["un-m-1"]
+    stale_node = c.objects(NODES)["n-1"]
+    c.server.delete(c._res(NODES), None, "n-1")
+    c.server.patch(c._res(UPCOMING_NODES), None, "un-m-1",
+                   {"status": {"nodeRef": {"kind": "Node", "name": "n-2"}}}, MERGE,
+                   subresource="status")
+    caches = _caches(c)
+    caches["node_get"] = {"n-1": stale_node}.get
+    caches["upcoming_get"] = {"un-m-1": stale_un}.get
+    memory = DrainMemory()
+    drains = DrainManager(c, memory, rng=random.Random(7))
+    handler = ReclaimHandler(c, drains, memory, **caches)
+    replies = Replies()
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
+        await handler.on_reclaim_instruction(instr("r", "m-1"), replies)
+        await drains.wait_idle()
+        inner.cancel_scope.cancel()
+    assert replies.acks == [("r", 1)]
+    assert node_patches(c)[-1] == ("n-2", {"spec": {"unschedulable": True}})
+
+
 async def test_node_name_upcoming_found_by_listing_without_lookup(
     nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
 ) -> None:

@@ -235,9 +235,28 @@ def test_agent_own_of_a_watched_end_stops_at_the_last_answer_on_its_objects() ->
         pytest.approx(1.0)]
 
 
+def test_agent_own_before_the_first_request_is_the_wait_for_a_worker() -> None:
+    """The part of agent-own before the agent's first request on the latency's objects: the
+    frame or Pod waiting for a worker, a slot or its turn in the queue."""
+    from scripts.bench._fleet_analysis import before_first_request, trace_index
+
+    index = trace_index([[10.2, 10.5, "POST", "/apis/g/v1/capacityrequests", "cr-u", 201],
+                         [9.0, 9.5, "GET", "/apis/g/v1/capacityrequests/cr-u", "cr-u", 200],
+                         [10.6, 10.7, "PATCH", "/apis/g/v1/capacityrequests/cr-u", "cr-u", 200]])
+    assert before_first_request([(("cr-u",), 10.0, 11.0)], index) == [pytest.approx(0.2)]
+    # no request inside the window: all of it
+    assert before_first_request([(("nobody",), 10.0, 11.0)], index) == [pytest.approx(1.0)]
+    assert before_first_request([(("cr-u",), 10.8, 11.0)], index) == [pytest.approx(0.2)]
+
+
 def test_matched_latencies_carry_windows_naming_their_objects() -> None:
     rec = reclaim_latencies([["r1", "n1,n2", 10.0, 12.5, 1]], lambda t: "churn")
     assert rec.windows["churn"] == [(("n1", "n2"), 10.0, 12.5)]
+    # with the shard's Node -> machine map, a reclaim's window also names each Node's
+    # UpcomingNode (the drain record is written on it before the ack)
+    rec = reclaim_latencies([["r1", "n1,n2", 10.0, 12.5, 1]], lambda t: "churn",
+                            machine_of_node={"n1": "m1"})
+    assert rec.windows["churn"] == [(("n1", "n2", "un-m1"), 10.0, 12.5)]
     nsu = nsu_latencies([[1.0, "m1", "CREATING"]], {"m1": [(1.5, "Provisioning")]},
                         lambda t: "ramp")
     assert nsu.windows["ramp"] == [(("un-m1",), 1.0, 1.5)]

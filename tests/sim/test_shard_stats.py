@@ -14,6 +14,8 @@ def test_frames_are_recorded_with_their_ids() -> None:
     st = ShardStats()
     st.sent(pb.ShardMessage(node_state_update=pb.NodeStateUpdate(
         machine_id="m1", state=pb.MachineState.CONFIGURED)))
+    st.sent(pb.ShardMessage(node_state_update=pb.NodeStateUpdate(
+        machine_id="m2", node_name="n2", state=pb.MachineState.CONFIGURED)))
     st.sent(pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id="b1")))
     st.sent(pb.ShardMessage(reclaim_instruction=pb.ReclaimInstruction(
         instruction_id="r1", nodes=["n1"])))
@@ -24,7 +26,9 @@ def test_frames_are_recorded_with_their_ids() -> None:
         pb.CapacityNeed(aggregate_resources={"cpu": "1500m", "memory": "1Ki"}),
         pb.CapacityNeed(aggregate_resources={"cpu": "2"})])))
     d = st.to_dict({"x": 1})
-    assert [r[1:] for r in d["nsu"]] == [["m1", "CONFIGURED"]]
+    assert [r[1:] for r in d["nsu"]] == [["m1", "CONFIGURED"], ["m2", "CONFIGURED"]]
+    # which machine a Node is (a reclaim names Nodes, its UpcomingNode is the machine's)
+    assert d["machine_of_node"] == {"n2": "m2"}
     (b,) = d["bootstrap"]
     assert b[0] == "b1" and b[2] >= b[1] and b[3] == "boom"
     (r,) = d["reclaim"]

@@ -31,7 +31,8 @@ from .drain import DrainManager
 from .plan import effective_grace
 from .resume import drain_annotations, utc_now
 
-__all__ = ["NodeLookup", "ReclaimHandler", "Reply", "UpcomingLookup"]
+__all__ = ["CachedGet", "NodeLookup", "ReclaimHandler", "Reply", "UpcomingLookup",
+           "resolve_cached"]
 
 # The package's logger: log lines keep the logger name they had before the package was split.
 log = logging.getLogger(__package__)
@@ -46,6 +47,9 @@ NodeLookup = Callable[[str], Iterable[Mapping[str, Any]]]
 """``spec.providerID`` -> Nodes with that providerID (e.g. an informer index lookup over the Node
 store, as ``operator/runtime.py`` builds it). Each returned Node is re-checked, so a stale index
 entry is harmless."""
+
+CachedGet = Callable[[str], Mapping[str, Any] | None]
+"""Name -> the cached object or None (an informer store's ``get``)."""
 
 
 @dataclass
@@ -63,6 +67,46 @@ class _Resolved:
     node: str | None
     un_name: str | None
     how: str
+
+
+def resolve_cached(
+    entry: str,
+    node_get: CachedGet,
+    upcoming_get: CachedGet,
+    upcoming_lookup: UpcomingLookup,
+    node_lookup: NodeLookup,
+) -> tuple[str, str | None, str] | None:
+    """Resolve a reclaim entry from the informers' caches, in the order of the reads
+    (docs/rules.md#reclaim): ``(node, UpcomingNode name or None, how)``, or None when the
+    caches do not show a Node for it (the caller then reads from the apiserver).
+
+    A Node of the entry's name (its UpcomingNode: ``un-<entry>``, else the first by name whose
+    ``status.nodeRef`` is it); else the UpcomingNode ``un-<entry>``'s ``status.nodeRef``, else
+    its ``status.providerID`` against ``Node.spec.providerID``.
+    """
+    un_name = upcoming_node_name(entry)
+    un = upcoming_get(un_name) if un_name else None
+    if node_get(entry) is not None:
+        if un is None:
+            found = sorted((u for u in upcoming_lookup(entry)
+                            if ((u.get("status") or {}).get("nodeRef") or {}).get("name")
+                            == entry and _name(u) is not None), key=lambda u: _name(u) or "")
+            un = found[0] if found else None
+        return (entry, _name(un), "node name (cache)")
+    if un is None:
+        return None
+    status = un.get("status") or {}
+    ref = (status.get("nodeRef") or {}).get("name")
+    if isinstance(ref, str) and ref and node_get(ref) is not None:
+        return (ref, _name(un), "upcoming nodeRef (cache)")
+    provider_id = status.get("providerID")
+    if provider_id and isinstance(provider_id, str):
+        for n in sorted(node_lookup(provider_id), key=lambda n: _name(n) or ""):
+            spec = n.get("spec")
+            if (isinstance(spec, Mapping) and spec.get("providerID") == provider_id
+                    and _name(n) is not None):
+                return (_name(n) or "", _name(un), "upcoming providerID (cache)")
+    return None
 
 
 class ReclaimHandler:
@@ -91,6 +135,10 @@ class ReclaimHandler:
             lists every UpcomingNode from the apiserver instead (one list per such entry).
         node_lookup: providerID -> Nodes with it (an informer index); None lists every Node
             from the apiserver instead (one list per entry resolved by providerID).
+        node_get, upcoming_get: the Node and UpcomingNode informers' stores by name. Given
+            (with both lookups), an entry is resolved from the caches (:func:`resolve_cached`)
+            and only cordoned and marked, no reads; the caches not showing a Node for it, or
+            the cordon finding the cached Node gone, it is resolved by reads as without them.
         cordon_concurrency: entries resolved and cordoned at once (16): an instruction naming
             100 nodes is acked after ~7 cordon round trips, not 100.
         events: optional :class:`EventRecorder`: ``Reclaim`` and ``Cordoned`` Events on each
@@ -108,6 +156,8 @@ class ReclaimHandler:
         seen_capacity: int = 4096,
         upcoming_lookup: UpcomingLookup | None = None,
         node_lookup: NodeLookup | None = None,
+        node_get: CachedGet | None = None,
+        upcoming_get: CachedGet | None = None,
         cordon_concurrency: int = 16,
         events: EventRecorder | None = None,
         wall_clock: Callable[[], datetime] = utc_now,
@@ -118,6 +168,8 @@ class ReclaimHandler:
         self._client = client
         self._upcoming_lookup = upcoming_lookup
         self._node_lookup = node_lookup
+        self._node_get = node_get
+        self._upcoming_get = upcoming_get
         self._drains = drains
         self.memory = memory
         self._seen: OrderedDict[str, _Instruction] = OrderedDict()
@@ -286,17 +338,26 @@ class ReclaimHandler:
     ) -> tuple[str, str | None] | None:
         """Resolve one entry, cordon its Node and mark its UpcomingNode Draining (a Node whose
         drain record could not be written goes to ``unrecorded``)."""
-        r = await self._resolve(entry)
-        if r.node is None:
-            log.info(
-                "reclaim: no Node for entry, nothing to cordon entry=%s upcoming=%s",
-                entry,
-                r.un_name,
-            )
-            if r.un_name is not None:
-                await self._mark_draining(r.un_name)
-            return None
-        if not await self._cordon(r.node):
+        r = self._resolve_from_caches(entry)
+        outcome = await self._cordon(r.node) if r is not None and r.node else None
+        if outcome == "gone":
+            log.info("reclaim: cached node gone, resolving by reads entry=%s node=%s", entry,
+                     r.node if r is not None else None)
+        if outcome is None or outcome == "gone":
+            # the caches show no Node for the entry, or the one they show is gone: what the
+            # apiserver says now decides, as without caches
+            r = await self._resolve(entry)
+            if r.node is None:
+                log.info(
+                    "reclaim: no Node for entry, nothing to cordon entry=%s upcoming=%s",
+                    entry,
+                    r.un_name,
+                )
+                if r.un_name is not None:
+                    await self._mark_draining(r.un_name)
+                return None
+            outcome = await self._cordon(r.node)
+        if outcome != "cordoned" or r is None or r.node is None:
             return None
         if r.un_name is not None and not await self._mark_draining(
             r.un_name, drain=(r.node, deadline)
@@ -318,6 +379,15 @@ class ReclaimHandler:
         except NotFound:
             return None
         return result
+
+    def _resolve_from_caches(self, entry: str) -> _Resolved | None:
+        """:func:`resolve_cached` when the handler has the informers' caches, else None."""
+        if (self._node_get is None or self._upcoming_get is None
+                or self._upcoming_lookup is None or self._node_lookup is None):
+            return None
+        found = resolve_cached(entry, self._node_get, self._upcoming_get,
+                               self._upcoming_lookup, self._node_lookup)
+        return None if found is None else _Resolved(entry, *found)
 
     async def _resolve(self, entry: str) -> _Resolved:
         try:
@@ -381,7 +451,8 @@ class ReclaimHandler:
             )
         return dict(found[0]) if found else None
 
-    async def _cordon(self, node: str) -> bool:
+    async def _cordon(self, node: str) -> str:
+        """Cordon ``node``: ``"cordoned"``, ``"gone"`` (404) or ``"failed"`` (logged)."""
         try:
             patched = await self._call(
                 lambda: self._client.patch(NODES, node, {"spec": {"unschedulable": True}})
@@ -390,11 +461,11 @@ class ReclaimHandler:
                 self._events.note_node(patched)
         except NotFound:
             log.info("reclaim: node gone before cordon node=%s", node)
-            return False
+            return "gone"
         except KubeError as exc:
             log.error("reclaim: cordon failed node=%s error=%s", node, exc)
-            return False
-        return True
+            return "failed"
+        return "cordoned"
 
     async def _mark_draining(
         self, un_name: str, *, drain: tuple[str, datetime] | None = None

@@ -44,6 +44,8 @@ class ShardStats:
             is the first send; ``sends`` counts re-sends of the unacknowledged instruction too).
         rollups: ``[wall, needs, cpu_milli, memory_milli, bytes]`` per roll-up received, the
             totals summed over every need's ``aggregate_resources``.
+        machine_of_node: Node name -> machine id, from the NodeStateUpdates that name a Node
+            (a reclaim names Nodes; the machine's UpcomingNode is ``un-<machine id>``).
     """
 
     def __init__(self) -> None:
@@ -51,6 +53,7 @@ class ShardStats:
         self.bootstrap: dict[str, list[Any]] = {}
         self.reclaim: dict[str, list[Any]] = {}
         self.rollups: deque[list[Any]] = deque(maxlen=_MAX)
+        self.machine_of_node: dict[str, str] = {}
         self.sessions = 0
 
     def sent(self, frame: pb.ShardMessage) -> None:
@@ -60,6 +63,8 @@ class ShardStats:
         val: Any = val_
         if kind == "node_state_update":
             self.nsu.append([now, val.machine_id, pb.MachineState(val.state).name])
+            if val.node_name:
+                self.machine_of_node[val.node_name] = val.machine_id
         elif kind == "bootstrap_request":
             self.bootstrap.setdefault(val.request_id, [val.request_id, now, None, ""])
         elif kind == "reclaim_instruction":
@@ -107,6 +112,7 @@ class ShardStats:
             "bootstrap": list(self.bootstrap.values()),
             "reclaim": list(self.reclaim.values()),
             "rollups": list(self.rollups),
+            "machine_of_node": dict(self.machine_of_node),
             **(extra or {}),
         }
 
