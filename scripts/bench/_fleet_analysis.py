@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bigfleet_trio.operator.upcoming.plan import upcoming_node_name
+
 PHASE_OF_STATE = {"SPECULATIVE": "Provisioning", "CREATING": "Provisioning", "IDLE": "Launched",
                   "CONFIGURING": "Registered", "CONFIGURED": "Ready"}
 
@@ -191,8 +193,8 @@ def reclaim_latencies(records: list[list[Any]], phase_of: Any,
         nodes = [n for n in str(rec[1]).split(",") if n]
         # the objects the ack waits on: each Node (cordoned) and its machine's UpcomingNode
         # (the drain record), when the shard said which machine the Node is
-        uns = [f"un-{machine_of_node[n]}" for n in nodes if machine_of_node and n in
-               machine_of_node]
+        uns = [upcoming_node_name(machine_of_node[n]) or "" for n in nodes
+               if machine_of_node and n in machine_of_node]
         out.windows[ph].append((tuple(nodes + uns), issued, max(issued, acked)))
         if sends > 1:
             out.superseded[ph].append(max(0.0, acked - issued))

@@ -97,7 +97,7 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
         stop_jobs = trio.Event()
         counts: list[dict[str, Any]] = []
 
-        def snapshot(stats: dict[str, Any] | None) -> dict[str, Any]:
+        def snapshot(stats: dict[str, Any] | None, why: bool = True) -> dict[str, Any]:
             live = [p for p in pods.store.list() if p["phase"] not in ("Succeeded", "Failed")]
             bound = set((stats or {}).get("bound") or [])
             un_names = {u["metadata"]["name"].removeprefix("un-") for u in uns.store.list()}
@@ -114,7 +114,8 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 "cr_cpu_milli": obs.cpu,
                 "unbound_not_job": sorted(f"{p['metadata']['namespace']}/{p['metadata']['name']}"
                                           for p in live if not p["node"] and not p["job"])[:8],
-                "pending_why": pending_why(live, crs, nodes.store.list()),
+                # at phase ends only: the progress line does not print it
+                "pending_why": pending_why(live, crs, nodes.store.list()) if why else [],
                 # kube-scheduler found no place for these; the rest it has not tried yet
                 "pending_unschedulable": sum(1 for p in live if not p["node"]
                                              and not p["job"] and p.get("unschedulable")),
@@ -127,7 +128,7 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 dead = fleet.dead()
                 if dead:
                     raise RuntimeError(f"process {dead[0]} exited:\n{fleet.log(dead[0])}")
-                s = snapshot(None)
+                s = snapshot(None, why=False)
                 print(f"[{s['t']:7.1f}s] {obs.phase:<8} pods {s['pods_bound']:>6}/{s['pods']:<6} "
                       f"bound | CRs {s['crs']:>6} | upcoming {s['upcoming']:>5} | "
                       f"cpu {obs.cpu / 1000:9.1f}", file=sys.stderr, flush=True)

@@ -404,6 +404,33 @@ async def test_an_entry_the_caches_know_is_cordoned_without_a_read(
     assert un_writes(c)[0][:3] == ("patch", "un-m-1", {"phase": "Draining"})
 
 
+async def test_an_upcoming_node_the_cache_has_not_seen_is_read_for_the_drain_record(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
+) -> None:
+    # The Node is cached, its UpcomingNode (named after the entry) not yet: it is read, so the
+    # ack still waits for the drain record on it.
+    c = standard_cluster(nursery)
+    add_node(c, "m-9")
+    add_un(c, "un-m-9", nodeRef={"kind": "Node", "name": "m-9"})
+    caches = _caches(c)
+    caches["upcoming_get"] = lambda name: None
+    caches["upcoming_lookup"] = lambda node: []
+    memory = DrainMemory()
+    drains = DrainManager(c, memory, rng=random.Random(7))
+    handler = ReclaimHandler(c, drains, memory, **caches)
+    replies = Replies()
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
+        c.history.clear()
+        await handler.on_reclaim_instruction(instr("r", "m-9"), replies)
+        reads = [(r.op, r.plural, r.name) for r in c.history if r.op in ("get", "list")]
+        await drains.wait_idle()
+        inner.cancel_scope.cancel()
+    assert replies.acks == [("r", 1)]
+    assert reads == [("get", "upcomingnodes", "un-m-9")]
+    assert un_writes(c)[0][:3] == ("patch", "un-m-9", {"phase": "Draining"})
+
+
 async def test_a_node_the_cache_still_holds_but_gone_falls_back_to_reads(
     nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
 ) -> None:

@@ -249,6 +249,41 @@ def test_agent_own_before_the_first_request_is_the_wait_for_a_worker() -> None:
     assert before_first_request([(("cr-u",), 10.8, 11.0)], index) == [pytest.approx(0.2)]
 
 
+def test_pending_report_counts_the_cluster_once_and_only_for_the_groups_it_reports() -> None:
+    """At 50,000 Pods the room per zone for every pending workload, every 5 s, held the bench's
+    own loop (and so its watch timestamps) most of the time: the Nodes' use is summed once per
+    report, for the ``limit`` groups shown."""
+    from scripts.bench import _fleet_observe as obs
+    from scripts.bench._fleet_observe import pending_why, pod_view
+
+    class CRs:
+        class store:  # noqa: N801 - the informer's attribute name
+            @staticmethod
+            def get(key: str) -> None:
+                return None
+
+    pods = [pod_view({"metadata": {"name": f"dep-{i:04d}-5cc7dd5bd9-aaaa{j}", "namespace": "f",
+                                   "uid": f"u{i}-{j}"},
+                      "spec": {"containers": [{"name": "a", "resources": {
+                          "requests": {"cpu": "1"}}}]},
+                      "status": {"phase": "Pending"}})
+            for i in range(10) for j in range(i + 1)]
+    calls = []
+    real = obs.node_use
+
+    def counting(*a: Any) -> Any:
+        calls.append(1)
+        return real(*a)
+
+    obs.node_use = counting  # type: ignore[assignment]
+    try:
+        report = pending_why(pods, CRs(), [], limit=3)
+    finally:
+        obs.node_use = real  # type: ignore[assignment]
+    assert [g["n"] for g in report] == [10, 9, 8]
+    assert len(calls) == 1 and all("room" in g for g in report)
+
+
 def test_matched_latencies_carry_windows_naming_their_objects() -> None:
     rec = reclaim_latencies([["r1", "n1,n2", 10.0, 12.5, 1]], lambda t: "churn")
     assert rec.windows["churn"] == [(("n1", "n2"), 10.0, 12.5)]

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import trio
 
@@ -338,7 +338,9 @@ class ReclaimHandler:
     ) -> tuple[str, str | None] | None:
         """Resolve one entry, cordon its Node and mark its UpcomingNode Draining (a Node whose
         drain record could not be written goes to ``unrecorded``)."""
-        r = self._resolve_from_caches(entry)
+        r = await self._resolve_from_caches_or_read(entry)
+        if r is not None and r.how == "error":
+            return None
         outcome = await self._cordon(r.node) if r is not None and r.node else None
         if outcome == "gone":
             log.info("reclaim: cached node gone, resolving by reads entry=%s node=%s", entry,
@@ -388,6 +390,22 @@ class ReclaimHandler:
         found = resolve_cached(entry, self._node_get, self._upcoming_get,
                                self._upcoming_lookup, self._node_lookup)
         return None if found is None else _Resolved(entry, *found)
+
+    async def _resolve_from_caches_or_read(self, entry: str) -> _Resolved | None:
+        """:meth:`_resolve_from_caches`; a Node found there without an UpcomingNode has
+        ``un-<entry>`` read, since the ack must wait for the drain record on it and an
+        UpcomingNode the cache has not seen yet would otherwise go without one."""
+        r = self._resolve_from_caches(entry)
+        if r is not None and r.un_name is None:
+            un_name = upcoming_node_name(entry)
+            try:
+                un = await self._get(UPCOMING_NODES, un_name) if un_name else None
+            except KubeError as exc:
+                log.error("reclaim: resolving entry failed entry=%s error=%s", entry, exc)
+                return _Resolved(entry, None, None, "error")
+            if un is not None:
+                r = _Resolved(entry, r.node, _name(un), r.how)
+        return r
 
     async def _resolve(self, entry: str) -> _Resolved:
         try:
@@ -451,7 +469,7 @@ class ReclaimHandler:
             )
         return dict(found[0]) if found else None
 
-    async def _cordon(self, node: str) -> str:
+    async def _cordon(self, node: str) -> Literal["cordoned", "gone", "failed"]:
         """Cordon ``node``: ``"cordoned"``, ``"gone"`` (404) or ``"failed"`` (logged)."""
         try:
             patched = await self._call(

@@ -19,9 +19,11 @@ Planning, on every accepted roll-up (the roll-up is the cluster's complete desir
    machines serving the need must share one value of the key (one domain is chosen per need).
 3. Supply = machines already bound to the cluster and not being reclaimed (Configured and
    Configuring ones, and those still provisioning, so that a roll-up arriving mid-provisioning does
-   not over-provision). A need first takes its own machines (sticky), then other unclaimed ones,
-   until the sum of their allocatable covers ``aggregate_resources`` in every dimension (and at
-   least one machine, since Pods without requests still need a node).
+   not over-provision). A need first takes its own machines (sticky), then other unclaimed ones
+   (each time running before still being created, then the zone holding fewest of the need's
+   machines), until what they hold covers ``aggregate_resources`` in every dimension (and at
+   least one machine, since Pods without requests still need a node); a machine holds whole
+   Pods of the need's ``min_unit`` (``planning.whole_pods``), not its whole allocatable.
 4. The deficit is bootstrapped from the free pool: cheapest price first, then the spread domain
    (and zone, spread or not) with the fewest of the need's machines, then already-created (Idle)
    before Speculative, then inventory (catalog) order. When the pool has nothing that fits, the

@@ -158,7 +158,8 @@ def plan_need(
             return Fraction(sum(per_shape.values()))
         total: dict[str, Fraction] = {}
         for shape_key, n in per_shape.items():
-            add_into(total, {d: v * n for d, v in alloc_of[shape_key].items()})
+            usable = whole_pods(alloc_of[shape_key], unit)  # as fill counts it
+            add_into(total, {d: v * n for d, v in usable.items()})
         return min(total.get(d, ZERO) / agg[d] for d in dims)
 
     def score(combo: tuple[str, ...]) -> tuple[int, Fraction, int, float, tuple[str, ...]]:
@@ -247,20 +248,19 @@ def fill(
     # scales down); keeping its oldest machines instead emptied one zone of the fleet bench
     # to 12 machines, where 51 Pods of a group pinned there then found no room while 45 cores
     # stood free in the other two zones (docs/benchmarks/fleet-real.md).
-    sup_lanes: dict[tuple[Any, ...], list[Machine]] = {}
+    groups: dict[tuple[bool, int], dict[tuple[str | None, ...], list[Machine]]] = {}
     for m in sorted(sup, key=lambda m: (m.need != key, SUPPLY_RANK[m.state], m.seq, m.index)):
-        sup_lanes.setdefault((m.need != key, SUPPLY_RANK[m.state],
-                              *(m.labels.get(k) for k in dom_keys)), []).append(m)
-    sup_heads = {lk: 0 for lk in sup_lanes}
-    while sup_heads and not done():
-        best_lk = min(sup_heads, key=lambda lk: (lk[0], lk[1], load(lk[2:]),
-                                                 sup_lanes[lk][sup_heads[lk]].seq,
-                                                 sup_lanes[lk][sup_heads[lk]].index))
-        lane_ms = sup_lanes[best_lk]
-        taken(lane_ms[sup_heads[best_lk]], best_lk[2:])
-        sup_heads[best_lk] += 1
-        if sup_heads[best_lk] >= len(lane_ms):
-            del sup_heads[best_lk]
+        groups.setdefault((m.need != key, SUPPLY_RANK[m.state]), {}).setdefault(
+            tuple(m.labels.get(k) for k in dom_keys), []).append(m)
+    for _group, by_domain in sorted(groups.items()):
+        heads = {d: 0 for d in by_domain}
+        while heads and not done():
+            d = min(heads, key=lambda d: (load(d), by_domain[d][heads[d]].seq,
+                                          by_domain[d][heads[d]].index))
+            taken(by_domain[d][heads[d]], d)
+            heads[d] += 1
+            if heads[d] >= len(by_domain[d]):
+                del heads[d]
     new: list[Machine] = []
     # The cheapest machine by (price, load of its domains, not Idle, inventory index).
     # Within a domain the load is the same, so each domain's best is the first in (price,
@@ -303,4 +303,5 @@ def fill(
         short = ["machines"]
     elif not covers(covered, agg):
         short = sorted(d for d, v in agg.items() if covered.get(d, ZERO) < v)
-    return Plan(take=[m for m in take if m not in new], new=new, short=short)
+    new_ids = {m.machine_id for m in new}
+    return Plan(take=[m for m in take if m.machine_id not in new_ids], new=new, short=short)
