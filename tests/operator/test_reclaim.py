@@ -378,6 +378,24 @@ def _caches(c: RecordingKube) -> dict[str, Any]:
             "upcoming_lookup": by_ref, "node_lookup": by_provider}
 
 
+async def _reclaim_with_caches(c: RecordingKube, caches: dict[str, Any],
+                               entry: str) -> tuple[list[tuple[str, int]], list[Any]]:
+    """One instruction naming ``entry`` through a handler with ``caches``, drained: the acks
+    and the reads made before the ack."""
+    memory = DrainMemory()
+    drains = DrainManager(c, memory, rng=random.Random(7))
+    handler = ReclaimHandler(c, drains, memory, **caches)
+    replies = Replies()
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
+        c.history.clear()
+        await handler.on_reclaim_instruction(instr("r", entry), replies)
+        reads = [(r.op, r.plural, r.name) for r in c.history if r.op in ("get", "list")]
+        await drains.wait_idle()
+        inner.cancel_scope.cancel()
+    return replies.acks, reads
+
+
 @pytest.mark.parametrize(("entry", "how"), [("n-1", "a Node name"), ("m-1", "a machine id")])
 async def test_an_entry_the_caches_know_is_cordoned_without_a_read(
     nursery: trio.Nursery, autojump_clock: trio.abc.Clock, entry: str, how: str,
@@ -387,19 +405,9 @@ async def test_an_entry_the_caches_know_is_cordoned_without_a_read(
     # shard sends) put two to three round trips before every ack, seconds each on a loaded
     # kube-apiserver. The operator's informers know both: only the writes go out.
     c = standard_cluster(nursery)
-    memory = DrainMemory()
-    drains = DrainManager(c, memory, rng=random.Random(7))
-    handler = ReclaimHandler(c, drains, memory, **_caches(c))
-    replies = Replies()
-    async with trio.open_nursery() as inner:
-        await inner.start(drains.run)
-        c.history.clear()
-        await handler.on_reclaim_instruction(instr("r", entry), replies)
-        before_drain = list(c.history)
-        await drains.wait_idle()
-        inner.cancel_scope.cancel()
-    assert replies.acks == [("r", 1)], how
-    assert [(r.op, r.plural) for r in before_drain if r.op in ("get", "list")] == []
+    acks, reads = await _reclaim_with_caches(c, _caches(c), entry)
+    assert acks == [("r", 1)], how
+    assert reads == []
     assert node_patches(c) == [("n-1", {"spec": {"unschedulable": True}})]
     assert un_writes(c)[0][:3] == ("patch", "un-m-1", {"phase": "Draining"})
 
@@ -415,18 +423,8 @@ async def test_an_upcoming_node_the_cache_has_not_seen_is_read_for_the_drain_rec
     caches = _caches(c)
     caches["upcoming_get"] = lambda name: None
     caches["upcoming_lookup"] = lambda node: []
-    memory = DrainMemory()
-    drains = DrainManager(c, memory, rng=random.Random(7))
-    handler = ReclaimHandler(c, drains, memory, **caches)
-    replies = Replies()
-    async with trio.open_nursery() as inner:
-        await inner.start(drains.run)
-        c.history.clear()
-        await handler.on_reclaim_instruction(instr("r", "m-9"), replies)
-        reads = [(r.op, r.plural, r.name) for r in c.history if r.op in ("get", "list")]
-        await drains.wait_idle()
-        inner.cancel_scope.cancel()
-    assert replies.acks == [("r", 1)]
+    acks, reads = await _reclaim_with_caches(c, caches, "m-9")
+    assert acks == [("r", 1)]
     assert reads == [("get", "upcomingnodes", "un-m-9")]
     assert un_writes(c)[0][:3] == ("patch", "un-m-9", {"phase": "Draining"})
 
@@ -448,16 +446,8 @@ async def test_a_node_the_cache_still_holds_but_gone_falls_back_to_reads(
     caches = _caches(c)
     caches["node_get"] = {"n-1": stale_node}.get
     caches["upcoming_get"] = {"un-m-1": stale_un}.get
-    memory = DrainMemory()
-    drains = DrainManager(c, memory, rng=random.Random(7))
-    handler = ReclaimHandler(c, drains, memory, **caches)
-    replies = Replies()
-    async with trio.open_nursery() as inner:
-        await inner.start(drains.run)
-        await handler.on_reclaim_instruction(instr("r", "m-1"), replies)
-        await drains.wait_idle()
-        inner.cancel_scope.cancel()
-    assert replies.acks == [("r", 1)]
+    acks, _reads = await _reclaim_with_caches(c, caches, "m-1")
+    assert acks == [("r", 1)]
     assert node_patches(c)[-1] == ("n-2", {"spec": {"unschedulable": True}})
 
 
