@@ -253,14 +253,14 @@ def fill(
         groups.setdefault((m.need != key, SUPPLY_RANK[m.state]), {}).setdefault(
             tuple(m.labels.get(k) for k in dom_keys), []).append(m)
     for _group, by_domain in sorted(groups.items()):
-        heads = {d: 0 for d in by_domain}
-        while heads and not done():
-            d = min(heads, key=lambda d: (load(d), by_domain[d][heads[d]].seq,
-                                          by_domain[d][heads[d]].index))
-            taken(by_domain[d][heads[d]], d)
-            heads[d] += 1
-            if heads[d] >= len(by_domain[d]):
-                del heads[d]
+        at = {d: 0 for d in by_domain}  # each domain's next machine
+        while at and not done():
+            d = min(at, key=lambda d: (load(d), by_domain[d][at[d]].seq,
+                                       by_domain[d][at[d]].index))
+            taken(by_domain[d][at[d]], d)
+            at[d] += 1
+            if at[d] >= len(by_domain[d]):
+                del at[d]
     new: list[Machine] = []
     # The cheapest machine by (price, load of its domains, not Idle, inventory index).
     # Within a domain the load is the same, so each domain's best is the first in (price,
