@@ -17,22 +17,22 @@ from decimal import Decimal
 from typing import Any
 
 from bigfleet_trio.podcontroller.translate import cr_name_for_pod
+from bigfleet_trio.podcontroller.zonepin import ZONE_LABEL
 from bigfleet_trio.quantity import Quantity, QuantityError
 
 OWNED_BY_POD = "bigfleet.lucy.sh/owned-by-pod"
-ZONE = "topology.kubernetes.io/zone"
+
+
+def _milli(q: Any) -> int:
+    return int(Decimal(q.value) * 1000)
 
 
 def _milli_cpu(q: Any) -> int:
     """A cpu quantity string in millicores; 0 for a missing or malformed one (a diagnostic)."""
     try:
-        return int(Quantity.parse(q).value * 1000) if q is not None else 0
+        return _milli(Quantity.parse(q)) if q is not None else 0
     except (QuantityError, TypeError, ValueError):
         return 0
-
-
-def _milli(q: Any) -> int:
-    return int(Decimal(q.value) * 1000)
 
 
 @dataclass
@@ -86,7 +86,7 @@ def node_view(node: dict[str, Any]) -> dict[str, Any]:
     (millicores), cordoned."""
     meta = node.get("metadata") or {}
     return {"metadata": {"name": meta.get("name")},
-            "zone": (meta.get("labels") or {}).get(ZONE) or "",
+            "zone": (meta.get("labels") or {}).get(ZONE_LABEL) or "",
             "cpu_m": _milli_cpu(((node.get("status") or {}).get("allocatable") or {}).get("cpu")),
             "cordoned": bool((node.get("spec") or {}).get("unschedulable"))}
 

@@ -32,7 +32,7 @@ from .plan import effective_grace
 from .resume import drain_annotations, utc_now
 
 __all__ = ["CachedGet", "NodeLookup", "ReclaimHandler", "Reply", "UpcomingLookup",
-           "resolve_cached"]
+           "pointing_at", "resolve_cached", "with_provider_id"]
 
 # The package's logger: log lines keep the logger name they had before the package was split.
 log = logging.getLogger(__package__)
@@ -69,6 +69,25 @@ class _Resolved:
     how: str
 
 
+def pointing_at(candidates: Iterable[Mapping[str, Any]], node: str) -> list[Mapping[str, Any]]:
+    """The UpcomingNodes of ``candidates`` whose ``status.nodeRef.name`` is ``node``, by name."""
+    return sorted((un for un in candidates
+                   if ((un.get("status") or {}).get("nodeRef") or {}).get("name") == node
+                   and _name(un) is not None), key=lambda un: _name(un) or "")
+
+
+def with_provider_id(nodes: Iterable[Mapping[str, Any]], provider_id: str) -> str | None:
+    """The name of the first of ``nodes`` whose ``spec.providerID`` is ``provider_id``, or
+    None (an index entry is re-checked, so a stale one is harmless)."""
+    for n in nodes:
+        spec = n.get("spec")
+        if isinstance(spec, Mapping) and spec.get("providerID") == provider_id:
+            name = _name(n)
+            if name is not None:
+                return name
+    return None
+
+
 def resolve_cached(
     entry: str,
     node_get: CachedGet,
@@ -88,9 +107,7 @@ def resolve_cached(
     un = upcoming_get(un_name) if un_name else None
     if node_get(entry) is not None:
         if un is None:
-            found = sorted((u for u in upcoming_lookup(entry)
-                            if ((u.get("status") or {}).get("nodeRef") or {}).get("name")
-                            == entry and _name(u) is not None), key=lambda u: _name(u) or "")
+            found = pointing_at(upcoming_lookup(entry), entry)
             un = found[0] if found else None
         return (entry, _name(un), "node name (cache)")
     if un is None:
@@ -101,11 +118,10 @@ def resolve_cached(
         return (ref, _name(un), "upcoming nodeRef (cache)")
     provider_id = status.get("providerID")
     if provider_id and isinstance(provider_id, str):
-        for n in sorted(node_lookup(provider_id), key=lambda n: _name(n) or ""):
-            spec = n.get("spec")
-            if (isinstance(spec, Mapping) and spec.get("providerID") == provider_id
-                    and _name(n) is not None):
-                return (_name(n) or "", _name(un), "upcoming providerID (cache)")
+        name = with_provider_id(sorted(node_lookup(provider_id), key=lambda n: _name(n) or ""),
+                                provider_id)
+        if name is not None:
+            return (name, _name(un), "upcoming providerID (cache)")
     return None
 
 
@@ -342,12 +358,12 @@ class ReclaimHandler:
         if r is not None and r.how == "error":
             return None
         outcome = await self._cordon(r.node) if r is not None and r.node else None
-        if outcome == "gone":
-            log.info("reclaim: cached node gone, resolving by reads entry=%s node=%s", entry,
-                     r.node if r is not None else None)
         if outcome is None or outcome == "gone":
             # the caches show no Node for the entry, or the one they show is gone: what the
             # apiserver says now decides, as without caches
+            if r is not None:
+                log.info("reclaim: cached node gone, resolving by reads entry=%s node=%s",
+                         entry, r.node)
             r = await self._resolve(entry)
             if r.node is None:
                 log.info(
@@ -430,14 +446,9 @@ class ReclaimHandler:
             return _Resolved(entry, ref, _name(un), "upcoming nodeRef")
         provider_id = status.get("providerID")
         if provider_id and isinstance(provider_id, str):
-            for n in await self._nodes_by_provider_id(provider_id):
-                spec = n.get("spec")
-                if (
-                    isinstance(spec, Mapping)
-                    and spec.get("providerID") == provider_id
-                    and _name(n) is not None
-                ):
-                    return _Resolved(entry, _name(n), _name(un), "upcoming providerID")
+            name = with_provider_id(await self._nodes_by_provider_id(provider_id), provider_id)
+            if name is not None:
+                return _Resolved(entry, name, _name(un), "upcoming providerID")
         return _Resolved(entry, None, _name(un), "upcoming without node")
 
     async def _nodes_by_provider_id(self, provider_id: str) -> list[Mapping[str, Any]]:
@@ -452,15 +463,7 @@ class ReclaimHandler:
         else:
             listing = await self._call(lambda: self._client.list(UPCOMING_NODES))
             candidates = list(listing.items)
-        found = sorted(
-            (
-                un
-                for un in candidates
-                if ((un.get("status") or {}).get("nodeRef") or {}).get("name") == node
-                and _name(un) is not None
-            ),
-            key=lambda un: _name(un) or "",
-        )
+        found = pointing_at(candidates, node)
         if len(found) > 1:
             log.warning(
                 "reclaim: several upcoming nodes point at node=%s names=%s, using the first",
