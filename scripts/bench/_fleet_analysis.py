@@ -302,6 +302,55 @@ def before_first_request(windows: list[Window],
     return out
 
 
+def saturated_spans(lines: list[list[Any]], workers: int,
+                    kinds: tuple[str, ...]) -> list[tuple[float, float]]:
+    """Sorted, disjoint ``(start, end)`` spans in which at least ``workers`` requests whose path
+    contains one of ``kinds`` were in flight (sent, not yet answered), from request-trace lines
+    (``[start, end, method, path, ...]``; docs/kube-api.md#request-trace).
+
+    With ``workers`` the binary's bound on the handlers making those requests, these are the
+    spans in which every one of them was waiting on the apiserver. A request ending at the
+    instant another starts is not in flight with it."""
+    edges: list[tuple[float, int]] = []
+    for line in lines:
+        if len(line) >= 4 and any(k in str(line[3]) for k in kinds):
+            edges.append((float(line[0]), 1))
+            edges.append((float(line[1]), -1))
+    edges.sort()  # at one instant the ends (-1) come first
+    out: list[tuple[float, float]] = []
+    busy = 0
+    since: float | None = None
+    for t, step in edges:
+        busy += step
+        if busy >= workers and since is None:
+            since = t
+        elif busy < workers and since is not None:
+            if out and out[-1][1] == since:
+                out[-1] = (out[-1][0], t)  # the same saturation, one request handed over
+            elif t > since:
+                out.append((since, t))
+            since = None
+    return out
+
+
+def queued_behind_server(windows: list[Window], index: dict[str, list[tuple[float, float]]],
+                         saturated: list[tuple[float, float]]) -> list[float]:
+    """Per window: the seconds of its wait before the first request on its objects
+    (:func:`before_first_request`) that fall in ``saturated`` (:func:`saturated_spans`): the
+    wait for a worker while every worker held a request the apiserver had not answered yet."""
+    ends = [s1 for _s0, s1 in saturated]
+    out = []
+    for (_names, start, _end), wait in zip(windows, before_first_request(windows, index),
+                                           strict=True):
+        covered = 0.0
+        i = bisect.bisect_right(ends, start)  # the first span still open after start
+        while i < len(saturated) and saturated[i][0] < start + wait:
+            covered += min(saturated[i][1], start + wait) - max(saturated[i][0], start)
+            i += 1
+        out.append(covered)
+    return out
+
+
 def agent_own(windows: list[Window], index: dict[str, list[tuple[float, float]]], *,
               watched_end: bool = False) -> list[float]:
     """Per window: its length minus the time the apiserver requests on its objects covered

@@ -23,8 +23,10 @@ from scripts.bench._fleet_analysis import (
     nsu_latencies,
     pct,
     pod_cr_latencies,
+    queued_behind_server,
     reclaim_latencies,
     rollup_latencies,
+    saturated_spans,
     trace_index,
 )
 from scripts.bench._fleet_observe import Observed
@@ -34,49 +36,56 @@ BOOTSTRAP_DEADLINE = 10.0
 AGENT_OWN_P99 = 0.1  # seconds: the agent's own share of a matched latency, p99
 
 
-def load_traces(fleet: Fleet) -> dict[str, list[tuple[float, float]]]:
-    """The traced binaries' apiserver requests, merged (:func:`trace_index`); {} without."""
+def load_traces(fleet: Fleet) -> dict[str, list[list[Any]]]:
+    """The traced binaries' request-trace lines (docs/kube-api.md#request-trace), per binary
+    name in :data:`TRACED`; a binary without a trace is left out."""
     import orjson
 
-    lines: list[list[Any]] = []
+    out: dict[str, list[list[Any]]] = {}
     for name in TRACED:
         try:
             raw = fleet.trace_path(name).read_bytes()
         except OSError:
             continue
+        lines: list[list[Any]] = []
         for line in raw.splitlines():
             try:
                 lines.append(orjson.loads(line))
             except orjson.JSONDecodeError:
                 continue  # a line cut short by the process's end
-    return trace_index(lines)
+        out[name] = lines
+    return out
+
+
+def worker_bounds() -> dict[str, tuple[int, tuple[str, ...]]]:
+    """Per traced binary: how many handlers may be waiting on the apiserver at once, and the
+    paths their requests name (the bench runs both binaries at their defaults). The pod
+    controller's reconcile workers write CapacityRequests; the operator's dispatch slots
+    (shard instructions) write UpcomingNodes, AvailableCapacities and Node cordons. The
+    operator's drains hold no slot, so its Pod requests are left out."""
+    from bigfleet_trio.config import PodControllerConfig
+    from bigfleet_trio.operator.session.types import SessionConfig
+
+    return {
+        "pod-controller": (PodControllerConfig().workers, ("/capacityrequests",)),
+        "operator": (SessionConfig().dispatch_concurrency,
+                     ("/upcomingnodes", "/availablecapacities", "/nodes/")),
+    }
 
 
 WRITE_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 
 
-def count_writes(fleet: Fleet, name: str) -> int:
-    """Apiserver writes (POST, PUT, PATCH, DELETE) in binary ``name``'s request trace; 0
-    without one."""
-    import orjson
-
-    try:
-        raw = fleet.trace_path(name).read_bytes()
-    except OSError:
-        return 0
-    writes = 0
-    for line in raw.splitlines():
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        writes += isinstance(row, list) and len(row) > 2 and row[2] in WRITE_METHODS
-    return writes
+def count_writes(lines: list[list[Any]]) -> int:
+    """Apiserver writes (POST, PUT, PATCH, DELETE) among request-trace lines."""
+    return sum(1 for row in lines
+               if isinstance(row, list) and len(row) > 2 and row[2] in WRITE_METHODS)
 
 
 def _own_rows(ph: str, name: str, windows: list[Window],
               index: dict[str, list[tuple[float, float]]], *,
-              watched_end: bool = False) -> list[dict[str, Any]]:
+              watched_end: bool = False,
+              saturated: list[tuple[float, float]] | None = None) -> list[dict[str, Any]]:
     """Agent-own rows of one matched latency: end-to-end minus the apiserver requests on its
     objects as the client saw them, up to the last answer when the bench's watch ends the
     latency (``watched_end``: :func:`agent_own`; docs/kube-api.md#request-trace); target p99
@@ -88,12 +97,21 @@ def _own_rows(ph: str, name: str, windows: list[Window],
     # where agent-own goes: before the first request on the objects (a worker, a slot, the
     # work queue) or after it (building, retries' backoff, the next request of a sequence)
     before = [min(b, o) for b, o in zip(before_first_request(windows, index), own, strict=True)]
-    return _rows(f"{ph}: {name}: agent-own", own, baseline=pct(e2e, 0.99),
+    rows = _rows(f"{ph}: {name}: agent-own", own, baseline=pct(e2e, 0.99),
                  label="end-to-end p99 (same samples)",
                  target=f"p99 <= {AGENT_OWN_P99 * 1000:g} ms",
                  met=pct(own, 0.99) <= AGENT_OWN_P99) + _rows(
         f"{ph}: {name}: agent-own before its first request", before, baseline=pct(own, 0.99),
         label="agent-own p99 (same samples)")
+    if saturated is not None:
+        # of that wait, the part in which every worker held an unanswered request: taken out,
+        # what is left is the agent's work and its own scheduling (docs/kube-api.md#request-trace)
+        queued = queued_behind_server(windows, index, saturated)
+        rest = [max(0.0, o - min(q, b)) for o, q, b in zip(own, queued, before, strict=True)]
+        rows += _rows(f"{ph}: {name}: agent-own less the wait while every worker was at the "
+                      "server", rest, baseline=pct(own, 0.99),
+                      label="agent-own p99 (same samples)")
+    return rows
 
 
 def _rows(name: str, samples: list[float], unit: str = "s", *, baseline: float | None = None,
@@ -173,8 +191,13 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
     rec = reclaim_latencies(stats.get("reclaim") or [], obs.phase_of,
                             stats.get("machine_of_node") or {})
     pod_cr = pod_cr_latencies(obs.pod_added, obs.cr_added, obs.pod_deleted, cr_name_for_pod)
-    index = load_traces(fleet)
+    traces = load_traces(fleet)
+    index = trace_index([line for lines in traces.values() for line in lines])
     result["extra"]["traced_requests"] = sum(len(v) for v in index.values())
+    full = {name: saturated_spans(traces.get(name, []), workers, kinds)
+            for name, (workers, kinds) in worker_bounds().items()}
+    result["extra"]["all_workers_at_server_s"] = {
+        name: round(sum(b - a for a, b in spans), 3) for name, spans in full.items()}
     for ph in phases:
         pc = pod_cr.get(ph)
         if pc and pc["latency"]:
@@ -183,7 +206,7 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                              target="p99 <= 2 s" if ph == "churn" else "",
                              met=(pct(pc["latency"], 0.99) <= 2.0) if ph == "churn" else None)
             figures += _own_rows(ph, "Pod created -> CR exists", pc["windows"], index,
-                                 watched_end=True)
+                                 watched_end=True, saturated=full["pod-controller"])
             figures.append(C.figure(
                 f"{ph}: Pods with no CR timed (deleted first / never seen with one)", "pods",
                 pc["deleted_first"] + pc["missing"], baseline=len(pc["latency"]),
@@ -210,7 +233,8 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                                  apart_name="superseded update -> the write replacing it",
                                  own=own_nsu.get(ph))
         figures += _own_rows(ph, "NodeStateUpdate -> UpcomingNode written",
-                             nsu.windows.get(ph) or [], index, watched_end=True)
+                             nsu.windows.get(ph) or [], index, watched_end=True,
+                             saturated=full["operator"])
         if boot.get(ph):
             late = sum(1 for x in boot[ph] if x > BOOTSTRAP_DEADLINE)
             rows = _rows(f"{ph}: BootstrapRequest -> response", boot[ph],
@@ -222,7 +246,8 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                                  apart="acked only after the shard re-sent it",
                                  apart_name="acked after a re-send (from the first send)",
                                  apart_in_latency=True)
-        figures += _own_rows(ph, "reclaim instruction -> ack", rec.windows.get(ph) or [], index)
+        figures += _own_rows(ph, "reclaim instruction -> ack", rec.windows.get(ph) or [], index,
+                             saturated=full["operator"])
     for c in result["extra"].get("counts") or []:
         ph = c["end_of"]
         figures.append(C.figure(f"end of {ph}: UpcomingNodes", "objects", c["upcoming"],
@@ -284,7 +309,7 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 "operator: CPU per downlink frame", "ms", cpu / frames_down * 1000,
                 baseline=frames_down, baseline_label="frames the shard sent (NodeStateUpdates, "
                 "BootstrapRequests, ReclaimInstruction sends)"))
-        writes = count_writes(fleet, name) if name in TRACED else 0
+        writes = count_writes(traces.get(name, []))
         if writes:
             figures.append(C.figure(
                 f"{name}: CPU per apiserver write", "ms", cpu / writes * 1000,

@@ -395,3 +395,39 @@ def test_pending_report_says_where_the_cluster_has_room_for_the_pod_per_zone() -
                               "": {"nodes": 1, "free_cpu": 2.0, "fit": 1}}
     # without nodes, no room figures (the report stays what it was)
     assert "room" not in pending_why(pods, CRs())[0]
+
+
+def test_saturated_spans_are_where_every_worker_waited_on_the_apiserver() -> None:
+    """Spans with at least ``workers`` of the named requests in flight; other requests (another
+    resource, or a watch, which the trace does not record) do not count."""
+    from scripts.bench._fleet_analysis import saturated_spans
+
+    lines = [[0.0, 4.0, "POST", "/apis/g/v1/upcomingnodes", "un-a", 201],
+             [1.0, 3.0, "PATCH", "/apis/g/v1/upcomingnodes/un-b", "un-b", 200],
+             [2.0, 5.0, "PATCH", "/apis/g/v1/upcomingnodes/un-c", "un-c", 200],
+             [2.5, 6.0, "PATCH", "/api/v1/pods/p", "p", 200],
+             [3.0, 3.5, "PATCH", "/api/v1/nodes/n", "n", 200]]
+    kinds = ("/upcomingnodes", "/nodes/")
+    assert saturated_spans(lines, 2, kinds) == [(1.0, 4.0)]
+    assert saturated_spans(lines, 3, kinds) == [(2.0, 3.5)]  # b ends at 3.0, the Node's starts
+    assert saturated_spans(lines, 4, kinds) == []
+    # one request ending as another starts: never both in flight
+    assert saturated_spans([[0.0, 1.0, "PUT", "/x", "a", 200], [1.0, 2.0, "PUT", "/x", "b", 200]],
+                           2, ("/x",)) == []
+
+
+def test_queued_behind_the_server_is_the_wait_for_a_worker_while_all_were_at_the_server() -> None:
+    """The part of the wait before the first request (a worker, a slot) during which every
+    worker held a request the apiserver had not answered: the server's throughput, not the
+    agent's work."""
+    from scripts.bench._fleet_analysis import queued_behind_server, trace_index
+
+    index = trace_index([[10.5, 10.8, "POST", "/apis/g/v1/upcomingnodes", "un-m", 201]])
+    full = [(9.0, 10.1), (10.3, 10.4), (10.45, 12.0)]
+    window = (("un-m",), 10.0, 11.0)
+    # waited 10.0-10.5 for a worker; every worker at the server for 0.1 + 0.1 + 0.05 of it
+    assert queued_behind_server([window], index, full) == [pytest.approx(0.25)]
+    assert queued_behind_server([window], index, []) == [0.0]
+    # no request inside the window: the whole window was the wait
+    assert queued_behind_server([(("nobody",), 10.0, 11.0)], index, full) == [
+        pytest.approx(0.1 + 0.1 + 0.55)]
