@@ -337,16 +337,32 @@ def queued_behind_server(windows: list[Window], index: dict[str, list[tuple[floa
                          saturated: list[tuple[float, float]]) -> list[float]:
     """Per window: the seconds of its wait before the first request on its objects
     (:func:`before_first_request`) that fall in ``saturated`` (:func:`saturated_spans`): the
-    wait for a worker while every worker held a request the apiserver had not answered yet."""
+    wait for a worker while every worker held a request the apiserver had not answered yet.
+    Seconds in which a request on the window's own objects was in flight are left out: those
+    are already the server's share (:func:`agent_own`)."""
     ends = [s1 for _s0, s1 in saturated]
-    out = []
-    for (_names, start, _end), wait in zip(windows, before_first_request(windows, index),
-                                           strict=True):
+
+    def overlap(lo: float, hi: float) -> float:
         covered = 0.0
-        i = bisect.bisect_right(ends, start)  # the first span still open after start
-        while i < len(saturated) and saturated[i][0] < start + wait:
-            covered += min(saturated[i][1], start + wait) - max(saturated[i][0], start)
+        i = bisect.bisect_right(ends, lo)  # the first span still open after lo
+        while i < len(saturated) and saturated[i][0] < hi:
+            covered += min(saturated[i][1], hi) - max(saturated[i][0], lo)
             i += 1
+        return covered
+
+    out = []
+    for (names, start, _end), wait in zip(windows, before_first_request(windows, index),
+                                          strict=True):
+        covered = 0.0
+        reach = start  # the gaps between the objects' own requests, inside the wait
+        for s0, s1 in sorted(sp for n in names for sp in index.get(n, ())):
+            if s0 >= start + wait:
+                break
+            if s0 > reach:
+                covered += overlap(reach, s0)
+            reach = max(reach, min(s1, start + wait))
+        if reach < start + wait:
+            covered += overlap(reach, start + wait)
         out.append(covered)
     return out
 

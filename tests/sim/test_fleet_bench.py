@@ -431,3 +431,18 @@ def test_queued_behind_the_server_is_the_wait_for_a_worker_while_all_were_at_the
     # no request inside the window: the whole window was the wait
     assert queued_behind_server([(("nobody",), 10.0, 11.0)], index, full) == [
         pytest.approx(0.1 + 0.1 + 0.55)]
+
+
+def test_queued_behind_the_server_leaves_out_the_objects_own_requests() -> None:
+    """A machine's earlier write still in flight when its next frame arrives is already the
+    server's share of that latency (agent-own leaves it out); the saturated spans must not take
+    the same seconds out a second time."""
+    from scripts.bench._fleet_analysis import agent_own, queued_behind_server, trace_index
+
+    index = trace_index([[9.5, 10.4, "POST", "/apis/g/v1/upcomingnodes", "un-m", 201],
+                         [10.6, 10.8, "PATCH", "/apis/g/v1/upcomingnodes/un-m", "un-m", 200]])
+    window = (("un-m",), 10.0, 11.0)
+    full = [(9.0, 12.0)]
+    # waited 10.0-10.6 for the next request; 10.0-10.4 was its own POST, already left out
+    assert queued_behind_server([window], index, full) == [pytest.approx(0.2)]
+    assert agent_own([window], index) == [pytest.approx(0.4)]
