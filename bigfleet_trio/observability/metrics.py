@@ -223,6 +223,21 @@ NODE_STATE_UPDATE_DURATION = Histogram(
     ["phase"],
     buckets=exponential_buckets(0.001, 2, 17),
 )
+NODE_STATE_QUEUE = Histogram(
+    "bigfleet_operator_node_state_queue_seconds",
+    "Seconds a machine with a NodeStateUpdate waited for a node-state worker: from the frame "
+    "that made it ready (read off the stream) to a worker claiming it (client-go's "
+    "workqueue_queue_duration_seconds).",
+    buckets=exponential_buckets(0.001, 2, 17),
+)
+NODE_STATE_WORKER_WAIT = Histogram(
+    "bigfleet_operator_node_state_worker_wait_seconds",
+    "Seconds a node-state worker with a ready machine waited before claiming it, by what it "
+    "waited for: read_ahead (the receive pump reading ahead first) or slot (a dispatch slot "
+    "held by other handlers).",
+    ["waited_for"],
+    buckets=exponential_buckets(0.001, 2, 17),
+)
 UPCOMING_NODE_WRITES = Counter(
     "bigfleet_operator_upcoming_node_writes",
     "UpcomingNode apiserver writes by op and outcome.",

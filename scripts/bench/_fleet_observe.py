@@ -293,9 +293,10 @@ def read_metrics(port: int) -> dict[str, float]:
     return out
 
 
-def read_histogram(port: int, name: str) -> dict[str, float]:
+def read_histogram(port: int, name: str, having: str = "") -> dict[str, float]:
     """Cumulative bucket counts ``{le: count}`` of histogram ``name`` on ``port``'s ``/metrics``,
-    summed over its other labels ({} when down or absent)."""
+    summed over its other labels ({} when down or absent); ``having``: only the series whose
+    line contains it (e.g. ``'waited_for="slot"'``)."""
     import re
     import urllib.request
 
@@ -307,7 +308,7 @@ def read_histogram(port: int, name: str) -> dict[str, float]:
         return {}
     le = re.compile(r'le="([^"]+)"')
     for line in text.splitlines():
-        if not line.startswith(name + "_bucket{"):
+        if not line.startswith(name + "_bucket{") or having not in line:
             continue
         m = le.search(line)
         if m:

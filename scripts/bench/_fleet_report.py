@@ -152,14 +152,32 @@ def _matched_rows(ph: str, name: str, m: Matched, cycle: float, *, apart: str, a
     return rows
 
 
-def _own_nsu_p99(counts: list[dict[str, Any]]) -> dict[str, float]:
-    """Per phase: an upper bound of the p99 of the operator's own NodeStateUpdate handling time
-    (``..._node_state_update_duration_seconds``, all phase labels), from the histogram buckets'
-    growth between the previous phase end and this one. {} without the buckets."""
+NSU_WAIT_HISTOGRAMS = (
+    ("nsu_queue_buckets", "bigfleet_operator_node_state_queue_seconds", ""),
+    ("nsu_gate_buckets", "bigfleet_operator_node_state_worker_wait_seconds",
+     'waited_for="read_ahead"'),
+    ("nsu_slot_buckets", "bigfleet_operator_node_state_worker_wait_seconds",
+     'waited_for="slot"'),
+)
+"""The operator's node-state wait histograms the bench reads at each phase end: (key in the
+phase-end counts, metric, series filter)."""
+NSU_WAIT_ROWS = {
+    "nsu_queue_buckets": "a machine ready -> a worker claims it",
+    "nsu_gate_buckets": "the claiming worker's wait at the read-ahead gate",
+    "nsu_slot_buckets": "the claiming worker's wait for a slot other handlers held",
+}
+
+
+def _own_nsu_p99(counts: list[dict[str, Any]],
+                 key: str = "nsu_duration_buckets") -> dict[str, float]:
+    """Per phase: an upper bound of the p99 of an operator histogram read at each phase end
+    (``key``; by default its own NodeStateUpdate handling time,
+    ``..._node_state_update_duration_seconds``, all phase labels), from the buckets' growth
+    between the previous phase end and this one. {} without the buckets."""
     out: dict[str, float] = {}
     prev: dict[str, float] = {}
     for c in counts:
-        cur = c.get("nsu_duration_buckets") or {}
+        cur = c.get(key) or {}
         if not cur:
             continue
         delta = sorted((float(le), n - prev.get(le, 0.0)) for le, n in cur.items())
@@ -180,6 +198,8 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
     roll = rollup_latencies(obs.states, stats.get("rollups") or [])
     nsu = nsu_latencies(stats.get("nsu") or [], obs.un_events, obs.phase_of)
     own_nsu = _own_nsu_p99(result["extra"].get("counts") or [])
+    nsu_waits = {key: _own_nsu_p99(result["extra"].get("counts") or [], key)
+                 for key in NSU_WAIT_ROWS}
     boot: dict[str, list[float]] = defaultdict(list)
     unanswered = 0
     for _rid, sent, answered, _err in stats.get("bootstrap") or []:
@@ -235,6 +255,13 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
         figures += _own_rows(ph, "NodeStateUpdate -> UpcomingNode written",
                              nsu.windows.get(ph) or [], index, watched_end=True,
                              saturated=full["operator"])
+        for key, what in NSU_WAIT_ROWS.items():
+            bound = nsu_waits[key].get(ph)
+            if bound is not None:
+                figures.append(C.figure(
+                    f"{ph}: NodeStateUpdate: {what} (p99, bucket bound)", "s", bound,
+                    baseline=own_nsu.get(ph), baseline_label="the operator's own handling p99 "
+                    "(histogram bucket bound, same phase)"))
         if boot.get(ph):
             late = sum(1 for x in boot[ph] if x > BOOTSTRAP_DEADLINE)
             rows = _rows(f"{ph}: BootstrapRequest -> response", boot[ph],

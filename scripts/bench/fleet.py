@@ -46,7 +46,7 @@ from scripts.bench._fleet_observe import (
     wire,
 )
 from scripts.bench._fleet_procs import Fleet
-from scripts.bench._fleet_report import report
+from scripts.bench._fleet_report import NSU_WAIT_HISTOGRAMS, report
 from scripts.bench._fleet_workload import Workload, fleet_catalog, fleet_workloads
 
 # The helpers live in the private _fleet_* modules; these names stay importable from here.
@@ -241,6 +241,10 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
             s["nsu_duration_buckets"] = await trio.to_thread.run_sync(
                 read_histogram, fleet.metrics_port,
                 "bigfleet_operator_node_state_update_duration_seconds")
+            # where a machine's wait for a node-state worker goes (docs/wire.md#the-session)
+            for key, name, having in NSU_WAIT_HISTOGRAMS:
+                s[key] = await trio.to_thread.run_sync(read_histogram, fleet.metrics_port, name,
+                                                       having)
             s["client"] = {}
             for who, port in (("operator", fleet.metrics_port),
                               ("pod-controller", fleet.pc_metrics_port)):

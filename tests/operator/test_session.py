@@ -750,3 +750,56 @@ async def test_drops_not_yet_summarised_are_logged_when_the_session_ends(
     assert len(msgs) == 2
     assert "4 more" in msgs[1]
     assert session.stats.outbox_dropped == 5
+
+
+def _histogram(name: str, **labels: str) -> tuple[float, float]:
+    """(count, sum) of a histogram in the default registry (0, 0 before its first sample)."""
+    get = REGISTRY.get_sample_value
+    return (get(f"{name}_count", labels) or 0.0, get(f"{name}_sum", labels) or 0.0)
+
+
+async def test_node_state_queue_time_is_measured_from_ready_to_claimed(
+    autojump_clock: Any,
+) -> None:
+    """One worker: machine a is claimed at once, b waits the 1 s of a's handling for it; the
+    wait shows in the queue histogram, and as neither the read-ahead gate's nor a slot's."""
+    queue = "bigfleet_operator_node_state_queue_seconds"
+    wait = "bigfleet_operator_node_state_worker_wait_seconds"
+    before = (_histogram(queue), _histogram(wait, waited_for="slot"),
+              _histogram(wait, waited_for="read_ahead"))
+    async with trio.open_nursery() as n:
+        _, shard, _, h = await start_session(n, dispatch_concurrency=1)
+        h.node_delay = 1.0
+        for m in ("a", "b"):
+            await shard.send(pb.ShardMessage(node_state_update=pb.NodeStateUpdate(machine_id=m)))
+        await trio.sleep(5)
+        assert [(m, t) for t, m, _ in h.node_calls] == [("a", 0.0), ("b", 1.0)]
+        n.cancel_scope.cancel()
+    count, total = (a - b for a, b in zip(_histogram(queue), before[0], strict=True))
+    assert (count, total) == (2, pytest.approx(1.0))
+    assert _histogram(wait, waited_for="slot") == (before[1][0] + 2, pytest.approx(before[1][1]))
+    assert _histogram(wait, waited_for="read_ahead")[0] == before[2][0] + 2
+
+
+async def test_node_state_wait_for_a_slot_held_by_another_handler(autojump_clock: Any) -> None:
+    """The one slot is held by a reclaim for 2 s: the machine's worker waits for it, and that
+    wait is counted as ``slot``."""
+    wait = "bigfleet_operator_node_state_worker_wait_seconds"
+    before = _histogram(wait, waited_for="slot")
+    async with trio.open_nursery() as n:
+        _, shard, _, h = await start_session(n, dispatch_concurrency=1)
+        h.block_bounded = True
+        await shard.send(pb.ShardMessage(reclaim_instruction=pb.ReclaimInstruction(
+            instruction_id="r1", nodes=["n1"])))
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.bounded_started == 1
+        h.block_bounded = False
+        await shard.send(pb.ShardMessage(node_state_update=pb.NodeStateUpdate(machine_id="a")))
+        await trio.sleep(2)
+        h.block.set()
+        await trio.sleep(1)
+        assert [m for _t, m, _ in h.node_calls] == ["a"]
+        n.cancel_scope.cancel()
+    count, total = (a - b for a, b in zip(_histogram(wait, waited_for="slot"), before,
+                                           strict=True))
+    assert (count, total) == (1, pytest.approx(2.0))

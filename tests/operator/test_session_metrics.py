@@ -31,6 +31,8 @@ def _names() -> set[str]:
         "bigfleet_operator_coalesced_frames",
         "bigfleet_operator_handler_errors",
         "bigfleet_operator_rollup_errors",
+        "bigfleet_operator_node_state_queue_seconds",
+        "bigfleet_operator_node_state_worker_wait_seconds",
         # drains (reclaim.py); counters without the _total suffix, as above
         "bigfleet_operator_drains",
         "bigfleet_operator_drains_active",

@@ -88,6 +88,10 @@ class WorkerPool:
         self._claim_turn = trio.Lock()  # one worker at a time waits at the read-ahead gate
         self._quiet_at = -1  # frames_read when the pump was last seen waiting (see the gate)
         self._room: trio.Event | None = None  # set when node-state pending drops below the cap
+        # when each machine waiting on the ready queue became ready (for its queue time)
+        self._ready_at: dict[str, float] = {}
+        self._gate_wait = metrics.NODE_STATE_WORKER_WAIT.labels("read_ahead")
+        self._slot_wait = metrics.NODE_STATE_WORKER_WAIT.labels("slot")
 
     def start(self, nursery: trio.Nursery) -> None:
         """Start the node-state workers (``dispatch_concurrency`` of them) in ``nursery``."""
@@ -138,8 +142,10 @@ class WorkerPool:
         """Offer ``value`` under its key; count a superseded frame. True: the key became ready."""
         assert route.key is not None
         before = coalescer.coalesced
-        if coalescer.offer(getattr(value, route.key), value):
+        key = getattr(value, route.key)
+        if coalescer.offer(key, value):
             if coalescer is self.node_states:
+                self._ready_at[key] = trio.current_time()
                 self._ready_keys.release()
             return True
         if coalescer.coalesced != before:
@@ -269,11 +275,19 @@ class WorkerPool:
         handler = self._handler(route)
         while True:
             await self._ready_keys.acquire()
+            # where a ready machine's wait goes (docs/wire.md#the-session): a free worker (this
+            # acquire), the read-ahead gate, a slot held by other handlers
+            t0 = trio.current_time()
             await self._read_ahead_gate()
+            t1 = trio.current_time()
             async with self._slots:
+                t2 = trio.current_time()
                 machine_id = self.node_states.claim()
                 if machine_id is None:  # pragma: no cover - one token per ready key
                     continue
+                self._gate_wait.observe(t1 - t0)
+                self._slot_wait.observe(t2 - t1)
+                metrics.NODE_STATE_QUEUE.observe(t2 - self._ready_at.pop(machine_id, t2))
                 clean = False
                 metrics.DISPATCH_INFLIGHT.inc()
                 try:
