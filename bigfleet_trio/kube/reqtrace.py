@@ -6,6 +6,11 @@ clock seconds (``time.time()``, so lines of several processes on one host line u
 object the request is about (the last path segment of an item path, ``metadata.name`` of a
 create's body; "" otherwise) and ``status`` the HTTP status (0: no answer). The fleet bench uses it
 to split an end-to-end latency into the apiserver's share and the agent's own.
+
+``BIGFLEET_SHARD_FRAME_TRACE=PATH`` likewise makes the operator's shard session append one line
+per NodeStateUpdate and ReclaimInstruction its receive pump hands on: ``[read, kind, key]``
+(wall seconds; ``key`` the machine ID or instruction ID), so the bench can tell the time before
+the operator had a frame from the time after.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from typing import IO, Any
 
 import orjson
 
-__all__ = ["ENV", "RequestTrace", "object_name", "trace"]
+__all__ = ["ENV", "FRAME_ENV", "FrameTrace", "RequestTrace", "frames", "object_name", "trace"]
 
 ENV = "BIGFLEET_KUBE_REQUEST_TRACE"
+FRAME_ENV = "BIGFLEET_SHARD_FRAME_TRACE"
 
 _COLLECTIONS_BEFORE_NAME = 2  # ".../<resource>/<name>"; subresources are one segment more
 
@@ -47,6 +53,14 @@ class RequestTrace:
             self._file.close()
 
 
+class FrameTrace(RequestTrace):
+    """Appends shard-frame lines to a file, as :class:`RequestTrace` does requests."""
+
+    def read(self, kind: str, key: str) -> None:
+        """One frame of ``kind`` (``key``: its machine or instruction ID) read just now."""
+        self._file.write(orjson.dumps([round(time.time(), 6), kind, key]) + b"\n")
+
+
 def object_name(method: str, path: str, body: Any) -> str:
     """The object a request is about: a create's ``metadata.name``, else the name segment of an
     item path (``/api/v1/nodes/n1`` and ``.../pods/p/eviction`` give ``n1`` and ``p``); "" for a
@@ -71,3 +85,6 @@ def _from_env() -> RequestTrace | None:
 
 trace: RequestTrace | None = _from_env()
 """The process's trace, or None (the default: nothing recorded)."""
+
+frames: FrameTrace | None = FrameTrace(os.environ[FRAME_ENV]) if os.environ.get(FRAME_ENV) else None
+"""The process's shard-frame trace, or None (the default)."""

@@ -367,6 +367,38 @@ def queued_behind_server(windows: list[Window], index: dict[str, list[tuple[floa
     return out
 
 
+def frame_reads(lines: list[list[Any]]) -> dict[str, list[float]]:
+    """NodeStateUpdate lines of the operator's frame trace (``[read, kind, key]``;
+    docs/kube-api.md#request-trace) as machine ID -> the times its frames were read, sorted."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for line in lines:
+        if len(line) >= 3 and line[1] == "node_state_update":
+            out[str(line[2])].append(float(line[0]))
+    for times in out.values():
+        times.sort()
+    return dict(out)
+
+
+def before_read(windows: list[Window], reads: dict[str, list[float]],
+                index: dict[str, list[tuple[float, float]]]) -> list[float]:
+    """Per NodeStateUpdate window (its object ``un-<machine>``): seconds from its start to the
+    operator's first read of a frame for that machine inside it (:func:`frame_reads`), less the
+    time requests on its objects were in flight then (already the server's share). That is the
+    shard's send path and the connection, up to the operator's receive pump. 0 when no read is
+    traced inside the window (one traced just before the shard's send timestamp included)."""
+    out = []
+    for names, start, end in windows:
+        machine = names[0][len("un-"):] if names and names[0].startswith("un-") else ""
+        times = reads.get(machine, [])
+        i = bisect.bisect_left(times, start)
+        if i == len(times) or times[i] > end:
+            out.append(0.0)
+            continue
+        spans = sorted(sp for n in names for sp in index.get(n, ()))
+        out.append((times[i] - start) - server_wait(spans, start, times[i]))
+    return out
+
+
 def agent_own(windows: list[Window], index: dict[str, list[tuple[float, float]]], *,
               watched_end: bool = False) -> list[float]:
     """Per window: its length minus the time the apiserver requests on its objects covered

@@ -80,6 +80,8 @@ class Fleet:
             # every apiserver request as the binary saw it: the agent-own latency split
             # (docs/kube-api.md#request-trace)
             env[reqtrace.ENV] = str(self.trace_path(name))
+        if name == "operator":  # and the shard frames it read: the split at the operator
+            env[reqtrace.FRAME_ENV] = str(self.frame_trace_path())
         self.procs[name] = Proc(name, subprocess.Popen([sys.executable, *args], stdout=out,
                                                        stderr=subprocess.STDOUT, env=env,
                                                        cwd=C.ROOT))
@@ -151,6 +153,10 @@ class Fleet:
     def trace_path(self, name: str) -> Path:
         """Where process ``name`` (one of :data:`TRACED`) writes its request trace."""
         return self.tmp / f"{name}.requests.jsonl"
+
+    def frame_trace_path(self) -> Path:
+        """Where the operator writes its shard-frame trace (docs/kube-api.md#request-trace)."""
+        return self.tmp / "operator.frames.jsonl"
 
     def log(self, name: str, tail: int = 3000) -> str:
         if self.cp is not None and name in self.cp.procs:

@@ -19,7 +19,9 @@ from scripts.bench._fleet_analysis import (
     Window,
     agent_own,
     before_first_request,
+    before_read,
     cr_readds,
+    frame_reads,
     nsu_latencies,
     pct,
     pod_cr_latencies,
@@ -57,6 +59,23 @@ def load_traces(fleet: Fleet) -> dict[str, list[list[Any]]]:
     return out
 
 
+def load_frame_reads(fleet: Fleet) -> dict[str, list[float]]:
+    """The operator's shard-frame trace as :func:`frame_reads`; {} without one."""
+    import orjson
+
+    try:
+        raw = fleet.frame_trace_path().read_bytes()
+    except OSError:
+        return {}
+    lines = []
+    for line in raw.splitlines():
+        try:
+            lines.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue  # a line cut short by the process's end
+    return frame_reads(lines)
+
+
 def worker_bounds() -> dict[str, tuple[int, tuple[str, ...]]]:
     """Per traced binary: how many handlers may be waiting on the apiserver at once, and the
     paths their requests name (the bench runs both binaries at their defaults). The pod
@@ -85,7 +104,8 @@ def count_writes(lines: list[list[Any]]) -> int:
 def _own_rows(ph: str, name: str, windows: list[Window],
               index: dict[str, list[tuple[float, float]]], *,
               watched_end: bool = False,
-              saturated: list[tuple[float, float]] | None = None) -> list[dict[str, Any]]:
+              saturated: list[tuple[float, float]] | None = None,
+              reads: dict[str, list[float]] | None = None) -> list[dict[str, Any]]:
     """Agent-own rows of one matched latency: end-to-end minus the apiserver requests on its
     objects as the client saw them, up to the last answer when the bench's watch ends the
     latency (``watched_end``: :func:`agent_own`; docs/kube-api.md#request-trace); target p99
@@ -111,6 +131,12 @@ def _own_rows(ph: str, name: str, windows: list[Window],
         rows += _rows(f"{ph}: {name}: agent-own less the wait while every worker was at the "
                       "server", rest, baseline=pct(own, 0.99),
                       label="agent-own p99 (same samples)")
+    if reads:
+        # NodeStateUpdates: from the moment the operator's receive pump had the frame on
+        got = before_read(windows, reads, index)
+        rows += _rows(f"{ph}: {name}: agent-own after the operator read the frame",
+                      [max(0.0, o - g) for o, g in zip(own, got, strict=True)],
+                      baseline=pct(own, 0.99), label="agent-own p99 (same samples)")
     return rows
 
 
@@ -214,6 +240,7 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
     traces = load_traces(fleet)
     index = trace_index([line for lines in traces.values() for line in lines])
     result["extra"]["traced_requests"] = sum(len(v) for v in index.values())
+    reads = load_frame_reads(fleet)
     full = {name: saturated_spans(traces.get(name, []), workers, kinds)
             for name, (workers, kinds) in worker_bounds().items()}
     result["extra"]["all_workers_at_server_s"] = {
@@ -254,7 +281,7 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                                  own=own_nsu.get(ph))
         figures += _own_rows(ph, "NodeStateUpdate -> UpcomingNode written",
                              nsu.windows.get(ph) or [], index, watched_end=True,
-                             saturated=full["operator"])
+                             saturated=full["operator"], reads=reads)
         for key, what in NSU_WAIT_ROWS.items():
             bound = nsu_waits[key].get(ph)
             if bound is not None:

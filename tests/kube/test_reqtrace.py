@@ -51,3 +51,4 @@ async def test_the_client_traces_each_request_with_its_status(
     assert [(x[2], x[3], x[4], x[5]) for x in lines] == [
         ("GET", "/api/v1/nodes/n1", "n1", 200), ("GET", "/api/v1/nodes/missing", "missing", 404)]
     assert all(x[0] <= x[1] for x in lines)
+

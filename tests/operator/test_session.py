@@ -803,3 +803,32 @@ async def test_node_state_wait_for_a_slot_held_by_another_handler(autojump_clock
     count, total = (a - b for a, b in zip(_histogram(wait, waited_for="slot"), before,
                                            strict=True))
     assert (count, total) == (1, pytest.approx(2.0))
+
+
+async def test_the_session_traces_the_frames_its_pump_reads(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch, autojump_clock: Any) -> None:
+    """With the frame trace on, each NodeStateUpdate and ReclaimInstruction the operator's
+    receive pump hands on is one line ``[read, kind, key]``: the bench's split of a latency at
+    the moment the operator had the frame (docs/kube-api.md#request-trace)."""
+    from pathlib import Path
+
+    import orjson
+
+    from bigfleet_trio.kube import reqtrace
+
+    out = Path(str(tmp_path)) / "frames.jsonl"
+    trace = reqtrace.FrameTrace(str(out))
+    monkeypatch.setattr(reqtrace, "frames", trace)
+    async with trio.open_nursery() as n:
+        _, shard, _, _ = await start_session(n)
+        await shard.send(pb.ShardMessage(node_state_update=pb.NodeStateUpdate(machine_id="m1")))
+        await shard.send(pb.ShardMessage(reclaim_instruction=pb.ReclaimInstruction(
+            instruction_id="r1", nodes=["n1"])))
+        await shard.send(pb.ShardMessage(bootstrap_request=pb.BootstrapRequest(request_id="b")))
+        await trio.sleep(1)
+        n.cancel_scope.cancel()
+    trace.close()
+    lines = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    assert [x[1:] for x in lines] == [["node_state_update", "m1"],
+                                      ["reclaim_instruction", "r1"]]
+    assert all(isinstance(x[0], float) for x in lines)

@@ -446,3 +446,18 @@ def test_queued_behind_the_server_leaves_out_the_objects_own_requests() -> None:
     # waited 10.0-10.6 for the next request; 10.0-10.4 was its own POST, already left out
     assert queued_behind_server([window], index, full) == [pytest.approx(0.2)]
     assert agent_own([window], index) == [pytest.approx(0.4)]
+
+
+def test_before_the_operator_read_the_frame() -> None:
+    """A NodeStateUpdate's wait until the operator's receive pump had the frame (the shard's send
+    path and the connection): from the window's start to the first traced read of its machine's
+    frame, less its own objects' requests then in flight; a read traced just before the shard's
+    send timestamp counts as none."""
+    from scripts.bench._fleet_analysis import before_read, frame_reads, trace_index
+
+    reads = frame_reads([[10.3, "node_state_update", "m1"], [12.0, "node_state_update", "m1"],
+                         [9.99, "node_state_update", "m2"], [10.0, "reclaim_instruction", "m3"]])
+    assert reads == {"m1": [10.3, 12.0], "m2": [9.99]}
+    index = trace_index([[9.0, 10.1, "PATCH", "/apis/g/v1/upcomingnodes/un-m1", "un-m1", 200]])
+    windows = [(("un-m1",), 10.0, 11.0), (("un-m2",), 10.0, 11.0), (("un-m9",), 10.0, 11.0)]
+    assert before_read(windows, reads, index) == [pytest.approx(0.2), 0.0, 0.0]

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import trio
 
+from bigfleet_trio.kube import reqtrace
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.operator.session.queues import KeyedCoalescer
 from bigfleet_trio.operator.session.send import SendSide
@@ -32,6 +33,14 @@ from bigfleet_trio.shard.codec import NodeStateFrame
 __all__ = ["WorkerPool"]
 
 log = logging.getLogger(__name__)
+
+_TRACED_KEYS = {"node_state_update": "machine_id", "reclaim_instruction": "instruction_id"}
+
+
+def _trace_frame(trace: reqtrace.FrameTrace, kind: str, value: Any) -> None:
+    attr = _TRACED_KEYS.get(kind)
+    if attr is not None:
+        trace.read(kind, str(getattr(value, attr, "")))
 
 
 class WorkerPool:
@@ -104,6 +113,8 @@ class WorkerPool:
         """Dispatch one frame of ``kind`` by ``route``; waits only for admission or room
         (backpressure on the receive pump), never for the handler."""
         policy = route.dispatch
+        if reqtrace.frames is not None:  # measuring only (docs/kube-api.md#request-trace)
+            _trace_frame(reqtrace.frames, kind, value)
         if policy is Dispatch.MACHINE_POOL:
             self._count_coalesced(kind, route, self.node_states, value)
             if self.node_states.full:
