@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from bigfleet_trio.kube.api import KubeAPI
-from bigfleet_trio.kube.errors import AlreadyExists, KubeError, NotFound
+from bigfleet_trio.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
 from bigfleet_trio.kube.mergepatch import merge_diff
 from bigfleet_trio.kube.resources import AVAILABLE_CAPACITIES
 from bigfleet_trio.kube.retry import TRANSIENT, Replan, conflict_retrying
@@ -174,8 +174,11 @@ class AvailableCapacityHandler:
 
     Get; NotFound -> Create (AlreadyExists -> Get again and patch); found -> a JSON merge-patch of
     the changed spec fields only (removed resource keys become null; requirements are replaced
-    wholesale), skipped when nothing changed. No resourceVersion guard; Conflict, 429, 5xx and
-    transport errors are retried, each attempt from a fresh Get.
+    wholesale), skipped when nothing changed. After a write of ours the next update of that
+    object skips the Get: it diffs against what the write returned and patches with that
+    resourceVersion as a precondition (a Conflict or NotFound, someone else wrote or deleted it
+    since, plans again from a fresh Get). An update equal to our last write still reads, so a
+    deleted object is created again. Conflict, 429, 5xx and transport errors are retried.
 
     Args:
         client: a KubeClient.
@@ -185,6 +188,17 @@ class AvailableCapacityHandler:
     def __init__(self, client: KubeAPI, *, attempts: int = 8) -> None:
         self._client = client
         self._attempts = attempts
+        # name -> (resourceVersion, spec) our last write of it returned; at most one entry per
+        # offer the shard keeps current (docs/rules.md#availablecapacity)
+        self._written: dict[str, tuple[str, Mapping[str, Any]]] = {}
+
+    def _remember(self, name: str, obj: Mapping[str, Any]) -> None:
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        spec = obj.get("spec")
+        if isinstance(rv, str) and rv and isinstance(spec, Mapping):
+            self._written[name] = (rv, spec)
+        else:
+            self._written.pop(name, None)
 
     async def on_available_capacity(self, u: pb.AvailableCapacityUpdate) -> None:
         """Upsert for one update; logs and gives up (never raises) on a permanent error."""
@@ -206,6 +220,20 @@ class AvailableCapacityHandler:
             )
 
     async def _upsert_once(self, name: str, key: str, spec: dict[str, Any]) -> None:
+        known = self._written.get(name)
+        if known is not None and (diff := _spec_patch(known[1], spec)):
+            # Why no Get: each update held a dispatch slot for a read and a write, and
+            # NodeStateUpdates wait for those slots; the precondition keeps a foreign edit from
+            # being overwritten blind (docs/rules.md#availablecapacity).
+            body = {"metadata": {"resourceVersion": known[0]}, "spec": diff}
+            try:
+                written = await self._client.patch(AVAILABLE_CAPACITIES, name, body)
+            except (Conflict, NotFound) as exc:
+                self._written.pop(name, None)
+                raise Replan(f"AvailableCapacity {name} changed since our last write") from exc
+            self._remember(name, written)
+            log.info("available: patched name=%s fields=%s", name, sorted(diff))
+            return
         try:
             existing = await self._client.get(AVAILABLE_CAPACITIES, name)
         except NotFound:
@@ -218,11 +246,12 @@ class AvailableCapacityHandler:
                 "spec": spec,
             }
             try:
-                await self._client.create(AVAILABLE_CAPACITIES, body)
+                created = await self._client.create(AVAILABLE_CAPACITIES, body)
             except AlreadyExists:
                 log.info("available: created concurrently, patching name=%s", name)
                 existing = await self._client.get(AVAILABLE_CAPACITIES, name)
             else:
+                self._remember(name, created)
                 log.info(
                     "available: created name=%s availability=%s count=%s cost=%s",
                     name,
@@ -234,10 +263,13 @@ class AvailableCapacityHandler:
         old_spec = existing.get("spec") if isinstance(existing.get("spec"), Mapping) else {}
         diff = _spec_patch(old_spec or {}, spec)
         if not diff:
+            self._remember(name, existing)
             log.debug("available: no-op name=%s", name)
             return
         try:
-            await self._client.patch(AVAILABLE_CAPACITIES, name, {"spec": diff})
+            written = await self._client.patch(AVAILABLE_CAPACITIES, name, {"spec": diff})
         except NotFound as exc:
+            self._written.pop(name, None)
             raise Replan(f"AvailableCapacity {name} deleted concurrently") from exc
+        self._remember(name, written)
         log.info("available: patched name=%s fields=%s", name, sorted(diff))

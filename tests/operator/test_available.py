@@ -158,12 +158,10 @@ async def test_create_then_patch_changed_fields(
             resources=pb.Resources(resources={"cpu": "2000m"}),
         )
     )
-    assert _writes(kube) == [
-        (
-            "patch",
-            {"spec": {"availability": "Medium", "availableCount": 0, "resources": {"gpu": None}}},
-        )
-    ]
+    ((op, body),) = _writes(kube)  # after our own create: no read, its resourceVersion
+    assert (op, body["spec"]) == (
+        "patch", {"availability": "Medium", "availableCount": 0, "resources": {"gpu": None}})
+    assert set(body["metadata"]) == {"resourceVersion"}
     # same content again: no write
     await h.on_available_capacity(
         acu(
@@ -274,3 +272,60 @@ async def test_an_offer_without_a_price_is_created_without_cost(
     await AvailableCapacityHandler(kube).on_available_capacity(acu(cost_per_hour=0.0))
     assert [c[0] for c in kube.writes()] == ["create"]
     assert "cost" not in kube.objects(AVAILABLE_CAPACITIES)[NAME]["spec"]
+
+
+async def test_an_update_after_our_own_write_patches_without_a_read(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    """Each update used to cost a GET before its PATCH, both holding a dispatch slot that
+    NodeStateUpdates wait for. After our own write the handler diffs against what that write
+    returned and patches with its resourceVersion as a precondition: one request. A write by
+    someone else in between makes that PATCH conflict, and the update is planned again from a
+    fresh read, so their change is not kept silently (docs/rules.md#availablecapacity)."""
+    kube = RecordingKube.over_sim(nursery)
+    h = AvailableCapacityHandler(kube)
+    await h.on_available_capacity(acu())
+    assert [r.op for r in kube.history] == ["get", "create"]
+    kube.history.clear()
+    kube.writes()
+
+    created_rv = kube.objects(AVAILABLE_CAPACITIES)[NAME]["metadata"]["resourceVersion"]
+    await h.on_available_capacity(acu(available_count=5))
+    assert [r.op for r in kube.history] == ["patch"]
+    (patch,) = [body for _op, _name, body in kube.writes()]
+    assert patch == {"metadata": {"resourceVersion": created_rv},
+                     "spec": {"availableCount": 5}}
+
+    # someone else edits the spec: our next PATCH conflicts, the retry reads and puts it right
+    await kube.client.patch(AVAILABLE_CAPACITIES, NAME, {"spec": {"availability": "Low"}})
+    kube.history.clear()
+    await h.on_available_capacity(acu(available_count=6))
+    assert [r.op for r in kube.history] == ["patch", "get", "patch"]
+    assert kube.objects(AVAILABLE_CAPACITIES)[NAME]["spec"]["availability"] == "High"
+    assert kube.objects(AVAILABLE_CAPACITIES)[NAME]["spec"]["availableCount"] == 6
+
+
+async def test_an_update_equal_to_our_last_write_still_reads_and_recreates_a_deleted_one(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    h = AvailableCapacityHandler(kube)
+    await h.on_available_capacity(acu())
+    await kube.client.delete(AVAILABLE_CAPACITIES, NAME)
+    kube.history.clear()
+    await h.on_available_capacity(acu())
+    assert [r.op for r in kube.history] == ["get", "create"]
+    assert NAME in kube.objects(AVAILABLE_CAPACITIES)
+
+
+async def test_an_update_after_a_deletion_by_someone_else_creates_it_again(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    h = AvailableCapacityHandler(kube)
+    await h.on_available_capacity(acu())
+    await kube.client.delete(AVAILABLE_CAPACITIES, NAME)
+    kube.history.clear()
+    await h.on_available_capacity(acu(available_count=9))
+    assert [r.op for r in kube.history] == ["patch", "get", "create"]
+    assert kube.objects(AVAILABLE_CAPACITIES)[NAME]["spec"]["availableCount"] == 9
