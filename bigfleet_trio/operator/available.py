@@ -225,9 +225,9 @@ class AvailableCapacityHandler:
             # Why no Get: each update held a dispatch slot for a read and a write, and
             # NodeStateUpdates wait for those slots; the precondition keeps a foreign edit from
             # being overwritten blind (docs/rules.md#availablecapacity).
-            body = {"metadata": {"resourceVersion": known[0]}, "spec": diff}
+            patch = {"metadata": {"resourceVersion": known[0]}, "spec": diff}
             try:
-                written = await self._client.patch(AVAILABLE_CAPACITIES, name, body)
+                written = await self._client.patch(AVAILABLE_CAPACITIES, name, patch)
             except (Conflict, NotFound) as exc:
                 self._written.pop(name, None)
                 raise Replan(f"AvailableCapacity {name} changed since our last write") from exc
