@@ -305,27 +305,18 @@ async def test_an_update_after_our_own_write_patches_without_a_read(
     assert kube.objects(AVAILABLE_CAPACITIES)[NAME]["spec"]["availableCount"] == 6
 
 
-async def test_an_update_equal_to_our_last_write_still_reads_and_recreates_a_deleted_one(
-    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
-) -> None:
-    kube = RecordingKube.over_sim(nursery)
-    h = AvailableCapacityHandler(kube)
-    await h.on_available_capacity(acu())
-    await kube.client.delete(AVAILABLE_CAPACITIES, NAME)
-    kube.history.clear()
-    await h.on_available_capacity(acu())
-    assert [r.op for r in kube.history] == ["get", "create"]
-    assert NAME in kube.objects(AVAILABLE_CAPACITIES)
-
-
+@pytest.mark.parametrize(("count", "ops"), [
+    (3, ["get", "create"]),  # equal to our last write: read, so the deleted object comes back
+    (9, ["patch", "get", "create"]),  # a change: the precondition patch 404s, then read
+])
 async def test_an_update_after_a_deletion_by_someone_else_creates_it_again(
-    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock, count: int, ops: list[str]
 ) -> None:
     kube = RecordingKube.over_sim(nursery)
     h = AvailableCapacityHandler(kube)
     await h.on_available_capacity(acu())
     await kube.client.delete(AVAILABLE_CAPACITIES, NAME)
     kube.history.clear()
-    await h.on_available_capacity(acu(available_count=9))
-    assert [r.op for r in kube.history] == ["patch", "get", "create"]
-    assert kube.objects(AVAILABLE_CAPACITIES)[NAME]["spec"]["availableCount"] == 9
+    await h.on_available_capacity(acu(available_count=count))
+    assert [r.op for r in kube.history] == ops
+    assert kube.objects(AVAILABLE_CAPACITIES)[NAME]["spec"]["availableCount"] == count
