@@ -177,8 +177,9 @@ class AvailableCapacityHandler:
     wholesale), skipped when nothing changed. After a write of ours the next update of that
     object skips the Get: it diffs against what the write returned and patches with that
     resourceVersion as a precondition (a Conflict or NotFound, someone else wrote or deleted it
-    since, plans again from a fresh Get). An update equal to our last write still reads, so a
-    deleted object is created again. Conflict, 429, 5xx and transport errors are retried.
+    since, goes on from a fresh Get in the same attempt). An update equal to our last write
+    still reads, so a deleted object is created again. Conflict, 429, 5xx and transport errors
+    are retried.
 
     Args:
         client: a KubeClient.
@@ -188,8 +189,9 @@ class AvailableCapacityHandler:
     def __init__(self, client: KubeAPI, *, attempts: int = 8) -> None:
         self._client = client
         self._attempts = attempts
-        # name -> (resourceVersion, spec) our last write of it returned; at most one entry per
-        # offer the shard keeps current (docs/rules.md#availablecapacity)
+        # name -> (resourceVersion, spec) our last write of it returned: one entry per
+        # AvailableCapacity this process wrote (the operator never deletes them, so no more
+        # than the cluster holds; docs/rules.md#availablecapacity)
         self._written: dict[str, tuple[str, Mapping[str, Any]]] = {}
 
     def _remember(self, name: str, obj: Mapping[str, Any]) -> None:
@@ -228,12 +230,14 @@ class AvailableCapacityHandler:
             patch = {"metadata": {"resourceVersion": known[0]}, "spec": diff}
             try:
                 written = await self._client.patch(AVAILABLE_CAPACITIES, name, patch)
-            except (Conflict, NotFound) as exc:
+            except (Conflict, NotFound):
+                # someone else wrote or deleted it since: read it now, in this attempt (a Replan
+                # would sleep out a backoff holding the slot)
                 self._written.pop(name, None)
-                raise Replan(f"AvailableCapacity {name} changed since our last write") from exc
-            self._remember(name, written)
-            log.info("available: patched name=%s fields=%s", name, sorted(diff))
-            return
+            else:
+                self._remember(name, written)
+                log.info("available: patched name=%s fields=%s", name, sorted(diff))
+                return
         try:
             existing = await self._client.get(AVAILABLE_CAPACITIES, name)
         except NotFound:

@@ -304,16 +304,18 @@ def before_first_request(windows: list[Window],
 
 def saturated_spans(lines: list[list[Any]], workers: int,
                     kinds: tuple[str, ...]) -> list[tuple[float, float]]:
-    """Sorted, disjoint ``(start, end)`` spans in which at least ``workers`` requests whose path
-    contains one of ``kinds`` were in flight (sent, not yet answered), from request-trace lines
-    (``[start, end, method, path, ...]``; docs/kube-api.md#request-trace).
+    """Sorted, disjoint ``(start, end)`` spans in which at least ``workers`` requests on one
+    object whose path contains one of ``kinds`` were in flight (sent, not yet answered), from
+    request-trace lines (``[start, end, method, path, name, ...]``;
+    docs/kube-api.md#request-trace). Collection requests (no ``name``) are left out.
 
     With ``workers`` the binary's bound on the handlers making those requests, these are the
     spans in which every one of them was waiting on the apiserver. A request ending at the
     instant another starts is not in flight with it."""
     edges: list[tuple[float, int]] = []
     for line in lines:
-        if len(line) >= 4 and any(k in str(line[3]) for k in kinds):
+        # a collection request (no object named: an informer's LIST) is no handler's
+        if len(line) >= 5 and line[4] and any(k in str(line[3]) for k in kinds):
             edges.append((float(line[0]), 1))
             edges.append((float(line[1]), -1))
     edges.sort()  # at one instant the ends (-1) come first
@@ -384,14 +386,17 @@ def before_read(windows: list[Window], reads: dict[str, list[float]],
     """Per NodeStateUpdate window (its object ``un-<machine>``): seconds from its start to the
     operator's first read of a frame for that machine inside it (:func:`frame_reads`), less the
     time requests on its objects were in flight then (already the server's share). That is the
-    shard's send path and the connection, up to the operator's receive pump. 0 when no read is
-    traced inside the window (one traced just before the shard's send timestamp included)."""
+    shard's send path and the connection, up to the operator's receive pump (and the pump's own
+    pauses for backpressure). 0 when no read is traced inside the window, or the frame's read
+    came up to ``SEND_SLACK`` before the shard's send timestamp."""
     out = []
     for names, start, end in windows:
         machine = names[0][len("un-"):] if names and names[0].startswith("un-") else ""
         times = reads.get(machine, [])
-        i = bisect.bisect_left(times, start)
-        if i == len(times) or times[i] > end:
+        # the shard stamps a frame after its send returned, so the operator may have read it a
+        # moment before: such a read is this frame's (no wait), not the machine's next frame's
+        i = bisect.bisect_left(times, start - SEND_SLACK)
+        if i == len(times) or times[i] > end or times[i] < start:
             out.append(0.0)
             continue
         spans = sorted(sp for n in names for sp in index.get(n, ()))

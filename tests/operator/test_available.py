@@ -299,8 +299,10 @@ async def test_an_update_after_our_own_write_patches_without_a_read(
     # someone else edits the spec: our next PATCH conflicts, the retry reads and puts it right
     await kube.client.patch(AVAILABLE_CAPACITIES, NAME, {"spec": {"availability": "Low"}})
     kube.history.clear()
+    t0 = trio.current_time()
     await h.on_available_capacity(acu(available_count=6))
     assert [r.op for r in kube.history] == ["patch", "get", "patch"]
+    assert trio.current_time() == t0  # read at once, no retry backoff slept holding a slot
     assert kube.objects(AVAILABLE_CAPACITIES)[NAME]["spec"]["availability"] == "High"
     assert kube.objects(AVAILABLE_CAPACITIES)[NAME]["spec"]["availableCount"] == 6
 

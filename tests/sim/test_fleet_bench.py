@@ -411,6 +411,9 @@ def test_saturated_spans_are_where_every_worker_waited_on_the_apiserver() -> Non
     assert saturated_spans(lines, 2, kinds) == [(1.0, 4.0)]
     assert saturated_spans(lines, 3, kinds) == [(2.0, 3.5)]  # b ends at 3.0, the Node's starts
     assert saturated_spans(lines, 4, kinds) == []
+    # an informer's LIST (no object named) is not a worker's request
+    assert saturated_spans([*lines, [0.0, 9.0, "GET", "/apis/g/v1/upcomingnodes", "", 200]],
+                           4, kinds) == []
     # one request ending as another starts: never both in flight
     assert saturated_spans([[0.0, 1.0, "PUT", "/x", "a", 200], [1.0, 2.0, "PUT", "/x", "b", 200]],
                            2, ("/x",)) == []
@@ -461,3 +464,6 @@ def test_before_the_operator_read_the_frame() -> None:
     index = trace_index([[9.0, 10.1, "PATCH", "/apis/g/v1/upcomingnodes/un-m1", "un-m1", 200]])
     windows = [(("un-m1",), 10.0, 11.0), (("un-m2",), 10.0, 11.0), (("un-m9",), 10.0, 11.0)]
     assert before_read(windows, reads, index) == [pytest.approx(0.2), 0.0, 0.0]
+    # read just before the stamp, the machine's next frame read later in the window: the first
+    # read is this frame's, not the next one's
+    assert before_read([(("un-m2",), 10.0, 11.0)], {"m2": [9.99, 10.5]}, {}) == [0.0]
