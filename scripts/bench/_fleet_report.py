@@ -38,42 +38,38 @@ BOOTSTRAP_DEADLINE = 10.0
 AGENT_OWN_P99 = 0.1  # seconds: the agent's own share of a matched latency, p99
 
 
+def _jsonl(path: Any) -> list[Any] | None:
+    """The JSON lines of ``path`` (a line cut short by the process's end skipped); None when
+    the file cannot be read."""
+    import orjson
+
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    out = []
+    for line in raw.splitlines():
+        try:
+            out.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue
+    return out
+
+
 def load_traces(fleet: Fleet) -> dict[str, list[list[Any]]]:
     """The traced binaries' request-trace lines (docs/kube-api.md#request-trace), per binary
     name in :data:`TRACED`; a binary without a trace is left out."""
-    import orjson
-
     out: dict[str, list[list[Any]]] = {}
     for name in TRACED:
-        try:
-            raw = fleet.trace_path(name).read_bytes()
-        except OSError:
-            continue
-        lines: list[list[Any]] = []
-        for line in raw.splitlines():
-            try:
-                lines.append(orjson.loads(line))
-            except orjson.JSONDecodeError:
-                continue  # a line cut short by the process's end
-        out[name] = lines
+        lines = _jsonl(fleet.trace_path(name))
+        if lines is not None:
+            out[name] = lines
     return out
 
 
 def load_frame_reads(fleet: Fleet) -> dict[str, list[float]]:
     """The operator's shard-frame trace as :func:`frame_reads`; {} without one."""
-    import orjson
-
-    try:
-        raw = fleet.frame_trace_path().read_bytes()
-    except OSError:
-        return {}
-    lines = []
-    for line in raw.splitlines():
-        try:
-            lines.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            continue  # a line cut short by the process's end
-    return frame_reads(lines)
+    return frame_reads(_jsonl(fleet.frame_trace_path()) or [])
 
 
 def worker_bounds() -> dict[str, tuple[int, tuple[str, ...]]]:
@@ -194,7 +190,7 @@ NSU_WAIT_ROWS = {
 }
 
 
-def _own_nsu_p99(counts: list[dict[str, Any]],
+def _phase_p99(counts: list[dict[str, Any]],
                  key: str = "nsu_duration_buckets") -> dict[str, float]:
     """Per phase: an upper bound of the p99 of an operator histogram read at each phase end
     (``key``; by default its own NodeStateUpdate handling time,
@@ -223,8 +219,8 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
     phases = ("ramp", "churn", "reclaim", "quiesce")
     roll = rollup_latencies(obs.states, stats.get("rollups") or [])
     nsu = nsu_latencies(stats.get("nsu") or [], obs.un_events, obs.phase_of)
-    own_nsu = _own_nsu_p99(result["extra"].get("counts") or [])
-    nsu_waits = {key: _own_nsu_p99(result["extra"].get("counts") or [], key)
+    own_nsu = _phase_p99(result["extra"].get("counts") or [])
+    nsu_waits = {key: _phase_p99(result["extra"].get("counts") or [], key)
                  for key in NSU_WAIT_ROWS}
     boot: dict[str, list[float]] = defaultdict(list)
     unanswered = 0

@@ -8,7 +8,7 @@ import pytest
 
 from bigfleet_trio.sim.shard.catalog import parse_catalog
 from scripts.bench._fleet_analysis import match_in_life, pod_cr_latencies, reclaim_latencies
-from scripts.bench._fleet_report import _own_nsu_p99
+from scripts.bench._fleet_report import _phase_p99
 from scripts.bench.fleet import fleet_catalog, fleet_workloads, nsu_latencies, rollup_latencies
 
 
@@ -121,12 +121,12 @@ def test_pod_cr_latency_by_uid_with_deleted_and_early_crs_apart() -> None:
                             "windows": []}
 
 
-def test_own_nsu_p99_from_bucket_growth_per_phase() -> None:
+def test_phase_p99_from_bucket_growth_per_phase() -> None:
     counts = [{"end_of": "ramp", "nsu_duration_buckets": {"0.5": 90.0, "1.0": 99.0,
                                                           "2.0": 100.0, "+Inf": 100.0}},
               {"end_of": "churn", "nsu_duration_buckets": {"0.5": 180.0, "1.0": 198.0,
                                                            "2.0": 200.0, "+Inf": 200.0}}]
-    assert _own_nsu_p99(counts) == {"ramp": 1.0, "churn": 1.0}
+    assert _phase_p99(counts) == {"ramp": 1.0, "churn": 1.0}
 
 
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:

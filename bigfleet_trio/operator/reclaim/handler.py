@@ -361,7 +361,7 @@ class ReclaimHandler:
         if outcome is None or outcome == "gone":
             # the caches show no Node for the entry, or the one they show is gone: what the
             # apiserver says now decides, as without caches
-            if r is not None:
+            if outcome == "gone" and r is not None:
                 log.info("reclaim: cached node gone, resolving by reads entry=%s node=%s",
                          entry, r.node)
             r = await self._resolve(entry)
