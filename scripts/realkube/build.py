@@ -9,7 +9,9 @@ keyed by the Kubernetes version::
     bin-v1.37.2/      kube-apiserver kube-controller-manager kube-scheduler etcd kwok
                       build.json: per binary, seconds the build took and when it finished
 
-Idempotent: a binary that exists and reports the pinned version is not rebuilt. Go's own caches
+Idempotent: a binary that exists and reports the pinned version is not rebuilt. Every build
+states its pins in the wrapper module again and checks them after ``go mod tidy`` and on the
+built binary, failing with the module or binary that does not hold its pin. Go's own caches
 (GOMODCACHE, GOCACHE) stay where ``go env`` puts them, also outside the repository.
 """
 
@@ -28,7 +30,7 @@ from pathlib import Path
 
 __all__ = [
     "ETCD_VERSION", "KUBE_VERSION", "KWOK_VERSION", "BINARIES", "Binaries", "BuildError",
-    "cache_dir", "find_binaries", "build", "binary_version",
+    "pin_mismatches", "cache_dir", "find_binaries", "build", "binary_version",
 ]
 
 KUBE_VERSION = "v1.37.2"
@@ -107,19 +109,61 @@ def _expected(name: str) -> str:
     return ""  # kwok's --version carries no module version when built with go install
 
 
+def _pin_of(name: str) -> str:
+    return {"etcd": ETCD_VERSION, "kwok": KWOK_VERSION}.get(name, KUBE_VERSION)
+
+
 def _current(path: Path, name: str) -> bool:
     return path.is_file() and _expected(name) in binary_version(path)
+
+
+# A long step prints a line this often, so a cold build (tens of minutes) is never silent.
+PROGRESS_SECONDS = 60.0
 
 
 def _run(argv: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> None:
     with log.open("a") as out:
         out.write(f"$ {' '.join(argv)}\n")
         out.flush()
-        proc = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                              env={**os.environ, **(env or {})}, check=False)
-    if proc.returncode != 0:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})
+        start = time.monotonic()
+        while True:
+            try:
+                returncode = proc.wait(timeout=PROGRESS_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                print(f"  ... {' '.join(argv[:2])} still running after "
+                      f"{_fmt(time.monotonic() - start)}; log {log}", file=sys.stderr, flush=True)
+    if returncode != 0:
         tail = "".join(log.read_text(errors="replace").splitlines(True)[-15:])
-        raise BuildError(f"{' '.join(argv)} failed (exit {proc.returncode}), log {log}:\n{tail}")
+        raise BuildError(f"{' '.join(argv)} failed (exit {returncode}), log {log}:\n{tail}")
+
+
+def pin_mismatches(resolved: dict[str, str], pins: dict[str, str]) -> list[str]:
+    """The pinned modules that ``go`` resolved to another version (or not at all), one line
+    each ("MODULE: pinned V, resolved W"); empty when every pin holds."""
+    return [f"{mod}: pinned {want}, resolved {resolved.get(mod) or 'nothing'}"
+            for mod, want in sorted(pins.items()) if resolved.get(mod) != want]
+
+
+def _resolved(src: Path, modules: list[str], env: dict[str, str]) -> dict[str, str]:
+    """``go list -m`` of ``modules`` in the wrapper module ``src``: module -> version."""
+    out = subprocess.run(["go", "list", "-m", "-f", "{{.Path}} {{.Version}}", *modules],
+                         cwd=src, capture_output=True, text=True, check=False,
+                         env={**os.environ, **env})
+    pairs = (line.split() for line in out.stdout.splitlines())
+    return {p[0]: p[1] for p in pairs if len(p) == 2}
+
+
+def _check_pins(what: str, src: Path, pins: dict[str, str], env: dict[str, str],
+                log: Path) -> None:
+    """Raise BuildError naming every pin ``go mod tidy`` did not keep: a build at another
+    version would never count as current and would rebuild on every run."""
+    wrong = pin_mismatches(_resolved(src, sorted(pins), env), pins)
+    if wrong:
+        raise BuildError(f"{what}: the wrapper module {src / 'go.mod'} does not hold its pins "
+                         f"({'; '.join(wrong)}); log {log}")
 
 
 def staging_modules(env: dict[str, str]) -> list[str]:
@@ -174,15 +218,25 @@ def _build_kube(root: Path, out: Path, env: dict[str, str]) -> None:
     log = src / "build.log"
     if not (src / "go.mod").exists():
         _run(["go", "mod", "init", "bigfleet-trio/realkube"], src, log, env)
-        _run(["go", "mod", "edit", f"-require=k8s.io/kubernetes@{KUBE_VERSION}"], src, log, env)
-        for mod in staging_modules(env):
-            _run(["go", "mod", "edit", f"-replace={mod}={mod}@{STAGING_VERSION}"], src, log, env)
+    # Every run states the pins again (a go.mod left by an earlier run or version is corrected,
+    # never trusted), then checks that resolution kept them.
+    _run(["go", "mod", "edit", f"-require=k8s.io/kubernetes@{KUBE_VERSION}"], src, log, env)
+    staging = staging_modules(env)
+    for mod in staging:
+        _run(["go", "mod", "edit", f"-replace={mod}={mod}@{STAGING_VERSION}"], src, log, env)
     imports = "\n".join(f'\t_ "k8s.io/kubernetes/cmd/{c}"' for c in KUBE_COMMANDS)
     (src / "tools.go").write_text(TOOLS_GO.format(imports=imports))
-    if not (src / "go.sum").exists():
-        _run(["go", "mod", "tidy"], src, log, env)
-    _run(["go", "build", "-ldflags", _ldflags(), "-o", f"{out}/",
+    _run(["go", "mod", "tidy"], src, log, env)
+    _check_pins("kube-*", src, {"k8s.io/kubernetes": KUBE_VERSION}, env, log)
+    _run(["go", "build", "-mod=readonly", "-ldflags", _ldflags(), "-o", f"{out}/",
           *(f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMMANDS)], src, log, env)
+
+
+# The etcd modules whose versions the binary is made of and reports (``etcd --version`` reads
+# go.etcd.io/etcd/api/v3/version).
+ETCD_MODULES = ("go.etcd.io/etcd/server/v3", "go.etcd.io/etcd/api/v3",
+                "go.etcd.io/etcd/client/v3", "go.etcd.io/etcd/client/pkg/v3",
+                "go.etcd.io/etcd/pkg/v3")
 
 
 def _build_etcd(root: Path, out: Path, env: dict[str, str]) -> None:
@@ -192,10 +246,13 @@ def _build_etcd(root: Path, out: Path, env: dict[str, str]) -> None:
     (src / "main.go").write_text(ETCD_MAIN)
     if not (src / "go.mod").exists():
         _run(["go", "mod", "init", "bigfleet-trio/etcd"], src, log, env)
-        _run(["go", "get", f"go.etcd.io/etcd/server/v3@{ETCD_VERSION}"], src, log, env)
-    if not (src / "go.sum").exists() or "etcdmain" not in (src / "go.sum").read_text():
-        _run(["go", "mod", "tidy"], src, log, env)
-    _run(["go", "build", "-o", str(out / "etcd"), "."], src, log, env)
+    # Each etcd module pinned explicitly: a bare `go mod tidy` resolves a missing requirement
+    # to the newest release, not to the pin.
+    for mod in ETCD_MODULES:
+        _run(["go", "mod", "edit", f"-require={mod}@{ETCD_VERSION}"], src, log, env)
+    _run(["go", "mod", "tidy"], src, log, env)
+    _check_pins("etcd", src, dict.fromkeys(ETCD_MODULES, ETCD_VERSION), env, log)
+    _run(["go", "build", "-mod=readonly", "-o", str(out / "etcd"), "."], src, log, env)
 
 
 # kwok on its own (without kwokctl) has no behaviour until given Stages: the ones kwokctl
@@ -272,8 +329,15 @@ def build(root: Path | None = None, *, echo: bool = True) -> Binaries:
                     record[n] = {"seconds": _log_seconds(log), "cached": True}
             continue
         start = time.monotonic()
+        if echo:
+            print(f"building {', '.join(names)} (pinned {_pin_of(names[0])}); log {log}",
+                  file=sys.stderr, flush=True)
         try:
             step(root, out, env)
+            stale = [f"{n} reports {binary_version(out / n)!r}, pinned {_pin_of(n)}"
+                     for n in names if not _current(out / n, n)]
+            if stale:
+                raise BuildError(f"built at the wrong version: {'; '.join(stale)}; log {log}")
         except BuildError as exc:
             if names != ("kwok",):
                 raise
