@@ -228,6 +228,17 @@ class QueueCore(Generic[K]):
             self.metrics.waited(max(0.0, now - ready_since))
         return key
 
+    def unpop(self, key: K, now: float) -> None:
+        """Give back ``key`` just taken by :meth:`pop` and never worked: ready again at the head
+        of the queue, not processing (a worker cancelled before it could call :meth:`done`)."""
+        if self._processing.pop(key, None) is None:
+            return
+        self._dirty.setdefault(key, now)
+        self._low_live.pop(key, None)
+        self._queue.appendleft(key)
+        if self.metrics is not None:
+            self.metrics.depth(len(self))
+
     def done(self, key: K, now: float) -> bool:
         """A worker finished ``key``. Returns True if it was dirty and re-joined the queue."""
         started = self._processing.pop(key, None)
@@ -372,7 +383,13 @@ class WorkQueue(QueueCore[K]):
                     self._since = now
                 elif now - self._since >= GET_HOLD:
                     turn = self._turns
-                    await trio.lowlevel.checkpoint()
+                    try:
+                        await trio.lowlevel.checkpoint()
+                    except BaseException:
+                        # cancelled before the caller holds the key: it would never be done
+                        self.unpop(key, trio.current_time())
+                        self._wake()
+                        raise
                     if self._turns == turn:  # the first worker back since the loop turned
                         self._turns += 1
                         self._since = self.held_clock()

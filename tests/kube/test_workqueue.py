@@ -410,3 +410,33 @@ def test_a_drained_queue_gives_its_burst_sized_tables_back() -> None:
     assert sys.getsizeof(q._processing) == small
     assert sys.getsizeof(q._parked) == small
     assert q._heap == []
+
+
+async def test_a_get_cancelled_at_its_yield_hands_the_key_out_again() -> None:
+    """A worker cancelled while ``get`` yields (GET_HOLD passed) after taking a key never calls
+    ``done``: the key goes back to the head of the ready queue, not processing, so the next
+    ``get`` takes it (the pod controller cancels its workers when it loses its Lease and
+    campaigns again in the same process). Before: the key stayed processing, and every later
+    add only marked it dirty."""
+    q: WorkQueue[str] = WorkQueue()
+    ticks = _Ticks()
+    q.held_clock = ticks
+    q.add("first")
+    q.add("held")
+    q.add("later")
+    assert await q.get() == "first"  # starts the hold: the loop turned just now
+    q.done("first")
+    ticks.t += 1.0  # well past GET_HOLD: the next get yields after taking its key
+    with trio.CancelScope() as scope:
+        scope.cancel()  # the yield raises Cancelled
+        await q.get()
+    assert scope.cancelled_caught
+    assert q.processing == 0
+    assert q.is_queued("held")
+    assert len(q) == 2
+    assert await q.get() == "held"
+    q.done("held")
+    q.add("held")  # a later add queues it again (it is not stuck processing)
+    assert await q.get() == "later"
+    q.done("later")
+    assert await q.get() == "held"
