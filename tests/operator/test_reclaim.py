@@ -1303,3 +1303,40 @@ async def test_a_leader_that_cannot_renew_stops_its_drains_before_its_lease_can_
     times = [t for k, _, t in evictions(c) if k == key]
     assert times and max(times) <= 20.0, max(times)
     assert drains.abandoned_total == 1 and drains.active == frozenset()
+
+
+async def test_wait_idle_started_before_a_second_drain_wakes_when_both_end(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
+) -> None:
+    """A ``wait_idle`` caller already waiting when a second drain starts is woken once every
+    drain has ended. Before: the second ``start`` replaced the idle event the caller waited on,
+    and it was never set."""
+    c = standard_cluster(nursery)
+    add_node(c, "n-2")
+    a = add_pod(c, _pod("a", node="n-1"), hold=True)
+    b = add_pod(c, _pod("b", node="n-2"), hold=True)
+    drains, _, _ = make(c)
+    idle_at: list[float] = []
+    woken = trio.Event()
+
+    async def waiter() -> None:
+        await drains.wait_idle()
+        idle_at.append(trio.current_time())
+        woken.set()
+
+    async with trio.open_nursery() as inner:
+        await inner.start(drains.run)
+        t0 = trio.current_time()
+        release_at(inner, c, a, t0 + 10)
+        release_at(inner, c, b, t0 + 20)
+        assert drains.start("n-1", un_name=None, grace_seconds=60, instruction_id="r-1")
+        inner.start_soon(waiter)
+        await trio.sleep(1)  # the waiter waits on the first drain's idle event
+        assert drains.start("n-2", un_name=None, grace_seconds=60, instruction_id="r-2")
+        with trio.move_on_after(120):
+            await woken.wait()
+        inner.cancel_scope.cancel()
+    assert drains.results["n-1"].outcome == "drained"
+    assert drains.results["n-2"].outcome == "drained"
+    assert len(idle_at) == 1
+    assert t0 + 20 <= idle_at[0] <= t0 + 25  # the second drain ends once b is gone

@@ -249,7 +249,8 @@ class DrainManager:
         job = _Job(node, un_name, grace_seconds, instruction_id, resumed_deadline=resumed_deadline)
         self._active[node] = job
         metrics.DRAINS_ACTIVE.inc()
-        self._idle = trio.Event()
+        if self._idle.is_set():  # idle -> busy; a busy manager's waiters keep their event
+            self._idle = trio.Event()
         self._nursery.start_soon(self._drain, job, name=f"drain {node}")
         log.info(
             "drain: started node=%s upcoming=%s grace=%gs instruction_id=%s",
