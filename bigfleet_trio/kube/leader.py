@@ -345,7 +345,8 @@ class LeaderElector:
         """Create the Lease held by this identity (there was none); returns True.
 
         Raises:
-            AlreadyExists: another candidate created it first (the caller logs the lost race).
+            AlreadyExists: another candidate created it first (the caller logs the lost race);
+                AlreadyExists for the Lease this very call wrote (a replayed create) is ours.
         """
         spec = {
             "holderIdentity": self.identity,
@@ -354,16 +355,27 @@ class LeaderElector:
             "renewTime": now,
             "leaseTransitions": 0,
         }
-        created = await self.client.create(
-            LEASES,
-            {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
-                "spec": spec,
-            },
-            self.namespace,
-        )
+        try:
+            created = await self.client.create(
+                LEASES,
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": spec,
+                },
+                self.namespace,
+            )
+        except AlreadyExists:
+            # A create replayed after it landed (its answer lost with a stale connection) finds
+            # the Lease we wrote: ours if it carries this identity and this attempt's times.
+            created = await self.client.get(LEASES, self.name, self.namespace)
+            have = created.get("spec") or {}
+            if (have.get("holderIdentity") != self.identity
+                    or have.get("acquireTime") != now or have.get("renewTime") != now):
+                raise
+            log.info("lease create replayed after it landed: ours lease=%s/%s me=%s",
+                     self.namespace, self.name, self.identity)
         self._lease = created
         self._observe(created.get("spec") or spec)
         self.last_error = None

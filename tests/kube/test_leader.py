@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -233,3 +234,53 @@ async def test_a_refused_lease_is_one_counted_error_naming_the_fix(
     assert shown in errors[0] and fix in errors[0]
     assert elector.last_error == shown
     assert not_leader_reason(elector) == f"not the leader (leader: unknown; {shown})"
+
+
+async def test_a_create_replayed_after_it_landed_is_our_lease(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The first Lease create lands but the connection drops before its answer, and the
+    connection pool sends it again on a fresh one: the answer is AlreadyExists for the Lease
+    this identity just wrote. That is our Lease, acquired at once. Before: read as a lost race,
+    the leader started one retry period late."""
+    fake = FakeKube()
+    replay = [True]
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and "/leases" in request.url.path and replay[0]:
+            replay[0] = False
+            fake.handle(request)  # landed; its answer lost with the stale connection
+        return fake.handle(request)
+
+    client = KubeClient(
+        KubeConfig(server="http://kube.test"), transport=httpx.MockTransport(handler),
+        max_attempts=1,
+    )
+    a = LeaderElector(client, name="bf", namespace="sys", identity="a", rng=lambda: 0.0)
+    assert await a.try_acquire_or_renew()
+    assert [r.method for r in fake.requests].count("POST") == 2  # the replay: AlreadyExists
+    assert fake.objects[KEY]["spec"]["holderIdentity"] == "a"
+
+
+async def test_a_lease_created_by_another_is_still_a_lost_race(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """AlreadyExists for a Lease another identity created between our GET and create is a lost
+    race, as before."""
+    fake = FakeKube()
+    other = [True]
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and "/leases" in request.url.path and other[0]:
+            other[0] = False
+            fake.handle(httpx.Request("POST", request.url, content=request.content.replace(
+                b'"holderIdentity":"a"', b'"holderIdentity":"b"')))
+        return fake.handle(request)
+
+    client = KubeClient(
+        KubeConfig(server="http://kube.test"), transport=httpx.MockTransport(handler),
+        max_attempts=1,
+    )
+    a = LeaderElector(client, name="bf", namespace="sys", identity="a", rng=lambda: 0.0)
+    assert not await a.try_acquire_or_renew()
+    assert fake.objects[KEY]["spec"]["holderIdentity"] == "b"
