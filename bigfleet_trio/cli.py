@@ -55,6 +55,10 @@ _EXPECTED_ERRORS = {"ConfigError", "KubeConfigError", "SyncTimeout", "OSError", 
 # path: product code never imports the sim (an import-linter contract in pyproject.toml;
 # docs/architecture.md#layers), and the production image has no sim, so there they are absent.
 SIM_COMMANDS = "bigfleet_trio.sim.cli"
+# Distributions only the simulation imports: pyproject.toml's `sim` extra, absent from the image.
+SIM_ONLY = ("jsonpatch", "jsonpointer", "jsonschema")
+SIM_EXTRA_HINT = "the simulation needs the sim extra: pip install -e '.[sim]' ({} is missing)"
+_sim_missing: list[str] = []
 
 
 def sim_commands() -> ModuleType | None:
@@ -64,6 +68,9 @@ def sim_commands() -> ModuleType | None:
         return importlib.import_module(SIM_COMMANDS)
     except ModuleNotFoundError as exc:
         if exc.name in ("bigfleet_trio.sim", SIM_COMMANDS):
+            return None
+        if exc.name and exc.name.partition(".")[0] in SIM_ONLY:
+            _sim_missing[:] = [exc.name]
             return None
         raise
 
@@ -542,6 +549,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         interrupted``); 0 for ``--help`` and ``--version``.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["sim"], ["demo"]) and sim_commands() is None and _sim_missing:
+        return _fail(args[0], SIM_EXTRA_HINT.format(_sim_missing[0]), USAGE_EXIT)
     try:
         ns = parse_args(args)
     except UsageError as exc:
