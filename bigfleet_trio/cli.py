@@ -412,13 +412,22 @@ def setup_logging(fmt: str, level: str) -> None:
             from None
 
 
+# Third-party modules that only an extra installs, and the extra.
+_OPTIONAL_MODULES = {"kopf": "bench", "matplotlib": "bench", "kubernetes_asyncio": "bench"}
+
+
 def load_command(command: str, module: str, attr: str) -> Callable[..., Any] | int:
-    """Import ``module.attr`` lazily; on failure report ``<command>: not available yet``."""
+    """Import ``module.attr`` lazily. A module only an extra installs, missing, is one line
+    naming what to install; any other import error is a bug and propagates."""
     try:
         mod = importlib.import_module(module)
-        return getattr(mod, attr)  # type: ignore[no-any-return]
-    except (ImportError, AttributeError) as exc:
-        return _fail(command, f"not available yet: {exc}")
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").partition(".")[0]
+        extra = _OPTIONAL_MODULES.get(top)
+        if extra is None:
+            raise
+        return _fail(command, f"needs {top}, not installed: pip install 'bigfleet-trio[{extra}]'")
+    return getattr(mod, attr)  # type: ignore[no-any-return]
 
 
 def invoke(command: str, fn: Callable[..., Any], *args: Any) -> int:

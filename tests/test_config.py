@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -182,8 +183,15 @@ def test_operator_rejects_bad_values(kw: dict[str, object], flag: str) -> None:
         _op(**kw).validate()
 
 
-def test_operator_metrics_addr_zero_disables() -> None:
-    _op(metrics_addr="0").validate()
+def test_operator_metrics_addr_zero_disables(tmp_path: Path) -> None:
+    # With a listener, missing certificate files and plain HTTP off loopback are errors;
+    # with none ("0"), neither is looked at.
+    missing = str(tmp_path / "absent")
+    for kw in ({"metrics_cert_path": missing}, {"metrics_plain_http": True}):
+        with pytest.raises(ConfigError):
+            _op(metrics_addr="0.0.0.0:8443", **kw).validate()
+        _op(metrics_addr="0", **kw).validate()
+    assert _op(metrics_addr="0").metrics_addr == "0"
 
 
 @pytest.mark.parametrize(
@@ -388,7 +396,9 @@ def test_cluster_id_must_be_a_dns_label(cluster_id: str) -> None:
 
 @pytest.mark.parametrize("cluster_id", ["c1", "east-1", "a", "x" * 63])
 def test_cluster_id_accepted(cluster_id: str) -> None:
-    _op(cluster_id=cluster_id).validate()
+    cfg = _op(cluster_id=cluster_id)
+    cfg.validate()
+    assert cfg.cluster_id == cluster_id
 
 
 def test_template_rendered_once_at_start_with_undefined_names_as_errors(  # type: ignore[no-untyped-def]

@@ -49,3 +49,4 @@ async def test_a_check_that_passes_after_errors_returns(autojump_clock: trio.abc
         return r
 
     await until("it", check, 60)
+    assert next(results, "exhausted") == "exhausted"  # returned on the first true check

@@ -30,4 +30,5 @@ async def test_operator_rollup_forgets_crs_after_apiserver_restore_with_empty_st
             h.transport.app = ApiServer().app  # restarted, same address, empty state
             h.server.faults.drop_watches()
             await h.wait(lambda: _rollup_crs() == 0, limit=40)
+            assert _rollup_crs() == 0
             run.cancel_scope.cancel()

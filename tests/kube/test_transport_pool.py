@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 import trustme
 from prometheus_client import REGISTRY
 
@@ -40,11 +41,12 @@ def _key(port: int) -> tuple[bytes, bytes, int]:
 async def test_dead_idle_connections_under_a_live_one_are_reaped() -> None:
     """Three connections go idle; the server closes the two at the bottom of the stack. Requests
     keep using the live one on top, and the dead two are closed all the same."""
-    count = 0
+    count = closed = 0
     release, all_started, drop = trio.Event(), trio.Event(), trio.Event()
+    two_closed = trio.Event()
 
     async def handler(stream: trio.SocketStream) -> None:
-        nonlocal count
+        nonlocal count, closed
         me, count = count, count + 1
         if count == 3:
             all_started.set()
@@ -53,11 +55,15 @@ async def test_dead_idle_connections_under_a_live_one_are_reaped() -> None:
             await _read_request(stream, buf)
             await release.wait()  # the three requests overlap: three connections
             await stream.send_all(_answer(b"{}"))
-            if me < 2:
-                await drop.wait()
-                return  # closes, silently, once idle
-            while await _read_request(stream, buf) is not None:
-                await stream.send_all(_answer(b"{}"))
+            if me >= 2:
+                while await _read_request(stream, buf) is not None:
+                    await stream.send_all(_answer(b"{}"))
+                return
+            await drop.wait()
+        # closed, silently, once idle
+        closed += 1
+        if closed == 2:
+            two_closed.set()
 
     async with trio.open_nursery() as nursery:
         port = await _listen(nursery, handler)
@@ -74,7 +80,7 @@ async def test_dead_idle_connections_under_a_live_one_are_reaped() -> None:
             release.set()
         assert len(pool._idle[_key(port)]) == 3
         drop.set()
-        await trio.sleep(0.2)  # the server has closed two of them
+        await two_closed.wait()  # the server has closed two of them
         for _ in range(3):
             await pool.round_trip(b"GET", url, b"/", [], None)
         assert len(pool._idle[_key(port)]) == 1
@@ -200,7 +206,9 @@ async def test_open_connections_are_capped() -> None:
         async with trio.open_nursery() as inner:
             for _ in range(6):
                 inner.start_soon(one)
-            await trio.sleep(0.2)
+            # Every request task is parked: on the server's gate or on the cap. A third
+            # connection would have been counted before its connect blocked.
+            await trio.testing.wait_all_tasks_blocked()
             assert pool.opened == 2
             gate.set()
         assert done == [200] * 6 and peak == 2 and pool.opened == 2

@@ -508,6 +508,7 @@ async def test_real_socket_end_to_end(nursery: trio.Nursery, tmp_path: Path) -> 
                 await eventually(lambda: _pending_count(client, 5), step=0.01)
                 await client.delete(PODS, "s0", "default")
                 await eventually(lambda: _count(client, 4), step=0.01)
+                assert await _count(client, 4)
                 inner.cancel_scope.cancel()
 
 

@@ -92,6 +92,7 @@ async def test_a_pod_bound_later_to_an_unmanaged_node_loses_its_cr(
         await client.delete(PODS, "p", "default")
         await client.create(PODS, pod("p", nodeName="cp"))
         await eventually(lambda: owners_are(client, set()))
+        assert await owners(client) == set()
 
 
 async def test_excluded_namespace_and_selector_pods_get_no_cr(
@@ -130,6 +131,7 @@ async def test_existing_crs_of_unmanaged_or_excluded_pods_are_deleted_at_start(
         await eventually(lambda: owners_are(client, {"a", "b"}))
     async with running(server, PodScope.parse(exclude_namespaces=["default"])) as (_c, client):
         await eventually(lambda: owners_are(client, set()))
+        assert await owners(client) == set()
 
 
 async def test_a_refused_node_watch_is_one_error_and_every_node_managed(

@@ -158,22 +158,30 @@ async def test_connector_stream_send_receive_and_server_end() -> None:
 
 
 async def test_client_close_cancels_server_handler() -> None:
+    received = trio.Event()
     cancelled = trio.Event()
+    ended: list[str] = []
 
     async def handler(end: ShardStream) -> None:
+        await end.receive()
+        received.set()
         try:
-            await end.receive()
             await trio.sleep_forever()
-        finally:
+        except trio.Cancelled:
             cancelled.set()
+            raise
+        finally:
+            ended.append("cancelled" if cancelled.is_set() else "other")
 
     with trio.fail_after(DEADLINE):
         async with open_loop(), trio.open_nursery() as n:
             port = await n.start(partial(serve_shard, handler, port=0))
             async with GrpcConnector("127.0.0.1", port).connect() as s:
                 await s.send(pb.OperatorMessage(hello=pb.Hello(cluster_id="x")))
-                await trio.sleep(0.05)
-            await cancelled.wait()
+                await received.wait()  # the handler is parked in sleep_forever
+                assert not cancelled.is_set()
+            await cancelled.wait()  # the client's close, not the nursery, cancelled it
+            assert ended == ["cancelled"]
             n.cancel_scope.cancel()
 
 

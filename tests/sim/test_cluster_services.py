@@ -234,6 +234,7 @@ async def test_pods_of_a_deleted_node_are_replaced(autojump_clock: trio.testing.
         await add_node(client, node("n2", cpu="4"))
         await client.delete(NODES, "n1")
         await eventually(lambda: bound_on("n2"))
+        assert await bound_on("n2")
 
 
 async def test_a_pod_naming_its_node_and_one_bound_elsewhere(
