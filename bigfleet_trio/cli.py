@@ -207,7 +207,11 @@ def _add_knob(p: Any, spec: KnobSpec, *, suppress: bool = False, root: bool = Fa
         kwargs["type"] = int_arg
     if meta.metavar and "metavar" not in kwargs:
         kwargs["metavar"] = meta.metavar
-    p.add_argument(spec.flag, **kwargs)
+    p.add_argument(spec.flag, *_ALIASES.get(spec.dest, ()), **kwargs)
+
+
+# Kubernetes components' spelling of a flag, accepted as well (docs/reference.md#log-format)
+_ALIASES: dict[str, tuple[str, ...]] = {"log_format": ("--logging-format",)}
 
 
 def add_settings_flags(p: argparse.ArgumentParser, defaults: Settings) -> None:

@@ -162,6 +162,14 @@ def test_log_flags_before_or_after_command() -> None:
     assert cli.operator_config(ns).log_level == "info"
 
 
+@pytest.mark.parametrize("command", ["operator", "pod-controller"])
+def test_logging_format_is_the_kubernetes_spelling_of_log_format(command: str) -> None:
+    assert cli.parse_args([command, "--logging-format=json"]).log_format == "json"
+    assert cli.parse_args(["--logging-format", "text", command]).log_format == "text"
+    with pytest.raises(cli.UsageError, match="--logging-format"):
+        cli.parse_args([command, "--logging-format=xml"])
+
+
 # ------------------------------------------------------------------------------ parsing: others
 
 

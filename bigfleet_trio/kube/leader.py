@@ -49,7 +49,7 @@ from typing import Any
 
 import trio
 
-from ..observability import metrics
+from ..observability import metrics, stdmetrics
 from .client import KubeClient, rfc3339_micro
 from .config import SERVICE_ACCOUNT_DIR, KubeConfig
 from .errors import AlreadyExists, ApiError, Conflict, Forbidden, KubeTransportError, NotFound
@@ -246,6 +246,7 @@ class LeaderElector:
     def is_leader(self, value: bool) -> None:
         self._is_leader = value
         metrics.LEADER.set(1.0 if value else 0.0)
+        stdmetrics.set_leader(self.name, value)
 
     @property
     def leader(self) -> str | None:

@@ -22,7 +22,7 @@ import httpx
 import orjson
 import trio
 
-from ..observability import metrics
+from ..observability import metrics, stdmetrics
 from . import reqtrace
 from .config import KubeConfig
 from .errors import (
@@ -184,6 +184,7 @@ class RequestCore:
         self._watch_http = self._http if transport is not None else http_client(
             4, StreamingTransport(ssl_context=tls))
         self._base = config.server.rstrip("/")
+        self._host = httpx.URL(config.server).netloc.decode()
         self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
         self._user_agent = user_agent
 
@@ -246,8 +247,9 @@ class RequestCore:
                     replayable=replay_safe(method, path, body))
         finally:
             # client-go's rest_client_request_duration_seconds, by verb and status class
-            metrics.KUBE_REQUEST_DURATION.labels(method, _status_class(status)).observe(
-                time.time() - started)
+            elapsed = time.time() - started
+            metrics.KUBE_REQUEST_DURATION.labels(method, _status_class(status)).observe(elapsed)
+            stdmetrics.observe_request(method, status, self._host, elapsed)
             if reqtrace.trace is not None:
                 reqtrace.trace.record(started, method, path,
                                       reqtrace.object_name(method, path, body), status)

@@ -18,7 +18,7 @@ from prometheus_client.metrics_core import Metric
 
 BINARY_PREFIXES: Mapping[str, tuple[str, ...]] = {
     "operator": ("bigfleet_operator_",),
-    "pod-controller": ("bigfleet_unschedulable_pod_controller_", "workqueue_"),
+    "pod-controller": ("bigfleet_unschedulable_pod_controller_",),
 }
 """Metric family name prefixes owned by each binary; other families (``process_``,
 ``python_``, the Kubernetes client's) are shared and exported by every binary."""

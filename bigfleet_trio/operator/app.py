@@ -30,7 +30,7 @@ from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
 from bigfleet_trio.kube.leader import LeaderElector, lease_client, lease_namespace
 from bigfleet_trio.kube.startup import sync_or_refused
 from bigfleet_trio.observability import events as kinds
-from bigfleet_trio.observability import metrics
+from bigfleet_trio.observability import stdmetrics
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.observability.looplag import watch_loop_lag
 from bigfleet_trio.operator.agent import Agent
@@ -476,7 +476,7 @@ async def serve_operator(
                        if cfg.metrics_auth else None)
 
             if elector is None:
-                metrics.LEADER.set(1)  # acts alone (docs/operate.md#bigfleetnoleader)
+                stdmetrics.acting_alone(cfg.leader_election_id)  # docs/operate.md#bigfleetnoleader
             else:
                 elector.on_lost(op.abandon)
 

@@ -26,7 +26,7 @@ from bigfleet_trio.kube.authz import KubeAuthorizer, review_client
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
 from bigfleet_trio.kube.leader import LeaderElector, lease_client, lease_namespace
-from bigfleet_trio.observability import metrics
+from bigfleet_trio.observability import stdmetrics
 from bigfleet_trio.observability.http import separate_probe_listener, serve_observability
 from bigfleet_trio.observability.looplag import watch_loop_lag
 from bigfleet_trio.observability.metrics import BinaryRegistry
@@ -120,7 +120,7 @@ async def serve_pod_controller(
                      extra={"lease": f"{lease_ns}/{cfg.leader_election_id}",
                             "lease_namespace_from": source})
         if elector is None:
-            metrics.LEADER.set(1)  # acts alone (docs/operate.md#bigfleetnoleader)
+            stdmetrics.acting_alone(cfg.leader_election_id)  # docs/operate.md#bigfleetnoleader
         readiness = partial(pod_controller_readiness, ctl, leader_elect=elector is not None,
                             elector=elector)
         async with trio.open_nursery() as nursery:

@@ -31,6 +31,7 @@ from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, PODS
 from bigfleet_trio.kube.startup import sync_or_refused
 
 from ..kube.workqueue import WorkQueue
+from ..observability import stdmetrics
 from . import metrics, zonepin
 from . import projections as proj
 from .apply import PlanApplier
@@ -360,6 +361,8 @@ class PodController:
     async def _worker(self, index: int) -> None:
         while True:
             item = await self.queue.get()
+            started = trio.current_time()
+            result = "error"
             try:
                 outcome = await self.reconciler.reconcile(item)
             except (ApiError, KubeTransportError) as exc:
@@ -375,10 +378,14 @@ class PodController:
                     delay,
                 )
             else:
+                result = "success"
                 self.queue.forget(item)
                 if outcome is not None:
                     self._count(outcome)
             finally:
+                # controller-runtime's reconcile_* beside our outcome counter
+                stdmetrics.observe_reconcile(self.component, result,
+                                             trio.current_time() - started)
                 self.queue.done(item)
 
     def _count(self, outcome: str) -> None:

@@ -10,10 +10,9 @@
 * ``bigfleet_unschedulable_pod_controller_zone_pins_total{decision}``: reconciles of a Pod with
   a required zone co-location term, by the zone pin's decision (:data:`PIN_DECISIONS`; rule:
   docs/rules.md#pod-translation-co-location-zone-pin).
-* Work-queue metrics named like client-go's ``workqueue_*`` (controller-runtime exposes those
-  for the Go controller), labelled ``name``: ``workqueue_depth``, ``workqueue_adds_total``,
-  ``workqueue_retries_total``, ``workqueue_queue_duration_seconds``,
-  ``workqueue_work_duration_seconds``.
+* The work queue reports client-go's ``workqueue_*`` names, labelled ``name``, through
+  :class:`~bigfleet_trio.observability.stdmetrics.StandardQueueMetrics` (kept here as
+  :data:`PrometheusQueueMetrics`).
 
 Module-level singletons in :data:`prometheus_client.REGISTRY` (served by
 :func:`bigfleet_trio.observability.http.serve_observability`).
@@ -21,20 +20,15 @@ Module-level singletons in :data:`prometheus_client.REGISTRY` (served by
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter
 
-from bigfleet_trio.observability.metrics import exponential_buckets
+from bigfleet_trio.observability.stdmetrics import StandardQueueMetrics
 
 __all__ = [
     "OUTCOMES",
     "PIN_DECISIONS",
     "RECONCILES",
     "ZONE_PINS",
-    "QUEUE_ADDS",
-    "QUEUE_DEPTH",
-    "QUEUE_LATENCY",
-    "QUEUE_RETRIES",
-    "QUEUE_WORK",
     "PrometheusQueueMetrics",
     "count_reconcile",
     "count_zone_pin",
@@ -63,27 +57,6 @@ RECONCILES = Counter(
 for _outcome in OUTCOMES:  # export every series from the start (zero), as Go does after use
     RECONCILES.labels(outcome=_outcome)
 
-QUEUE_DEPTH = Gauge("workqueue_depth", "Current depth of the work queue.", ["name"])
-QUEUE_ADDS = Counter(
-    "workqueue_adds", "Keys added to the work queue (after de-duplication).", ["name"]
-)
-QUEUE_RETRIES = Counter(
-    "workqueue_retries", "Rate-limited re-adds (retries) of the work queue.", ["name"]
-)
-QUEUE_LATENCY = Histogram(
-    "workqueue_queue_duration_seconds",
-    "Seconds a key waits in the work queue before a worker takes it.",
-    ["name"],
-    buckets=exponential_buckets(1e-6, 10, 10),
-)
-QUEUE_WORK = Histogram(
-    "workqueue_work_duration_seconds",
-    "Seconds a worker holds a key (one reconcile).",
-    ["name"],
-    buckets=exponential_buckets(1e-6, 10, 10),
-)
-
-
 PIN_DECISIONS = ("pinned", "several_zones", "not_running", "own_zone", "opted_out",
                  "namespace_selector")
 ZONE_PINS = Counter(
@@ -105,31 +78,5 @@ def count_reconcile(outcome: str) -> None:
     RECONCILES.labels(outcome=outcome).inc()
 
 
-class PrometheusQueueMetrics:
-    """:class:`~bigfleet_trio.kube.workqueue.QueueMetrics` backed by the gauges above.
-
-    Args:
-        name: the ``name`` label (the controller name).
-    """
-
-    def __init__(self, name: str) -> None:
-        self._depth = QUEUE_DEPTH.labels(name=name)
-        self._adds = QUEUE_ADDS.labels(name=name)
-        self._retries = QUEUE_RETRIES.labels(name=name)
-        self._latency = QUEUE_LATENCY.labels(name=name)
-        self._work = QUEUE_WORK.labels(name=name)
-
-    def added(self) -> None:
-        self._adds.inc()
-
-    def depth(self, n: int) -> None:
-        self._depth.set(n)
-
-    def retried(self) -> None:
-        self._retries.inc()
-
-    def waited(self, seconds: float) -> None:
-        self._latency.observe(seconds)
-
-    def worked(self, seconds: float) -> None:
-        self._work.observe(seconds)
+PrometheusQueueMetrics = StandardQueueMetrics
+"""The pod controller's queue metrics (client-go's ``workqueue_*``; kept name)."""

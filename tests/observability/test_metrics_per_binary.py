@@ -63,6 +63,15 @@ OPERATOR = [
 POD_CONTROLLER = [
     "bigfleet_unschedulable_pod_controller_reconciles",
     "bigfleet_unschedulable_pod_controller_zone_pins",
+]
+
+STANDARD = [  # client-go's and controller-runtime's names, in both binaries
+    "controller_runtime_reconcile",
+    "controller_runtime_reconcile_errors",
+    "controller_runtime_reconcile_time_seconds",
+    "leader_election_master_status",
+    "rest_client_request_duration_seconds",
+    "rest_client_requests",
     "workqueue_adds",
     "workqueue_depth",
     "workqueue_queue_duration_seconds",
@@ -77,7 +86,7 @@ def _own(binary: str) -> list[str]:
 
 def test_operator_families() -> None:
     assert _own("operator") == OPERATOR, "new operator metric? add it to OPERATOR here"
-    assert set(SHARED) <= set(BinaryRegistry("operator").families())
+    assert set(SHARED + STANDARD) <= set(BinaryRegistry("operator").families())
 
 
 def test_pod_controller_families() -> None:
@@ -85,7 +94,7 @@ def test_pod_controller_families() -> None:
     text = generate_latest(BinaryRegistry("pod-controller")).decode()
     assert "bigfleet_operator_session_up" not in text
     assert "bigfleet_unschedulable_pod_controller_reconciles_total" in text
-    assert set(SHARED) <= set(BinaryRegistry("pod-controller").families())
+    assert set(SHARED + STANDARD) <= set(BinaryRegistry("pod-controller").families())
 
 
 def test_restricted_query_stays_within_the_binary() -> None:
