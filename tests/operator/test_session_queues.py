@@ -204,3 +204,70 @@ def test_send_queues_serve_bootstrap_answers_first() -> None:
     assert betterproto.which_one_of(q.next_frame(now=0.0), "payload")[0] == "rollup"
     assert q.next_frame(now=0.0) is ack
     assert q.next_frame(now=0.0) is None and not q
+
+
+def test_coalescer_retry_parks_the_failed_frame_with_per_key_backoff() -> None:
+    c: KeyedCoalescer[str, str] = KeyedCoalescer(base_delay=0.5, max_delay=4.0)
+    c.offer("m", "ready")
+    assert c.claim() == "m" and c.take_next("m") == "ready"
+    assert c.retry("m", "ready", now=10.0) == 0.5  # the write failed: parked, not lost
+    assert c.release("m") is False  # parked frames wait for their moment
+    assert c.is_parked("m") and c.pending == 1 and c.claim() is None
+    assert c.next_deadline() == 10.5
+    assert c.promote(10.4) == []
+    assert c.promote(10.5) == ["m"]
+    for n, delay in enumerate([1.0, 2.0, 4.0, 4.0]):  # doubling, capped; never given up
+        assert c.claim() == "m" and c.take_next("m") == "ready"
+        assert c.retry("m", "ready", now=float(n)) == delay
+        c.release("m")
+        assert c.promote(n + delay) == ["m"]
+    assert c.failures("m") == 5 and c.retries == 5
+    assert c.claim() == "m" and c.take_next("m") == "ready"
+    c.forget("m")  # written: the backoff starts again
+    c.release("m")
+    assert c.failures("m") == 0 and not c.in_flight("m")
+
+
+def test_coalescer_a_newer_frame_replaces_a_parked_one_and_goes_at_once() -> None:
+    c: KeyedCoalescer[str, str] = KeyedCoalescer()
+    c.offer("m", "launched")
+    assert c.claim() == "m" and c.take_next("m") == "launched"
+    c.retry("m", "launched", now=0.0)
+    c.release("m")
+    assert c.offer("m", "ready") is True  # a newer desired state: ready now, not at the moment
+    assert not c.is_parked("m") and c.next_deadline() == float("inf")
+    assert c.claim() == "m" and c.take_next("m") == "ready"
+    assert c.promote(100.0) == []  # the stale parking is gone
+
+
+def test_coalescer_retry_yields_to_a_newer_frame_that_came_while_writing() -> None:
+    c: KeyedCoalescer[str, str] = KeyedCoalescer()
+    c.offer("m", "launched")
+    assert c.claim() == "m" and c.take_next("m") == "launched"
+    assert c.offer("m", "ready") is False  # arrives while the failing write runs
+    assert c.retry("m", "launched", now=0.0) is None  # the newer one replaces it
+    assert c.release("m") is True  # and goes to the ready queue's tail
+    assert c.claim() == "m" and c.take_next("m") == "ready"
+
+
+def test_coalescer_release_requeues_behind_other_machines() -> None:
+    # a machine whose frames keep coming holds a worker for one frame at a time
+    c: KeyedCoalescer[str, int] = KeyedCoalescer()
+    c.offer("busy", 1)
+    c.offer("other", 1)
+    assert c.claim() == "busy" and c.take_next("busy") == 1
+    c.offer("busy", 2)
+    assert c.release("busy") is True
+    assert c.claim() == "other"  # the other machine goes first
+    assert c.claim() == "busy"
+
+
+def test_coalescer_abandon_forgets_a_parking() -> None:
+    c: KeyedCoalescer[str, str] = KeyedCoalescer()
+    c.offer("m", "x")
+    assert c.claim() == "m" and c.take_next("m") == "x"
+    c.retry("m", "x", now=0.0)
+    c.abandon("m")
+    assert not c.in_flight("m") and c.promote(100.0) == [] and c.failures("m") == 0
+    with pytest.raises(ValueError):
+        KeyedCoalescer(base_delay=0)

@@ -8,11 +8,14 @@ so every rule below is unit-tested without an event loop.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
+from bigfleet_trio.kube.workqueue import backoff_delay
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame
 
@@ -181,48 +184,81 @@ class SendQueues:
 #: Default bound on machines with a frame waiting for a worker (see :class:`KeyedCoalescer`).
 NODE_STATE_PENDING_CAP = 100_000
 
+#: Per-key retry delay of a frame whose write failed retriably: the first retry after this many
+#: seconds, doubling per failure (client-go's ``ItemExponentialFailureRateLimiter``)...
+RETRY_BASE_DELAY = 0.5
+#: ... up to this many seconds. Small against client-go's 1000 s on purpose: the shard sends a
+#: frame once, so after an apiserver outage every key must be retried within seconds of the
+#: server's return (docs/rules.md#level-triggered-operator); the client's QPS limiter, not this
+#: delay, keeps a fleet of retrying keys from flooding a recovering server.
+RETRY_MAX_DELAY = 15.0
+
 
 class KeyedCoalescer(Generic[K, T]):
-    """Latest-pending-frame-per-key, a FIFO ready queue of keys, and at most one owner per key.
+    """Latest-pending-frame-per-key, a FIFO ready queue of keys, at most one owner per key, and
+    per-key retry with exponential backoff: the session's work queue of desired states.
 
-    Protocol (the ready queue and the cap are ours, see ``docs/wire.md#the-session``):
+    Protocol (client-go ``workqueue`` semantics over values; ``docs/wire.md#the-session``):
 
     * the receiver calls :meth:`offer` for every frame and never waits for a worker: the frame
       becomes the key's pending one (overwriting an unprocessed older frame, counted in
-      :attr:`coalesced`). If the key had no pending frame and no owner, it is appended to the
-      ready queue and :meth:`offer` returns True (the caller wakes one worker);
+      :attr:`coalesced`). If the key had no pending frame and no owner, or its pending frame
+      was parked for a retry, it is appended to the ready queue and :meth:`offer` returns True
+      (the caller wakes one worker): a newer desired state is tried at once;
     * a worker calls :meth:`claim` to take the oldest ready key (it becomes the key's only
-      owner), then loops ``while (item := take_next(key)) is not None: handle(item)``;
-      :meth:`take_next` returns None and releases ownership when nothing is pending, so a frame
-      offered after that queues the key again. Per key, frames are handled in arrival order,
-      intermediate ones may be skipped, and the last one offered is always handled;
+      owner), :meth:`take_next` to take its pending frame, handles it, and calls
+      :meth:`release`. A frame offered meanwhile is pending again: :meth:`release` puts the key
+      at the ready queue's tail and returns True (the caller wakes a worker), so a machine whose
+      frames keep coming holds a worker for one frame at a time, never for as long as they come;
+    * a worker whose write failed retriably calls :meth:`retry` before :meth:`release`: the
+      frame is parked for the key's backoff delay unless a newer one is already pending (that
+      one replaces it). :meth:`promote` (driven by the caller's timer at :meth:`next_deadline`)
+      makes parked keys ready again. :meth:`forget` after a success resets the backoff;
     * frames for a key that waits in the ready queue or whose owner is busy just replace its
       pending frame: memory is one frame per key, i.e. bounded by the number of machines, and
-      :attr:`full` tells the receiver to stop reading while :attr:`pending` >= ``max_pending``.
+      :attr:`full` tells the receiver to stop reading while :attr:`pending` >= ``max_pending``
+      (parked frames count: they are desired states not reached yet).
 
-    An owner that dies without draining must call :meth:`abandon` so the key can start again.
+    An owner that dies without releasing must call :meth:`abandon` so the key can start again.
 
     Args:
         max_pending: the cap behind :attr:`full` (>= 1). Default :data:`NODE_STATE_PENDING_CAP`.
+        base_delay, max_delay: the retry backoff, seconds (:func:`~bigfleet_trio.kube.workqueue.
+            backoff_delay`). Defaults :data:`RETRY_BASE_DELAY`, :data:`RETRY_MAX_DELAY`.
 
     Attributes:
         coalesced: frames overwritten before a worker took them.
+        retries: frames parked for a retry.
     """
 
-    def __init__(self, max_pending: int = NODE_STATE_PENDING_CAP) -> None:
+    def __init__(self, max_pending: int = NODE_STATE_PENDING_CAP, *,
+                 base_delay: float = RETRY_BASE_DELAY,
+                 max_delay: float = RETRY_MAX_DELAY) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        if not 0 < base_delay <= max_delay:
+            raise ValueError(f"bad backoff: base_delay={base_delay} max_delay={max_delay}")
         self.max_pending = max_pending
+        self.base_delay = base_delay
+        self.max_delay = max_delay
         self._pending: dict[K, T] = {}
         self._owned: set[K] = set()
         self._ready: deque[K] = deque()
+        self._parked: dict[K, float] = {}  # key -> when its parked frame becomes ready
+        self._heap: list[tuple[float, int, K]] = []  # lazy: stale entries skipped
+        self._seq = itertools.count()
+        self._failures: dict[K, int] = {}
         self.coalesced = 0
+        self.retries = 0
 
     def offer(self, key: K, item: T) -> bool:
         """Record ``item`` as ``key``'s latest frame. Returns True when ``key`` became ready."""
         if key in self._pending:
             self.coalesced += 1
             self._pending[key] = item
+            if self._parked.pop(key, None) is not None and key not in self._owned:
+                self._ready.append(key)
+                return True
             return False
         self._pending[key] = item
         if key in self._owned:
@@ -234,7 +270,7 @@ class KeyedCoalescer(Generic[K, T]):
         """Take ownership of the oldest ready key; None when no key is ready."""
         while self._ready:
             key = self._ready.popleft()
-            if key in self._pending and key not in self._owned:
+            if key in self._pending and key not in self._owned and key not in self._parked:
                 self._owned.add(key)
                 return key
         return None
@@ -246,24 +282,93 @@ class KeyedCoalescer(Generic[K, T]):
             self._owned.discard(key)
         return item
 
+    def retry(self, key: K, item: T, now: float) -> float | None:
+        """Park the failed ``item`` of owned ``key`` for its backoff delay (counting a failure),
+        unless a newer frame is pending (then that one goes next and None is returned).
+
+        Returns:
+            The delay in seconds, or None when a newer frame replaced ``item``.
+        """
+        if key in self._pending:
+            return None
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        delay = backoff_delay(failures, self.base_delay, self.max_delay)
+        self._pending[key] = item
+        when = now + delay
+        self._parked[key] = when
+        heapq.heappush(self._heap, (when, next(self._seq), key))
+        self.retries += 1
+        return delay
+
+    def forget(self, key: K) -> None:
+        """Reset ``key``'s failure count (its frame was written)."""
+        self._failures.pop(key, None)
+
+    def failures(self, key: K) -> int:
+        """Retriable failures of ``key`` since its last :meth:`forget`."""
+        return self._failures.get(key, 0)
+
+    def release(self, key: K) -> bool:
+        """The owner of ``key`` is done with the frame it took. Returns True when a newer frame
+        is pending (not parked): the key joined the ready queue's tail."""
+        self._owned.discard(key)
+        if key in self._pending and key not in self._parked:
+            self._ready.append(key)
+            return True
+        return False
+
+    def promote(self, now: float) -> list[K]:
+        """Make the keys parked until ``now`` or earlier ready; returns those that joined the
+        ready queue (an owned one joins when its owner releases it)."""
+        out: list[K] = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            when, _, key = heapq.heappop(heap)
+            if self._parked.get(key) != when:
+                continue  # stale: replaced by a newer frame, or abandoned
+            del self._parked[key]
+            if key not in self._owned:
+                self._ready.append(key)
+                out.append(key)
+        return out
+
+    def next_deadline(self) -> float:
+        """The earliest parked moment (``math.inf`` when nothing is parked)."""
+        heap = self._heap
+        while heap and self._parked.get(heap[0][2]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else math.inf
+
     def abandon(self, key: K) -> None:
         """Forget ``key`` entirely (its owner was cancelled or crashed)."""
         self._pending.pop(key, None)
         self._owned.discard(key)
+        self._parked.pop(key, None)
+        self._failures.pop(key, None)
 
     def in_flight(self, key: K) -> bool:
-        """True while ``key`` has an owner or waits in the ready queue."""
+        """True while ``key`` has an owner, waits in the ready queue or is parked."""
         return key in self._owned or key in self._pending
+
+    def is_parked(self, key: K) -> bool:
+        """True while ``key``'s frame waits out a retry delay."""
+        return key in self._parked
 
     @property
     def workers(self) -> int:
-        """Number of keys with an owner (a worker draining them)."""
+        """Number of keys with an owner (a worker handling them)."""
         return len(self._owned)
 
     @property
     def pending(self) -> int:
-        """Number of keys with a frame waiting (for their owner, or in the ready queue)."""
+        """Number of keys with a frame waiting (for their owner, the ready queue or a retry)."""
         return len(self._pending)
+
+    @property
+    def parked(self) -> int:
+        """Number of keys whose frame waits out a retry delay."""
+        return len(self._parked)
 
     @property
     def ready(self) -> int:
