@@ -37,6 +37,7 @@ __all__ = [
     "ConflictRetrying",
     "conflict_retrying",
     "write_retry_on",
+    "RECONCILE_RETRIABLE",
 ]
 
 log = logging.getLogger(__name__)
@@ -249,6 +250,19 @@ class Replan(Exception):
 
     A handler raises it from inside a :func:`conflict_retrying` attempt, which repeats it.
     """
+
+
+def _reconcile_retriable() -> tuple[type[Exception], ...]:
+    from .errors import Forbidden
+    return (*TRANSIENT, Forbidden, Conflict, AlreadyExists, Replan)
+
+
+RECONCILE_RETRIABLE: tuple[type[Exception], ...] = _reconcile_retriable()
+"""What a level-triggered reconcile of a shard frame repeats, with per-key backoff, until it
+lands or a newer frame replaces it (docs/rules.md#level-triggered-operator): the transient
+failures, a conflict the handler's own re-plans did not resolve, and 403, which kube-apiserver
+answers after a (re)start until its RBAC authorizer's caches are synced (seen on the real control
+plane). Anything else (422 Invalid, 400, 404 on a path) is permanent for that frame."""
 
 
 def conflict_retrying(

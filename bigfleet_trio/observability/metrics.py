@@ -264,6 +264,24 @@ COALESCED_FRAMES = Counter(
     "Frames superseded before being processed (kind=rollup|node_state_update|available_capacity).",
     ["kind"],
 )
+RECONCILE_RETRIES = Counter(
+    "bigfleet_operator_reconcile_retries",
+    "Shard frames whose write failed retriably and was parked for a retry with per-key backoff "
+    "(docs/rules.md#level-triggered-operator)",
+    ["kind"],
+)
+RECONCILE_PERMANENT_ERRORS = Counter(
+    "bigfleet_operator_reconcile_permanent_errors",
+    "Shard frames whose write the apiserver refused for good (422 Invalid and the like): logged, "
+    "not retried; the key waits for its next frame (docs/rules.md#level-triggered-operator)",
+    ["kind"],
+)
+RECONCILE_FAILING_OLDEST = Gauge(
+    "bigfleet_operator_reconcile_failing_oldest_seconds",
+    "Seconds since the oldest shard frame whose write keeps failing retriably first failed: the "
+    "operator has not converged on what the shard said for that long (0: every desired state "
+    "reached; docs/operate.md#bigfleetoperatornotconverged)",
+)
 HANDLER_ERRORS = Counter(
     "bigfleet_operator_handler_errors",
     "Inbound-frame handlers that raised (the session goes on).",

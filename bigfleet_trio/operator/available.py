@@ -19,7 +19,8 @@ from bigfleet_trio.kube.api import KubeAPI
 from bigfleet_trio.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
 from bigfleet_trio.kube.mergepatch import merge_diff
 from bigfleet_trio.kube.resources import AVAILABLE_CAPACITIES
-from bigfleet_trio.kube.retry import TRANSIENT, Replan, conflict_retrying
+from bigfleet_trio.kube.retry import RECONCILE_RETRIABLE, Replan, conflict_retrying
+from bigfleet_trio.observability import metrics
 from bigfleet_trio.proto import pb
 from bigfleet_trio.quantity import Quantity, QuantityError
 
@@ -203,19 +204,32 @@ class AvailableCapacityHandler:
             self._written.pop(name, None)
 
     async def on_available_capacity(self, u: pb.AvailableCapacityUpdate) -> None:
-        """Upsert for one update; logs and gives up (never raises) on a permanent error."""
+        """Upsert for one update.
+
+        Raises:
+            Exception: one of :data:`~bigfleet_trio.kube.retry.RECONCILE_RETRIABLE` when the
+                write did not land (the session retries it); a permanent refusal is logged
+                and counted instead.
+        """
         if not u.supersedes_key:
             log.info("available: update without supersedes_key ignored")
             return
         name = available_capacity_name(u.supersedes_key)
         spec = spec_from_update(u)
         try:
-            async for attempt in conflict_retrying(self._attempts, also=TRANSIENT):
+            # Re-plans only: a transient failure goes back to the session, which retries the
+            # key with backoff while this is its latest update
+            # (docs/rules.md#level-triggered-operator).
+            async for attempt in conflict_retrying(self._attempts):
                 with attempt:
                     await self._upsert_once(name, u.supersedes_key, spec)
         except (KubeError, Replan) as exc:
+            if isinstance(exc, RECONCILE_RETRIABLE):
+                raise
+            metrics.RECONCILE_PERMANENT_ERRORS.labels("available_capacity").inc()
             log.error(
-                "available: write failed, giving up name=%s supersedes_key=%r error=%s",
+                "available: write refused, waiting for the next update name=%s "
+                "supersedes_key=%r error=%s",
                 name,
                 u.supersedes_key,
                 exc,

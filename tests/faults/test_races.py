@@ -476,6 +476,7 @@ async def _draining_race(nursery: trio.Nursery, *, cached: bool) -> dict[str, An
     from bigfleet_trio.operator.upcoming.handler import UpcomingNodeHandler
     from bigfleet_trio.operator.upcoming.plan import DrainMemory
     from tests.operator.test_reclaim import Replies, instr
+    from tests.support.reconcile import until_reconciled
 
     base = RecordingKube.over_sim(nursery)
     kube = _FailReadyOnce(base.client, base.server)
@@ -509,7 +510,7 @@ async def _draining_race(nursery: trio.Nursery, *, cached: bool) -> dict[str, An
         else:
             # the node-state write is in flight first, fails once and is retried after the
             # reclaim walked the object to Draining
-            session.start_soon(upcoming.on_node_state_update, configured)
+            session.start_soon(until_reconciled, upcoming.on_node_state_update, configured)
             await trio.testing.wait_all_tasks_blocked()
             session.start_soon(reclaim.on_reclaim_instruction, instr("r-1", "m-1", grace=60),
                                Replies())

@@ -832,3 +832,90 @@ async def test_the_session_traces_the_frames_its_pump_reads(
     assert [x[1:] for x in lines] == [["node_state_update", "m1"],
                                       ["reclaim_instruction", "r1"]]
     assert all(isinstance(x[0], float) for x in lines)
+
+
+class _Outage(FakeHandlers):
+    """Handlers whose writes fail retriably (503) until ``up_at``; record what landed."""
+
+    def __init__(self, up_at: float, error: Exception | None = None) -> None:
+        super().__init__()
+        self.up_at = up_at
+        self.error = error
+        self.node_written: dict[str, int] = {}
+        self.available_written: dict[str, int] = {}
+        self.attempts = 0
+
+    def _write(self) -> None:
+        self.attempts += 1
+        if self.error is not None:
+            raise self.error
+        if trio.current_time() < self.up_at:
+            from bigfleet_trio.kube.errors import ServerError
+
+            raise ServerError(503, "ServiceUnavailable", "apiserver away")
+
+    async def on_node_state_update(self, u: pb.NodeStateUpdate) -> None:
+        self._write()
+        self.node_written[u.machine_id] = u.state
+
+    async def on_available_capacity(self, u: pb.AvailableCapacityUpdate) -> None:
+        self._write()
+        self.available_written[u.supersedes_key] = u.available_count
+
+
+async def test_frames_sent_during_an_apiserver_outage_all_land_after_it(
+    autojump_clock: Any,
+) -> None:
+    """The shard sends each frame once: frames read while every write fails (75 s) are kept
+    as desired states and retried with per-key backoff, never given up; within 30 s of the
+    server's return every key is at its latest frame, on the same session."""
+    from bigfleet_trio.observability import metrics as m
+
+    MS = pb.MachineState
+    start = trio.current_time()
+    h = _Outage(up_at=start + 75.0)
+    retries_before = m.RECONCILE_RETRIES.labels("node_state_update")._value.get()
+    async with trio.open_nursery() as n:
+        session, shard, _, _ = await start_session(n, handlers=h)
+        await shard.receive()  # hello
+        await shard.receive()  # roll-up
+        frames = [("m-1", MS.CREATING), ("m-2", MS.CONFIGURED), ("m-3", MS.IDLE)]
+        for machine, state in frames:
+            await shard.send(pb.ShardMessage(node_state_update=pb.NodeStateUpdate(
+                machine_id=machine, supersedes_key=f"machine/{machine}", state=state)))
+        await shard.send(pb.ShardMessage(available_capacity=pb.AvailableCapacityUpdate(
+            supersedes_key="p/a", available_count=3)))
+        await trio.sleep(40.0)
+        # m-1 moves on while its first frame is still parked: the newer one wins
+        await shard.send(pb.ShardMessage(node_state_update=pb.NodeStateUpdate(
+            machine_id="m-1", supersedes_key="machine/m-1", state=MS.CONFIGURED)))
+        await shard.send(pb.ShardMessage(available_capacity=pb.AvailableCapacityUpdate(
+            supersedes_key="p/a", available_count=5)))
+        await trio.sleep(30.0)
+        assert h.node_written == {} and h.available_written == {}  # still away
+        assert m.RECONCILE_FAILING_OLDEST._value.get() >= 60.0  # not converged for a minute
+        await trio.sleep(5.0 + 30.0)  # back at 75 s; 30 s later everything is there
+        assert h.node_written == {"m-1": MS.CONFIGURED, "m-2": MS.CONFIGURED, "m-3": MS.IDLE}
+        assert h.available_written == {"p/a": 5}
+        assert session.stats.handler_errors == 0  # one session throughout, nothing given up
+        assert m.RECONCILE_RETRIES.labels("node_state_update")._value.get() > retries_before
+        assert m.RECONCILE_FAILING_OLDEST._value.get() == 0.0
+        attempts = h.attempts
+        await trio.sleep(600.0)
+        assert h.attempts == attempts  # converged: nothing is retried any more
+        n.cancel_scope.cancel()
+
+
+async def test_a_permanent_refusal_is_not_retried(autojump_clock: Any) -> None:
+    from bigfleet_trio.kube.errors import ApiError
+
+    h = _Outage(up_at=0.0, error=ApiError(422, "Invalid", "spec.resources: bad"))
+    async with trio.open_nursery() as n:
+        session, shard, _, _ = await start_session(n, handlers=h)
+        await shard.receive()  # hello
+        await shard.receive()  # roll-up
+        await shard.send(pb.ShardMessage(node_state_update=pb.NodeStateUpdate(
+            machine_id="m-1", supersedes_key="machine/m-1", state=pb.MachineState.CREATING)))
+        await trio.sleep(300.0)
+        assert h.attempts == 1 and session.stats.handler_errors == 1
+        n.cancel_scope.cancel()

@@ -23,6 +23,7 @@ from bigfleet_trio.kube.errors import (
 )
 from bigfleet_trio.kube.mergepatch import merge_diff
 from bigfleet_trio.kube.resources import UPCOMING_NODES
+from bigfleet_trio.kube.retry import RECONCILE_RETRIABLE
 from bigfleet_trio.operator.upcoming.handler import UpcomingNodeHandler
 from bigfleet_trio.operator.upcoming.plan import (
     DELETE,
@@ -35,6 +36,7 @@ from bigfleet_trio.operator.upcoming.plan import (
 )
 from bigfleet_trio.proto import pb
 from tests.support.kube import RecordingKube
+from tests.support.reconcile import until_reconciled
 
 MS = pb.MachineState
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -417,7 +419,8 @@ async def test_conflict_and_transient_errors_retried(
     kube.server.faults.fail_next(code=409, verb="patch", resource="upcomingnodes/status")
     kube.server.faults.fail_next(code=503, verb="patch", resource="upcomingnodes/status")
     kube.fail = {"get": [KubeTransportError("reset")]}  # not an HTTP status: the wrapper's hook
-    await handler(kube).on_node_state_update(nsu(MS.CONFIGURING))
+    # the conflict re-plans inside the call; each transient failure goes back to the session
+    assert await until_reconciled(handler(kube).on_node_state_update, nsu(MS.CONFIGURING)) == 2
     assert _un(kube)["status"]["phase"] == "Registered"
     assert [c[0] for c in kube.writes()] == ["patch/status"] * 3
 
@@ -442,30 +445,27 @@ async def test_forbidden_while_the_apiserver_starts_is_retried(
     kube = RecordingKube.over_sim(nursery)
     kube.seed(UPCOMING_NODES, obj("Launched"))
     kube.server.faults.fail_next(code=403, verb="patch", resource="upcomingnodes/status")
-    await handler(kube).on_node_state_update(nsu(MS.CONFIGURING))
+    assert await until_reconciled(handler(kube).on_node_state_update, nsu(MS.CONFIGURING)) == 1
     assert [c[0] for c in kube.writes()] == ["patch/status"] * 2
     assert _un(kube)["status"]["phase"] == "Registered"
 
 
-async def test_forbidden_for_good_gives_up_after_the_budget(
-    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
+@pytest.mark.parametrize("code", [403, 500])
+async def test_a_failure_that_lasts_is_raised_to_the_session_never_given_up(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock, code: int
 ) -> None:
-    kube = RecordingKube.over_sim(nursery)  # a grant really missing: 8 tries, then the ERROR
-    kube.seed(UPCOMING_NODES, obj("Launched"))
-    kube.server.faults.fail_next(20, code=403, verb="patch", resource="upcomingnodes/status")
-    await handler(kube).on_node_state_update(nsu(MS.CONFIGURING))
-    assert len(kube.writes()) == 8
-    assert _un(kube)["status"]["phase"] == "Launched"
-
-
-async def test_transient_forever_gives_up(
-    nursery: trio.Nursery, autojump_clock: trio.abc.Clock
-) -> None:
+    """A grant missing or a server down: each call writes once and raises for the session to
+    retry with backoff (no nested retry budget), and the write lands once the server answers."""
     kube = RecordingKube.over_sim(nursery)
     kube.seed(UPCOMING_NODES, obj("Launched"))
-    kube.server.faults.fail_next(20, code=500, verb="patch", resource="upcomingnodes/status")
-    await handler(kube).on_node_state_update(nsu(MS.CONFIGURING))
-    assert len(kube.writes()) == 8
+    kube.server.faults.fail_next(20, code=code, verb="patch", resource="upcomingnodes/status")
+    h = handler(kube)
+    with pytest.raises(RECONCILE_RETRIABLE):
+        await h.on_node_state_update(nsu(MS.CONFIGURING))
+    assert len(kube.writes()) in (1, 5)  # a 5xx is the client's to repeat (5 tries)
+    assert _un(kube)["status"]["phase"] == "Launched"
+    assert await until_reconciled(h.on_node_state_update, nsu(MS.CONFIGURING)) >= 3
+    assert _un(kube)["status"]["phase"] == "Registered"
 
 
 async def test_concurrent_create_replans(

@@ -11,12 +11,14 @@ their exceptions are logged and counted, never raised. Rules: ``docs/wire.md#the
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 import trio
 
 from bigfleet_trio.kube import reqtrace
+from bigfleet_trio.kube.retry import RECONCILE_RETRIABLE
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.operator.session.queues import KeyedCoalescer
 from bigfleet_trio.operator.session.send import SendSide
@@ -33,6 +35,11 @@ from bigfleet_trio.shard.codec import NodeStateFrame
 __all__ = ["WorkerPool"]
 
 log = logging.getLogger(__name__)
+
+RETRIABLE = RECONCILE_RETRIABLE
+FAILING_REPORT_INTERVAL = 5.0
+"""Seconds between refreshes of ``bigfleet_operator_reconcile_failing_oldest_seconds`` while
+some key's write keeps failing."""
 
 _TRACED_KEYS = {"node_state_update": "machine_id", "reclaim_instruction": "instruction_id"}
 
@@ -99,15 +106,84 @@ class WorkerPool:
         self._room: trio.Event | None = None  # set when node-state pending drops below the cap
         # when each machine waiting on the ready queue became ready (for its queue time)
         self._ready_at: dict[str, float] = {}
+        self._routes = routes
+        self._parked_changed = trio.Event()  # a key was parked: the retry timer recomputes
+        # (kind, key) -> when its write first failed, while it keeps failing (the gauge behind
+        # the not-converged alert); one entry per failing key
+        self._failing_since: dict[tuple[str, str], float] = {}
+        self._nursery: trio.Nursery | None = None
         self._gate_wait = metrics.NODE_STATE_WORKER_WAIT.labels("read_ahead")
         self._slot_wait = metrics.NODE_STATE_WORKER_WAIT.labels("slot")
 
     def start(self, nursery: trio.Nursery) -> None:
-        """Start the node-state workers (``dispatch_concurrency`` of them) in ``nursery``."""
+        """Start the node-state workers (``dispatch_concurrency`` of them) and the retry timer
+        in ``nursery``."""
+        self._nursery = nursery
+        metrics.RECONCILE_FAILING_OLDEST.set(0)  # a new session: the shard replays its state
+        nursery.start_soon(self._retry_timer, name="session-retry-timer")
         if self._pool_route is None:
             return
         for i in range(self.config.dispatch_concurrency):
             nursery.start_soon(self._node_state_worker, name=f"session-node-state-{i}")
+
+    # ---- retries ------------------------------------------------------------------------------
+
+    def _coalescers(self) -> list[tuple[str, KeyedCoalescer[str, Any]]]:
+        out: list[tuple[str, KeyedCoalescer[str, Any]]] = list(self.keyed.items())
+        if self._pool_route is not None:
+            out.append((self._pool_route[0], self.node_states))
+        return out
+
+    def _report_failing(self, now: float) -> None:
+        oldest = min(self._failing_since.values(), default=now)
+        metrics.RECONCILE_FAILING_OLDEST.set(now - oldest)
+
+    def _reached(self, kind: str, coalescer: KeyedCoalescer[str, Any], key: str) -> None:
+        """``key``'s frame landed: its backoff starts again and it no longer counts as failing."""
+        coalescer.forget(key)
+        if self._failing_since and self._failing_since.pop((kind, key), None) is not None:
+            self._report_failing(trio.current_time())
+
+    async def _retry_timer(self) -> NoReturn:
+        """Make parked keys ready when their backoff ends: a node-state key wakes a worker, a
+        keyed-writer key gets a writer task (with an admission token, as a frame would). While
+        keys are failing, also refreshes the failing-oldest gauge every few seconds."""
+        while True:
+            deadline = min((c.next_deadline() for _, c in self._coalescers()), default=math.inf)
+            if self._failing_since:
+                self._report_failing(trio.current_time())
+                deadline = min(deadline, trio.current_time() + FAILING_REPORT_INTERVAL)
+            self._parked_changed = trio.Event()
+            with trio.move_on_at(deadline):
+                await self._parked_changed.wait()
+            now = trio.current_time()
+            for kind, coalescer in self._coalescers():
+                for key in coalescer.promote(now):
+                    if coalescer is self.node_states:
+                        self._ready_at[key] = now
+                        self._ready_keys.release()
+                    else:
+                        await self._admit()
+                        route = self._routes[kind]
+                        assert self._nursery is not None
+                        self._nursery.start_soon(self._bounded, kind, self._drain_key, kind, route)
+
+    def _retry(self, kind: str, coalescer: KeyedCoalescer[str, Any], key: str, value: Any,
+               exc: Exception) -> None:
+        """Park ``value`` (whose write failed retriably with ``exc``) for ``key``'s backoff."""
+        now = trio.current_time()
+        delay = coalescer.retry(key, value, now)
+        metrics.RECONCILE_RETRIES.labels(kind).inc()
+        self._failing_since.setdefault((kind, key), now)
+        failures = coalescer.failures(key)
+        # the first failure and every tenth after it: an outage of minutes stays readable
+        level = logging.WARNING if failures % 10 == 1 else logging.DEBUG
+        log.log(level, "write failed, will retry kind=%s key=%s failures=%d retry_in=%s "
+                "error=%s cluster=%s", kind, key, failures,
+                "newer frame" if delay is None else f"{delay:.2f}s", exc,
+                self.config.cluster_id)
+        if delay is not None:
+            self._parked_changed.set()
 
     async def submit(self, kind: str, route: Route, value: Any, nursery: trio.Nursery) -> None:
         """Dispatch one frame of ``kind`` by ``route``; waits only for admission or room
@@ -175,10 +251,19 @@ class WorkerPool:
         except trio.WouldBlock:
             await self._admission.acquire()
 
-    async def _call_handler(self, kind: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-        """Run one handler; log and count an exception (return None) instead of raising it."""
+    async def _call_handler(self, kind: str, fn: Callable[..., Awaitable[Any]], *args: Any,
+                            retriable: bool = False) -> Any:
+        """Run one handler; log and count an exception (return None) instead of raising it.
+        With ``retriable``, a :data:`RETRIABLE` one is raised for the caller to retry."""
         try:
             return await fn(*args)
+        except RETRIABLE:
+            if retriable:
+                raise
+            self.stats.handler_errors += 1
+            self._handler_errors[kind].inc()
+            log.exception("dispatch failed kind=%s cluster=%s", kind, self.config.cluster_id)
+            return None
         except Exception:
             self.stats.handler_errors += 1
             self._handler_errors[kind].inc()
@@ -200,7 +285,9 @@ class WorkerPool:
 
     async def _drain_key(self, kind: str, route: Route) -> None:
         """Own one ready key and hand its frames to the handler, newest pending next, until none
-        is left (one task per ready key, started by :meth:`submit` with an admission token)."""
+        is left or a write fails retriably (then the frame is parked for the key's backoff and
+        the retry timer starts a new task; one task per ready key, started with an admission
+        token)."""
         coalescer = self.keyed[kind]
         key = coalescer.claim()
         if key is None:  # pragma: no cover - one task per ready key
@@ -209,7 +296,17 @@ class WorkerPool:
         clean = False
         try:
             while (value := coalescer.take_next(key)) is not None:
-                await self._call_handler(kind, handler, value)
+                try:
+                    await self._call_handler(kind, handler, value, retriable=True)
+                except RETRIABLE as exc:
+                    self._retry(kind, coalescer, key, value, exc)
+                    if coalescer.is_parked(key):
+                        coalescer.release(key)
+                        clean = True
+                        return
+                    # a newer frame came meanwhile and replaced it: this task writes it next
+                else:
+                    self._reached(kind, coalescer, key)
             clean = True
         finally:
             if not clean:
@@ -302,13 +399,24 @@ class WorkerPool:
                 clean = False
                 metrics.DISPATCH_INFLIGHT.inc()
                 try:
-                    while (u := self.node_states.take_next(machine_id)) is not None:
-                        if self._room is not None and not self.node_states.full:
-                            self._room.set()
-                            self._room = None
+                    # One frame per claim: a machine whose frames keep coming goes back to the
+                    # ready queue's tail instead of holding this worker and its slot.
+                    u = self.node_states.take_next(machine_id)
+                    if self._room is not None and not self.node_states.full:
+                        self._room.set()
+                        self._room = None
+                    if u is not None:
                         if isinstance(u, NodeStateFrame):
                             u = u.to_message()
-                        await self._call_handler(kind, handler, u)
+                        try:
+                            await self._call_handler(kind, handler, u, retriable=True)
+                        except RETRIABLE as exc:
+                            self._retry(kind, self.node_states, machine_id, u, exc)
+                        else:
+                            self._reached(kind, self.node_states, machine_id)
+                        if self.node_states.release(machine_id):
+                            self._ready_at[machine_id] = trio.current_time()
+                            self._ready_keys.release()
                     clean = True
                 finally:
                     metrics.DISPATCH_INFLIGHT.dec()

@@ -18,10 +18,10 @@ from typing import Any, Literal
 import trio
 
 from bigfleet_trio.kube.api import KubeAPI
-from bigfleet_trio.kube.errors import AlreadyExists, Conflict, Forbidden, KubeError, NotFound
+from bigfleet_trio.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
 from bigfleet_trio.kube.informer import drop_managed_fields
 from bigfleet_trio.kube.resources import UPCOMING_NODES
-from bigfleet_trio.kube.retry import TRANSIENT, Replan, conflict_retrying
+from bigfleet_trio.kube.retry import RECONCILE_RETRIABLE, TRANSIENT, Replan, conflict_retrying
 from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.observability.events import EventFeed
@@ -51,12 +51,6 @@ __all__ = [
 # The package's logger: log lines keep the logger name they had before the package was split.
 log = logging.getLogger(__package__)
 
-
-# What a NodeStateUpdate's write repeats (the shard never resends the update): the transient
-# failures, plus 403, which kube-apiserver answers after a (re)start until its RBAC authorizer's
-# caches are synced (seen on the real control plane: tests/realkube/test_agent_faults.py). A
-# grant that is really missing costs the same budget and ends in the same ERROR line.
-NODE_STATE_RETRY: tuple[type[Exception], ...] = (*TRANSIENT, Forbidden)
 
 # bigfleet_operator_upcoming_node_writes_total{op,outcome} counts every write attempt. conflict is
 # AlreadyExists/Conflict, or a patch finding the object deleted: all resolved by re-planning; noop
@@ -288,7 +282,13 @@ class UpcomingNodeHandler:
         self._feed = feed
 
     async def on_node_state_update(self, u: pb.NodeStateUpdate) -> None:
-        """Reflect one update; logs and gives up (never raises) on a permanent error."""
+        """Reflect one update.
+
+        Raises:
+            Exception: one of :data:`~bigfleet_trio.kube.retry.RECONCILE_RETRIABLE` when the
+                write did not land (the session retries it); a permanent refusal is logged
+                and counted instead.
+        """
         started = trio.current_time()
         live = self._get_cached is None
         # Once per update, so retries repeat neither the naming nor its log lines (the planner
@@ -296,7 +296,10 @@ class UpcomingNodeHandler:
         name = upcoming_node_name(u.machine_id) if u.machine_id else None
         warn_quantities = _once(lambda: spec_from_update(u))
         try:
-            async for attempt in conflict_retrying(self._attempts, also=NODE_STATE_RETRY):
+            # Re-plans only: a transient failure (after the client's own retries) goes back to
+            # the session, which parks the frame with per-key backoff and never gives up while
+            # it is the machine's latest (docs/rules.md#level-triggered-operator).
+            async for attempt in conflict_retrying(self._attempts):
                 with attempt:
                     try:
                         await self._apply_once(u, name, warn_quantities, live=live)
@@ -311,8 +314,12 @@ class UpcomingNodeHandler:
                         live = True
                         raise
         except (KubeError, Replan) as exc:
+            if isinstance(exc, RECONCILE_RETRIABLE):
+                raise
+            metrics.RECONCILE_PERMANENT_ERRORS.labels("node_state_update").inc()
             log.error(
-                "upcoming: write failed, giving up machine_id=%s state=%s error=%s",
+                "upcoming: write refused, waiting for the machine's next frame machine_id=%s "
+                "state=%s error=%s",
                 u.machine_id,
                 u.state,
                 exc,
