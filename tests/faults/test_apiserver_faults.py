@@ -176,3 +176,69 @@ async def test_apiserver_fault_ends_converged(
             assert all((await h.client.list(NODES)).items)
             assert len((await h.client.list(UPCOMING_NODES)).items) >= 2
             run.cancel_scope.cancel()
+
+
+OUTAGE = 75.0
+VERBS = ("get", "list", "create", "update", "patch", "delete", "deletecollection")
+
+
+async def test_frames_during_a_75s_outage_converge_within_30s_on_the_same_session(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Every non-watch request of the operator answered 503 for 75 s while the shard's stream
+    stays up: the machines for CRs a and b walk their lifecycle meanwhile (several
+    NodeStateUpdates per machine) and the pool's hints change (AvailableCapacityUpdates). Within
+    30 s after the outage every UpcomingNode is in its machine's latest state and every
+    AvailableCapacity holds the count the shard last sent, on the session that was up all
+    along (docs/rules.md#level-triggered-operator). Before, each frame's retry budget (about
+    35 s) ran out inside the outage and the frame's effect was gone until a new session."""
+    from bigfleet_trio.kube.resources import AVAILABLE_CAPACITIES
+    from bigfleet_trio.operator.available import available_capacity_name
+
+    async with harness() as h:
+        await h.client.create(CAPACITY_REQUESTS, cr("a", 100, {"cpu": "3"}), "default")
+        await h.client.create(CAPACITY_REQUESTS, cr("b", 100, {"cpu": "3"}), "default")
+        async with trio.open_nursery() as run:
+            await run.start(h.operator.run)
+            await h.wait(lambda: h.operator.statistics().session_up)
+            sessions = h.operator.statistics().sessions
+            for verb in VERBS:  # the roll-up already went out: the shard now provisions
+                h.server.faults.fail_next(10**9, code=503, verb=verb)
+            frames_before = h.operator.statistics().frames_in
+            await trio.sleep(OUTAGE)
+            h.server.faults.clear()
+            assert h.operator.statistics().frames_in > frames_before + 4  # frames came meanwhile
+            engine = h.shard.engine
+            reason = ""
+
+            async def converged() -> bool:
+                nonlocal reason
+                want = {f"un-{m.machine_id}": "Ready" for m in engine.machines
+                        if m.bound and m.state == pb.MachineState.CONFIGURED}
+                got = {n: (u.get("status") or {}).get("phase")
+                       for n, u in (await h.upcoming()).items()}
+                if not want or got != want:
+                    reason = f"UpcomingNodes {got} != shard {want}"
+                    return False
+                for shape in engine.catalog:
+                    sent = engine._ac_sent.get(shape.key)
+                    if sent is None:
+                        continue
+                    key = engine.available_update(shape, sent).supersedes_key
+                    try:
+                        obj = await h.client.get(AVAILABLE_CAPACITIES,
+                                                 available_capacity_name(key))
+                    except Exception as exc:  # noqa: BLE001 - not there yet
+                        reason = f"AvailableCapacity for {shape.key}: {exc!r}"
+                        return False
+                    if obj["spec"]["availableCount"] != sent[0]:
+                        reason = f"{shape.key}: {obj['spec']['availableCount']} != {sent[0]}"
+                        return False
+                return True
+
+            try:
+                await h.wait_async(converged, limit=30)
+            except trio.TooSlowError:
+                pytest.fail(f"not converged 30 s after the outage: {reason}")
+            assert h.operator.statistics().sessions == sessions  # no new session needed
+            run.cancel_scope.cancel()
