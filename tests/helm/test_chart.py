@@ -64,11 +64,28 @@ def _normal(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+TEST_SERVICES = {("Service", "bigfleet-system", "bigfleet-operator-probes"),
+                 ("Service", "bigfleet-system", "bigfleet-pod-controller-probes")}
+"""The Services ``helm test`` asks through: release objects the chart adds
+(docs/helm.md#what-helm-adds)."""
+HELM_TEST_TIMEOUT = 300
+"""``helm test``'s default ``--timeout`` (5m), per test Pod."""
+
+
+def _is_hook(doc: dict[str, Any]) -> bool:
+    return "helm.sh/hook" in (doc["metadata"].get("annotations") or {})
+
+
+def _key(doc: dict[str, Any]) -> tuple[str, str, str]:
+    return (doc["kind"], doc["metadata"].get("namespace") or "", doc["metadata"]["name"])
+
+
 def _by_key(docs: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """Objects by (kind, namespace, name), normalised; ``helm test`` hooks left out."""
+    """Objects by (kind, namespace, name), normalised; ``helm test``'s hooks and Services left
+    out."""
     out = {}
     for doc in docs:
-        if "helm.sh/hook" in (doc["metadata"].get("annotations") or {}):
+        if _is_hook(doc) or _key(doc) in TEST_SERVICES:
             continue
         d = _normal(doc)
         out[(d["kind"], d["metadata"].get("namespace") or "", d["metadata"]["name"])] = d
@@ -156,3 +173,26 @@ def test_a_pdb_only_where_replicas_exceed_one() -> None:
     two = template(*REQUIRED, "--set", "operator.replicas=2")
     pdbs = [d for d in two if d["kind"] == "PodDisruptionBudget"]
     assert [p["metadata"]["name"] for p in pdbs] == ["bigfleet-operator"]
+
+
+def test_helm_test_leaves_nothing_behind() -> None:
+    """Only the test Pods are hooks, deleted however their test ends and ended by a deadline
+    within helm's timeout; the Services they ask are release objects, which ``helm uninstall``
+    removes even after an interrupted ``helm test``."""
+    docs = template(*REQUIRED)
+    hooks = [d for d in docs if _is_hook(d)]
+    assert sorted(d["metadata"]["name"] for d in hooks) == [
+        "bigfleet-operator-readyz-test", "bigfleet-pod-controller-readyz-test"]
+    for pod in hooks:
+        notes = pod["metadata"]["annotations"]
+        assert pod["kind"] == "Pod" and notes["helm.sh/hook"] == "test"
+        assert set(notes["helm.sh/hook-delete-policy"].split(",")) == {
+            "before-hook-creation", "hook-succeeded", "hook-failed"}
+        assert notes["helm.sh/hook-output-log-policy"] == "hook-failed"
+        assert 0 < pod["spec"]["activeDeadlineSeconds"] < HELM_TEST_TIMEOUT
+        script = pod["spec"]["containers"][0]["command"][-1]
+        url = re.search(r'url = "http://([a-z-]+)\.bigfleet-system\.svc:8081/readyz"', script)
+        assert url is not None, script
+        assert ("Service", "bigfleet-system", url.group(1)) in TEST_SERVICES
+    services = {_key(d) for d in docs if d["kind"] == "Service"}
+    assert services == TEST_SERVICES

@@ -1,6 +1,7 @@
 """The chart on the real control plane (scripts/realkube; its own, as the chart's cluster-scoped
 RBAC would collide with the session cluster's Kustomize install): install into a namespace that
-enforces the restricted Pod Security profile, upgrade, uninstall (docs/helm.md)."""
+enforces the restricted Pod Security profile, upgrade, a bounded ``helm test``, uninstall, with
+nothing of the chart's left behind (docs/helm.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tests.support.realkube import require_binaries
 
 NS = "bigfleet-system"
 SETTINGS = ("--set", "clusterId=helm-test", "--set", "shardAddr=127.0.0.1:1")
+TEST_PODS = "app.kubernetes.io/name in (bigfleet-operator-test,bigfleet-pod-controller-test)"
 
 pytestmark = [pytest.mark.realkube, pytest.mark.slow]
 
@@ -119,8 +121,20 @@ def test_install_upgrade_uninstall_under_the_restricted_profile(cluster: Cluster
         rs for rs in c.get("replicasets", "-n", NS, "-l",
                            "app.kubernetes.io/name=bigfleet-operator")["items"]]) == 2)
 
+    # kwok runs no containers, so a test Pod never finishes: `helm test` can only time out here
+    # (bounded), and the failed test deletes its Pod (docs/helm.md#helm-test)
+    tested = helm("test", "bigfleet", "--namespace", NS, "--timeout", "15s", "--kubeconfig",
+                  str(c.cp.kubeconfig), env=c.env, check=False, timeout=120)
+    assert tested.returncode != 0, tested.stdout
+    assert "bigfleet-operator-readyz-test" in tested.stdout and "timed out" in tested.stderr, (
+        tested.stdout, tested.stderr)
+    assert not c.get("pods", "-n", NS, "-l", TEST_PODS)["items"]
+
     c.helm("uninstall", "bigfleet", "--namespace", NS, "--wait")
     assert not c.get("deployments", "-n", NS)["items"]
+    # nothing of the chart's is left in the namespace, the test's Services included
+    assert not c.get("services", "-n", NS)["items"]
+    wait_for("the binaries' Pods gone", lambda: not c.get("pods", "-n", NS)["items"])
     left = {d["metadata"]["name"] for d in c.get("crds")["items"]}
     assert {"capacityrequests.bigfleet.lucy.sh", "upcomingnodes.bigfleet.lucy.sh",
             "availablecapacities.bigfleet.lucy.sh"} <= left
