@@ -390,7 +390,8 @@ async def _start_diagnostics(
     bound = [
         await nursery.start(
             partial(serve_observability, cfg.metrics_addr, readiness=readiness, feed=events,
-                    registry=BinaryRegistry("operator"), auth=auth, tls=tls)
+                    registry=BinaryRegistry("operator"), auth=auth, tls=tls,
+                    profiling=cfg.enable_profiling)
         )
     ]
     probe = cfg.health_probe_addr

@@ -130,7 +130,8 @@ async def serve_pod_controller(
                 review_client(kube_config, agent))) if cfg.metrics_auth else None)
             tls = serving_certificate(cfg.metrics_tls(), cfg.metrics_addr)
             listeners = [partial(serve_observability, cfg.metrics_addr, readiness=readiness,
-                                 registry=BinaryRegistry(COMMAND), auth=auth, tls=tls)]
+                                 registry=BinaryRegistry(COMMAND), auth=auth, tls=tls,
+                                 profiling=cfg.enable_profiling)]
             if cfg.health_probe_addr and separate_probe_listener(cfg.health_probe_addr,
                                                                  cfg.metrics_addr):
                 listeners.append(partial(serve_observability, cfg.health_probe_addr,
