@@ -147,6 +147,11 @@ class ProcessSettings(Settings):
         "--metrics-addr (a proxy in the same pod, kubectl port-forward), where no token "
         "crosses a network",
     )
+    enable_profiling: bool = knob(
+        False, "serve GET /debug/tasks (the live Trio task tree) and "
+        "GET /debug/pprof/profile?seconds=N (a CPU profile, 1..60 s) on the diagnostics "
+        "listener, behind --metrics-auth like /metrics (docs/operate.md#profiling)",
+    )
     health_probe_addr: str | None = knob(
         None, "separate plain-HTTP listener for /healthz and /readyz only (default: the "
         "metrics listener)", metavar="HOST:PORT", check=probe_addr,

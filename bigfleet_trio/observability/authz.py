@@ -12,8 +12,9 @@ from typing import Protocol
 
 __all__ = ["Authorizer", "Decision", "PROTECTED_PATHS", "bearer_token", "counted"]
 
-PROTECTED_PATHS = ("/metrics", "/events")
-"""Paths behind the check; probes (/healthz, /livez, /readyz) stay open for the kubelet."""
+PROTECTED_PATHS = ("/metrics", "/events", "/debug/tasks", "/debug/pprof/profile")
+"""Paths behind the check (the ``/debug`` ones exist only with ``--enable-profiling``); probes
+(/healthz, /livez, /readyz) stay open for the kubelet."""
 
 
 @dataclass(frozen=True)

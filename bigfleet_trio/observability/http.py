@@ -16,6 +16,9 @@ Endpoints:
   ``{"ready": true, "detail": …}``; ``(False, reasons)`` → 503 ``{"ready": false, "reasons": […]}``.
   ``readiness`` may be sync or async and may return a string or a list of strings as detail; an
   exception counts as not ready.
+* ``GET /debug/tasks`` and ``GET /debug/pprof/profile?seconds=N`` (only with ``profiling``,
+  ``--enable-profiling``; else 404): the live Trio task tree and an N-second CPU profile
+  (:mod:`~bigfleet_trio.observability.profiling`; docs/operate.md#profiling).
 * ``WS /events``: each event of the :class:`~bigfleet_trio.observability.events.EventFeed` as one
   JSON text message (``?kind=a,b`` filters kinds).
 """
@@ -44,6 +47,7 @@ from ..excgroups import find_in_group
 from ..knobs import loopback_addr, split_host_port
 from .authz import PROTECTED_PATHS, Authorizer
 from .events import EventFeed
+from .profiling import DEFAULT_SECONDS, MAX_SECONDS, MIN_SECONDS, Busy, Profiler, task_tree
 from .tls import ServingCertificate
 
 __all__ = ["build_app", "separate_probe_listener", "serve_observability", "Readiness",
@@ -138,6 +142,7 @@ def build_app(
     ws_buffer: int = 1024,
     auth: Authorizer | None = None,
     probes_only: bool = False,
+    profiling: bool = False,
 ) -> ASGIApp:
     """Build the diagnostics ASGI app.
 
@@ -149,6 +154,8 @@ def build_app(
         auth: when set, ``/metrics`` and ``/events`` need an authorized bearer token.
         probes_only: serve only ``/healthz``, ``/livez`` and ``/readyz`` (the
             ``--health-probe-addr`` listener: plain HTTP for the kubelet, nothing to protect).
+        profiling: route ``/debug/tasks`` and ``/debug/pprof/profile`` (``--enable-profiling``;
+            behind ``auth`` like ``/metrics``).
 
     Returns:
         An ASGI application (Starlette, behind the auth guard when ``auth`` is set).
@@ -170,6 +177,9 @@ def build_app(
     ]
     if not probes_only:
         routes.append(Route("/metrics", _AsgiEndpoint(make_asgi_app(registry=registry))))
+
+    if profiling and not probes_only:
+        routes.extend(_profiling_routes())
 
     if feed is not None and not probes_only:
         event_feed = feed
@@ -216,6 +226,31 @@ def build_app(
     return _Guard(app, auth) if auth is not None else app
 
 
+def _profiling_routes() -> list[BaseRoute]:
+    profiler = Profiler()
+
+    async def tasks(request: Request) -> Response:
+        return PlainTextResponse(task_tree())
+
+    async def profile(request: Request) -> Response:
+        raw = request.query_params.get("seconds", str(DEFAULT_SECONDS))
+        try:
+            seconds = int(raw)
+        except ValueError:
+            seconds = 0
+        if not MIN_SECONDS <= seconds <= MAX_SECONDS:
+            return PlainTextResponse(
+                f"seconds must be an integer {MIN_SECONDS}..{MAX_SECONDS}, got {raw!r}\n",
+                status_code=400)
+        try:
+            return PlainTextResponse(await profiler.profile(seconds))
+        except Busy as exc:
+            return PlainTextResponse(f"{exc}\n", status_code=409)
+
+    return [Route("/debug/tasks", tasks, methods=["GET"]),
+            Route("/debug/pprof/profile", profile, methods=["GET"])]
+
+
 def separate_probe_listener(probe: str | None, metrics_addr: str) -> bool:
     """True when ``--health-probe-addr`` needs its own listener (a port-0 address always does:
     two ``127.0.0.1:0`` are two ports)."""
@@ -244,6 +279,7 @@ async def serve_observability(
     auth: Authorizer | None = None,
     probes_only: bool = False,
     tls: ServingCertificate | None = None,
+    profiling: bool = False,
     task_status: trio.TaskStatus[str | None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve :func:`build_app` on ``addr`` until cancelled.
@@ -256,7 +292,7 @@ async def serve_observability(
         readiness: see :func:`build_app`.
         feed: see :func:`build_app`.
         registry: Prometheus registry for ``/metrics``.
-        auth, probes_only: see :func:`build_app`.
+        auth, probes_only, profiling: see :func:`build_app`.
         tls: serve HTTPS (and WSS) with this certificate, re-read while serving when it comes
             from files (docs/crds.md#diagnostics-tls); None: plain HTTP.
         task_status: receives the bound ``"host:port"`` once the socket listens.
@@ -276,7 +312,7 @@ async def serve_observability(
     config.graceful_timeout = 1.0
     config.keep_alive_timeout = 30.0
     app = build_app(readiness=readiness, feed=feed, registry=registry, auth=auth,
-                    probes_only=probes_only)
+                    probes_only=probes_only, profiling=profiling)
     if auth is None and not probes_only and not loopback_addr(bind):
         log.warning(
             "diagnostics listener on %s without authentication: anyone who can reach it reads "

@@ -28,7 +28,7 @@ import trio
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
 from bigfleet_trio.kube.leader import LeaderElector, lease_client, lease_namespace
-from bigfleet_trio.kube.startup import sync_or_refused
+from bigfleet_trio.kube.startup import REACH_BUDGET, check_reachable, sync_or_refused
 from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability import stdmetrics
 from bigfleet_trio.observability.events import EventFeed
@@ -390,7 +390,8 @@ async def _start_diagnostics(
     bound = [
         await nursery.start(
             partial(serve_observability, cfg.metrics_addr, readiness=readiness, feed=events,
-                    registry=BinaryRegistry("operator"), auth=auth, tls=tls)
+                    registry=BinaryRegistry("operator"), auth=auth, tls=tls,
+                    profiling=cfg.enable_profiling)
         )
     ]
     probe = cfg.health_probe_addr
@@ -518,8 +519,9 @@ def run_operator(cfg: OperatorConfig) -> int:
 
     Raises:
         KubeConfigError / TLSConfigError / BootstrapTemplateError / ValueError / OSError /
-            SyncTimeout: start-up problems (unwrapped from Trio's exception groups); the CLI
-            prints ``operator: <message>`` and exits 1.
+            SyncTimeout: start-up problems (unwrapped from Trio's exception groups; an
+            apiserver that takes no connection is :class:`~bigfleet_trio.kube.startup.Unreachable`
+            within about 30 s); the CLI prints ``operator: <message>`` and exits 1.
     """
     from bigfleet_trio.observability.logs import setup_logging
     from bigfleet_trio.process import announce, run_trio
@@ -530,6 +532,12 @@ def run_operator(cfg: OperatorConfig) -> int:
     connector = _grpc_connector(cfg)
     renderer = renderer_for(cfg)
     announce("operator")  # after the start-up checks: a failed one stays a single line
-    run_trio(partial(serve_operator, cfg, kube_config=kcfg, connector=connector,
-                     renderer=renderer, freeze_heap=True))
+
+    async def main() -> None:
+        # a dead apiserver ends the start in ~30 s, not --sync-timeout (docs/operate.md)
+        await check_reachable(kcfg, budget=min(REACH_BUDGET, cfg.sync_timeout))
+        await serve_operator(cfg, kube_config=kcfg, connector=connector, renderer=renderer,
+                             freeze_heap=True)
+
+    run_trio(main)
     return 0

@@ -26,6 +26,7 @@ from bigfleet_trio.kube.authz import KubeAuthorizer, review_client
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
 from bigfleet_trio.kube.leader import LeaderElector, lease_client, lease_namespace
+from bigfleet_trio.kube.startup import REACH_BUDGET, check_reachable
 from bigfleet_trio.observability import stdmetrics
 from bigfleet_trio.observability.http import separate_probe_listener, serve_observability
 from bigfleet_trio.observability.looplag import watch_loop_lag
@@ -130,7 +131,8 @@ async def serve_pod_controller(
                 review_client(kube_config, agent))) if cfg.metrics_auth else None)
             tls = serving_certificate(cfg.metrics_tls(), cfg.metrics_addr)
             listeners = [partial(serve_observability, cfg.metrics_addr, readiness=readiness,
-                                 registry=BinaryRegistry(COMMAND), auth=auth, tls=tls)]
+                                 registry=BinaryRegistry(COMMAND), auth=auth, tls=tls,
+                                 profiling=cfg.enable_profiling)]
             if cfg.health_probe_addr and separate_probe_listener(cfg.health_probe_addr,
                                                                  cfg.metrics_addr):
                 listeners.append(partial(serve_observability, cfg.health_probe_addr,
@@ -162,7 +164,8 @@ def run_pod_controller(cfg: PodControllerConfig) -> int:
     Raises:
         ConfigError / PriorityClassDefaultsError / KubeConfigError / SyncTimeout / OSError:
             start-up problems (bad settings or defaults file, no kubeconfig, caches not synced
-            in time, a listener that cannot bind), unwrapped from Trio's exception groups; the
+            in time, an apiserver that takes no connection within about 30 s, a listener that
+            cannot bind), unwrapped from Trio's exception groups; the
             CLI prints ``pod-controller: <reason>`` and exits 1, as for the operator.
     """
     from bigfleet_trio.observability.logs import setup_logging
@@ -180,6 +183,8 @@ def run_pod_controller(cfg: PodControllerConfig) -> int:
     kube_config = load_kubeconfig(cfg.kubeconfig)
 
     async def main() -> None:
+        # a dead apiserver ends the start in ~30 s, not --sync-timeout (docs/operate.md)
+        await check_reachable(kube_config, budget=min(REACH_BUDGET, cfg.sync_timeout))
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(partial(serve_pod_controller, cfg, kube_config, defaults,

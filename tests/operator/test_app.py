@@ -410,6 +410,10 @@ async def test_process_over_sockets_with_leader_election_and_sigterm(tmp_path: P
             nursery.cancel_scope.cancel()
 
 
+async def _reachable(*_a: Any, **_k: Any) -> None:
+    """``check_reachable`` passing (these tests fake the server behind it)."""
+
+
 def test_run_operator_unwraps_sync_timeout_for_a_one_line_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -431,6 +435,7 @@ def test_run_operator_unwraps_sync_timeout_for_a_one_line_error(
         "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
     )
     monkeypatch.setattr(app, "serve_operator", fake_serve)
+    monkeypatch.setattr(app, "check_reachable", _reachable)
     cfg = OperatorConfig(cluster_id="c1", shard_addr="s:1", kubeconfig=str(kc))
     with pytest.raises(SyncTimeout, match=r"^timed out after 30s .*\(x\)$"):
         run_operator(cfg)
@@ -456,6 +461,7 @@ def test_cli_operator_401_at_start_exits_1_with_one_line_at_once(
         return KubeClient(cfg, transport=httpx.MockTransport(refuse), **kw)
 
     monkeypatch.setattr(app, "KubeClient", refusing_client)
+    monkeypatch.setattr(app, "check_reachable", _reachable)  # the informers meet the 401
     kc = tmp_path / "kc"
     kc.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
