@@ -18,8 +18,10 @@ Sub-commands (``sim`` and ``demo`` only where the simulation is installed: they 
     bigfleet-trio events --addr HOST:PORT [--kind KIND ...]
 
 Every failure prints exactly one line ``<command>: <what is wrong>`` on stderr: a usage error
-(unknown flag, bad value) exits 2, a failed check or a runtime failure 1, SIGINT 130
-(docs/reference.md#exit-codes). The run functions are imported lazily per command.
+(unknown flag, bad value) exits 2, a file a flag names or a runtime failure 1; SIGINT ends
+``demo``, ``events`` and ``install-crds`` with 130, the binaries (which handle it as SIGTERM,
+shutting down in order) with 0 (docs/reference.md#exit-codes). The run functions are imported
+lazily per command.
 """
 
 from __future__ import annotations
@@ -361,8 +363,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise UsageError(PROG, "a command is required (operator, pod-controller, sim, "
                          "install-crds, demo, events); see --help")
     if ns.command == "sim" and getattr(ns, "sim_command", None) is None:
-        raise UsageError("sim", "a component is required (apiserver or shard)")
+        *first, last = _subcommands(_subcommands(build_parser())["sim"])
+        raise UsageError("sim", f"a component is required ({', '.join(first)} or {last})")
     return ns
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """A parser's sub-command parsers by name, in the order they were added."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 # ---------------------------------------------------------------------------------- configs
@@ -558,8 +569,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The process exit code (docs/reference.md#exit-codes): the run function's code; 2 on a
         usage error and 1 on a start-up or runtime failure, each after one line
-        ``<command>: <what is wrong>`` on stderr; 130 after SIGINT (``<command>:
-        interrupted``); 0 for ``--help`` and ``--version``.
+        ``<command>: <what is wrong>`` on stderr; 130 after a SIGINT the command does not
+        handle itself (``<command>: interrupted``; the binaries shut down and return 0); 0 for
+        ``--help`` and ``--version``.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["sim"], ["demo"]) and sim_commands() is None and _sim_missing:

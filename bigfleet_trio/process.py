@@ -1,7 +1,7 @@
 """The process shell both binaries share: the start-up line, ``bigfleet_build_info``, and
 ``trio.run`` with a start-up failure unwrapped from Trio's exception groups, so that the CLI
 prints every failure the same way (one line ``<command>: <what is wrong>``, exit 1; usage errors
-exit 2; SIGINT 130). docs/reference.md#exit-codes.
+exit 2; SIGTERM or SIGINT: an orderly shutdown, exit 0). docs/reference.md#exit-codes.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-# The realkube tier's fixtures (`realkube`, `kube_backend`): tests/support/realkube.py.
-pytest_plugins = ["tests.support.realkube"]
+# The realkube tier's fixtures (`realkube`, `kube_backend`): tests/support/realkube.py; one line
+# per tier that skipped for want of a built binary or an installed library: tests/support/tiers.py.
+pytest_plugins = ["tests.support.realkube", "tests.support.tiers"]
 
 
 @pytest.fixture(autouse=True)

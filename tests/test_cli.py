@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 from pathlib import Path
@@ -331,7 +332,7 @@ def test_sim_and_misc_parsing() -> None:
             ["sim", "shard", "--port", "70000"],
             "sim shard: argument --port: invalid port '70000': must be 0..65535",
         ),
-        (["sim"], "sim: a component is required (apiserver or shard)"),
+        (["sim"], "sim: a component is required (apiserver, shard or cluster)"),
         (
             ["demo", "--workloads", "/nonexistent-dir"],
             "demo: --workloads: /nonexistent-dir: not a directory",
@@ -365,6 +366,29 @@ def test_startup_errors_one_line_exit_2_or_1(
     else:
         assert lines[0] == line
     assert captured.out == ""
+
+
+def _sim_components() -> list[str]:
+    import argparse
+
+    root = cli.build_parser()
+    sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    sim = sub.choices["sim"]
+    return list(next(a for a in sim._actions
+                     if isinstance(a, argparse._SubParsersAction)).choices)
+
+
+def test_sim_without_a_component_lists_every_component(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The usage line names each component the parser has, and the module docstring shows
+    each one's command line."""
+    components = _sim_components()
+    assert cli.main(["sim"]) == 2
+    err = capsys.readouterr().err
+    listed = err.split("(", 1)[1].split(")", 1)[0].replace(" or ", ", ").split(", ")
+    assert listed == components
+    for name in components:
+        assert f"bigfleet-trio sim {name} " in cli.__doc__
 
 
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
@@ -898,3 +922,88 @@ def test_watch_list_knob_reaches_both_binaries_informers() -> None:
     client = KubeClient(KubeConfig(server="http://kube.test"))
     ctl = PodController(client, watch_list=True)
     assert ctl.pods.watch_list and ctl.crs.watch_list
+
+
+# ---------------------------------------------------------------------- exit codes, as documented
+
+DOCS_ROOT = Path(__file__).resolve().parents[1]
+EXIT_EXAMPLES = {
+    "--cluster-id is required": ["operator", "--shard-addr=s:1"],
+    "--cluster-id must be a DNS-1123 label": ["operator", "--cluster-id=Prod_EU",
+                                              "--shard-addr=s:1"],
+    "read bootstrap-template-file: /nonexistent.j2: No such file or directory": [
+        "operator", "--cluster-id=c", "--shard-addr=s:1",
+        "--bootstrap-template-file=/nonexistent.j2"],
+}
+"""Each message docs/reference.md#exit-codes gives as an example -> a command line showing it."""
+
+
+def exit_code_rows() -> dict[int, str]:
+    """docs/reference.md's exit-code table: code -> its "when" cell."""
+    text = (DOCS_ROOT / "docs" / "reference.md").read_text()
+    section = text.split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    return {int(code): when for code, when in re.findall(r"^\| (\d+) \| (.+) \|$", section, re.M)}
+
+
+def test_the_exit_code_tables_examples_exit_with_their_rows_code(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    rows = exit_code_rows()
+    documented = {m for when in (rows[1], rows[2]) for m in re.findall(r"`([^`]+)`", when)
+                  if " " in m and not m.startswith("--sync")}
+    assert documented == set(EXIT_EXAMPLES), "an example the table gives has no command line here"
+    for message, argv in EXIT_EXAMPLES.items():
+        code = next(c for c, when in rows.items() if f"`{message}`" in when)
+        assert cli.main(argv) == code, message
+        assert message in capsys.readouterr().err
+
+
+def test_the_readme_states_the_exit_codes_of_reference_md() -> None:
+    """README's summary names the same codes, and for Ctrl-C the same split: a binary 0, the
+    other commands 130 (the commands named alike)."""
+    rows = exit_code_rows()
+    readme = (DOCS_ROOT / "README.md").read_text()
+    summary = " ".join(readme.split("Exit codes (both binaries", 1)[1].split("`--version`")[0]
+                       .split())
+    claims = dict(re.findall(r"(\d+) ((?:after|for|when)[^;]+)", summary))
+    assert {int(c) for c in claims} == set(rows)
+    assert "Ctrl-C" in claims["0"] and "SIGINT" in rows[0] and "a binary" in claims["0"]
+    assert re.findall(r"`([a-z-]+)`", claims["130"]) == re.findall(r"`([a-z-]+)`", rows[130])
+
+
+@pytest.mark.slow
+async def test_a_binary_exits_0_after_ctrl_c(nursery: Any, tmp_path: Path) -> None:
+    """docs/reference.md#exit-codes: SIGINT is an orderly shutdown for a binary, not 130."""
+    import signal
+    import subprocess
+
+    import httpx
+    import trio
+
+    from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
+    from tests.support.ports import free_port
+
+    url = await nursery.start(serve, ApiServer())
+    kc = tmp_path / "kubeconfig"
+    write_kubeconfig(url, str(kc))
+    port = free_port()
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "bigfleet_trio", "pod-controller", "--kubeconfig", str(kc),
+         "--metrics-addr", f"127.0.0.1:{port}", "--log-level", "warning"],
+        stderr=subprocess.PIPE)
+    try:
+        with trio.fail_after(30):
+            async with httpx.AsyncClient() as http:
+                while True:
+                    try:
+                        if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await trio.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            assert await proc.wait() == 0
+            assert "SIGINT" in exit_code_rows()[0]
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -365,3 +365,39 @@ def test_the_hop_lists_name_functions_that_exist() -> None:
             if obj is None:
                 missing.append(f"{module.__name__}.{name}")
     assert checked >= 20 and not missing, missing
+
+
+BENCH_CELL_MAX = 100
+"""Characters a cell of BENCHMARKS.md's current-figures table may hold (a link counts as its
+text): a figure, not the run's story, which belongs in its record."""
+
+
+def _current_figures() -> tuple[list[str], list[list[str]]]:
+    """BENCHMARKS.md's current-figures table: header cells and rows of cells."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    section = text.split("\n## Current figures\n", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in table]
+    assert set(table[1].replace("|", "")) <= {"-", " "}, "the second line is the separator"
+    return cells[0], cells[2:]
+
+
+def test_benchmarks_current_figures_one_short_row_per_scenario_and_size_latest_first() -> None:
+    header, rows = _current_figures()
+    assert header[:3] == ["scenario", "size", "run"], header
+    assert rows, "no rows"
+    assert all(len(r) == len(header) for r in rows), "a row with another number of cells"
+    keys = [(r[0], r[1]) for r in rows]
+    assert sorted(set(keys)) == sorted(keys), "two rows for one scenario and size"
+    for row in rows:
+        for cell in row:
+            shown = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", cell)
+            assert len(shown) <= BENCH_CELL_MAX, (row[0], row[1], shown)
+    runs = []
+    for row in rows:
+        when = re.fullmatch(r"(\d{4}-\d\d-\d\d)(?: (\d\d:\d\d) UTC)?", row[2])
+        assert when is not None, f"run {row[2]!r}: YYYY-MM-DD [HH:MM UTC]"
+        runs.append((when.group(1), when.group(2)))
+    for (day, at), (next_day, next_at) in zip(runs, runs[1:], strict=False):
+        assert day > next_day or (day == next_day and (not at or not next_at or at >= next_at)), (
+            f"not the latest first: {day} {at or ''} before {next_day} {next_at or ''}")

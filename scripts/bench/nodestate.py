@@ -1,6 +1,6 @@
 """``bench.py nodestate``: a NodeStateUpdate burst through the real Session into the real
-:class:`~bigfleet_trio.operator.upcoming.UpcomingNodeHandler` (BENCHMARKS.md "NodeStateUpdate
-burst" row, the runs in docs/benchmarks/in-process.md; coalescing: docs/wire.md#the-session;
+:class:`~bigfleet_trio.operator.upcoming.UpcomingNodeHandler` (BENCHMARKS.md `nodestate`
+row, the runs in docs/benchmarks/in-process.md; coalescing: docs/wire.md#the-session;
 phases: docs/rules.md#upcomingnode-phases).
 
 Set-up per measurement: a fresh embedded apiserver (:class:`~bigfleet_trio.sim.apiserver.ApiServer`)

@@ -1,5 +1,5 @@
 """``bench.py reclaim``: draining ``nodes x pods`` with PodDisruptionBudgets on the embedded
-apiserver (BENCHMARKS.md "reclaim" row, the runs in docs/benchmarks/in-process.md; the flow:
+apiserver (BENCHMARKS.md `reclaim` row, the runs in docs/benchmarks/in-process.md; the flow:
 docs/rules.md#reclaim).
 
 Cluster (built before the clock starts, on an apiserver child process with its PDB status

@@ -1,4 +1,4 @@
-"""``bench.py rollup``: roll-up cycle cost vs CR count (BENCHMARKS.md "roll-up" row; the runs:
+"""``bench.py rollup``: roll-up cycle cost vs CR count (BENCHMARKS.md `rollup` row; the runs:
 docs/benchmarks/in-process.md): a cycle costs O(needs), not O(CRs), as
 docs/deviations.md#2-roll-up-and-acknowledgement-operatorrollup-wiringpy-acknowledgepy says.
 

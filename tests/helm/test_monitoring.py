@@ -16,11 +16,11 @@ import pytest
 import yaml
 
 from scripts import gen_dashboard
-from scripts.realkube import BUILD_HINT
 from scripts.realkube.tools import find_tool
 from tests.support.helm import CHART
 from tests.support.monitoring import MONITORING
 from tests.support.realkube import REQUIRE_ENV
+from tests.support.tiers import PROMTOOL_SKIP
 from tests.test_docs import github_slugs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ ALERTS = [r for g in RULES["groups"] for r in g["rules"] if "alert" in r]
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     found = find_tool("promtool")
     if found is None:
-        msg = f"promtool not built: run `{BUILD_HINT}`"
+        msg = PROMTOOL_SKIP
         if os.environ.get(REQUIRE_ENV):
             pytest.fail(f"{msg} ({REQUIRE_ENV} is set)", pytrace=False)
         pytest.skip(msg)

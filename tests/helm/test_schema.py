@@ -32,6 +32,10 @@ from bigfleet_trio.cli import (
     pod_controller_config,
 )
 from bigfleet_trio.knobs import ConfigError
+from bigfleet_trio.podcontroller.defaults import (
+    PriorityClassDefaultsError,
+    parse_priority_class_defaults,
+)
 from tests.support.helm import CHART, template
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
@@ -221,6 +225,22 @@ def test_the_refused_cluster_id_of_a_crash_loop() -> None:
     """``Prod_EU`` passed the schema and then crash-looped the operator."""
     assert not binary_accepts("operator", ["--cluster-id=Prod_EU"])
     assert not schema_accepts("clusterId", "Prod_EU")
+
+
+@pytest.mark.parametrize(("penalty", "ok"), [
+    ("8192", True), ("1k", True), ("0.5", True), ("", True),
+    ("lots", False), ("8 192", False), ("1kk", False)])
+def test_priority_class_penalties_are_quantities_as_the_pod_controller_parses_them(
+        penalty: str, ok: bool) -> None:
+    """``priorityClassDefaults`` becomes the file the pod controller parses at start."""
+    entry = {"ml": {"interruptionPenalty": penalty}}
+    try:
+        parse_priority_class_defaults(yaml.safe_dump(entry))
+        parsed = True
+    except PriorityClassDefaultsError:
+        parsed = False
+    assert parsed is ok, "the case's premise"
+    assert schema_accepts("priorityClassDefaults", entry) is ok
 
 
 def _container_args(docs: list[dict[str, Any]], command: str) -> list[str]:

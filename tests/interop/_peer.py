@@ -33,22 +33,28 @@ BIN = str(Path(sys.executable).parent / "bigfleet-trio")
 GO = shutil.which("go")
 #: CI sets this: a missing Go toolchain fails the tier instead of skipping it.
 REQUIRE_GO = bool(os.environ.get("BIGFLEET_REQUIRE_GO"))
-NO_GO = "interop tier: no Go toolchain (`go` not on PATH; BIGFLEET_REQUIRE_GO=1 fails instead)"
+NO_GO = "no Go toolchain (`go` not on PATH; BIGFLEET_REQUIRE_GO=1 fails instead)"
+BUILDING = "interop tier: building the Go shard peer (scripts/build-goshard) into"
 
 Record = dict[str, Any]
 
 
-def build_goshard() -> str:
+def build_goshard(announce: Callable[[str], None] = print) -> str:
     """Build (or reuse) the peer with ``scripts/build-goshard``; returns the binary's path.
 
-    ``BIGFLEET_GOSHARD_BIN`` names a prebuilt binary instead (``.ci/run`` builds it first).
+    ``BIGFLEET_GOSHARD_BIN`` names a prebuilt binary instead (``.ci/run`` builds it first). A
+    build (nothing cached for this toolchain and source) is announced with one line through
+    ``announce`` first: it takes a minute or more, into a cache outside the repository.
     """
     prebuilt = os.environ.get("BIGFLEET_GOSHARD_BIN")
     if prebuilt:
         return prebuilt
-    out = subprocess.run(
-        [str(REPO / "scripts" / "build-goshard")], capture_output=True, text=True, timeout=1200
-    )
+    script = str(REPO / "scripts" / "build-goshard")
+    path = subprocess.run([script, "--path"], capture_output=True, text=True, timeout=120,
+                          check=False).stdout.strip()
+    if not (path and os.access(path, os.X_OK)):
+        announce(f"{BUILDING} {path or 'the cache'} (set BIGFLEET_GOSHARD_BIN to use a built one)")
+    out = subprocess.run([script], capture_output=True, text=True, timeout=1200)
     if out.returncode != 0:
         pytest.fail(f"scripts/build-goshard failed:\n{out.stderr}")
     return out.stdout.strip().splitlines()[-1]

@@ -14,6 +14,12 @@ if GO is None and not REQUIRE_GO:
 
 
 @pytest.fixture(scope="session")
-def goshard() -> str:
-    """Path of the built Go peer (built once per run into the cache outside the repository)."""
-    return build_goshard()
+def goshard(pytestconfig: pytest.Config) -> str:
+    """Path of the built Go peer (built once per run into the cache outside the repository; a
+    build says so with one line on the terminal, past pytest's output capture)."""
+    def announce(line: str) -> None:
+        capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+        terminal = pytestconfig.pluginmanager.getplugin("terminalreporter")
+        with capture.global_and_fixture_disabled():
+            terminal.write_line(line)
+    return build_goshard(announce)

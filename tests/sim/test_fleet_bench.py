@@ -10,6 +10,7 @@ from bigfleet_trio.sim.shard.catalog import parse_catalog
 from scripts.bench._fleet_analysis import match_in_life, pod_cr_latencies, reclaim_latencies
 from scripts.bench._fleet_report import _phase_p99
 from scripts.bench.fleet import fleet_catalog, fleet_workloads, nsu_latencies, rollup_latencies
+from tests.support.tiers import MATPLOTLIB_SKIP
 
 
 def test_catalog_has_the_fleet_size_and_parses() -> None:
@@ -308,7 +309,7 @@ def test_plot_bins_latencies_by_start_and_cpu_as_cores() -> None:
 
 
 def test_plot_writes_a_png(tmp_path: Any) -> None:
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason=MATPLOTLIB_SKIP)
     from scripts.bench._fleet_plot import plot
 
     out = tmp_path / "run.png"

@@ -1,7 +1,8 @@
 """The helm tier's support: the pinned helm binary (scripts/realkube/tools.py) or a skip.
 
-Without the binary every helm test skips with one line naming the build command; with
-``BIGFLEET_REQUIRE_REALKUBE=1`` (CI, where Go is present) that is a failure instead.
+Without the binary every helm test skips, and the run ends with one line naming the build
+command (tests/support/tiers.py); with ``BIGFLEET_REQUIRE_REALKUBE=1`` (CI, where Go is
+present) that is a failure instead.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from scripts.realkube import BUILD_HINT
 from scripts.realkube.tools import find_tool
 from tests.support.realkube import REQUIRE_ENV
+from tests.support.tiers import HELM_SKIP
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "bigfleet-trio"
 
@@ -25,7 +26,7 @@ def helm_binary() -> str:
     """The built helm; else skip (fail under ``BIGFLEET_REQUIRE_REALKUBE``)."""
     found = find_tool("helm")
     if found is None:
-        msg = f"helm not built: run `{BUILD_HINT}`"
+        msg = HELM_SKIP
         if os.environ.get(REQUIRE_ENV):
             pytest.fail(f"{msg} ({REQUIRE_ENV} is set)", pytrace=False)
         pytest.skip(msg)

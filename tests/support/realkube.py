@@ -54,7 +54,7 @@ SKIP_REASON = f"real control-plane binaries not built: run `{BUILD_HINT}`"
 
 def require_binaries() -> Any:
     """The built binaries; else skip (the session then prints one line naming the build
-    command, :func:`pytest_terminal_summary`), or fail when ``BIGFLEET_REQUIRE_REALKUBE`` is
+    command, tests/support/tiers.py), or fail when ``BIGFLEET_REQUIRE_REALKUBE`` is
     set."""
     found = find_binaries()
     if found is None:
@@ -254,11 +254,3 @@ async def backend_kubeconfig(nursery: trio.Nursery, tmp_path: Path, backend: Rea
     kc = tmp_path / "kubeconfig"
     write_kubeconfig(url, str(kc), token=token)
     return kc
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """One line for the whole tier when it skipped for want of the binaries."""
-    skipped = [r for r in terminalreporter.stats.get("skipped", [])
-               if SKIP_REASON in str(getattr(r, "longrepr", ""))]
-    if skipped:
-        terminalreporter.write_line(f"realkube tier: {len(skipped)} tests skipped, {SKIP_REASON}")
