@@ -27,6 +27,8 @@ NO_ASSERT_ALLOWED: dict[tuple[str, str], str] = {}
 _SUBPROCESS = "polls state a real subprocess changes, under a deadline"
 REAL_TIME_ALLOWED: dict[tuple[str, str], str] = {
     ("helm/test_install.py", "wait_for"): "polls a real helm/kubectl run (synchronous code)",
+    ("test_cli.py", "test_a_binary_exits_0_after_ctrl_c"):
+        "polls a real pod-controller process's /readyz over a socket until it serves",
     ("observability/test_diagnostics_auth.py", "test_events_follower_sends_the_kubeconfig_token"):
         "the follower connects over real TLS sockets; no subscribe event to await",
     ("observability/test_diagnostics_tls.py", "test_events_over_wss_with_the_ca_or_skip_verify"):
