@@ -203,17 +203,6 @@ class OperatorParts:
         return (self.cr_informer, self.un_informer, self.node_informer)
 
 
-def _upcoming_deleted(upcoming: UpcomingNodeHandler, agent: Agent, obj: Any) -> None:
-    """controller-runtime's ``Owns()``: an UpcomingNode deleted by someone else while its
-    machine is live is reconciled again from the machine's latest frame (the plan decides: a
-    live machine gets it back, one past Drained does not; docs/rules.md#level-triggered-operator).
-    """
-    name = (obj.get("metadata") or {}).get("name") if isinstance(obj, dict) else None
-    machine_id = upcoming.machine_of.get(name) if isinstance(name, str) else None
-    if machine_id is not None and agent.session is not None:
-        agent.session.requeue_machine(machine_id)
-
-
 def build_operator(
     cfg: OperatorConfig,
     *,
@@ -275,7 +264,10 @@ def build_operator(
     )
     agent = Agent(connector, source, handlers, cfg.agent_config(),
                   on_session_change=session_change_publisher(feed))
-    un_informer.add_handler(on_delete=partial(_upcoming_deleted, upcoming, agent))
+    # Not wired yet: re-queueing a machine on every deletion of its UpcomingNode re-created the
+    # ones the drain path deletes at Drained (their machine's last frame is still CONFIGURED).
+    # The hook needs to tell our own deletions from others' first
+    # (docs/rules.md#level-triggered-operator).
     return OperatorParts(
         memory=memory,
         kube_events=kube_events,
