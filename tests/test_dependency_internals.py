@@ -159,6 +159,8 @@ INTERNALS: dict[str, tuple[Internal, Callable[[], None]]] = {
 OWN_PRIVATE: dict[str, str] = {
     "_current_frames": "stdlib sys._current_frames (observability/looplag.py)",
     "_Environ": "stdlib os._Environ, a type (kube/leader.py)",
+    "_actions": "stdlib argparse: a parser's actions, for its sub-command names (cli.py)",
+    "_SubParsersAction": "stdlib argparse's sub-command action type (cli.py)",
     "_betterproto": "betterproto's class metadata (shard/codec.py); betterproto is pinned ==",
     "_bf_redacted": "our own marker on a LogRecord (observability/logs.py)",
     "_bf_pairs": "our own marker on a LogRecord (observability/logs.py)",
