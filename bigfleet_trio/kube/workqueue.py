@@ -31,14 +31,14 @@ import math
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, Protocol, TypeVar
 
 import trio
 
 from bigfleet_trio.kube.retry import Backoff
 
-__all__ = ["QueueCore", "QueueMetrics", "ShutDown", "WorkQueue", "backoff_delay"]
+__all__ = ["ParkedKeys", "QueueCore", "QueueMetrics", "ShutDown", "WorkQueue", "backoff_delay"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -86,6 +86,62 @@ def backoff_delay(failures: int, base_delay: float, max_delay: float) -> float:
     return Backoff(initial=base_delay, cap=max_delay, jitter=0.0).nominal(failures)
 
 
+class ParkedKeys(Generic[K]):
+    """Keys parked until a moment (seconds on the caller's clock): a dict of moments and a lazy
+    min-heap, stale entries skipped. Pure; shared by :class:`QueueCore` and the operator's
+    session queue (``operator/session/queues.py``)."""
+
+    __slots__ = ("_when", "_heap", "_seq")
+
+    def __init__(self) -> None:
+        self._when: dict[K, float] = {}
+        self._heap: list[tuple[float, int, K]] = []
+        self._seq = itertools.count()
+
+    def park(self, key: K, when: float) -> bool:
+        """Park ``key`` until ``when``; an earlier moment already set wins. Returns True if
+        ``when`` is now the key's moment."""
+        current = self._when.get(key)
+        if current is not None and current <= when:
+            return False
+        self._when[key] = when
+        heapq.heappush(self._heap, (when, next(self._seq), key))
+        return True
+
+    def pop_due(self, now: float) -> Iterator[K]:
+        """Unpark and yield, earliest first, the keys whose moment is ``now`` or earlier."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            when, _, key = heapq.heappop(heap)
+            if self._when.get(key) != when:
+                continue  # stale: re-parked earlier, or discarded
+            del self._when[key]
+            yield key
+
+    def next_deadline(self) -> float:
+        """The earliest moment (``math.inf`` when nothing is parked)."""
+        heap = self._heap
+        while heap and self._when.get(heap[0][2]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else math.inf
+
+    def discard(self, key: K) -> bool:
+        """Unpark ``key`` (its heap entry goes stale). Returns True if it was parked."""
+        return self._when.pop(key, None) is not None
+
+    def shrink(self) -> None:
+        """Give back the tables a burst grew, once nothing is parked."""
+        if not self._when and (self._heap or sys.getsizeof(self._when) > _EMPTY_DICT):
+            self._when = {}
+            self._heap = []  # every entry left is stale once nothing is parked
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._when
+
+    def __len__(self) -> int:
+        return len(self._when)
+
+
 class QueueCore(Generic[K]):
     """The pure bookkeeping of :class:`WorkQueue`; every call takes the current time.
 
@@ -114,8 +170,7 @@ class QueueCore(Generic[K]):
         self._low_live: dict[K, int] = {}
         self._dirty: dict[K, float] = {}  # key -> when it became ready (queued or pending re-queue)
         self._processing: dict[K, float] = {}  # key -> when a worker took it
-        self._parked: dict[K, float] = {}  # key -> earliest moment
-        self._heap: list[tuple[float, int, K]] = []  # lazy: stale entries skipped
+        self._parked: ParkedKeys[K] = ParkedKeys()
         self._seq = itertools.count()
         self._failures: dict[K, int] = {}
         self.shutting_down = False
@@ -158,11 +213,7 @@ class QueueCore(Generic[K]):
             return False
         if when <= now:
             return self.add(key, now)
-        current = self._parked.get(key)
-        if current is not None and current <= when:
-            return False
-        self._parked[key] = when
-        heapq.heappush(self._heap, (when, next(self._seq), key))
+        self._parked.park(key, when)
         return False
 
     def add_rate_limited(self, key: K, now: float) -> float:
@@ -187,23 +238,11 @@ class QueueCore(Generic[K]):
 
     def promote(self, now: float) -> int:
         """Move parked keys whose moment has come into the ready queue. Returns how many."""
-        n = 0
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            when, _, key = heapq.heappop(heap)
-            if self._parked.get(key) != when:
-                continue  # stale entry (re-parked earlier, or already promoted)
-            del self._parked[key]
-            if self.add(key, now):
-                n += 1
-        return n
+        return sum(1 for key in list(self._parked.pop_due(now)) if self.add(key, now))
 
     def next_deadline(self) -> float:
         """Earliest parked moment (``math.inf`` when nothing is parked)."""
-        heap = self._heap
-        while heap and self._parked.get(heap[0][2]) != heap[0][0]:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else math.inf
+        return self._parked.next_deadline()
 
     # -- workers -------------------------------------------------------------------------------
 
@@ -266,9 +305,7 @@ class QueueCore(Generic[K]):
             self._processing = {}
         if not self._dirty and sys.getsizeof(self._dirty) > _EMPTY_DICT:
             self._dirty = {}
-        if not self._parked and (self._heap or sys.getsizeof(self._parked) > _EMPTY_DICT):
-            self._parked = {}
-            self._heap = []  # every entry left is stale once nothing is parked
+        self._parked.shrink()
 
     # -- introspection -------------------------------------------------------------------------
 

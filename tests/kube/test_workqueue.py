@@ -408,8 +408,8 @@ def test_a_drained_queue_gives_its_burst_sized_tables_back() -> None:
     assert len(q) == 0
     assert sys.getsizeof(q._dirty) == small
     assert sys.getsizeof(q._processing) == small
-    assert sys.getsizeof(q._parked) == small
-    assert q._heap == []
+    assert sys.getsizeof(q._parked._when) == small
+    assert q._parked._heap == []
 
 
 async def test_a_get_cancelled_at_its_yield_hands_the_key_out_again() -> None:

@@ -8,14 +8,12 @@ so every rule below is unit-tested without an event loop.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from bigfleet_trio.kube.workqueue import backoff_delay
+from bigfleet_trio.kube.workqueue import ParkedKeys, backoff_delay
 from bigfleet_trio.proto import pb
 from bigfleet_trio.shard.codec import EncodedFrame
 
@@ -244,9 +242,7 @@ class KeyedCoalescer(Generic[K, T]):
         self._pending: dict[K, T] = {}
         self._owned: set[K] = set()
         self._ready: deque[K] = deque()
-        self._parked: dict[K, float] = {}  # key -> when its parked frame becomes ready
-        self._heap: list[tuple[float, int, K]] = []  # lazy: stale entries skipped
-        self._seq = itertools.count()
+        self._parked: ParkedKeys[K] = ParkedKeys()  # keys whose frame waits out a retry
         self._failures: dict[K, int] = {}
         self.coalesced = 0
         self.retries = 0
@@ -256,7 +252,7 @@ class KeyedCoalescer(Generic[K, T]):
         if key in self._pending:
             self.coalesced += 1
             self._pending[key] = item
-            if self._parked.pop(key, None) is not None and key not in self._owned:
+            if self._parked.discard(key) and key not in self._owned:
                 self._ready.append(key)
                 return True
             return False
@@ -295,9 +291,7 @@ class KeyedCoalescer(Generic[K, T]):
         self._failures[key] = failures + 1
         delay = backoff_delay(failures, self.base_delay, self.max_delay)
         self._pending[key] = item
-        when = now + delay
-        self._parked[key] = when
-        heapq.heappush(self._heap, (when, next(self._seq), key))
+        self._parked.park(key, now + delay)
         self.retries += 1
         return delay
 
@@ -321,30 +315,19 @@ class KeyedCoalescer(Generic[K, T]):
     def promote(self, now: float) -> list[K]:
         """Make the keys parked until ``now`` or earlier ready; returns those that joined the
         ready queue (an owned one joins when its owner releases it)."""
-        out: list[K] = []
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            when, _, key = heapq.heappop(heap)
-            if self._parked.get(key) != when:
-                continue  # stale: replaced by a newer frame, or abandoned
-            del self._parked[key]
-            if key not in self._owned:
-                self._ready.append(key)
-                out.append(key)
+        out = [key for key in self._parked.pop_due(now) if key not in self._owned]
+        self._ready.extend(out)
         return out
 
     def next_deadline(self) -> float:
         """The earliest parked moment (``math.inf`` when nothing is parked)."""
-        heap = self._heap
-        while heap and self._parked.get(heap[0][2]) != heap[0][0]:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else math.inf
+        return self._parked.next_deadline()
 
     def abandon(self, key: K) -> None:
         """Forget ``key`` entirely (its owner was cancelled or crashed)."""
         self._pending.pop(key, None)
         self._owned.discard(key)
-        self._parked.pop(key, None)
+        self._parked.discard(key)
         self._failures.pop(key, None)
 
     def in_flight(self, key: K) -> bool:
