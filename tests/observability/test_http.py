@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from functools import partial
 
 import httpx
@@ -20,23 +18,13 @@ from trio_websocket import open_websocket_url
 from bigfleet_trio.knobs import ConfigError
 from bigfleet_trio.observability.events import EventFeed, follow_events
 from bigfleet_trio.observability.http import serve_observability
+from tests.support.diagnostics import diagnostics_server as _server
 
 
 async def _wait_subscribers(feed: EventFeed, n: int) -> None:
     """Poll (real time) until the server side has ``n`` subscriptions."""
     while feed.statistics().subscribers != n:  # noqa: ASYNC110 - state lives in another task
         await trio.sleep(0.005)
-
-
-@asynccontextmanager
-async def _server(**kw: object) -> AsyncIterator[str]:
-    async with trio.open_nursery() as nursery:
-        addr = await nursery.start(partial(serve_observability, "127.0.0.1:0", **kw))
-        assert isinstance(addr, str)
-        try:
-            yield addr
-        finally:
-            nursery.cancel_scope.cancel()
 
 
 async def test_binds_free_port_and_serves_healthz() -> None:

@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from functools import partial
 
 import httpx
@@ -14,8 +12,8 @@ import trio
 
 from bigfleet_trio.config import OperatorConfig, PodControllerConfig
 from bigfleet_trio.observability.authz import Decision
-from bigfleet_trio.observability.http import serve_observability
 from bigfleet_trio.observability.profiling import Busy, Profiler, task_tree
+from tests.support.diagnostics import diagnostics_server as _server
 
 
 class _TokenAuth:
@@ -25,17 +23,6 @@ class _TokenAuth:
         if authorization == "Bearer good":
             return Decision(200, "allowed", "tester")
         return Decision(401, "no bearer token")
-
-
-@asynccontextmanager
-async def _server(**kw: object) -> AsyncIterator[str]:
-    async with trio.open_nursery() as nursery:
-        addr = await nursery.start(partial(serve_observability, "127.0.0.1:0", **kw))
-        assert isinstance(addr, str)
-        try:
-            yield addr
-        finally:
-            nursery.cancel_scope.cancel()
 
 
 async def test_task_tree_indents_children_by_depth() -> None:
