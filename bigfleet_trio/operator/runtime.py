@@ -262,12 +262,6 @@ def build_operator(
         available=AvailableCapacityHandler(client),
         feed=feed,
     )
-    agent = Agent(connector, source, handlers, cfg.agent_config(),
-                  on_session_change=session_change_publisher(feed))
-    # Not wired yet: re-queueing a machine on every deletion of its UpcomingNode re-created the
-    # ones the drain path deletes at Drained (their machine's last frame is still CONFIGURED).
-    # The hook needs to tell our own deletions from others' first
-    # (docs/rules.md#level-triggered-operator).
     return OperatorParts(
         memory=memory,
         kube_events=kube_events,
@@ -282,5 +276,6 @@ def build_operator(
             cluster=cfg.cluster_id,
         ),
         handlers=handlers,
-        agent=agent,
+        agent=Agent(connector, source, handlers, cfg.agent_config(),
+                    on_session_change=session_change_publisher(feed)),
     )
