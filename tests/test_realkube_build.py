@@ -67,3 +67,20 @@ def test_a_resolution_off_the_pin_fails_naming_the_module(
                                             r"resolved v3.7.3"):
         rk._build_etcd(tmp_path / "cache", out, {})
     assert not any(ln.startswith("build") for ln in calls.read_text().splitlines())
+
+
+def test_one_build_at_a_time_per_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """While a build holds the cache's lock another cannot take it, and a waiting one says what
+    it waits for; the lock is free again after the block."""
+    import fcntl
+
+    from scripts.realkube.build import build_lock
+
+    with build_lock(tmp_path):
+        with open(tmp_path / ".build.lock") as probe:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(tmp_path / ".build.lock") as probe:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
+        fcntl.flock(probe, fcntl.LOCK_UN)
+    assert capsys.readouterr().err == ""

@@ -17,7 +17,9 @@ built binary, failing with the module or binary that does not hold its pin. Go's
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import json
 import os
 import re
@@ -25,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -298,16 +301,45 @@ def _fmt(seconds: float | None) -> str:
     return f"{int(seconds // 60)}m{seconds % 60:04.1f}s"
 
 
+@contextlib.contextmanager
+def build_lock(root: Path, *, echo: bool = True) -> Iterator[None]:
+    """Hold the cache's build lock (``root/.build.lock``, an exclusive flock) for the block.
+
+    Two builds at once (a CI run and a developer's test run, or two worktrees sharing the cache)
+    would each compile the whole of Kubernetes, write the same output files and, on 2 cores, take
+    four times as long; the second one waits here instead, then finds the first one's binaries
+    current and builds nothing. The lock is released when the process exits, however it exits.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".build.lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if echo:
+                print(f"waiting for another build of {root} to finish (lock {f.name})",
+                      file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def build(root: Path | None = None, *, echo: bool = True) -> Binaries:
     """Build whatever is missing or not at the pinned version; print one line per binary.
 
-    Returns the binaries. Raises BuildError if go is missing or a Kubernetes/etcd step fails;
-    a kwok failure is reported and leaves kwok absent (the control plane then uses the sim's
-    kubelet stand-in).
+    One build at a time per cache (:func:`build_lock`). Returns the binaries. Raises BuildError
+    if go is missing or a Kubernetes/etcd step fails; a kwok failure is reported and leaves kwok
+    absent (the control plane then uses the sim's kubelet stand-in).
     """
     root = root or cache_dir()
     if shutil.which("go") is None:
         raise BuildError("no go toolchain on PATH (https://go.dev/doc/install)")
+    with build_lock(root, echo=echo):
+        return _build_locked(root, echo=echo)
+
+
+def _build_locked(root: Path, *, echo: bool) -> Binaries:
     out = bin_dir(root)
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "build.json"
