@@ -21,6 +21,7 @@ from bigfleet_trio.kube.mergepatch import merge_diff
 from bigfleet_trio.kube.resources import AVAILABLE_CAPACITIES
 from bigfleet_trio.kube.retry import RECONCILE_RETRIABLE, Replan, conflict_retrying
 from bigfleet_trio.observability import metrics
+from bigfleet_trio.operator.kubeevents import REASON_WRITE_REFUSED, EventRecorder, object_ref
 from bigfleet_trio.proto import pb
 from bigfleet_trio.quantity import Quantity, QuantityError
 
@@ -185,10 +186,14 @@ class AvailableCapacityHandler:
     Args:
         client: a KubeClient.
         attempts: tries per update for transient errors.
+        events: where a permanent refusal is recorded (a ``WriteRefused`` Warning Event on the
+            object), besides the log line and the counter.
     """
 
-    def __init__(self, client: KubeAPI, *, attempts: int = 8) -> None:
+    def __init__(self, client: KubeAPI, *, attempts: int = 8,
+                 events: EventRecorder | None = None) -> None:
         self._client = client
+        self._events = events
         self._attempts = attempts
         # name -> (resourceVersion, spec) our last write of it returned: one entry per
         # AvailableCapacity this process wrote (the operator never deletes them, so no more
@@ -227,6 +232,12 @@ class AvailableCapacityHandler:
             if isinstance(exc, RECONCILE_RETRIABLE):
                 raise
             metrics.RECONCILE_PERMANENT_ERRORS.labels("available_capacity").inc()
+            if self._events is not None:
+                self._events.record(
+                    object_ref(AVAILABLE_CAPACITIES.api_version, AVAILABLE_CAPACITIES.kind, name),
+                    reason=REASON_WRITE_REFUSED, type="Warning",
+                    message=f"the apiserver refused the shard's update for {u.supersedes_key!r}: "
+                            f"{exc}; waiting for the next update")
             log.error(
                 "available: write refused, waiting for the next update name=%s "
                 "supersedes_key=%r error=%s",

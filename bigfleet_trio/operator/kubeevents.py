@@ -12,6 +12,9 @@ drain it describes, which never waits on it or fails because of it.
 Reasons (reclaim: :mod:`.reclaim`): ``Reclaim``, ``Cordoned``, ``Drained`` (Normal) and
 ``DrainFailed`` (Warning, the UpcomingNode's ``lastError``) on the Node; ``Evicted`` (Normal) and
 ``EvictionBlocked`` (Warning, the apiserver's refusal; once per Pod per drain) on the Pod.
+Shard frames (:mod:`.upcoming`, :mod:`.available`): ``WriteRefused`` (Warning) on the
+UpcomingNode or AvailableCapacity whose write the apiserver refused for good (422 Invalid and the
+like; docs/rules.md#level-triggered-operator).
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ __all__ = [
     "REASON_EVICTED",
     "REASON_EVICTION_BLOCKED",
     "REASON_RECLAIM",
+    "REASON_WRITE_REFUSED",
     "node_object",
+    "object_ref",
     "pod_object",
 ]
 
@@ -49,6 +54,7 @@ REASON_EVICTION_BLOCKED = "EvictionBlocked"
 REASON_EVICTED = "Evicted"
 REASON_DRAINED = "Drained"
 REASON_DRAIN_FAILED = "DrainFailed"
+REASON_WRITE_REFUSED = "WriteRefused"
 
 #: Events waiting to be written before :meth:`EventRecorder.record` drops new ones.
 DEFAULT_CAPACITY = 1024
@@ -84,6 +90,12 @@ def node_object(name: str, uid: str | None = None) -> dict[str, Any]:
     if uid:
         meta["uid"] = uid
     return {"apiVersion": "v1", "kind": "Node", "metadata": meta}
+
+
+def object_ref(api_version: str, kind: str, name: str) -> dict[str, Any]:
+    """A reference to a cluster-scoped object by name (``apiVersion`` ``group/version``); its
+    Events land in ``default``, as client-go's do for cluster-scoped objects."""
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name}}
 
 
 def pod_object(pod: Mapping[str, Any]) -> dict[str, Any]:

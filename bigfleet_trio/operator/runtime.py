@@ -245,7 +245,8 @@ def build_operator(
         watch_list=wl, freeze_heap=fz,
     )
     upcoming = UpcomingNodeHandler(
-        client, memory, get_cached=partial(cached, un_informer.store), feed=feed
+        client, memory, get_cached=partial(cached, un_informer.store), feed=feed,
+        events=kube_events,
     )
     upcoming.attach(un_informer)  # the overlay lives only as long as the watch lags
     handlers = OperatorHandlers(
@@ -259,7 +260,7 @@ def build_operator(
             events=kube_events, wall_clock=wall_clock,
         ),
         upcoming=upcoming,
-        available=AvailableCapacityHandler(client),
+        available=AvailableCapacityHandler(client, events=kube_events),
         feed=feed,
     )
     return OperatorParts(

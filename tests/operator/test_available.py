@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from bigfleet_trio.kube.errors import NotFound
-from bigfleet_trio.kube.resources import AVAILABLE_CAPACITIES
+from bigfleet_trio.kube.resources import AVAILABLE_CAPACITIES, EVENTS
 from bigfleet_trio.operator.available import (
     AvailableCapacityHandler,
     availability_for_confidence,
@@ -18,6 +18,7 @@ from bigfleet_trio.operator.available import (
     requirements_to_spec,
     spec_from_update,
 )
+from bigfleet_trio.operator.kubeevents import EventRecorder
 from bigfleet_trio.proto import pb
 from tests.support.kube import RecordingKube
 
@@ -211,9 +212,15 @@ async def test_invalid_gives_up_without_raising(
 ) -> None:
     kube = RecordingKube.over_sim(nursery)
     kube.server.faults.fail_next(code=422, verb="create", resource="availablecapacities")
-    await AvailableCapacityHandler(kube).on_available_capacity(acu())
+    recorder = EventRecorder(kube)
+    await nursery.start(recorder.run)
+    await AvailableCapacityHandler(kube, events=recorder).on_available_capacity(acu())
     assert [c[0] for c in kube.writes()] == ["create"]
     assert kube.objects(AVAILABLE_CAPACITIES) == {}
+    await recorder.wait_written()  # the refusal on the object it was for
+    assert [(e["reason"], e["type"], e["involvedObject"]["name"])
+            for e in kube.objects(EVENTS, "default").values()] == [
+        ("WriteRefused", "Warning", NAME)]
 
 
 async def test_empty_supersedes_key_ignored(

@@ -22,8 +22,9 @@ from bigfleet_trio.kube.errors import (
     NotFound,
 )
 from bigfleet_trio.kube.mergepatch import merge_diff
-from bigfleet_trio.kube.resources import UPCOMING_NODES
+from bigfleet_trio.kube.resources import EVENTS, UPCOMING_NODES
 from bigfleet_trio.kube.retry import RECONCILE_RETRIABLE
+from bigfleet_trio.operator.kubeevents import EventRecorder
 from bigfleet_trio.operator.upcoming.handler import UpcomingNodeHandler
 from bigfleet_trio.operator.upcoming.plan import (
     DELETE,
@@ -431,9 +432,19 @@ async def test_permanent_error_gives_up_without_raising(
     kube = RecordingKube.over_sim(nursery)
     kube.seed(UPCOMING_NODES, obj("Launched"))
     kube.server.faults.fail_next(code=422, verb="patch", resource="upcomingnodes/status")
-    await handler(kube).on_node_state_update(nsu(MS.CONFIGURING))
+    recorder = EventRecorder(kube)
+    await nursery.start(recorder.run)
+    h = UpcomingNodeHandler(kube, DrainMemory(), now=lambda: NOW, events=recorder)
+    await h.on_node_state_update(nsu(MS.CONFIGURING))
     assert len(kube.writes()) == 1
     assert _un(kube)["status"]["phase"] == "Launched"
+    # ... and says so on the object, for `kubectl describe upcomingnode`
+    await recorder.wait_written()
+    events = kube.objects(EVENTS, "default")
+    assert [(e["reason"], e["type"], e["involvedObject"]["kind"], e["involvedObject"]["name"])
+            for e in events.values()] == [
+        ("WriteRefused", "Warning", "UpcomingNode", _un(kube)["metadata"]["name"])]
+    assert "CONFIGURING" in next(iter(events.values()))["message"]
 
 
 async def test_forbidden_while_the_apiserver_starts_is_retried(

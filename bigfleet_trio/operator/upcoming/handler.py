@@ -25,6 +25,7 @@ from bigfleet_trio.kube.retry import RECONCILE_RETRIABLE, TRANSIENT, Replan, con
 from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.observability.events import EventFeed
+from bigfleet_trio.operator.kubeevents import REASON_WRITE_REFUSED, EventRecorder, object_ref
 from bigfleet_trio.proto import pb
 
 from .plan import (
@@ -271,8 +272,10 @@ class UpcomingNodeHandler:
         get_cached: CachedLookup | None = None,
         overlay_capacity: int = 65536,
         feed: EventFeed | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         self._client = client
+        self._events = events
         self.memory = memory
         self._now = now
         self._attempts = attempts
@@ -317,6 +320,15 @@ class UpcomingNodeHandler:
             if isinstance(exc, RECONCILE_RETRIABLE):
                 raise
             metrics.RECONCILE_PERMANENT_ERRORS.labels("node_state_update").inc()
+            if self._events is not None and name is not None:
+                # on the object, where `kubectl describe upcomingnode` shows it: the log line
+                # alone reaches only whoever reads the operator's logs
+                self._events.record(
+                    object_ref(UPCOMING_NODES.api_version, UPCOMING_NODES.kind, name),
+                    reason=REASON_WRITE_REFUSED, type="Warning",
+                    message=f"the apiserver refused machine {u.machine_id}'s "
+                            f"{pb.MachineState(u.state).name} update: {exc}; waiting for the "
+                            "machine's next frame")
             log.error(
                 "upcoming: write refused, waiting for the machine's next frame machine_id=%s "
                 "state=%s error=%s",
