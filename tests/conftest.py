@@ -51,6 +51,7 @@ SLOW_PATHS: tuple[str, ...] = (
     "tests/faults/test_shard_faults.py::test_shard_that_never_reads_outbox_bounded_memory_flat",
     "tests/operator/test_rollup_property.py::test_incremental_matches_from_scratch",
     "tests/faults/test_review_flood.py",
+    "tests/faults/test_leader_flap_backlog.py",
 )
 
 
