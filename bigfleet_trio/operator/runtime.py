@@ -263,6 +263,12 @@ def build_operator(
         available=AvailableCapacityHandler(client, events=kube_events),
         feed=feed,
     )
+    agent = Agent(connector, source, handlers, cfg.agent_config(),
+                  on_session_change=session_change_publisher(feed))
+    # Not wired yet: re-queueing a machine on every deletion of its UpcomingNode re-created the
+    # ones the drain path deletes at Drained (their machine's last frame is still CONFIGURED).
+    # The hook needs to tell our own deletions from others' first
+    # (docs/rules.md#level-triggered-operator).
     return OperatorParts(
         memory=memory,
         kube_events=kube_events,
@@ -277,6 +283,5 @@ def build_operator(
             cluster=cfg.cluster_id,
         ),
         handlers=handlers,
-        agent=Agent(connector, source, handlers, cfg.agent_config(),
-                    on_session_change=session_change_publisher(feed)),
+        agent=agent,
     )

@@ -416,13 +416,14 @@ class OperatorHandlers:
                 "reclaim_ack", instruction_id=instr.instruction_id, nodes_started=acks[-1]
             )
 
-    async def on_node_state_update(self, u: pb.NodeStateUpdate) -> None:
-        """Reflect the machine's latest state into its UpcomingNode."""
-        await self.upcoming.on_node_state_update(u)
+    async def on_node_state_update(self, u: pb.NodeStateUpdate) -> bool:
+        """Reflect the machine's latest state into its UpcomingNode; True when it has none."""
+        gone: bool = await self.upcoming.on_node_state_update(u)
         self._publish(
             "node_state", machine_id=u.machine_id, node=u.node_name,
             state=_state_name(u.state),
         )
+        return gone
 
     async def on_available_capacity(self, u: pb.AvailableCapacityUpdate) -> None:
         """Upsert the AvailableCapacity object."""

@@ -116,6 +116,10 @@ class Session:
         """Latest AvailableCapacityUpdate per supersedes_key waiting for its writer."""
         return self._work.keyed["available_capacity"]
 
+    def requeue_machine(self, machine_id: str) -> bool:
+        """Reconcile the machine's latest frame again (see :meth:`WorkerPool.requeue_machine`)."""
+        return self._work.requeue_machine(machine_id)
+
     # ---- public, non-blocking ----------------------------------------------------------------
 
     def enqueue(self, msg: pb.OperatorMessage) -> bool:

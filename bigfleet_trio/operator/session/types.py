@@ -96,8 +96,9 @@ class Handlers(Protocol):
         """Cordon, then ``reply(OperatorMessage(reclaim_ack=...))``; hand the drain elsewhere."""
         ...
 
-    async def on_node_state_update(self, u: pb.NodeStateUpdate) -> None:
-        """Reflect the (latest) machine state; called by at most one worker per machine_id."""
+    async def on_node_state_update(self, u: pb.NodeStateUpdate) -> bool | None:
+        """Reflect the (latest) machine state; called by at most one worker per machine_id.
+        True: the machine needs no more reconciles (its UpcomingNode is gone for good)."""
         ...
 
     async def on_available_capacity(self, u: pb.AvailableCapacityUpdate) -> None:

@@ -107,6 +107,9 @@ class WorkerPool:
         # when each machine waiting on the ready queue became ready (for its queue time)
         self._ready_at: dict[str, float] = {}
         self._routes = routes
+        # machine ID -> its latest frame, kept while the machine has an UpcomingNode: what
+        # requeue_machine reconciles again (one entry per live machine)
+        self.last_frames: dict[str, Any] = {}
         self._parked_changed = trio.Event()  # a key was parked: the retry timer recomputes
         # (kind, key) -> when its write first failed, while it keeps failing (the gauge behind
         # the not-converged alert); one entry per failing key
@@ -192,6 +195,7 @@ class WorkerPool:
         if reqtrace.frames is not None:  # measuring only (docs/kube-api.md#request-trace)
             _trace_frame(reqtrace.frames, kind, value)
         if policy is Dispatch.MACHINE_POOL:
+            self.last_frames[getattr(value, route.key or "")] = value
             self._count_coalesced(kind, route, self.node_states, value)
             if self.node_states.full:
                 await self._wait_for_room()
@@ -211,6 +215,19 @@ class WorkerPool:
         else:
             assert route.inline is not None
             route.inline(value, self.config.cluster_id)
+
+    def requeue_machine(self, machine_id: str) -> bool:
+        """Reconcile ``machine_id``'s latest frame again (its UpcomingNode was deleted or edited
+        by someone else, as controller-runtime's ``Owns()`` re-queues an owner). Returns False
+        when the machine has no frame kept (never seen, or gone for good) or is in flight
+        already."""
+        frame = self.last_frames.get(machine_id)
+        if frame is None or self._pool_route is None or self.node_states.in_flight(machine_id):
+            return False
+        if self.node_states.offer(machine_id, frame):
+            self._ready_at[machine_id] = trio.current_time()
+            self._ready_keys.release()
+        return True
 
     def note_read(self) -> None:
         """The receive pump took one more frame off the stream (for the read-ahead gate)."""
@@ -401,7 +418,7 @@ class WorkerPool:
                 try:
                     # One frame per claim: a machine whose frames keep coming goes back to the
                     # ready queue's tail instead of holding this worker and its slot.
-                    u = self.node_states.take_next(machine_id)
+                    u = raw = self.node_states.take_next(machine_id)
                     if self._room is not None and not self.node_states.full:
                         self._room.set()
                         self._room = None
@@ -409,11 +426,13 @@ class WorkerPool:
                         if isinstance(u, NodeStateFrame):
                             u = u.to_message()
                         try:
-                            await self._call_handler(kind, handler, u, retriable=True)
+                            gone = await self._call_handler(kind, handler, u, retriable=True)
                         except RETRIABLE as exc:
                             self._retry(kind, self.node_states, machine_id, u, exc)
                         else:
                             self._reached(kind, self.node_states, machine_id)
+                            if gone is True and self.last_frames.get(machine_id) is raw:
+                                del self.last_frames[machine_id]
                         if self.node_states.release(machine_id):
                             self._ready_at[machine_id] = trio.current_time()
                             self._ready_keys.release()

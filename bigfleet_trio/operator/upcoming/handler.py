@@ -283,9 +283,13 @@ class UpcomingNodeHandler:
         self._written: OrderedDict[str, LastWrite] = OrderedDict()
         self._overlay_capacity = overlay_capacity
         self._feed = feed
+        # UpcomingNode name -> machine ID, for the machines that have one (an object deleted by
+        # someone else re-queues its machine: docs/rules.md#level-triggered-operator)
+        self.machine_of: dict[str, str] = {}
 
-    async def on_node_state_update(self, u: pb.NodeStateUpdate) -> None:
-        """Reflect one update.
+    async def on_node_state_update(self, u: pb.NodeStateUpdate) -> bool:
+        """Reflect one update. Returns True when the machine has no UpcomingNode after it (the
+        update deleted it or needs none): the session may forget the machine's desired state.
 
         Raises:
             Exception: one of :data:`~bigfleet_trio.kube.retry.RECONCILE_RETRIABLE` when the
@@ -298,6 +302,7 @@ class UpcomingNodeHandler:
         # computes both again, quietly): the name here, malformed quantities on the first write.
         name = upcoming_node_name(u.machine_id) if u.machine_id else None
         warn_quantities = _once(lambda: spec_from_update(u))
+        op = "ignore"
         try:
             # Re-plans only: a transient failure (after the client's own retries) goes back to
             # the session, which parks the frame with per-key backoff and never gives up while
@@ -305,7 +310,7 @@ class UpcomingNodeHandler:
             async for attempt in conflict_retrying(self._attempts):
                 with attempt:
                     try:
-                        await self._apply_once(u, name, warn_quantities, live=live)
+                        op = await self._apply_once(u, name, warn_quantities, live=live)
                     except (Replan, Conflict):
                         if not live:
                             log.info(
@@ -340,6 +345,13 @@ class UpcomingNodeHandler:
             metrics.NODE_STATE_UPDATE_DURATION.labels(duration_phase_label(u.state)).observe(
                 trio.current_time() - started
             )
+        gone = op in ("delete", "ignore")
+        if name is not None:
+            if gone:
+                self.machine_of.pop(name, None)
+            else:
+                self.machine_of[name] = u.machine_id
+        return gone
 
     @property
     def overlay_entries(self) -> int:
@@ -420,10 +432,10 @@ class UpcomingNodeHandler:
         before_write: Callable[[], object],
         *,
         live: bool = True,
-    ) -> None:
-        """One attempt: plan from the current view of ``name`` (``upcoming_node_name`` of the
-        update's machine_id, None if unusable) and write; ``before_write`` runs before a create
-        or update (not for ignore/delete).
+    ) -> str:
+        """One attempt (returns the plan's op): plan from the current view of ``name``
+        (``upcoming_node_name`` of the update's machine_id, None if unusable) and write;
+        ``before_write`` runs before a create or update (not for ignore/delete).
 
         Raises:
             Replan, KubeError: the attempt failed; the caller retries (see conflict_retrying).
@@ -442,11 +454,11 @@ class UpcomingNodeHandler:
                 extra=keys,
             )
             apply_memory(self.memory, plan)
-            return
+            return plan.op
         if plan.op == "delete":
             await self._apply_delete(u, plan, existing, keys)
             apply_memory(self.memory, plan)
-            return
+            return plan.op
         before_write()
         if plan.op == "create":
             await self._apply_create(u, plan, keys)
@@ -483,6 +495,7 @@ class UpcomingNodeHandler:
             if plan.spec_patch is None:
                 log.debug("upcoming: no-op name=%s phase=%s", plan.name, plan.phase, extra=keys)
         apply_memory(self.memory, plan)
+        return plan.op
 
     async def _apply_delete(
         self,
