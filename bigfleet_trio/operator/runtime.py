@@ -37,7 +37,7 @@ from bigfleet_trio.operator.reclaim.drain import DrainManager
 from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
 from bigfleet_trio.operator.retention import FailedRetention
 from bigfleet_trio.operator.upcoming.handler import UpcomingNodeHandler
-from bigfleet_trio.operator.upcoming.plan import DrainMemory
+from bigfleet_trio.operator.upcoming.plan import DrainMemory, converges_back
 from bigfleet_trio.operator.wiring import (
     CapacityRequestRollup,
     OperatorHandlers,
@@ -203,6 +203,18 @@ class OperatorParts:
         return (self.cr_informer, self.un_informer, self.node_informer)
 
 
+def _upcoming_deleted(upcoming: UpcomingNodeHandler, memory: DrainMemory, agent: Agent,
+                      obj: Any) -> None:
+    """controller-runtime's ``Owns()``: an UpcomingNode deleted by someone else while its
+    machine is live is reconciled again from the machine's latest frame; the ones the operator
+    deletes itself (at Drained, Failed retention) stay gone (:func:`~.upcoming.plan.
+    converges_back`; docs/rules.md#level-triggered-operator)."""
+    name = converges_back(obj, memory)
+    machine_id = upcoming.machine_of.get(name) if name is not None else None
+    if machine_id is not None and agent.session is not None:
+        agent.session.requeue_machine(machine_id)
+
+
 def build_operator(
     cfg: OperatorConfig,
     *,
@@ -265,10 +277,7 @@ def build_operator(
     )
     agent = Agent(connector, source, handlers, cfg.agent_config(),
                   on_session_change=session_change_publisher(feed))
-    # Not wired yet: re-queueing a machine on every deletion of its UpcomingNode re-created the
-    # ones the drain path deletes at Drained (their machine's last frame is still CONFIGURED).
-    # The hook needs to tell our own deletions from others' first
-    # (docs/rules.md#level-triggered-operator).
+    un_informer.add_handler(on_delete=partial(_upcoming_deleted, upcoming, memory, agent))
     return OperatorParts(
         memory=memory,
         kube_events=kube_events,

@@ -243,3 +243,32 @@ async def test_frames_during_a_75s_outage_converge_within_30s_on_the_same_sessio
             assert h.operator.statistics().sessions == sessions  # no new session needed
             run.cancel_scope.cancel()
 
+
+
+async def test_an_upcoming_node_deleted_by_someone_else_comes_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An UpcomingNode of a live machine deleted by someone else is reconciled again from the
+    machine's latest frame (as controller-runtime's ``Owns()``), without a new frame or session
+    (docs/rules.md#level-triggered-operator)."""
+    async with harness() as h:
+        await h.client.create(CAPACITY_REQUESTS, cr("a", 100, {"cpu": "3"}), "default")
+        async with trio.open_nursery() as run:
+            await run.start(h.operator.run)
+
+            async def ready() -> bool:
+                uns = await h.upcoming()
+                return bool(uns) and all(
+                    (u.get("status") or {}).get("phase") == "Ready" for u in uns.values())
+
+            await h.wait_async(ready, limit=120)
+            name = sorted(await h.upcoming())[0]
+            sessions = h.operator.statistics().sessions
+            frames = h.operator.statistics().frames_in
+            await h.client.delete(UPCOMING_NODES, name)
+            await h.wait_async(ready, limit=30)
+            assert name in await h.upcoming()
+            stats = h.operator.statistics()
+            assert stats.sessions == sessions
+            assert stats.frames_in == frames  # no new frame brought it back
+            run.cancel_scope.cancel()

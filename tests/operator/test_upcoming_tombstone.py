@@ -13,7 +13,11 @@ from bigfleet_trio.kube.config import KubeConfig
 from bigfleet_trio.kube.errors import NotFound
 from bigfleet_trio.kube.resources import UPCOMING_NODES
 from bigfleet_trio.operator.upcoming.handler import UpcomingNodeHandler
-from bigfleet_trio.operator.upcoming.plan import DrainMemory, plan_node_state_update
+from bigfleet_trio.operator.upcoming.plan import (
+    DrainMemory,
+    converges_back,
+    plan_node_state_update,
+)
 from bigfleet_trio.proto import pb
 from bigfleet_trio.sim.apiserver import ApiServer
 from bigfleet_trio.sim.apiserver.testing import InProcessTransport
@@ -77,3 +81,39 @@ async def test_replayed_frame_order_after_a_reclaim_drain(
             async for ev in stream:
                 events.append(ev.type)
     assert [e for e in events if e != "BOOKMARK"] == []
+
+
+@pytest.mark.parametrize(("phase", "mark", "back"), [
+    ("Provisioning", None, True),
+    ("Launched", None, True),
+    ("Registered", None, True),
+    ("Ready", None, True),
+    ("Draining", None, True),
+    (None, None, True),           # created, no status yet: the machine is live
+    ("Draining", "draining", True),
+    ("Ready", "drained", False),  # a drain recorded it drained: ours
+    ("Drained", None, False),     # the drain path deletes at Drained itself
+    ("Failed", None, False),      # failed-object retention deletes Failed ones
+])
+def test_which_deleted_upcoming_nodes_converge_back(
+    phase: str | None, mark: str | None, back: bool,
+) -> None:
+    memory = DrainMemory()
+    if mark == "drained":
+        memory.mark_drained("un-m1")
+    elif mark == "draining":
+        memory.mark_draining("un-m1")
+    obj: dict[str, object] = {"metadata": {"name": "un-m1"}}
+    if phase is not None:
+        obj["status"] = {"phase": phase}
+    assert converges_back(obj, memory) == ("un-m1" if back else None)
+
+
+@pytest.mark.parametrize("obj", [None, {}, {"metadata": {}}, {"metadata": {"name": ""}},
+                                 {"metadata": "x"}, {"metadata": {"name": 7}}])
+def test_a_deleted_object_without_a_usable_name_never_converges_back(obj: object) -> None:
+    assert converges_back(obj, DrainMemory()) is None  # type: ignore[arg-type]
+
+
+def test_a_malformed_status_counts_as_live() -> None:
+    assert converges_back({"metadata": {"name": "un-1"}, "status": 3}, DrainMemory()) == "un-1"

@@ -481,3 +481,26 @@ def apply_memory(memory: DrainMemory, plan: UpcomingPlan) -> None:
         memory.mark_drained(plan.name)
     elif plan.memory == "forget":
         memory.forget(plan.name)
+
+
+def converges_back(obj: Mapping[str, Any] | None, memory: DrainMemory) -> str | None:
+    """The name of a deleted UpcomingNode that must come back, or None (controller-runtime's
+    ``Owns()``; docs/rules.md#level-triggered-operator).
+
+    ``obj``: the object as the informer last held it (a DELETED event's object, or a relist's
+    tombstone). Comes back: one whose last phase was before Drained, of a machine no drain
+    recorded as drained. Stays gone: one last seen Drained (the drain path deletes it there
+    itself) or Failed (failed-object retention deletes those), one ``memory`` marks drained,
+    and anything without a name.
+    """
+    if not isinstance(obj, Mapping):
+        return None
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if not isinstance(name, str) or not name:
+        return None
+    status = obj.get("status")
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    if phase in (PHASE_DRAINED, PHASE_FAILED) or memory.get(name) == "drained":
+        return None
+    return name
