@@ -16,8 +16,9 @@ job). Per round, alternating who goes first:
   (``_podcontroller_probe raw``): client CPU per write, the apiserver's own limit.
 
 Figures: time to all CRs Pending (from process start), CPU per Pod and peak RSS of each
-contestant (ours against kopf and against Go), client CPU per write. ``--cache-only`` measures the Pod cache's RSS per Pod
-instead (the controller's projection vs full objects), e.g. with ``--pods 100000``.
+contestant (ours against kopf and against Go), client CPU per write. ``--cache-only``
+measures the Pod cache's RSS per Pod instead (the controller's projection vs full
+objects), e.g. with ``--pods 100000``.
 Needs the ``bench`` extra (kopf, kubernetes_asyncio).
 """
 
@@ -420,7 +421,7 @@ def mean_per_pod(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[st
 
 def register(sub: Any) -> None:
     p = sub.add_parser("podcontroller", parents=[sub.common],
-                       help="Pods -> CRs Pending: our pod controller vs kopf and Go peers, same run")
+                       help="Pods -> CRs Pending: our pod controller vs kopf and Go peers")
     p.add_argument("--pods", type=int, default=10_000)
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
