@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import io
+from typing import Any
 
 from scripts.bench import _common as common
 from scripts.bench import rollup
@@ -47,3 +48,23 @@ def test_help_hides_internal_sub_commands() -> None:
                          capture_output=True, text=True).stdout
     assert "_stream-server" not in out and "_bootstrap-burst-shard" not in out
     assert "rollup" in out
+
+
+def test_podcontroller_contestants_go_first_in_turn() -> None:
+    from scripts.bench.podcontroller import rotate
+
+    orders = [rotate(["ours", "go", "kopf"], r) for r in range(3)]
+    assert [o[0] for o in orders] == ["ours", "go", "kopf"]
+    assert all(sorted(o) == ["go", "kopf", "ours"] for o in orders)
+    assert rotate([], 1) == []
+
+
+def test_podcontroller_go_peer_skips_in_one_line_without_go(monkeypatch: Any) -> None:
+    import shutil
+
+    from scripts.bench import podcontroller
+
+    monkeypatch.setattr(shutil, "which", lambda _name: None)
+    binary, reason = podcontroller.go_peer()
+    assert binary is None
+    assert reason == "Go peer skipped: no Go toolchain (`go` not on PATH)"

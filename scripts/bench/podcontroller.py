@@ -9,12 +9,16 @@ job). Per round, alternating who goes first:
   16 workers, no client-side rate limit);
 * ``kopf``: a kopf operator (``_kopf_peer``: ``on.event`` on Pods calling our translation,
   kubernetes_asyncio writes) - the baseline;
+* ``go``: the Go peer (``interop/gopodcontroller``: client-go informers, protobuf for Pods,
+  16 workers, a crude translation), built by ``scripts/build-gopodcontroller`` - the anchor:
+  what the Go stack spends on the same I/O (skipped, in one line, without a Go toolchain);
 * ``raw``: the same CR bodies POSTed and stamped by 16 tasks with no controller
   (``_podcontroller_probe raw``): client CPU per write, the apiserver's own limit.
 
 Figures: time to all CRs Pending (from process start), CPU per Pod and peak RSS of each
-contestant, client CPU per write. ``--cache-only`` measures the Pod cache's RSS per Pod
-instead (the controller's projection vs full objects), e.g. with ``--pods 100000``.
+contestant (ours against kopf and against Go), client CPU per write. ``--cache-only``
+measures the Pod cache's RSS per Pod instead (the controller's projection vs full
+objects), e.g. with ``--pods 100000``.
 Needs the ``bench`` extra (kopf, kubernetes_asyncio).
 """
 
@@ -56,7 +60,36 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
         proc.wait(10)
 
 
-def _contestant(who: str, kc: str, workers: int, profile: str | None = None) -> list[str]:
+def go_peer() -> tuple[str | None, str]:
+    """The Go peer's binary (built or reused by ``scripts/build-gopodcontroller``) and ``""``,
+    or None and the one-line reason it is skipped (no ``go`` on PATH, or the build failed)."""
+    import shutil
+    from pathlib import Path
+
+    if shutil.which("go") is None:
+        return None, "Go peer skipped: no Go toolchain (`go` not on PATH)"
+    script = Path(__file__).resolve().parents[1] / "build-gopodcontroller"
+    print(f"bench podcontroller: building the Go peer ({script.name}; minutes the first "
+          "time)", file=sys.stderr, flush=True)
+    out = subprocess.run([str(script)], capture_output=True, text=True)
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"Go peer skipped: {script.name} failed: {last}"
+    return out.stdout.strip(), ""
+
+
+def rotate(contestants: list[str], r: int) -> list[str]:
+    """Round ``r``'s order: ``contestants`` rotated by ``r`` (each goes first in turn, so no one
+    always meets the machine's load of the previous contestant's clean-up)."""
+    k = r % len(contestants) if contestants else 0
+    return contestants[k:] + contestants[:k]
+
+
+def _contestant(who: str, kc: str, workers: int, profile: str | None = None,
+                go_bin: str | None = None) -> list[str]:
+    if who == "go":
+        assert go_bin is not None
+        return [go_bin, "-kubeconfig", kc, "-workers", str(workers)]
     if who == "kopf":
         return [sys.executable, "-m", "scripts.bench._kopf_peer", "--kubeconfig", kc]
     return [sys.executable, "-m", "scripts.bench._podcontroller_probe", who, "--kubeconfig", kc,
@@ -172,7 +205,8 @@ class _RealServer:
 
 
 def _round_one(who: str, n: int, workers: int, engine: str, timeout: float,
-               real: _RealServer | None = None, profile: str | None = None) -> dict[str, Any]:
+               real: _RealServer | None = None, profile: str | None = None,
+               go_bin: str | None = None) -> dict[str, Any]:
     import trio
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,7 +222,7 @@ def _round_one(who: str, n: int, workers: int, engine: str, timeout: float,
             m0 = real.scrape() if real is not None else None
             s0 = server.cpu()
             t0 = time.perf_counter()
-            child = subprocess.Popen(_contestant(who, contestant_kc, workers, profile),
+            child = subprocess.Popen(_contestant(who, contestant_kc, workers, profile, go_bin),
                                      stdout=subprocess.PIPE, text=True)
             try:
                 if who == "raw":
@@ -250,7 +284,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          target="<= 2 KiB", met=lambda m, _r: m <= 2.0)]
         return C.result("podcontroller", {**params, "mode": "cache-only"}, figs, [],
                         {"rounds": rows})
-    per: dict[str, list[dict[str, Any]]] = {"ours": [], "kopf": [], "raw": []}
+    per: dict[str, list[dict[str, Any]]] = {"ours": [], "go": [], "kopf": [], "raw": []}
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     notes: list[str] = []
@@ -259,6 +293,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     have_kopf = all(importlib.util.find_spec(m) for m in ("kopf", "kubernetes_asyncio"))
     if not have_kopf:
         notes.append("kopf peer skipped: install the bench extra (pip install -e '.[bench]')")
+    # auto: only on kube-apiserver, where the Go stack's figures are the anchor; the sim run is
+    # CI's smoke run (bench all --quick), and client-go's first build costs minutes there
+    use_go = args.go_peer == "on" or (args.go_peer == "auto" and args.kube == "real")
+    go_bin, go_skip = go_peer() if use_go else (None, "")
+    if go_skip:
+        print(f"bench podcontroller: {go_skip}", file=sys.stderr, flush=True)
+        notes.append(go_skip)
+    contestants = ["ours"] + (["go"] if go_bin else []) + (["kopf"] if have_kopf else [])
     real: _RealServer | None = None
     if args.kube == "real":
         import signal
@@ -272,14 +314,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             real = _RealServer(tmp)
         try:
             for r in range(rounds):
-                order = ["ours", "kopf"] if r % 2 == 0 else ["kopf", "ours"]
-                if not have_kopf:
-                    order.remove("kopf")
-                for who in [*order, "raw"]:
+                for who in [*rotate(contestants, r), "raw"]:
                     prof = (os.path.join(args.profile, f"{who}-round{r + 1}.txt")
-                            if args.profile and who != "kopf" else None)
+                            if args.profile and who in ("ours", "raw") else None)
                     per[who].append(_round_one(who, n, args.workers, args.engine, args.timeout,
-                                               real, prof))
+                                               real, prof, go_bin))
         finally:
             if real is not None:
                 real.stop()
@@ -288,6 +327,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return [row[key] for row in per[who] if key in row]
 
     kopf_label = "kopf peer (on.event on Pods, our translation, kubernetes_asyncio), same run"
+    go_label = "Go peer (client-go informers, protobuf Pods, 16 workers), same run"
     kopf_write = [c / 2 for c in col("kopf", "cpu_ms_per_pod")]
     is_real = args.kube == "real"
     time_target, rss_target = (0.35, 0.4) if is_real else (0.5, 0.5)
@@ -315,6 +355,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                  col("raw", "cpu_ms_per_write"), baseline=kopf_write,
                  baseline_label="kopf peer's CPU per Pod / 2 (two writes per Pod)",
                  target="<= 0.5 ms", met=lambda m, _r: m <= 0.5),
+        C.figure("controller CPU per Pod, ours vs the Go peer", "ms",
+                 col("ours", "cpu_ms_per_pod"), baseline=col("go", "cpu_ms_per_pod"),
+                 baseline_label=go_label, target="<= 3x Go",
+                 met=lambda _m, r: r is not None and r <= 3.0),
+        C.figure("time to all CRs Pending, ours vs the Go peer", "s",
+                 col("ours", "all_pending_s"), baseline=col("go", "all_pending_s"),
+                 baseline_label=go_label),
+        C.figure("peak RSS, ours vs the Go peer", "MiB", col("ours", "peak_rss_mb"),
+                 baseline=col("go", "peak_rss_mb"), baseline_label=go_label),
         C.figure("apiserver CPU per Pod, ours" + (" (kube-apiserver + etcd)" if is_real else ""),
                  "ms", col("ours", "server_cpu_ms_per_pod"),
                  baseline=col("kopf", "server_cpu_ms_per_pod")),
@@ -372,7 +421,7 @@ def mean_per_pod(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[st
 
 def register(sub: Any) -> None:
     p = sub.add_parser("podcontroller", parents=[sub.common],
-                       help="Pods -> CRs Pending: our pod controller vs a kopf peer, same run")
+                       help="Pods -> CRs Pending: our pod controller vs kopf and Go peers")
     p.add_argument("--pods", type=int, default=10_000)
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
@@ -384,6 +433,10 @@ def register(sub: Any) -> None:
     p.add_argument("--profile", metavar="DIR",
                    help="profile ours and raw with py-spy (pip install py-spy; slows them: not "
                    "for figures); collapsed on-CPU stacks in DIR/<who>-round<N>.txt")
+    p.add_argument("--go-peer", choices=("auto", "on", "off"), default="auto",
+                   help="the Go peer (interop/gopodcontroller, built by "
+                   "scripts/build-gopodcontroller): auto runs it with --kube real when `go` is "
+                   "on PATH")
     p.add_argument("--cache-only", action="store_true",
                    help="only the Pod cache's RSS per Pod (projection vs full objects)")
     p.set_defaults(func=run)
