@@ -32,6 +32,7 @@ from bigfleet_trio.knobs import (
     read_text,
     rebased,
 )
+from bigfleet_trio.kube import protowire
 from bigfleet_trio.kube.labelselector import LabelSelectorError, parse_label_selector
 from bigfleet_trio.kube.leader import leader_timing_problem
 from bigfleet_trio.kube.names import is_dns1123_label
@@ -57,6 +58,8 @@ __all__ = [
 ]
 
 LOG_FORMATS = ("text", "json")
+KUBE_PROTOBUF = protowire.CONTENT_TYPE
+KUBE_CONTENT_TYPES = (KUBE_PROTOBUF, "application/json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_NAMESPACE = "bigfleet-system"
 
@@ -176,6 +179,14 @@ class ProcessSettings(Settings):
         True, "fill informer caches from streaming lists (watches with sendInitialEvents) "
         "instead of paged LISTs; an apiserver that refuses gets paged LISTs "
         "(docs/kube-api.md#streaming-lists)",
+    )
+    # the client's protobuf switch (KubeClient.protobuf); informers ask only for the kinds the
+    # schema carries
+    kube_api_content_type: str = knob(
+        KUBE_PROTOBUF, "media type the informers of Pods and Nodes ask the apiserver for "
+        "(kube-controller-manager's flag): protobuf where the server offers it, JSON "
+        "otherwise and always for CRs (docs/kube-api.md#protobuf)",
+        choices=KUBE_CONTENT_TYPES, metavar="TYPE",
     )
     sync_timeout: float = knob(
         600.0,

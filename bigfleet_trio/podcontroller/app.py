@@ -22,6 +22,7 @@ import trio
 import yaml
 
 from bigfleet_trio.knobs import ConfigFileError, yaml_error_line
+from bigfleet_trio.kube import protowire
 from bigfleet_trio.kube.authz import KubeAuthorizer, review_client
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
@@ -103,7 +104,8 @@ async def serve_pod_controller(
     agent = f"bigfleet-trio/{CONTROLLER_NAME}"
     async with contextlib.AsyncExitStack() as clients:
         client = await clients.enter_async_context(
-            KubeClient(kube_config, qps=cfg.qps, burst=cfg.burst, user_agent=agent))
+            KubeClient(kube_config, qps=cfg.qps, burst=cfg.burst, user_agent=agent,
+                       protobuf=cfg.kube_api_content_type == protowire.CONTENT_TYPE))
         ctl = PodController(client, defaults, workers=cfg.workers, sync_timeout=cfg.sync_timeout,
                             watch_list=cfg.watch_list, freeze_heap=freeze_heap,
                             scope=cfg.pod_scope())
