@@ -180,8 +180,8 @@ class ProcessSettings(Settings):
         "instead of paged LISTs; an apiserver that refuses gets paged LISTs "
         "(docs/kube-api.md#streaming-lists)",
     )
-    # the client's protobuf switch (KubeClient.protobuf); informers ask only for the kinds the
-    # schema carries
+    # the client's protobuf switch (kube_protobuf); informers ask only for the kinds the schema
+    # carries
     kube_api_content_type: str = knob(
         KUBE_PROTOBUF, "media type the informers of Pods and Nodes ask the apiserver for "
         "(kube-controller-manager's flag): protobuf where the server offers it, JSON "
@@ -198,6 +198,11 @@ class ProcessSettings(Settings):
     log_format: str = knob("text", "log line format", choices=LOG_FORMATS, global_flag=True)
     log_level: str = knob("info", "debug, info, warning or error", metavar="LEVEL",
                           check=_log_level, global_flag=True)
+
+    @property
+    def kube_protobuf(self) -> bool:
+        """``--kube-api-content-type`` is protobuf: the client's ``protobuf`` switch."""
+        return self.kube_api_content_type == KUBE_PROTOBUF
 
     def validate_process(self) -> None:
         """Cross-knob rules of the process group (leader election names, diagnostics TLS) and

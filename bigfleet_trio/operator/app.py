@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from bigfleet_trio.kube import protowire
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
 from bigfleet_trio.kube.leader import LeaderElector, lease_client, lease_namespace
@@ -454,8 +453,7 @@ async def serve_operator(
         )
         async with open_loop(), contextlib.AsyncExitStack() as clients:
             client = await clients.enter_async_context(
-                KubeClient(kcfg, qps=cfg.qps, burst=cfg.burst,
-                           protobuf=cfg.kube_api_content_type == protowire.CONTENT_TYPE))
+                KubeClient(kcfg, qps=cfg.qps, burst=cfg.burst, protobuf=cfg.kube_protobuf))
             op = Operator(cfg, client=client, connector=conn, feed=events, renderer=rend,
                           freeze_heap=freeze_heap)
             if on_operator is not None:

@@ -22,7 +22,6 @@ import trio
 import yaml
 
 from bigfleet_trio.knobs import ConfigFileError, yaml_error_line
-from bigfleet_trio.kube import protowire
 from bigfleet_trio.kube.authz import KubeAuthorizer, review_client
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import KubeConfig, load_kubeconfig
@@ -105,7 +104,7 @@ async def serve_pod_controller(
     async with contextlib.AsyncExitStack() as clients:
         client = await clients.enter_async_context(
             KubeClient(kube_config, qps=cfg.qps, burst=cfg.burst, user_agent=agent,
-                       protobuf=cfg.kube_api_content_type == protowire.CONTENT_TYPE))
+                       protobuf=cfg.kube_protobuf))
         ctl = PodController(client, defaults, workers=cfg.workers, sync_timeout=cfg.sync_timeout,
                             watch_list=cfg.watch_list, freeze_heap=freeze_heap,
                             scope=cfg.pod_scope())
