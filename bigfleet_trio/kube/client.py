@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import httpx
 import trio
 
 from . import protowire
@@ -140,8 +141,15 @@ class KubeClient(RequestCore):
                     if token:
                         params["continue"] = token
                         params["resourceVersion"] = None
-                    page = await self.request("GET", path, params=params, retry_on=_READ_RETRY,
-                                              accept=accept)
+                    try:
+                        page = await self.request("GET", path, params=params,
+                                                  retry_on=_READ_RETRY, accept=accept)
+                    except ApiError as exc:
+                        if not self._refused(exc, accept, path):
+                            raise
+                        accept = "application/json"
+                        page = await self.request("GET", path, params=params,
+                                                  retry_on=_READ_RETRY, accept=accept)
                     if isinstance(page, ProtobufBody):
                         items, rv, token = _protobuf_page(res, path, page)
                         if first:
@@ -243,12 +251,21 @@ class KubeClient(RequestCore):
         )
         assert params is not None
         accept = self._accept(res, protobuf)
-        if not retry or self.max_attempts == 1:
-            response = await self._open_stream(path, params, accept)
-        else:
-            response = await self.retry.call(
+
+        async def open_stream() -> httpx.Response:
+            if not retry or self.max_attempts == 1:
+                return await self._open_stream(path, params, accept)
+            return await self.retry.call(
                 lambda: self._open_stream(path, params, accept), _READ_RETRY, f"WATCH {path}"
             )
+
+        try:
+            response = await open_stream()
+        except ApiError as exc:
+            if not self._refused(exc, accept, path):
+                raise
+            accept = "application/json"
+            response = await open_stream()
         framed = protowire.is_protobuf(response.headers.get("content-type"))
         try:
             yield WatchStream(response, inactivity_timeout, protobuf=framed)
@@ -263,6 +280,18 @@ class KubeClient(RequestCore):
         if protobuf and self.protobuf and protowire.supports(res):
             return protowire.ACCEPT
         return "application/json"
+
+    def _refused(self, exc: ApiError, accept: str, path: str) -> bool:
+        """True when an error answer to a read that took protobuf was 406 Not Acceptable
+        (something between us and the apiserver knows only JSON): the caller asks again in
+        JSON, and so does this client from then on (one WARNING)."""
+        if exc.status != 406 or accept == "application/json":
+            return False
+        if self.protobuf:
+            self.protobuf = False
+            log.warning("kube protobuf refused (406 Not Acceptable), JSON from now on path=%s",
+                        path, extra={"path": path})
+        return True
 
     # -- writes ------------------------------------------------------------------------------
 

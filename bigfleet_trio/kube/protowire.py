@@ -111,11 +111,11 @@ def _generic(msg: Any) -> dict[str, Any]:
         if field.message_type is not None:
             if field.message_type.GetOptions().map_entry:
                 out[field.name] = dict(value)
-            elif field.label == field.LABEL_REPEATED:
+            elif field.is_repeated:
                 out[field.name] = [_generic(v) for v in value]
             else:
                 out[field.name] = _generic(value)
-        elif field.label == field.LABEL_REPEATED:
+        elif field.is_repeated:
             out[field.name] = list(value)
         elif value != "":
             out[field.name] = value

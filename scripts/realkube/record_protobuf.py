@@ -56,7 +56,8 @@ _PODS: list[dict[str, Any]] = [
                   "labelSelector": {"matchLabels": {"app": "db"}}}]}},
     {"metadata": {"name": "affine", "labels": {"app": "db"}},
      "spec": {"containers": [{"name": "c", "image": "busybox",
-                              "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "4"}}}],
+                              "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "4"},
+                                            "limits": {"nvidia.com/gpu": "1"}}}],
               "affinity": {
                   "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                       "nodeSelectorTerms": [{"matchExpressions": [

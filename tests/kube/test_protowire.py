@@ -288,3 +288,29 @@ async def test_a_protobuf_error_answer_raises_its_status() -> None:
         with pytest.raises(NotFound, match="missing"):
             await client.request("GET", "/api/v1/namespaces/pb/pods/missing",
                                  accept=protowire.ACCEPT)
+
+
+async def test_a_406_to_protobuf_gets_json_from_then_on(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """Something between the client and the apiserver that knows only JSON refuses the Accept
+    with 406: the read is asked again in JSON, and every later read asks for JSON."""
+    json_server = _Server(protobuf=False)
+
+    def refusing(request: httpx.Request) -> httpx.Response:
+        if protowire.CONTENT_TYPE in request.headers.get("accept", ""):
+            json_server.accepts.append((request.url.path, "refused"))
+            return httpx.Response(406, json={"kind": "Status", "code": 406,
+                                             "reason": "NotAcceptable", "message": "no"})
+        return json_server(request)
+
+    async with KubeClient(KubeConfig(server="http://kube.test"), qps=0,
+                          transport=httpx.MockTransport(refusing)) as client:
+        inf = Informer(client, PODS, transform=slim_pod, protobuf=True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(inf.run)
+            await inf.wait_synced()
+            nursery.cancel_scope.cancel()
+        assert len(inf.store) == 3 and client.protobuf is False
+    assert json_server.accepts[:2] == [("/api/v1/pods", "refused"),
+                                       ("/api/v1/pods", "application/json")]
+    assert all(a == "application/json" for _p, a in json_server.accepts[2:])
