@@ -32,6 +32,7 @@ from bigfleet_trio.knobs import (
     read_text,
     rebased,
 )
+from bigfleet_trio.kube import protowire
 from bigfleet_trio.kube.labelselector import LabelSelectorError, parse_label_selector
 from bigfleet_trio.kube.leader import leader_timing_problem
 from bigfleet_trio.kube.names import is_dns1123_label
@@ -57,6 +58,8 @@ __all__ = [
 ]
 
 LOG_FORMATS = ("text", "json")
+KUBE_PROTOBUF = protowire.CONTENT_TYPE
+KUBE_CONTENT_TYPES = (KUBE_PROTOBUF, "application/json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_NAMESPACE = "bigfleet-system"
 
@@ -177,6 +180,14 @@ class ProcessSettings(Settings):
         "instead of paged LISTs; an apiserver that refuses gets paged LISTs "
         "(docs/kube-api.md#streaming-lists)",
     )
+    # the client's protobuf switch (kube_protobuf); informers ask only for the kinds the schema
+    # carries
+    kube_api_content_type: str = knob(
+        KUBE_PROTOBUF, "media type the informers of Pods and Nodes ask the apiserver for "
+        "(kube-controller-manager's flag): protobuf where the server offers it, JSON "
+        "otherwise and always for CRs (docs/kube-api.md#protobuf)",
+        choices=KUBE_CONTENT_TYPES, metavar="TYPE",
+    )
     sync_timeout: float = knob(
         600.0,
         # Go waits 30 s for the operator's caches; 10 min (the pod controller's Go value) lets an
@@ -187,6 +198,11 @@ class ProcessSettings(Settings):
     log_format: str = knob("text", "log line format", choices=LOG_FORMATS, global_flag=True)
     log_level: str = knob("info", "debug, info, warning or error", metavar="LEVEL",
                           check=_log_level, global_flag=True)
+
+    @property
+    def kube_protobuf(self) -> bool:
+        """``--kube-api-content-type`` is protobuf: the client's ``protobuf`` switch."""
+        return self.kube_api_content_type == KUBE_PROTOBUF
 
     def validate_process(self) -> None:
         """Cross-knob rules of the process group (leader election names, diagnostics TLS) and

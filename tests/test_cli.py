@@ -924,6 +924,17 @@ def test_watch_list_knob_reaches_both_binaries_informers() -> None:
     assert ctl.pods.watch_list and ctl.crs.watch_list
 
 
+def test_kube_api_content_type_knob_is_protobuf_by_default_in_both_binaries() -> None:
+    for binary, make in (("operator", cli.operator_config),
+                         ("pod-controller", cli.pod_controller_config)):
+        extra = ["--cluster-id", "c1", "--shard-addr", "s:1"] if binary == "operator" else []
+        assert make(cli.parse_args([binary, *extra])).kube_protobuf is True
+        json_only = [binary, *extra, "--kube-api-content-type", "application/json"]
+        assert make(cli.parse_args(json_only)).kube_protobuf is False
+        with pytest.raises(cli.UsageError, match="invalid choice"):
+            cli.parse_args([binary, *extra, "--kube-api-content-type", "application/yaml"])
+
+
 # ---------------------------------------------------------------------- exit codes, as documented
 
 DOCS_ROOT = Path(__file__).resolve().parents[1]

@@ -16,10 +16,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import httpx
 import trio
 
+from . import protowire
 from .errors import ApiError, Expired, KubeTransportError
-from .request import RequestCore, clean_params
+from .request import ProtobufBody, RequestCore, clean_params
 from .resources import EVENTS, Resource
 from .retry import TRANSIENT, write_retry_on
 from .transport import release_response
@@ -102,12 +104,17 @@ class KubeClient(RequestCore):
         field_selector: str | None = None,
         limit: int = 500,
         resource_version: str | None = None,
+        protobuf: bool = False,
     ) -> str:
         """LIST following ``continue`` tokens, handing each page to ``on_items`` as it arrives.
 
         If a continue token has expired (410) the list restarts from the first page after
         calling ``on_restart`` (the consumer must drop what it collected), like client-go's pager
         with FullListIfExpired.
+
+        ``protobuf``: the caller reads only the fields of the protobuf schema (an informer's
+        transform); for Pods and Nodes, with the client's :attr:`protobuf` on, the LIST asks for
+        Kubernetes protobuf and its items hold only those fields (docs/kube-api.md#protobuf).
 
         Returns:
             The collection resourceVersion of the first page of the (last) complete pass.
@@ -122,6 +129,7 @@ class KubeClient(RequestCore):
             "limit": limit if limit and limit > 0 else None,
             "resourceVersion": resource_version,
         }
+        accept = self._accept(res, protobuf)
         restarts = 0
         while True:
             token: str | None = None
@@ -133,7 +141,23 @@ class KubeClient(RequestCore):
                     if token:
                         params["continue"] = token
                         params["resourceVersion"] = None
-                    page = await self.request("GET", path, params=params, retry_on=_READ_RETRY)
+                    try:
+                        page = await self.request("GET", path, params=params,
+                                                  retry_on=_READ_RETRY, accept=accept)
+                    except ApiError as exc:
+                        if not self._refused(exc, accept, path):
+                            raise
+                        accept = "application/json"
+                        page = await self.request("GET", path, params=params,
+                                                  retry_on=_READ_RETRY, accept=accept)
+                    if isinstance(page, ProtobufBody):
+                        items, rv, token = _protobuf_page(res, path, page)
+                        if first:
+                            list_rv, first = rv, False
+                        on_items(items)
+                        if not token:
+                            return list_rv
+                        continue
                     if not isinstance(page, dict):
                         raise KubeTransportError(f"LIST {path}: answer is not an object")
                     meta = page.get("metadata") or {}
@@ -194,6 +218,7 @@ class KubeClient(RequestCore):
         inactivity_timeout: float | None = None,
         retry: bool = True,
         send_initial_events: bool = False,
+        protobuf: bool = False,
     ) -> AsyncIterator[WatchStream]:
         """Open a watch; yields a :class:`WatchStream` of events.
 
@@ -208,6 +233,8 @@ class KubeClient(RequestCore):
             send_initial_events: a streaming list (docs/kube-api.md#streaming-lists): adds
                 ``sendInitialEvents=true`` and ``resourceVersionMatch=NotOlderThan`` (needs
                 ``allow_bookmarks``).
+            protobuf: as :meth:`list_paged`'s: the events' objects may come from Kubernetes
+                protobuf, holding only the schema's fields.
         """
         path = res.collection_path(namespace if res.namespaced else None)
         params = clean_params(
@@ -223,18 +250,48 @@ class KubeClient(RequestCore):
             }
         )
         assert params is not None
-        if not retry or self.max_attempts == 1:
-            response = await self._open_stream(path, params)
-        else:
-            response = await self.retry.call(
-                lambda: self._open_stream(path, params), _READ_RETRY, f"WATCH {path}"
+        accept = self._accept(res, protobuf)
+
+        async def open_stream() -> httpx.Response:
+            if not retry or self.max_attempts == 1:
+                return await self._open_stream(path, params, accept)
+            return await self.retry.call(
+                lambda: self._open_stream(path, params, accept), _READ_RETRY, f"WATCH {path}"
             )
+
         try:
-            yield WatchStream(response, inactivity_timeout)
+            response = await open_stream()
+        except ApiError as exc:
+            if not self._refused(exc, accept, path):
+                raise
+            accept = "application/json"
+            response = await open_stream()
+        framed = protowire.is_protobuf(response.headers.get("content-type"))
+        try:
+            yield WatchStream(response, inactivity_timeout, protobuf=framed)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await response.aclose()
             release_response(response)
+
+    def _accept(self, res: Resource, protobuf: bool) -> str:
+        """The Accept header of a read: protobuf first for the kinds the schema carries, when
+        both the client and the call take it; JSON otherwise (CRs have no protobuf)."""
+        if protobuf and self.protobuf and protowire.supports(res):
+            return protowire.ACCEPT
+        return "application/json"
+
+    def _refused(self, exc: ApiError, accept: str, path: str) -> bool:
+        """True when an error answer to a read that took protobuf was 406 Not Acceptable
+        (something between us and the apiserver knows only JSON): the caller asks again in
+        JSON, and so does this client from then on (one WARNING)."""
+        if exc.status != 406 or accept == "application/json":
+            return False
+        if self.protobuf:
+            self.protobuf = False
+            log.warning("kube protobuf refused (406 Not Acceptable), JSON from now on path=%s",
+                        path, extra={"path": path})
+        return True
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -445,6 +502,21 @@ class KubeClient(RequestCore):
             )
             return False
         return True
+
+
+def _protobuf_page(
+    res: Resource, path: str, page: bytes
+) -> tuple[list[dict[str, Any]], str, str | None]:
+    """Items, resourceVersion and continue token of a protobuf LIST page.
+
+    Raises:
+        KubeTransportError: the page does not decode (a broken answer, like invalid JSON).
+    """
+    try:
+        items, rv, token = protowire.decode_list(res, page)
+    except protowire.ProtobufDecodeError as exc:
+        raise KubeTransportError(f"LIST {path}: {exc}") from exc
+    return items, rv, token or None
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -342,6 +342,11 @@ class Informer:
             generation (``gc.freeze()``) after each LIST page, each applied chunk and every
             ``apply_chunk`` watch events, so the collector's full passes never walk the cache
             (docs/kube-api.md#garbage-collector).
+        protobuf: ``transform`` reads only fields of the protobuf schema
+            (``proto/kube/v1/objects.proto``), so for Pods and Nodes the LISTs and WATCHes may
+            take Kubernetes protobuf (when the client's ``protobuf`` is on, the default) and hand
+            it objects holding only those fields (docs/kube-api.md#protobuf). Off: whole objects
+            in JSON.
 
     Usage::
 
@@ -370,8 +375,10 @@ class Informer:
         watch_list: bool = False,
         initial_events_timeout: float = 120.0,
         freeze_heap: bool = False,
+        protobuf: bool = False,
     ):
         self.client = client
+        self.protobuf = protobuf
         self.res = res
         self.namespace = namespace
         self.label_selector = label_selector
@@ -613,6 +620,7 @@ class Informer:
             label_selector=self.label_selector,
             field_selector=self.field_selector,
             limit=self.page_size,
+            protobuf=self.protobuf,
         )
         await self._listed(rv, apply, "list")
 
@@ -699,6 +707,7 @@ class Informer:
                 inactivity_timeout=self.inactivity_timeout,
                 retry=False,
                 send_initial_events=initial,
+                protobuf=self.protobuf,
             ) as stream:
                 self._served_again()
                 async for event in stream:

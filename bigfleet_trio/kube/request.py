@@ -23,7 +23,7 @@ import orjson
 import trio
 
 from ..observability import metrics, stdmetrics
-from . import reqtrace
+from . import protowire, reqtrace
 from .config import KubeConfig
 from .errors import (
     ApiError,
@@ -36,7 +36,7 @@ from .ratelimit import AsyncRateLimiter
 from .retry import RetryPolicy
 from .transport import KeepAlivePool, StreamingTransport, release_response, replay_safe
 
-__all__ = ["RequestCore", "authorization", "clean_params", "describe_cause"]
+__all__ = ["ProtobufBody", "RequestCore", "authorization", "clean_params", "describe_cause"]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,24 @@ def _target(base_path: bytes, path: str, query: str) -> bytes:
     return base_path + (path + query).encode("ascii")
 
 
+class ProtobufBody(bytes):
+    """A 2xx answer in Kubernetes protobuf (:mod:`.protowire` decodes it), returned as is by
+    :meth:`RequestCore.request` when the call accepted protobuf and the server chose it."""
+
+
+_JSON = "application/json"
+
+
+def _content_type(headers: Mapping[str, str] | list[tuple[bytes, bytes]]) -> str:
+    """The Content-Type of an answer's headers ("" without one)."""
+    if isinstance(headers, Mapping):
+        return headers.get("content-type", "")
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return value.decode("latin-1")
+    return ""
+
+
 class RequestCore:
     """Connection pools, credentials, rate limit, deadline, error mapping and retries.
 
@@ -129,8 +147,12 @@ class RequestCore:
         max_attempts: int = 5,
         max_retry_after: float = 60.0,
         user_agent: str = "bigfleet-trio",
+        protobuf: bool = True,
     ):
         self.config = config
+        self.protobuf = protobuf
+        """Reads that accept it ask for Kubernetes protobuf (Pods, Nodes;
+        docs/kube-api.md#protobuf): the binaries' ``--kube-api-content-type``."""
         self.request_timeout = request_timeout
         self.max_attempts = max(1, max_attempts)
         self.max_retry_after = max_retry_after
@@ -145,7 +167,7 @@ class RequestCore:
         verify: Any = True
         if transport is None and config.is_https:
             verify = config.ssl_context()
-        headers = {"User-Agent": user_agent, "Accept": "application/json"}
+        headers = {"User-Agent": user_agent, "Accept": _JSON}
         # tls-server-name: the name the certificate is checked against and sent as SNI
         # (httpcore's sni_hostname request extension, on both transports)
         self._extensions = ({"sni_hostname": config.tls_server_name}
@@ -179,13 +201,12 @@ class RequestCore:
         self._pool = request_transport if isinstance(request_transport, KeepAlivePool) else None
         self._base_url = httpx.URL(config.server)
         self._base_path = self._base_url.raw_path.rstrip(b"/")
-        self._raw_headers = [(b"User-Agent", user_agent.encode()),
-                             (b"Accept", b"application/json")]
+        self._raw_headers = [(b"User-Agent", user_agent.encode())]
         self._watch_http = self._http if transport is not None else http_client(
             4, StreamingTransport(ssl_context=tls))
         self._base = config.server.rstrip("/")
         self._host = httpx.URL(config.server).netloc.decode()
-        self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
+        self._headers = {"User-Agent": user_agent}
         self._user_agent = user_agent
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -206,7 +227,14 @@ class RequestCore:
     # -- low level ---------------------------------------------------------------------------
 
     def _error(self, status: int, body: bytes, headers: Mapping[str, str]) -> ApiError:
-        err = error_from_status(status, body, headers)
+        decoded: bytes | dict[str, Any] = body
+        if protowire.is_protobuf(headers.get("content-type")):
+            # an error answer to a read that accepted protobuf is a protobuf Status
+            try:
+                decoded = protowire.decode_status(body)
+            except protowire.ProtobufDecodeError:
+                decoded = b""
+        err = error_from_status(status, decoded, headers)
         if isinstance(err, Unauthorized) and self.unauthorized is None:
             self.unauthorized = err
             self._unauthorized_seen.set()
@@ -227,7 +255,8 @@ class RequestCore:
         return self.unauthorized
 
     async def _request_once(
-        self, method: str, path: str, params: Mapping[str, Any] | None, body: Any, ctype: str
+        self, method: str, path: str, params: Mapping[str, Any] | None, body: Any, ctype: str,
+        accept: str = _JSON,
     ) -> Any:
         metrics.KUBE_LIMITER_WAIT.observe(await self._limiter.acquire())
         content: bytes | None = None
@@ -244,7 +273,7 @@ class RequestCore:
             with trio.move_on_after(self.request_timeout):
                 status, headers, data = await self._exchange(
                     method, path, query, auth, content, ctype,
-                    replayable=replay_safe(method, path, body))
+                    replayable=replay_safe(method, path, body), accept=accept)
         finally:
             # client-go's rest_client_request_duration_seconds, by verb and status class
             elapsed = time.time() - started
@@ -264,6 +293,8 @@ class RequestCore:
             raise self._refusal(status, data, headers, path)
         if not data:
             return None
+        if accept != _JSON and protowire.is_protobuf(_content_type(headers)):
+            return ProtobufBody(data)
         try:
             return orjson.loads(data)
         except ValueError as exc:
@@ -290,7 +321,7 @@ class RequestCore:
 
     async def _exchange(
         self, method: str, path: str, query: str, auth: str | None, content: bytes | None,
-        ctype: str, *, replayable: bool = False,
+        ctype: str, *, replayable: bool = False, accept: str = _JSON,
     ) -> tuple[int, Mapping[str, str] | list[tuple[bytes, bytes]], bytes]:
         """One HTTP exchange on the pool (or an injected transport): status, headers, body.
 
@@ -302,6 +333,7 @@ class RequestCore:
                 # our pool, no httpx objects: building an httpx Request and Response (URL
                 # parsing, header models) cost more CPU than the HTTP/1.1 exchange itself
                 raw = list(self._raw_headers)
+                raw.append((b"Accept", accept.encode()))
                 if auth:
                     raw.append((b"Authorization", auth.encode()))
                 if content is not None:
@@ -309,17 +341,19 @@ class RequestCore:
                 return await self._pool.round_trip(
                     method.encode(), self._base_url, _target(self._base_path, path, query),
                     raw, content, replayable=replayable)
-            return await self._via_transport(method, path + query, auth, content, ctype)
+            return await self._via_transport(method, path + query, auth, content, ctype, accept)
         except httpx.TransportError as exc:
             self.last_transport_error = KubeTransportError(
                 f"{method} {path}: {describe_cause(exc)}")
             raise self.last_transport_error from exc
 
     async def _via_transport(
-        self, method: str, path: str, auth: str | None, content: bytes | None, ctype: str
+        self, method: str, path: str, auth: str | None, content: bytes | None, ctype: str,
+        accept: str = _JSON,
     ) -> tuple[int, Mapping[str, str], bytes]:
         """One request through an injected httpx transport (tests): status, headers, body."""
         headers = dict(self._headers)
+        headers["Accept"] = accept
         if auth:
             headers["Authorization"] = auth
         if content is not None:
@@ -343,6 +377,7 @@ class RequestCore:
         body: Any = None,
         content_type: str = "application/json",
         retry_on: tuple[type[BaseException], ...] = (),
+        accept: str = _JSON,
     ) -> Any:
         """Send one request (rate-limited, mapped errors, optional retries).
 
@@ -353,17 +388,19 @@ class RequestCore:
             body: JSON-serialisable body or raw bytes.
             content_type: body media type.
             retry_on: exception classes (ours) that trigger a retry; empty = no retry.
+            accept: the Accept header; with protobuf in it (:data:`.protowire.ACCEPT`) a
+                protobuf answer comes back undecoded, as :class:`ProtobufBody`.
 
         Returns:
-            Decoded JSON body, or None for an empty body.
+            Decoded JSON body, a :class:`ProtobufBody`, or None for an empty body.
 
         Raises:
             ApiError subclasses, KubeTransportError.
         """
         if not retry_on or self.max_attempts == 1:
-            return await self._request_once(method, path, params, body, content_type)
+            return await self._request_once(method, path, params, body, content_type, accept)
         return await self.retry.call(
-            lambda: self._request_once(method, path, params, body, content_type),
+            lambda: self._request_once(method, path, params, body, content_type, accept),
             retry_on,
             f"{method} {path}",
         )
@@ -375,12 +412,13 @@ class RequestCore:
             raise KubeTransportError(f"{method} {path}: expected a JSON object in the answer")
         return out
 
-    async def _open_stream(self, path: str, params: dict[str, Any]) -> httpx.Response:
+    async def _open_stream(self, path: str, params: dict[str, Any],
+                           accept: str = _JSON) -> httpx.Response:
         await self._limiter.acquire()
         # Uncompressed: kube-apiserver gzips a streaming list one gzip member per flush, and
         # httpx decodes only the first member (docs/kube-api.md#streaming-lists).
         request = self._watch_http.build_request(
-            "GET", path, params=params, headers={"Accept-Encoding": "identity"},
+            "GET", path, params=params, headers={"Accept-Encoding": "identity", "Accept": accept},
             extensions=self._extensions,
         )
         response: httpx.Response | None = None

@@ -34,7 +34,8 @@ __all__ = [
 ]
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]
-_TYPES = frozenset(("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"))
+TYPES = frozenset(("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"))
+"""The event types a watch sends."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ def decode_watch_line(line: str | bytes) -> WatchEvent | None:
         raise WatchDecodeError(f"watch line is not an object: {text[:200]!r}")
     etype = doc.get("type")
     obj = doc.get("object")
-    if etype not in _TYPES:
+    if etype not in TYPES:
         raise WatchDecodeError(f"unknown watch event type {etype!r}")
     if not isinstance(obj, dict):
         raise WatchDecodeError(f"watch event {etype} has no object")

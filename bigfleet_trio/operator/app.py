@@ -453,7 +453,7 @@ async def serve_operator(
         )
         async with open_loop(), contextlib.AsyncExitStack() as clients:
             client = await clients.enter_async_context(
-                KubeClient(kcfg, qps=cfg.qps, burst=cfg.burst))
+                KubeClient(kcfg, qps=cfg.qps, burst=cfg.burst, protobuf=cfg.kube_protobuf))
             op = Operator(cfg, client=client, connector=conn, feed=events, renderer=rend,
                           freeze_heap=freeze_heap)
             if on_operator is not None:

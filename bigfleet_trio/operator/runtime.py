@@ -254,7 +254,7 @@ def build_operator(
                            freeze_heap=fz)
     node_informer = Informer(
         client, NODES, transform=slim_node, indexers={PROVIDER_ID_INDEX: provider_id_index},
-        watch_list=wl, freeze_heap=fz,
+        watch_list=wl, freeze_heap=fz, protobuf=True,  # slim_node: schema fields only
     )
     upcoming = UpcomingNodeHandler(
         client, memory, get_cached=partial(cached, un_informer.store), feed=feed,

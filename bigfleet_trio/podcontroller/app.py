@@ -103,7 +103,8 @@ async def serve_pod_controller(
     agent = f"bigfleet-trio/{CONTROLLER_NAME}"
     async with contextlib.AsyncExitStack() as clients:
         client = await clients.enter_async_context(
-            KubeClient(kube_config, qps=cfg.qps, burst=cfg.burst, user_agent=agent))
+            KubeClient(kube_config, qps=cfg.qps, burst=cfg.burst, user_agent=agent,
+                       protobuf=cfg.kube_protobuf))
         ctl = PodController(client, defaults, workers=cfg.workers, sync_timeout=cfg.sync_timeout,
                             watch_list=cfg.watch_list, freeze_heap=freeze_heap,
                             scope=cfg.pod_scope())

@@ -141,6 +141,7 @@ class PodController:
                       zonepin.CO_LOCATED_INDEX: zonepin.index_co_located},
             freeze_heap=freeze_heap,
             watch_list=watch_list,
+            protobuf=True,  # slim_pod reads only the schema's fields
         )
         self.crs = Informer(
             client,

@@ -55,8 +55,9 @@ class NodeWatch:
     def __init__(self, client: KubeClient, scope: PodScope, pods: Store,
                  queue: WorkQueue[QueueKey], *, freeze_heap: bool = False,
                  watch_list: bool = False) -> None:
+        # node_view reads only the protobuf schema's fields (docs/kube-api.md#protobuf)
         self.informer = Informer(client, NODES, transform=scope.node_view,
-                                 freeze_heap=freeze_heap, watch_list=watch_list)
+                                 freeze_heap=freeze_heap, watch_list=watch_list, protobuf=True)
         self.informer.add_handler(self._on_add, self._on_update, self._on_delete)
         self.pods = pods
         self.queue = queue

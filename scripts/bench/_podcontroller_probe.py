@@ -130,8 +130,9 @@ async def create_pods(kubeconfig: str, n: int, conc: int = 32, classes: bool = F
         return await fan_out(n, conc, lambda i: client.create(PODS, pod(i, classes)))
 
 
-async def run_ours(kubeconfig: str, workers: int) -> None:
-    async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED) as client:
+async def run_ours(kubeconfig: str, workers: int, protobuf: bool = True) -> None:
+    async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED,
+                          protobuf=protobuf) as client:
         ctl = PodController(client, workers=workers, resync_period=3600)
         async with trio.open_nursery() as nursery:
             await nursery.start(ctl.run)
@@ -209,6 +210,8 @@ def main() -> int:
     ap.add_argument("--kubeconfig", required=True)
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--full-objects", action="store_true")
+    ap.add_argument("--json", action="store_true",
+                    help="ours: Pods in JSON (--kube-api-content-type application/json)")
     ap.add_argument("--profile", metavar="FILE",
                     help="sample on-CPU stacks with py-spy (pip install py-spy); collapsed "
                     "stacks written to FILE when the process is stopped (SIGTERM) or ends")
@@ -217,7 +220,7 @@ def main() -> int:
     if args.profile:
         _profile_to(args.profile)
     if args.mode == "ours":
-        trio.run(run_ours, args.kubeconfig, args.workers)
+        trio.run(run_ours, args.kubeconfig, args.workers, not args.json)
     elif args.mode == "raw":
         trio.run(run_raw, args.kubeconfig, args.workers)
     else:

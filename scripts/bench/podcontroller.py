@@ -92,7 +92,9 @@ def _contestant(who: str, kc: str, workers: int, profile: str | None = None,
         return [go_bin, "-kubeconfig", kc, "-workers", str(workers)]
     if who == "kopf":
         return [sys.executable, "-m", "scripts.bench._kopf_peer", "--kubeconfig", kc]
-    return [sys.executable, "-m", "scripts.bench._podcontroller_probe", who, "--kubeconfig", kc,
+    # ours-json: ours with Pods in JSON (--wire both), the protobuf lever's baseline
+    mode = ["ours", "--json"] if who == "ours-json" else [who]
+    return [sys.executable, "-m", "scripts.bench._podcontroller_probe", *mode, "--kubeconfig", kc,
             "--workers", str(workers)] + (["--profile", profile] if profile else [])
 
 
@@ -273,6 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     n = 500 if args.quick else args.pods
     rounds = 1 if args.quick else args.rounds
     params = {"pods": n, "rounds": rounds, "workers": args.workers, "engine": args.engine,
+              "wire": args.wire,
               "kube": args.kube}
     if args.cache_only:
         rows = [{"slim": _cache_round(n, args.engine, False),
@@ -285,6 +288,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return C.result("podcontroller", {**params, "mode": "cache-only"}, figs, [],
                         {"rounds": rows})
     per: dict[str, list[dict[str, Any]]] = {"ours": [], "go": [], "kopf": [], "raw": []}
+    if args.wire == "both":
+        per["ours-json"] = []
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     notes: list[str] = []
@@ -314,11 +319,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             real = _RealServer(tmp)
         try:
             for r in range(rounds):
-                for who in [*rotate(contestants, r), "raw"]:
+                order = rotate(contestants, r)
+                if args.wire == "both":  # JSON next to protobuf, alternating which goes first
+                    order.insert(order.index("ours") + r % 2, "ours-json")
+                for who in [*order, "raw"]:
                     prof = (os.path.join(args.profile, f"{who}-round{r + 1}.txt")
-                            if args.profile and who in ("ours", "raw") else None)
-                    per[who].append(_round_one(who, n, args.workers, args.engine, args.timeout,
-                                               real, prof, go_bin))
+                            if args.profile and who in ("ours", "ours-json", "raw") else None)
+                    run_as = "ours-json" if who == "ours" and args.wire == "json" else who
+                    per[who].append(_round_one(run_as, n, args.workers, args.engine,
+                                               args.timeout, real, prof, go_bin))
         finally:
             if real is not None:
                 real.stop()
@@ -367,6 +376,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         C.figure("apiserver CPU per Pod, ours" + (" (kube-apiserver + etcd)" if is_real else ""),
                  "ms", col("ours", "server_cpu_ms_per_pod"),
                  baseline=col("kopf", "server_cpu_ms_per_pod")),
+        *([C.figure("controller CPU per Pod, Pods in protobuf (default)", "ms",
+                    col("ours", "cpu_ms_per_pod"), baseline=col("ours-json", "cpu_ms_per_pod"),
+                    baseline_label="ours with Pods in JSON, same run"),
+           C.figure("peak RSS, Pods in protobuf", "MiB", col("ours", "peak_rss_mb"),
+                    baseline=col("ours-json", "peak_rss_mb"),
+                    baseline_label="ours with Pods in JSON, same run")]
+          if args.wire == "both" else []),
         C.figure("raw writes: time for all creates + stamps", "s", col("raw", "seconds"),
                  baseline=col("ours", "all_pending_s"),
                  baseline_label="ours: time to all Pending (incl. start-up, LIST, watches)"),
@@ -430,6 +446,9 @@ def register(sub: Any) -> None:
                    help="sim: a fresh embedded apiserver per contestant; real: one real control "
                    "plane (python -m scripts.realkube build), emptied between contestants")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per contestant")
+    p.add_argument("--wire", choices=("protobuf", "json", "both"), default="protobuf",
+                   help="how ours reads Pods: protobuf where offered (the default), JSON, or "
+                   "both in one run (an ours-json contestant beside ours)")
     p.add_argument("--profile", metavar="DIR",
                    help="profile ours and raw with py-spy (pip install py-spy; slows them: not "
                    "for figures); collapsed on-CPU stacks in DIR/<who>-round<N>.txt")

@@ -147,15 +147,15 @@ EXTRA_ARGS_ONLY: dict[str, frozenset[str]] = {
         "--metrics-cert-name", "--metrics-cert-key", "--metrics-plain-http",
         "--leader-election-namespace", "--leader-election-id", "--leader-elect-lease-duration",
         "--leader-elect-renew-deadline", "--leader-elect-retry-period", "--watch-list",
-        "--sync-timeout", "--log-level", "--rollup-interval", "--dispatch-concurrency",
-        "--send-timeout", "--reconnect-initial-backoff", "--reconnect-max-backoff",
-        "--enable-profiling", "--logging-format"}),
+        "--kube-api-content-type", "--sync-timeout", "--log-level", "--rollup-interval",
+        "--dispatch-concurrency", "--send-timeout", "--reconnect-initial-backoff",
+        "--reconnect-max-backoff", "--enable-profiling", "--logging-format"}),
     "pod-controller": frozenset({
         "--workers", "--kubeconfig", "--qps", "--burst", "--metrics-cert-name",
         "--metrics-cert-key", "--metrics-plain-http", "--leader-election-namespace",
         "--leader-election-id", "--leader-elect-lease-duration", "--leader-elect-renew-deadline",
-        "--leader-elect-retry-period", "--watch-list", "--sync-timeout", "--log-level",
-        "--enable-profiling", "--logging-format"}),
+        "--leader-elect-retry-period", "--watch-list", "--kube-api-content-type",
+        "--sync-timeout", "--log-level", "--enable-profiling", "--logging-format"}),
 }
 """Flags with no value of their own: ``operator.extraArgs`` / ``podController.extraArgs`` carry
 them and the binary checks them at start (docs/helm.md#values)."""

@@ -1,0 +1,1 @@
+"""Generated protobuf code for the Kubernetes objects (scripts/gen-proto)."""
