@@ -6,10 +6,14 @@ one object per Pod in the cluster (100K at scale). :func:`slim` is the informer
 ``status.phase``) read:
 
     {"apiVersion", "kind",
-     "metadata": {"name", "namespace", "uid", "resourceVersion"},
+     "metadata": {"name", "namespace", "uid", "resourceVersion",
+                  "ownerReferences": [{"kind", "name", "uid"}]},   # the Pod, for its Events
      "spec": {requirements, resources, priority, topologySpread, coLocation,
               interruptionPenalty, reclamationPenalty},
-     "status": {"phase"}}
+     "status": {"phase", "conditions": [{"type", "status", "reason", "lastTransitionTime"}]}}
+
+``conditions`` without their messages (the outcome pass rewrites them whole: :mod:`.outcomes`);
+equal status objects are shared, as specs are.
 
 The projection is **read-only** (shared between CRs): never mutate a cached CR in place.
 """
@@ -38,7 +42,7 @@ _METADATA_FIELDS: Final = ("name", "namespace", "uid", "resourceVersion")
 # Hence the read-only rule: a change is a patch to the apiserver, never an edit of the cache.
 _INTERN_LIMIT: Final = 20_000
 _specs: dict[str, dict[str, Any]] = {}
-_statuses: dict[str, dict[str, Any]] = {}
+_statuses: dict[tuple[str, tuple[tuple[Any, ...], ...]], dict[str, Any]] = {}
 
 
 def _intern(v: Any) -> Any:
@@ -91,14 +95,43 @@ def slim(cr: dict[str, Any]) -> dict[str, Any]:
         out["spec"] = _shared_spec(spec)
     elif spec is not None:
         out["spec"] = spec
+    owner = _owner_pod(md.get("ownerReferences"))
+    if owner is not None:
+        out["metadata"]["ownerReferences"] = [owner]
     status = cr.get("status")
     if isinstance(status, Mapping) and "phase" in status:
         phase = status.get("phase")
-        key = phase if isinstance(phase, str) else repr(phase)
+        conds = _conditions(status.get("conditions"))
+        key = (phase if isinstance(phase, str) else repr(phase), conds)
         shared = _statuses.get(key)
         if shared is None:
             shared = {"phase": phase}
-            if len(_statuses) < 64:
+            if conds:
+                shared["conditions"] = [dict(zip(_CONDITION_FIELDS, c, strict=True))
+                                        for c in conds]
+            if len(_statuses) < _INTERN_LIMIT:
                 _statuses[key] = shared
         out["status"] = shared
     return out
+
+
+_CONDITION_FIELDS: Final = ("type", "status", "reason", "lastTransitionTime")
+
+
+def _conditions(raw: object) -> tuple[tuple[Any, ...], ...]:
+    if not isinstance(raw, list):
+        return ()
+    return tuple(
+        tuple(_intern(c.get(f)) for f in _CONDITION_FIELDS)
+        for c in raw
+        if isinstance(c, Mapping) and isinstance(c.get("type"), str)
+    )
+
+
+def _owner_pod(refs: object) -> dict[str, Any] | None:
+    """The controlling Pod ownerReference, trimmed to kind, name and uid."""
+    for ref in refs if isinstance(refs, list) else ():
+        if isinstance(ref, Mapping) and ref.get("kind") == "Pod" and isinstance(
+                ref.get("name"), str):
+            return {k: ref[k] for k in ("kind", "name", "uid") if isinstance(ref.get(k), str)}
+    return None

@@ -33,6 +33,7 @@ from bigfleet_trio.operator.bootstrap import (
 )
 from bigfleet_trio.operator.crview import slim
 from bigfleet_trio.operator.kubeevents import EventRecorder
+from bigfleet_trio.operator.outcomes import OutcomeWriter
 from bigfleet_trio.operator.reclaim.drain import DrainManager
 from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
 from bigfleet_trio.operator.retention import FailedRetention
@@ -194,6 +195,7 @@ class OperatorParts:
     un_informer: Informer
     node_informer: Informer
     retention: FailedRetention
+    outcomes: OutcomeWriter
     handlers: OperatorHandlers
     agent: Agent
 
@@ -259,7 +261,7 @@ def build_operator(
             events=kube_events, wall_clock=wall_clock,
         ),
         upcoming=upcoming,
-        available=AvailableCapacityHandler(client),
+        available=(available := AvailableCapacityHandler(client)),
         feed=feed,
     )
     return OperatorParts(
@@ -274,6 +276,10 @@ def build_operator(
         retention=FailedRetention(
             client, un_informer.store.list, retention=cfg.failed_retention,
             cluster=cfg.cluster_id,
+        ),
+        outcomes=OutcomeWriter(
+            client, crs=cr_informer.store.list, upcoming=un_informer.store.list,
+            offers=available.offers, events=kube_events, now=wall_clock,
         ),
         handlers=handlers,
         agent=Agent(connector, source, handlers, cfg.agent_config(),
