@@ -48,6 +48,9 @@ __all__ = [
     "PodEvent",
     "OutcomeWriter",
     "conditions_patch",
+    "describe_offer",
+    "describe_upcoming",
+    "upcoming_fits",
     "labels_satisfy",
     "offer_matches",
     "plan_conditions",
@@ -85,6 +88,10 @@ DEFAULT_BUDGET: Final = 1000
 """Status patches (hence Pod Events) at most per pass."""
 DEFAULT_WAIT: Final = 600.0
 """Seconds after Sent before "no machine came" is a Warning."""
+
+#: Requirement operator numbers as the CRD spells them (explain prints them).
+OPERATOR_NAMES: Final = {OP_IN: "In", OP_NOT_IN: "NotIn", OP_EXISTS: "Exists",
+                         OP_DOES_NOT_EXIST: "DoesNotExist"}
 
 #: UpcomingNode phases that will (or do) give the Pod a Node.
 COMING_PHASES: Final = frozenset({"Provisioning", "Launched", "Registered", "Ready"})
@@ -181,7 +188,9 @@ def offer_matches(c: Contribution, spec: Mapping[str, Any]) -> bool:
     return _holds(_quantities(spec.get("resources")), c.resources)
 
 
-def _upcoming_fits(c: Contribution, un: Mapping[str, Any]) -> bool:
+def upcoming_fits(c: Contribution, un: Mapping[str, Any]) -> bool:
+    """``un`` is on its way (or Ready), its labels meet ``c``'s requirements, its resources
+    hold ``c``'s request."""
     status = un.get("status")
     phase = status.get("phase") if isinstance(status, Mapping) else None
     if phase not in COMING_PHASES:
@@ -200,7 +209,8 @@ def _obj(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _describe_un(un: Mapping[str, Any]) -> str:
+def describe_upcoming(un: Mapping[str, Any]) -> str:
+    """``UpcomingNode NAME (INSTANCE-TYPE in ZONE, PHASE)``."""
     md, spec, status = _obj(un.get("metadata")), _obj(un.get("spec")), _obj(un.get("status"))
     labels = _obj(spec.get("labels"))
     return (f"UpcomingNode {md.get('name', '?')} "
@@ -208,7 +218,8 @@ def _describe_un(un: Mapping[str, Any]) -> str:
             f"{labels.get('topology.kubernetes.io/zone', '?')}, {status.get('phase', '?')})")
 
 
-def _describe_offer(spec: Mapping[str, Any]) -> str:
+def describe_offer(spec: Mapping[str, Any]) -> str:
+    """``N machine(s) [requirements] availability A, COST USD/h`` of an AvailableCapacity."""
     kinds = [f"{r.get('key')}={','.join(r.get('values') or ())}"
              for r in spec.get("requirements") or () if isinstance(r, Mapping)]
     cost = f", {spec['cost']} USD/h" if spec.get("cost") else ""
@@ -299,14 +310,14 @@ def plan_conditions(
                        "the shard has sent no AvailableCapacity since the operator started")
     else:
         hit = next((o for o in offers if offer_matches(c, o)), None)
-        offered = (cond(COND_CAPACITY_OFFERED, "True", R_OFFERED, _describe_offer(hit))
+        offered = (cond(COND_CAPACITY_OFFERED, "True", R_OFFERED, describe_offer(hit))
                    if hit is not None else
                    cond(COND_CAPACITY_OFFERED, "False", R_NO_OFFER,
                         f"none of {len(offers)} AvailableCapacity profile(s) offers a machine "
                         f"that meets the requirements and holds {_fmt(c.resources)}"))
-    un = next((u for u in upcoming if _upcoming_fits(c, u)), None)
+    un = next((u for u in upcoming if upcoming_fits(c, u)), None)
     if un is not None:
-        coming = cond(COND_MACHINE_COMING, "True", R_MACHINE, _describe_un(un))
+        coming = cond(COND_MACHINE_COMING, "True", R_MACHINE, describe_upcoming(un))
     else:
         since = _parse_time(sent["lastTransitionTime"]) or now
         late = now - since >= timedelta(seconds=wait)

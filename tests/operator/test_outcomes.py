@@ -197,6 +197,7 @@ def seed_pod_and_cr(kube: RecordingKube, name: str, **kw: Any) -> None:
     uid = kube.objects(PODS, "team")[name]["metadata"]["uid"]
     body = cr(**kw)
     body["metadata"]["name"] = f"cr-{uid}"
+    body["metadata"]["labels"] = {"bigfleet.lucy.sh/owned-by-pod": uid}
     body["metadata"]["ownerReferences"][0].update(name=name, uid=uid)
     kube.seed(CAPACITY_REQUESTS, body)
 
