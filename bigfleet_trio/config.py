@@ -277,6 +277,11 @@ class OperatorConfig(ProcessSettings):
         600.0, "delete an UpcomingNode once it has been Failed this long; 0 = keep forever",
         unit=DURATION, check=non_negative,
     )
+    outcome_wait: float = knob(
+        600.0, "a CapacityRequest sent this long with no machine coming for it gets "
+        "MachineComing=False/NothingCame and a Warning Event on its Pod",
+        unit=DURATION, check=non_negative,
+    )
     agent: AgentConfig = nested(AgentConfig, title="reconnect")
     """The shard agent's own settings (its ``session`` nested), ``cluster_id`` left empty."""
     bootstrap_template: str | None = field(default=None, repr=False)

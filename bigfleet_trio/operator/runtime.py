@@ -279,7 +279,8 @@ def build_operator(
         ),
         outcomes=OutcomeWriter(
             client, crs=cr_informer.store.list, upcoming=un_informer.store.list,
-            offers=available.offers, events=kube_events, now=wall_clock,
+            offers=available.offers, events=kube_events, wait=cfg.outcome_wait,
+            now=wall_clock,
         ),
         handlers=handlers,
         agent=Agent(connector, source, handlers, cfg.agent_config(),

@@ -143,7 +143,8 @@ FIXED: dict[str, frozenset[str]] = {
 EXTRA_ARGS_ONLY: dict[str, frozenset[str]] = {
     "operator": frozenset({
         "--ack-concurrency", "--bootstrap-ttl", "--tls-server-name", "--keepalive-time",
-        "--keepalive-timeout", "--failed-retention", "--kubeconfig", "--qps", "--burst",
+        "--keepalive-timeout", "--failed-retention", "--outcome-wait", "--kubeconfig", "--qps",
+        "--burst",
         "--metrics-cert-name", "--metrics-cert-key", "--metrics-plain-http",
         "--leader-election-namespace", "--leader-election-id", "--leader-elect-lease-duration",
         "--leader-elect-renew-deadline", "--leader-elect-retry-period", "--watch-list",
