@@ -103,9 +103,9 @@ OUTCOME_WRITES = Counter(
 )
 OUTCOME_CRS = Gauge(
     "bigfleet_operator_capacityrequests_outcome",
-    "CapacityRequests by condition and status at the last outcome pass "
-    "(e.g. condition=MachineComing,status=False).",
-    ["condition", "status"],
+    "CapacityRequests by condition, status and reason at the last outcome pass of the leader "
+    "(e.g. condition=MachineComing,status=False,reason=NothingCame).",
+    ["condition", "status", "reason"],
 )
 
 
@@ -435,13 +435,25 @@ class OutcomeWriter:
         self.period, self.budget, self.wait = period, budget, wait
         self._now = now
         self.written_total = 0
+        self._gauged: set[tuple[str, str, str]] = set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Pass, sleep ``period``, repeat until cancelled."""
+        """Pass, sleep ``period``, repeat until cancelled; then zero the gauge (a standby or a
+        stopped operator reports no outcome, so alerts read the leader's)."""
         task_status.started()
-        while True:
-            await trio.sleep(self.period)
-            await self.run_once()
+        try:
+            while True:
+                await trio.sleep(self.period)
+                await self.run_once()
+        finally:
+            self._report({})
+
+    def _report(self, counts: Mapping[tuple[str, str, str], int]) -> None:
+        for key in self._gauged - set(counts):
+            OUTCOME_CRS.labels(*key).set(0)
+        for key, n in counts.items():
+            OUTCOME_CRS.labels(*key).set(n)
+        self._gauged |= set(counts)
 
     def plan(self) -> list[tuple[Mapping[str, Any], list[dict[str, Any]], dict[str, Any]]]:
         """(cr, desired conditions, patch) for every cached CR whose conditions change (pure
@@ -452,7 +464,7 @@ class OutcomeWriter:
                     if isinstance(u.get("status"), Mapping)
                     and u["status"].get("phase") in COMING_PHASES]
         contributions: dict[int, Contribution | CapacityRequestError] = {}
-        counts: dict[tuple[str, str], int] = {}
+        counts: dict[tuple[str, str, str], int] = {}
         out = []
         for cr in self._crs():
             spec = cr.get("spec")
@@ -467,13 +479,12 @@ class OutcomeWriter:
             desired = plan_conditions(cr, offers=offers, upcoming=upcoming, now=now,
                                       wait=self.wait, contribution=c)
             for d in desired or ():
-                counts[(d["type"], d["status"])] = counts.get((d["type"], d["status"]), 0) + 1
+                key = (d["type"], d["status"], d["reason"])
+                counts[key] = counts.get(key, 0) + 1
             patch = conditions_patch(cr, desired)
             if patch is not None and desired is not None:
                 out.append((cr, desired, patch))
-        for kind in TYPES:
-            for status in ("True", "False", "Unknown"):
-                OUTCOME_CRS.labels(kind, status).set(counts.get((kind, status), 0))
+        self._report(counts)
         return out
 
     async def run_once(self) -> int:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import trio
+from prometheus_client import REGISTRY
 
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, EVENTS, PODS
 from bigfleet_trio.operator import outcomes as oc
@@ -243,6 +244,30 @@ async def test_writer_on_the_sim_writes_conditions_and_pod_events_in_order(
         "MachineComing", "True", "MachineFits")
     assert summary(by_pod["excluded"]["status"]["conditions"]) == [
         ("Sent", "False", "Excluded")]
+    assert gauge("Sent", "False", "Excluded") == 1
+    assert gauge("MachineComing", "True", "MachineFits") == 1
+    assert gauge("CapacityOffered", "False", "NoOffer") == 1
+
+
+def gauge(condition: str, status: str, reason: str) -> float | None:
+    return REGISTRY.get_sample_value("bigfleet_operator_capacityrequests_outcome", {
+        "condition": condition, "status": status, "reason": reason})
+
+
+async def test_the_outcome_gauge_drops_to_zero_when_the_writer_stops(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
+) -> None:
+    kube = RecordingKube.over_sim(nursery)
+    seed_pod_and_cr(kube, "starved", memory="1Ti")
+    writer = oc.OutcomeWriter(
+        kube, crs=lambda: [slim(o) for o in kube.objects(CAPACITY_REQUESTS, "team").values()],
+        upcoming=list, offers=lambda: [offer()], events=None, now=lambda: NOW)
+    async with trio.open_nursery() as own:
+        await own.start(writer.run)
+        await trio.sleep(writer.period + 1)
+        assert gauge("CapacityOffered", "False", "NoOffer") == 1
+        own.cancel_scope.cancel()
+    assert gauge("CapacityOffered", "False", "NoOffer") == 0
 
 
 async def test_writer_defers_past_its_budget(
