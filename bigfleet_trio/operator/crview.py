@@ -7,7 +7,7 @@ one object per Pod in the cluster (100K at scale). :func:`slim` is the informer
 
     {"apiVersion", "kind",
      "metadata": {"name", "namespace", "uid", "resourceVersion",
-                  "ownerReferences": [{"kind", "name", "uid"}]},   # the Pod, for its Events
+                  "podName"},   # the controlling Pod's name, for its Events (one string)
      "spec": {requirements, resources, priority, topologySpread, coLocation,
               interruptionPenalty, reclamationPenalty},
      "status": {"phase", "conditions": [{"type", "status", "reason", "lastTransitionTime"}]}}
@@ -25,7 +25,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["SPEC_FIELDS", "slim"]
+__all__ = ["POD_NAME_KEY", "SPEC_FIELDS", "slim"]
 
 SPEC_FIELDS: Final = (
     "requirements",
@@ -37,6 +37,8 @@ SPEC_FIELDS: Final = (
     "reclamationPenalty",
 )
 _METADATA_FIELDS: Final = ("name", "namespace", "uid", "resourceVersion")
+POD_NAME_KEY: Final = "podName"
+"""``metadata`` key of the slim view holding the owner Pod's name (not a Kubernetes field)."""
 # Memory: specs repeat massively (~hundreds of profiles for 100K Pods), so equal specs and equal
 # status objects are shared through these bounded intern tables, and short strings are interned.
 # Hence the read-only rule: a change is a patch to the apiserver, never an edit of the cache.
@@ -95,9 +97,9 @@ def slim(cr: dict[str, Any]) -> dict[str, Any]:
         out["spec"] = _shared_spec(spec)
     elif spec is not None:
         out["spec"] = spec
-    owner = _owner_pod(md.get("ownerReferences"))
-    if owner is not None:
-        out["metadata"]["ownerReferences"] = [owner]
+    pod = _owner_pod(md.get("ownerReferences"))
+    if pod is not None:
+        out["metadata"][POD_NAME_KEY] = pod
     status = cr.get("status")
     if isinstance(status, Mapping) and "phase" in status:
         phase = status.get("phase")
@@ -128,10 +130,11 @@ def _conditions(raw: object) -> tuple[tuple[Any, ...], ...]:
     )
 
 
-def _owner_pod(refs: object) -> dict[str, Any] | None:
-    """The controlling Pod ownerReference, trimmed to kind, name and uid."""
+def _owner_pod(refs: object) -> str | None:
+    """The name of the Pod among the ownerReferences (its uid is in the CR's name: a string
+    per CR is all the Events need, where the reference itself would cost ~500 bytes)."""
     for ref in refs if isinstance(refs, list) else ():
         if isinstance(ref, Mapping) and ref.get("kind") == "Pod" and isinstance(
                 ref.get("name"), str):
-            return {k: ref[k] for k in ("kind", "name", "uid") if isinstance(ref.get(k), str)}
+            return ref["name"]  # type: ignore[no-any-return]
     return None

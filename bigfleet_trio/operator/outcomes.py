@@ -19,6 +19,7 @@ worth telling through the operator's :class:`~.kubeevents.EventRecorder`.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -33,6 +34,7 @@ from bigfleet_trio.kube.resources import CAPACITY_REQUESTS
 from bigfleet_trio.quantity import Quantity, QuantityError
 
 from .acknowledge import format_acknowledged_at
+from .crview import POD_NAME_KEY
 from .kubeevents import EventRecorder
 from .rollup.errors import CapacityRequestError
 from .rollup.profile import OP_DOES_NOT_EXIST, OP_EXISTS, OP_IN, OP_NOT_IN, Requirement
@@ -376,20 +378,38 @@ def transition_events(
     return out
 
 
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
 def pod_of(cr: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ``involvedObject`` of the CR's Pod (its controlling ownerReference), or None."""
+    """The ``involvedObject`` of the CR's Pod, or None when the CR names none.
+
+    From a full CR: its Pod ownerReference. From the slim view: ``metadata.podName``, and the
+    uid from the CR's name, which the pod controller makes ``cr-<pod uid>`` for every uid the
+    apiserver assigns (docs/crds.md#capacityrequest); a name of another form gives a reference
+    without uid (``kubectl describe`` then does not list the Event, ``kubectl get events``
+    does).
+    """
     md = cr.get("metadata")
     if not isinstance(md, Mapping):
         return None
+    name: object = md.get(POD_NAME_KEY)
+    uid: object = None
     refs = md.get("ownerReferences")
     for ref in refs if isinstance(refs, (list, tuple)) else ():
-        if isinstance(ref, Mapping) and ref.get("kind") == "Pod" and isinstance(
-                ref.get("name"), str):
-            meta = {"name": ref["name"], "namespace": md.get("namespace")}
-            if isinstance(ref.get("uid"), str):
-                meta["uid"] = ref["uid"]
-            return {"apiVersion": "v1", "kind": "Pod", "metadata": meta}
-    return None
+        if isinstance(ref, Mapping) and ref.get("kind") == "Pod":
+            name, uid = ref.get("name"), ref.get("uid")
+            break
+    if not isinstance(name, str) or not name:
+        return None
+    if uid is None:
+        cr_name = md.get("name")
+        if isinstance(cr_name, str) and cr_name.startswith("cr-") and _UUID.match(cr_name[3:]):
+            uid = cr_name[3:]
+    meta: dict[str, Any] = {"name": name, "namespace": md.get("namespace")}
+    if isinstance(uid, str) and uid:
+        meta["uid"] = uid
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta}
 
 
 # -------------------------------------------------------------------------------- applying

@@ -180,10 +180,13 @@ def test_slim_view_keeps_what_the_outcome_pass_reads() -> None:
     assert view["status"]["conditions"] == [
         {"type": "Sent", "status": "True", "reason": "InRollUp",
          "lastTransitionTime": "2026-03-01T12:00:00Z"}]
-    assert view["metadata"]["ownerReferences"] == [{"kind": "Pod", "name": "web-0",
-                                                    "uid": "u1"}]
-    assert oc.pod_of(view) == {"apiVersion": "v1", "kind": "Pod",
-                               "metadata": {"name": "web-0", "namespace": "team", "uid": "u1"}}
+    assert view["metadata"]["podName"] == "web-0"
+    uid = "0b7a4c8e-1f2d-4e5a-9b6c-7d8e9f0a1b2c"
+    named = slim({**cr(), "metadata": {**cr()["metadata"], "name": f"cr-{uid}"}})
+    assert oc.pod_of(named) == {"apiVersion": "v1", "kind": "Pod",
+                                "metadata": {"name": "web-0", "namespace": "team", "uid": uid}}
+    assert oc.pod_of(view) == {"apiVersion": "v1", "kind": "Pod",  # cr-u1: no uid in the name
+                               "metadata": {"name": "web-0", "namespace": "team"}}
     assert slim(cr(conditions=conds))["status"] is view["status"]  # shared
 
 

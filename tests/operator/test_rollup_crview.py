@@ -48,7 +48,7 @@ def test_slim_keeps_only_needed_fields() -> None:
         "namespace": "shop",
         "uid": "0b7a-uid",
         "resourceVersion": "4711",
-        "ownerReferences": [{"kind": "Pod", "name": "web-1", "uid": "pod-uid"}],  # its Events
+        "podName": "web-1",  # for its Events
     }
     assert set(s["spec"]) == {
         "requirements",
