@@ -177,6 +177,11 @@ class ProcessSettings(Settings):
         "instead of paged LISTs; an apiserver that refuses gets paged LISTs "
         "(docs/kube-api.md#streaming-lists)",
     )
+    disruption_annotations: bool = knob(
+        True, "honour karpenter.sh/do-not-disrupt and cluster-autoscaler.kubernetes.io/"
+        "safe-to-evict=false: the highest reclamation penalty on the Pod's CapacityRequest, "
+        "evicted last and only at a drain's deadline (docs/rules.md#disruption-annotations)",
+    )
     sync_timeout: float = knob(
         600.0,
         # Go waits 30 s for the operator's caches; 10 min (the pod controller's Go value) lets an
@@ -409,7 +414,8 @@ class PodControllerConfig(ProcessSettings):
         """
         try:
             return PodScope.parse(self.unmanaged_node_selector, self.exclude_namespace,
-                                  self.exclude_pod_selector)
+                                  self.exclude_pod_selector,
+                                  disruption_annotations=self.disruption_annotations)
         except LabelSelectorError as exc:
             raise ConfigError(f"is not a label selector: {exc}") from None
 

@@ -277,7 +277,8 @@ NOT_OUR_CLASSES = {
     # CapacityRequest condition types and reasons, Pod Event reasons (operator/outcomes.py)
     "CapacityOffered", "MachineComing", "InRollUp", "NoOffer", "NoHints", "MachineFits",
     "NoneFits", "NothingCame", "CapacityRequested", "CapacityRequestExcluded",
-    "NoCapacityOffered", "NoMachineCame",
+    "NoCapacityOffered", "NoMachineCame", "DisruptionBlocked",
+    "EvictionBlocked",
 }
 
 

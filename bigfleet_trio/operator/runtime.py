@@ -226,7 +226,7 @@ def build_operator(
     kube_events = EventRecorder(client)
     drains = DrainManager(
         client, memory, shutdown_timeout=cfg.drain_shutdown_timeout, events=kube_events,
-        feed=feed,
+        feed=feed, disruption_annotations=cfg.disruption_annotations,
     )
     acknowledger = Acknowledger(client, concurrency=cfg.ack_concurrency or 16, feed=feed)
     source = CapacityRequestRollup(
