@@ -50,7 +50,8 @@ log = logging.getLogger(__name__)
 
 # Exceptions whose message is a complete user-facing explanation (no traceback needed).
 _EXPECTED_ERRORS = {"ConfigError", "KubeConfigError", "SyncTimeout", "OSError", "FileNotFoundError",
-                    "PermissionError", "ConnectionRefusedError", "HandshakeError"}
+                    "PermissionError", "ConnectionRefusedError", "HandshakeError",
+                    "ExplainError"}
 
 
 # The simulation's commands (``sim``, ``demo``) live in the sim package and are found by module
@@ -247,6 +248,24 @@ def settings_from(cls: type[Settings], ns: argparse.Namespace) -> Any:
 # ---------------------------------------------------------------------------------- parser
 
 
+def add_explain_command(sub: Any) -> None:
+    """``explain pod|cr NAMESPACE/NAME`` (read-only: :mod:`bigfleet_trio.operator.explain`)."""
+    ex = sub.add_parser(
+        "explain", command="explain", help="what became of a Pod's demand (read-only)",
+        description="One screen from a Pod (or CapacityRequest) to its CapacityRequest, the "
+        "roll-up need, the AvailableCapacity for its profile, the UpcomingNodes that fit and "
+        "the last Events. Reads only (docs/operate.md#explain-what-became-of-a-pod).",
+    )
+    ex.add_argument("kind", choices=["pod", "cr"], help="pod or cr")
+    ex.add_argument("target", metavar="NAMESPACE/NAME", help="the Pod or CapacityRequest")
+    ex.add_argument("--kubeconfig", default=None, metavar="PATH",
+                    help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    ex.add_argument("--aggregate", action="store_true",
+                    help="list every CapacityRequest to sum the roll-up need (slow on a big "
+                    "cluster)")
+    add_log_flags(ex, suppress=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the full ``bigfleet-trio`` parser (all sub-commands).
 
@@ -327,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="send this kubeconfig's bearer token (an agent with --metrics-auth "
                     "checks it; default: $KUBECONFIG or ~/.kube/config when present)")
     add_log_flags(ev, suppress=True)
+
+    add_explain_command(sub)
 
     return root
 
@@ -505,6 +526,17 @@ def _run_command(ns: argparse.Namespace) -> int:
         return invoke(command, _run_events, ns.addr, list(ns.kind), ns.max_events,
                       ns.kubeconfig, events_tls(ns.certificate_authority,
                                                 ns.insecure_skip_tls_verify, ns.tls_server_name))
+    if command == "explain":
+        fmt, level = log_opts(ns, "warning")
+        setup_logging(fmt, level)
+        if "/" not in ns.target:
+            raise UsageError(command, f"expected NAMESPACE/NAME, got {ns.target!r}")
+        from functools import partial
+
+        from .operator.explain import explain
+
+        return invoke(command, partial(explain, aggregate=ns.aggregate), ns.kind, ns.target,
+                      ns.kubeconfig or None)
     raise UsageError(PROG, f"unknown command {command!r}")  # pragma: no cover
 
 

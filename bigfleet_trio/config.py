@@ -188,6 +188,11 @@ class ProcessSettings(Settings):
         "otherwise and always for CRs (docs/kube-api.md#protobuf)",
         choices=KUBE_CONTENT_TYPES, metavar="TYPE",
     )
+    disruption_annotations: bool = knob(
+        True, "honour karpenter.sh/do-not-disrupt and cluster-autoscaler.kubernetes.io/"
+        "safe-to-evict=false: the highest reclamation penalty on the Pod's CapacityRequest, "
+        "evicted last and only at a drain's deadline (docs/rules.md#disruption-annotations)",
+    )
     sync_timeout: float = knob(
         600.0,
         # Go waits 30 s for the operator's caches; 10 min (the pod controller's Go value) lets an
@@ -291,6 +296,11 @@ class OperatorConfig(ProcessSettings):
     )
     failed_retention: float = knob(
         600.0, "delete an UpcomingNode once it has been Failed this long; 0 = keep forever",
+        unit=DURATION, check=non_negative,
+    )
+    outcome_wait: float = knob(
+        600.0, "a CapacityRequest sent this long with no machine coming for it gets "
+        "MachineComing=False/NothingCame and a Warning Event on its Pod",
         unit=DURATION, check=non_negative,
     )
     agent: AgentConfig = nested(AgentConfig, title="reconnect")
@@ -420,7 +430,8 @@ class PodControllerConfig(ProcessSettings):
         """
         try:
             return PodScope.parse(self.unmanaged_node_selector, self.exclude_namespace,
-                                  self.exclude_pod_selector)
+                                  self.exclude_pod_selector,
+                                  disruption_annotations=self.disruption_annotations)
         except LabelSelectorError as exc:
             raise ConfigError(f"is not a label selector: {exc}") from None
 

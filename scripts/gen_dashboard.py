@@ -56,6 +56,27 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
             ("{{result}}",
              f"sum by (result) (increase(bigfleet_operator_evictions_total{{{SEL}}}[5m]))")]),
     ]),
+    ("Outcomes: what became of the demand", [
+        ("CapacityRequests by outcome (leader's last pass)", "short", [
+            ("{{condition}} {{status}} {{reason}}", "max by (condition, status, reason) ("
+             f"bigfleet_operator_capacityrequests_outcome{{{SEL}}})")]),
+        ("Excluded from the roll-up, no capacity offered, nothing came", "short", [
+            ("excluded",
+             f"max(bigfleet_operator_capacityrequests_excluded_current{{{SEL}}})"),
+            ("no capacity offered", "max(bigfleet_operator_capacityrequests_outcome{"
+             f'condition="CapacityOffered",status="False",{SEL}}})'),
+            ("nothing came", "max(bigfleet_operator_capacityrequests_outcome{"
+             f'condition="MachineComing",reason="NothingCame",{SEL}}})')]),
+        ("Condition writes / 5m", "short", [
+            ("{{outcome}}", "sum by (outcome) (increase("
+             f"bigfleet_operator_outcome_writes_total{{{SEL}}}[5m]))")]),
+        ("Pod Events / 5m by reason", "short", [
+            ("{{reason}} {{outcome}}", "sum by (reason, outcome) (increase("
+             f"bigfleet_operator_kube_events_total{{{SEL}}}[5m]))")]),
+        ("Drains failed past their grace / 30m", "short", [
+            ("failed", "sum(increase(bigfleet_operator_drains_total{outcome=\"failed\","
+             f"{SEL}}}[30m]))")]),
+    ]),
     ("Pod controller", [
         ("Reconciles / s", "ops", [
             ("{{outcome}}", "sum by (outcome) (rate("

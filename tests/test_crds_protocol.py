@@ -124,12 +124,21 @@ ATOMIC_MAPS: dict[str, set[str]] = {
     "AvailableCapacity": set(),
 }
 
+# Ours, added to upstream's status (docs/deviations.md): optional, so an upstream object is valid.
+OUR_STATUS: dict[str, dict[str, str]] = {"CapacityRequest": {"conditions": "list"}}
+# Ours: lists keyed like metav1.Conditions (x-kubernetes-list-type map, keyed by type).
+OUR_MAP_LISTS: dict[str, set[str]] = {"CapacityRequest": {"status.conditions"}}
+
 # Ours, after upstream's columns: (name, type, jsonPath, priority).
 OUR_COLUMNS: dict[str, list[tuple[str, str, str, int]]] = {
     "CapacityRequest": [
         ("Pod", "string", ".metadata.ownerReferences[0].name", 0),
         ("CPU", "string", ".spec.resources.cpu", 0),
         ("Memory", "string", ".spec.resources.memory", 0),
+        ("Sent", "string", '.status.conditions[?(@.type=="Sent")].status', 0),
+        ("Offered", "string", '.status.conditions[?(@.type=="CapacityOffered")].status', 0),
+        ("Coming", "string", '.status.conditions[?(@.type=="MachineComing")].status', 0),
+        ("Outcome", "string", '.status.conditions[?(@.type=="MachineComing")].reason', 1),
     ],
     "UpcomingNode": [
         ("Instance-Type", "string", r".spec.labels.node\.kubernetes\.io/instance-type", 0),
@@ -248,7 +257,9 @@ def test_properties_required_and_types(kind: str, part: str) -> None:
     schema = root["properties"][part]
     assert schema["type"] == "object"
     props = schema.get("properties", {})
-    assert {name: _type_of(p) for name, p in props.items()} == want[part]
+    ours = OUR_STATUS.get(kind, {}) if part == "status" else {}
+    assert {name: _type_of(p) for name, p in props.items()} == {**want[part], **ours}
+    assert not set(ours) & set(schema.get("required", []))  # an extension is never required
     assert sorted(schema.get("required", [])) == sorted(want[f"{part}_required"])
 
 
@@ -357,7 +368,11 @@ def test_list_and_map_types_as_upstream(kind: str) -> None:
     nodes = _walk(_schema(CRDS[kind]), "")
     lists = {p: s["x-kubernetes-list-type"] for p, s in nodes if "x-kubernetes-list-type" in s}
     maps = {p: s["x-kubernetes-map-type"] for p, s in nodes if "x-kubernetes-map-type" in s}
-    assert lists == {p: "atomic" for p in ATOMIC_LISTS[kind]}
+    assert lists == {**{p: "atomic" for p in ATOMIC_LISTS[kind]},
+                     **{p: "map" for p in OUR_MAP_LISTS.get(kind, set())}}
+    for p in OUR_MAP_LISTS.get(kind, set()):
+        assert dict(nodes)[p]["x-kubernetes-list-map-keys"] == ["type"]
+        assert "type" in dict(nodes)[f"{p}[]"]["required"]
     assert maps == {p: "atomic" for p in ATOMIC_MAPS[kind]}
     for p in ATOMIC_LISTS[kind]:
         assert dict(nodes)[p]["type"] == "array"

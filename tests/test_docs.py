@@ -274,6 +274,11 @@ NOT_OUR_CLASSES = {
     "RetryOnConflict",  # client-go's helper
     "SandboxedEnvironment", "StrictUndefined",  # jinja2
     "MinTime",  # grpc-go's keepalive.EnforcementPolicy field
+    # CapacityRequest condition types and reasons, Pod Event reasons (operator/outcomes.py)
+    "CapacityOffered", "MachineComing", "InRollUp", "NoOffer", "NoHints", "MachineFits",
+    "NoneFits", "NothingCame", "CapacityRequested", "CapacityRequestExcluded",
+    "NoCapacityOffered", "NoMachineCame", "DisruptionBlocked",
+    "EvictionBlocked",
 }
 
 

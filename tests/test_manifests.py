@@ -416,7 +416,8 @@ async def test_samples_apply_and_print_our_columns(kubectl: list[str]) -> None:
     out = await _run([*kubectl, "apply", "-k", str(CONFIG / "samples")])
     assert "capacityrequest.bigfleet.lucy.sh/needs-new-cpu-generation created" in out  # Gt
     table = (await _run([*kubectl, "get", "cr", "-n", "default"])).splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "PRIORITY", "AGE", "POD", "CPU", "MEMORY"]
+    assert table[0].split() == ["NAME", "PHASE", "PRIORITY", "AGE", "POD", "CPU", "MEMORY",
+                                "SENT", "OFFERED", "COMING"]
     names = table[0].split()
     starts = [table[0].index(n) for n in names]
     rows = {}
@@ -426,7 +427,7 @@ async def test_samples_apply_and_print_our_columns(kubectl: list[str]) -> None:
     # no status and no owner Pod: blank PHASE and POD
     assert {k: v for k, v in rows["trainer-0"].items() if k != "AGE"} == {
         "NAME": "trainer-0", "PHASE": "", "PRIORITY": "1000", "POD": "", "CPU": "8",
-        "MEMORY": "64Gi"}
+        "MEMORY": "64Gi", "SENT": "", "OFFERED": "", "COMING": ""}
     assert rows["web-small"]["CPU"] == "500m" and rows["web-small"]["MEMORY"] == "512Mi"
 
 

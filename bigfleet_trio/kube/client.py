@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import random
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -43,6 +43,18 @@ _READ_RETRY = TRANSIENT
 _SAFE_WRITE_RETRY = write_retry_on(idempotent=True)
 _WRITE_RETRY = write_retry_on(idempotent=False)
 _IDEMPOTENT_PATCHES = frozenset(("merge", "apply"))
+
+
+_last_event_ns = 0
+
+
+def _event_suffix() -> str:
+    """client-go's Event name suffix: the creation time in Unix nanoseconds, hex, strictly
+    increasing here, so a LIST (name order) returns one object's Events in the order they were
+    written and ``kubectl describe`` keeps that order for Events of the same second."""
+    global _last_event_ns
+    _last_event_ns = max(_last_event_ns + 1, time.time_ns())
+    return f"{_last_event_ns:x}"
 
 
 @dataclass
@@ -464,7 +476,7 @@ class KubeClient(RequestCore):
         meta = _meta(involved)
         ns = meta.get("namespace") or "default"
         now = rfc3339()
-        name = f"{meta.get('name', 'unknown')}.{random.getrandbits(64):016x}"
+        name = f"{meta.get('name', 'unknown')}.{_event_suffix()}"
         body = {
             "apiVersion": "v1",
             "kind": "Event",

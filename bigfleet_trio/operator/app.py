@@ -210,6 +210,7 @@ class Operator:
                                         first resumes the Draining UpcomingNodes of the cache
             Acknowledger.run            Pending -> Acknowledged, never delays a tick
             FailedRetention.run         deletes long-Failed UpcomingNodes (from the cache)
+            OutcomeWriter.run           CR conditions + Pod Events, a bounded pass per period
             Agent.run                   reconnect loop; one Session nursery per stream
 
         On cancellation the shard stream closes at once; running drains continue for up to
@@ -259,6 +260,7 @@ class Operator:
                                                                 "drains": resumed})
                 await nursery.start(rt.acknowledger.run)
                 await nursery.start(rt.retention.run)
+                await nursery.start(rt.outcomes.run)
                 self._publish(kinds.OPERATOR_STARTED, cluster=cluster)
                 task_status.started()
                 await rt.agent.run()

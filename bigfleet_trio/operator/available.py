@@ -199,6 +199,13 @@ class AvailableCapacityHandler:
         # AvailableCapacity this process wrote (the operator never deletes them, so no more
         # than the cluster holds; docs/rules.md#availablecapacity)
         self._written: dict[str, tuple[str, Mapping[str, Any]]] = {}
+        # name -> the latest spec the shard sent this run (the outcome pass reads it)
+        self._offers: dict[str, Mapping[str, Any]] = {}
+
+    def offers(self) -> list[Mapping[str, Any]] | None:
+        """The AvailableCapacity specs the shard sent since this handler was built, latest per
+        object; None before the first (docs/rules.md#outcomes-conditions-and-pod-events)."""
+        return list(self._offers.values()) if self._offers else None
 
     def _remember(self, name: str, obj: Mapping[str, Any]) -> None:
         rv = (obj.get("metadata") or {}).get("resourceVersion")
@@ -221,6 +228,7 @@ class AvailableCapacityHandler:
             return
         name = available_capacity_name(u.supersedes_key)
         spec = spec_from_update(u)
+        self._offers[name] = spec  # what the shard says now, written or not (outcomes)
         try:
             # Re-plans only: a transient failure goes back to the session, which retries the
             # key with backoff while this is its latest update

@@ -6,10 +6,14 @@ one object per Pod in the cluster (100K at scale). :func:`slim` is the informer
 ``status.phase``) read:
 
     {"apiVersion", "kind",
-     "metadata": {"name", "namespace", "uid", "resourceVersion"},
+     "metadata": {"name", "namespace", "uid", "resourceVersion",
+                  "podName"},   # the controlling Pod's name, for its Events (one string)
      "spec": {requirements, resources, priority, topologySpread, coLocation,
               interruptionPenalty, reclamationPenalty},
-     "status": {"phase"}}
+     "status": {"phase", "conditions": [{"type", "status", "reason", "lastTransitionTime"}]}}
+
+``conditions`` without their messages (the outcome pass rewrites them whole: :mod:`.outcomes`);
+equal status objects are shared, as specs are.
 
 The projection is **read-only** (shared between CRs): never mutate a cached CR in place.
 """
@@ -21,7 +25,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["SPEC_FIELDS", "slim"]
+__all__ = ["POD_NAME_KEY", "SPEC_FIELDS", "slim"]
 
 SPEC_FIELDS: Final = (
     "requirements",
@@ -33,12 +37,14 @@ SPEC_FIELDS: Final = (
     "reclamationPenalty",
 )
 _METADATA_FIELDS: Final = ("name", "namespace", "uid", "resourceVersion")
+POD_NAME_KEY: Final = "podName"
+"""``metadata`` key of the slim view holding the owner Pod's name (not a Kubernetes field)."""
 # Memory: specs repeat massively (~hundreds of profiles for 100K Pods), so equal specs and equal
 # status objects are shared through these bounded intern tables, and short strings are interned.
 # Hence the read-only rule: a change is a patch to the apiserver, never an edit of the cache.
 _INTERN_LIMIT: Final = 20_000
 _specs: dict[str, dict[str, Any]] = {}
-_statuses: dict[str, dict[str, Any]] = {}
+_statuses: dict[tuple[str, tuple[tuple[Any, ...], ...]], dict[str, Any]] = {}
 
 
 def _intern(v: Any) -> Any:
@@ -91,14 +97,44 @@ def slim(cr: dict[str, Any]) -> dict[str, Any]:
         out["spec"] = _shared_spec(spec)
     elif spec is not None:
         out["spec"] = spec
+    pod = _owner_pod(md.get("ownerReferences"))
+    if pod is not None:
+        out["metadata"][POD_NAME_KEY] = pod
     status = cr.get("status")
     if isinstance(status, Mapping) and "phase" in status:
         phase = status.get("phase")
-        key = phase if isinstance(phase, str) else repr(phase)
+        conds = _conditions(status.get("conditions"))
+        key = (phase if isinstance(phase, str) else repr(phase), conds)
         shared = _statuses.get(key)
         if shared is None:
             shared = {"phase": phase}
-            if len(_statuses) < 64:
+            if conds:
+                shared["conditions"] = [dict(zip(_CONDITION_FIELDS, c, strict=True))
+                                        for c in conds]
+            if len(_statuses) < _INTERN_LIMIT:
                 _statuses[key] = shared
         out["status"] = shared
     return out
+
+
+_CONDITION_FIELDS: Final = ("type", "status", "reason", "lastTransitionTime")
+
+
+def _conditions(raw: object) -> tuple[tuple[Any, ...], ...]:
+    if not isinstance(raw, list):
+        return ()
+    return tuple(
+        tuple(_intern(c.get(f)) for f in _CONDITION_FIELDS)
+        for c in raw
+        if isinstance(c, Mapping) and isinstance(c.get("type"), str)
+    )
+
+
+def _owner_pod(refs: object) -> str | None:
+    """The name of the Pod among the ownerReferences (its uid is in the CR's name: a string
+    per CR is all the Events need, where the reference itself would cost ~500 bytes)."""
+    for ref in refs if isinstance(refs, list) else ():
+        if isinstance(ref, Mapping) and ref.get("kind") == "Pod" and isinstance(
+                ref.get("name"), str):
+            return ref["name"]  # type: ignore[no-any-return]
+    return None

@@ -11,7 +11,11 @@ drain it describes, which never waits on it or fails because of it.
 
 Reasons (reclaim: :mod:`.reclaim`): ``Reclaim``, ``Cordoned``, ``Drained`` (Normal) and
 ``DrainFailed`` (Warning, the UpcomingNode's ``lastError``) on the Node; ``Evicted`` (Normal) and
-``EvictionBlocked`` (Warning, the apiserver's refusal; once per Pod per drain) on the Pod.
+``EvictionBlocked`` (Warning, the apiserver's refusal naming the PodDisruptionBudget; once per
+Pod per drain) and ``DisruptionBlocked`` (Warning, the disruption annotation that holds the Pod
+until the deadline; once per Pod per drain) on the Pod. Outcomes (:mod:`.outcomes`):
+``CapacityRequested``, ``MachineComing`` (Normal), ``CapacityRequestExcluded``,
+``NoCapacityOffered``, ``NoMachineCame`` (Warning) on the Pod.
 Shard frames (:mod:`.upcoming`, :mod:`.available`): ``WriteRefused`` (Warning) on the
 UpcomingNode or AvailableCapacity whose write the apiserver refused for good (422 Invalid and the
 like; docs/rules.md#level-triggered-operator).
@@ -33,6 +37,7 @@ __all__ = [
     "KubeEventSink",
     "REASON_CORDONED",
     "REASON_DRAINED",
+    "REASON_DISRUPTION_BLOCKED",
     "REASON_DRAIN_FAILED",
     "REASON_EVICTED",
     "REASON_EVICTION_BLOCKED",
@@ -55,6 +60,7 @@ REASON_EVICTED = "Evicted"
 REASON_DRAINED = "Drained"
 REASON_DRAIN_FAILED = "DrainFailed"
 REASON_WRITE_REFUSED = "WriteRefused"
+REASON_DISRUPTION_BLOCKED = "DisruptionBlocked"
 
 #: Events waiting to be written before :meth:`EventRecorder.record` drops new ones.
 DEFAULT_CAPACITY = 1024

@@ -33,6 +33,7 @@ from bigfleet_trio.operator.bootstrap import (
 )
 from bigfleet_trio.operator.crview import slim
 from bigfleet_trio.operator.kubeevents import EventRecorder
+from bigfleet_trio.operator.outcomes import OutcomeWriter
 from bigfleet_trio.operator.reclaim.drain import DrainManager
 from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
 from bigfleet_trio.operator.retention import FailedRetention
@@ -194,6 +195,7 @@ class OperatorParts:
     un_informer: Informer
     node_informer: Informer
     retention: FailedRetention
+    outcomes: OutcomeWriter
     handlers: OperatorHandlers
     agent: Agent
 
@@ -236,7 +238,7 @@ def build_operator(
     kube_events = EventRecorder(client)
     drains = DrainManager(
         client, memory, shutdown_timeout=cfg.drain_shutdown_timeout, events=kube_events,
-        feed=feed,
+        feed=feed, disruption_annotations=cfg.disruption_annotations,
     )
     acknowledger = Acknowledger(client, concurrency=cfg.ack_concurrency or 16, feed=feed)
     source = CapacityRequestRollup(
@@ -272,7 +274,7 @@ def build_operator(
             events=kube_events, wall_clock=wall_clock,
         ),
         upcoming=upcoming,
-        available=AvailableCapacityHandler(client, events=kube_events),
+        available=(available := AvailableCapacityHandler(client, events=kube_events)),
         feed=feed,
     )
     agent = Agent(connector, source, handlers, cfg.agent_config(),
@@ -290,6 +292,11 @@ def build_operator(
         retention=FailedRetention(
             client, un_informer.store.list, retention=cfg.failed_retention,
             cluster=cfg.cluster_id,
+        ),
+        outcomes=OutcomeWriter(
+            client, crs=cr_informer.store.list, upcoming=un_informer.store.list,
+            offers=available.offers, events=kube_events, wait=cfg.outcome_wait,
+            now=wall_clock,
         ),
         handlers=handlers,
         agent=agent,

@@ -130,6 +130,7 @@ def plan_pod(
     zones: Iterable[str] | None = None,
     excluded: bool = False,
     node_unmanaged: bool = False,
+    disruption_annotations: bool = True,
 ) -> PodPlan:
     """Decide what one live Pod needs.
 
@@ -143,6 +144,8 @@ def plan_pod(
         excluded: the Pod is opted out (``--exclude-namespace``, ``--exclude-pod-selector``).
         node_unmanaged: the Pod is bound to a Node the Node cache says BigFleet does not manage
             (False for a pending Pod and for a Node not in the cache).
+        disruption_annotations: honour the Pod's disruption annotations in its reclamation
+            penalty (:func:`~.translate.translate_pod`).
 
     Returns:
         The plan (see :class:`PodPlan`). The rules, in order:
@@ -188,7 +191,7 @@ def plan_pod(
         return PodPlan("delete" if owned_crs else "nothing", why, uid, delete=tuple(owned_crs),
                        delete_reason=why, clear=REASONS)
     try:
-        translation = translate_pod(pod, defaults)
+        translation = translate_pod(pod, defaults, disruption_annotations=disruption_annotations)
         pin = plan_zone_pin(pod, translation.spec, bound, zones=zones)
         if pin.zone is not None:
             translation = replace(translation, spec=pinned_spec(translation.spec, pin))

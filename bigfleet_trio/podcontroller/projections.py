@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from ..kube.disruption import DO_NOT_DISRUPT, SAFE_TO_EVICT
 from .scope import EXCLUDED_KEY, NODE_NAME_KEY, PodScope
 from .translate import (
     INTERRUPTION_PENALTY_ANNOTATION,
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 _ANNOTATIONS_KEPT = (INTERRUPTION_PENALTY_ANNOTATION, RECLAMATION_PENALTY_ANNOTATION,
-                     PIN_ANNOTATION)
+                     PIN_ANNOTATION, DO_NOT_DISRUPT, SAFE_TO_EVICT)
 _POD_META = ("name", "namespace", "uid", "deletionTimestamp")  # the Pod's owners are not read
 _POD_SPEC = (
     "nodeSelector",

@@ -143,7 +143,9 @@ class PodReconciler:
             self.crs.by_index(OWNER_UID_INDEX, uid) if isinstance(uid, str) and uid else []
         )
         plan = plan_pod(pod, owned, self.defaults, zones=self.zone_groups.zones(pod),
-                        excluded=self.excluded(pod), node_unmanaged=self.on_unmanaged_node(pod))
+                        excluded=self.excluded(pod), node_unmanaged=self.on_unmanaged_node(pod),
+                        disruption_annotations=self.scope is None
+                        or self.scope.disruption_annotations)
         zonepin.report(plan.zone_pin, skey, plan.action)
         return await self.applier.apply(key, pod, owned, plan)
 

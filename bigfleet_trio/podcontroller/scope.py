@@ -60,16 +60,20 @@ class PodScope:
             Node is unmanaged, and no Node is watched).
         exclude_namespaces: namespaces whose Pods get no CR.
         exclude_pods: requirements of ``--exclude-pod-selector`` (None: no Pod excluded).
+        disruption_annotations: ``--disruption-annotations``: a Pod marked not to be disrupted
+            gets the highest reclamation penalty (docs/rules.md#disruption-annotations).
     """
 
     unmanaged_nodes: tuple[tuple[Requirement, ...], ...] = ()
     exclude_namespaces: frozenset[str] = frozenset()
     exclude_pods: tuple[Requirement, ...] | None = None
+    disruption_annotations: bool = True
 
     @classmethod
     def parse(cls, unmanaged_node_selectors: Iterable[str] = DEFAULT_UNMANAGED_NODE_SELECTORS,
               exclude_namespaces: Iterable[str] = (),
-              exclude_pod_selector: str = "") -> PodScope:
+              exclude_pod_selector: str = "", *,
+              disruption_annotations: bool = True) -> PodScope:
         """The scope from the flags' text. Blank selectors are dropped: ``""`` as the only
         ``--unmanaged-node-selector`` means no Node is unmanaged, a blank
         ``--exclude-pod-selector`` excludes no Pod (a blank label selector would match all).
@@ -81,7 +85,8 @@ class PodScope:
                       for s in unmanaged_node_selectors if s.strip())
         pods = (tuple(parse_label_selector(exclude_pod_selector))
                 if exclude_pod_selector.strip() else None)
-        return cls(nodes, frozenset(ns for ns in exclude_namespaces if ns), pods)
+        return cls(nodes, frozenset(ns for ns in exclude_namespaces if ns), pods,
+                   disruption_annotations)
 
     @property
     def watches_nodes(self) -> bool:

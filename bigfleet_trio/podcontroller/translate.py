@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bigfleet_trio.kube.disruption import disruption_blocker
 from bigfleet_trio.kube.names import is_dns1123_subdomain
 from bigfleet_trio.quantity import Quantity, QuantityError, max_resources, sum_resources
 
@@ -324,14 +325,23 @@ def _penalty(
     return default
 
 
-def translate_pod(pod: Mapping[str, Any], defaults: PriorityClassDefaults | None) -> Translation:
+PROTECTED_RECLAMATION_PENALTY = Quantity.parse("16777216")
+"""2^24 US dollars: the highest reclamation penalty bucket (27), for a Pod whose disruption
+annotations say it must not be disrupted (docs/rules.md#disruption-annotations)."""
+
+
+def translate_pod(pod: Mapping[str, Any], defaults: PriorityClassDefaults | None, *,
+                  disruption_annotations: bool = True) -> Translation:
     """Translate a Pod into its CapacityRequest ``spec``.
 
     The rules are in the module docstring and the private helpers. The penalties resolve
     independently:
     annotation ``bigfleet.lucy.sh/{interruption,reclamation}-penalty`` (a quantity; empty =
     not set; unparseable = warning and fall through) -> ``defaults`` entry for
-    ``spec.priorityClassName`` -> absent.
+    ``spec.priorityClassName`` -> absent. With ``disruption_annotations`` (the default), a Pod
+    marked ``karpenter.sh/do-not-disrupt`` or ``cluster-autoscaler.kubernetes.io/safe-to-evict:
+    "false"`` and no reclamation-penalty annotation of its own gets
+    :data:`PROTECTED_RECLAMATION_PENALTY` instead of the PriorityClass default.
 
     Args:
         pod: the Pod as JSON (``metadata`` and ``spec`` are read, ``status`` is not).
@@ -374,11 +384,12 @@ def translate_pod(pod: Mapping[str, Any], defaults: PriorityClassDefaults | None
         class_defaults.interruption_penalty if class_defaults else None,
         warnings,
     )
+    reclamation_default = class_defaults.reclamation_penalty if class_defaults else None
+    # the Pod's own penalty annotation still wins: the per-Pod opt-out
+    if disruption_annotations and disruption_blocker(annotations) is not None:
+        reclamation_default = PROTECTED_RECLAMATION_PENALTY
     reclamation = _penalty(
-        annotations,
-        RECLAMATION_PENALTY_ANNOTATION,
-        class_defaults.reclamation_penalty if class_defaults else None,
-        warnings,
+        annotations, RECLAMATION_PENALTY_ANNOTATION, reclamation_default, warnings,
     )
     if interruption is not None:
         out["interruptionPenalty"] = str(interruption)

@@ -33,6 +33,7 @@ from typing import Any
 
 from scripts.bench import _common as C
 from scripts.bench._fleet_analysis import nsu_latencies, rollup_latencies
+from scripts.bench._fleet_events import pod_event_figures
 from scripts.bench._fleet_observe import (
     Observed,
     StatsPoller,
@@ -73,6 +74,7 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
     from bigfleet_trio.kube.resources import (
         CAPACITY_REQUESTS,
         DEPLOYMENTS,
+        EVENTS,
         JOBS,
         NAMESPACES,
         NODES,
@@ -320,6 +322,11 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 if final is not None:
                     break
             result["extra"]["final_stats"] = final
+            # Pod Events per Pod, against the bound of docs/rules.md (outcomes)
+            result["extra"]["pod_events"] = pod_event_figures(
+                (await client.list(EVENTS)).items, len(obs.pod_added))
+            print(f"-- pod events: {json.dumps(result['extra']['pod_events'])}",
+                  file=sys.stderr, flush=True)
             result["extra"]["stats_poll_failures"] = poll_stats.failures
             nursery.cancel_scope.cancel()
 

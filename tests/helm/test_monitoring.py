@@ -91,7 +91,8 @@ def test_the_dashboard_has_the_panels_operators_need() -> None:
                    "evictions", "outbox_dropped", "kube_client_request_duration",
                    "kube_client_throttled", "informer_relists", "event_loop_lag",
                    "leader_election_is_leader", "process_resident_memory",
-                   "process_cpu_seconds"):
+                   "process_cpu_seconds", "capacityrequests_excluded_current",
+                   "capacityrequests_outcome", "outcome_writes", "kube_events"):
         assert re.search(needed, exprs), needed
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))

@@ -143,7 +143,9 @@ FIXED: dict[str, frozenset[str]] = {
 EXTRA_ARGS_ONLY: dict[str, frozenset[str]] = {
     "operator": frozenset({
         "--ack-concurrency", "--bootstrap-ttl", "--tls-server-name", "--keepalive-time",
-        "--keepalive-timeout", "--failed-retention", "--kubeconfig", "--qps", "--burst",
+        "--keepalive-timeout", "--failed-retention", "--outcome-wait", "--disruption-annotations",
+        "--kubeconfig", "--qps",
+        "--burst",
         "--metrics-cert-name", "--metrics-cert-key", "--metrics-plain-http",
         "--leader-election-namespace", "--leader-election-id", "--leader-elect-lease-duration",
         "--leader-elect-renew-deadline", "--leader-elect-retry-period", "--watch-list",
@@ -151,7 +153,8 @@ EXTRA_ARGS_ONLY: dict[str, frozenset[str]] = {
         "--dispatch-concurrency", "--send-timeout", "--reconnect-initial-backoff",
         "--reconnect-max-backoff", "--enable-profiling", "--logging-format"}),
     "pod-controller": frozenset({
-        "--workers", "--kubeconfig", "--qps", "--burst", "--metrics-cert-name",
+        "--workers", "--disruption-annotations", "--kubeconfig", "--qps", "--burst",
+        "--metrics-cert-name",
         "--metrics-cert-key", "--metrics-plain-http", "--leader-election-namespace",
         "--leader-election-id", "--leader-elect-lease-duration", "--leader-elect-renew-deadline",
         "--leader-elect-retry-period", "--watch-list", "--kube-api-content-type",

@@ -48,6 +48,7 @@ def test_slim_keeps_only_needed_fields() -> None:
         "namespace": "shop",
         "uid": "0b7a-uid",
         "resourceVersion": "4711",
+        "podName": "web-1",  # for its Events
     }
     assert set(s["spec"]) == {
         "requirements",

@@ -150,11 +150,12 @@ async def test_kubectl_applied_pod_becomes_cr_listed_by_kubectl(
             table = (await kubectl("get", "cr", "-A")).splitlines()
             # upstream's columns first, in upstream's order, then ours
             assert table[0].split() == [
-                "NAMESPACE", "NAME", "PHASE", "PRIORITY", "AGE", "POD", "CPU", "MEMORY"]
+                "NAMESPACE", "NAME", "PHASE", "PRIORITY", "AGE", "POD", "CPU", "MEMORY",
+                "SENT", "OFFERED", "COMING"]
             assert len(table) == 2, table
             row = table[1].split()
             assert row[:4] == ["default", f"cr-{uid}", "Pending", "0"]
-            assert row[5:] == ["web-0", "500m", "576Mi"]
+            assert row[5:] == ["web-0", "500m", "576Mi"]  # no conditions yet: blank cells
 
             proc.send_signal(signal.SIGTERM)
             rc = await proc.wait()

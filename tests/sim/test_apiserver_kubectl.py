@@ -119,6 +119,9 @@ async def test_capacityrequest_lifecycle(kube: Kube) -> None:
         "POD",
         "CPU",
         "MEMORY",
+        "SENT",
+        "OFFERED",
+        "COMING",
     ]
     assert table.splitlines()[1].split()[:2] == ["req1", "5"]
     smp = await kube.run("patch", "cr", "req1", "-p", '{"spec":{"priority":7}}', ok=False)
@@ -212,7 +215,8 @@ async def test_get_watch_sees_later_change(kube: Kube) -> None:
                 buf += await proc.stdout.receive_some()
         proc.kill()
     lines = buf.decode().splitlines()
-    assert lines[0].split() == ["NAME", "PHASE", "PRIORITY", "AGE", "POD", "CPU", "MEMORY"]
+    assert lines[0].split() == ["NAME", "PHASE", "PRIORITY", "AGE", "POD", "CPU", "MEMORY",
+                                "SENT", "OFFERED", "COMING"]
     assert lines[1].split()[:2] == ["req1", "5"] and lines[-1].split()[:2] == ["req1", "9"]
 
 

@@ -16,12 +16,14 @@ from typing import Any
 import trio
 
 from bigfleet_trio.kube.api import KubeAPI
+from bigfleet_trio.kube.disruption import disruption_blocker
 from bigfleet_trio.kube.errors import KubeError
 from bigfleet_trio.kube.resources import PODS
 from bigfleet_trio.observability import events as kinds
 from bigfleet_trio.observability import metrics
 from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.operator.kubeevents import (
+    REASON_DISRUPTION_BLOCKED,
     REASON_DRAIN_FAILED,
     REASON_DRAINED,
     REASON_EVICTED,
@@ -46,6 +48,7 @@ from .plan import (
     eviction_grace_seconds,
     eviction_result_label,
     pod_key,
+    protected_wait,
     skip_reason,
 )
 from .resume import RESUMED_INSTRUCTION_ID, expired_drain_message, resumed_failure_message
@@ -64,6 +67,7 @@ class _Job:
     instruction_id: str
     pods_left: dict[str, str] = field(default_factory=dict)
     blocked_reported: set[str] = field(default_factory=set)  # Pods with an EvictionBlocked Event
+    held_reported: set[str] = field(default_factory=set)  # Pods with a DisruptionBlocked Event
     resumed_deadline: str | None = None  # a drain resumed after a restart: its recorded deadline
 
 
@@ -105,6 +109,10 @@ class DrainManager:
             ``EvictionBlocked`` (first refusal per Pod per drain, the apiserver's message) on
             the Pod, ``Drained`` / ``DrainFailed`` (the ``lastError``) on the Node.
         feed: optional :class:`EventFeed` for ``drain_started`` / ``drain_finished``.
+        disruption_annotations: a Pod marked ``karpenter.sh/do-not-disrupt`` or
+            ``cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`` is evicted last, only
+            near the deadline (:func:`~.plan.protected_wait`), with a ``DisruptionBlocked``
+            Event; False (``--disruption-annotations=false``) evicts it like any other.
     """
 
     def __init__(
@@ -120,8 +128,10 @@ class DrainManager:
         results_capacity: int = 1024,
         events: EventRecorder | None = None,
         feed: EventFeed | None = None,
+        disruption_annotations: bool = True,
     ) -> None:
         self._client = client
+        self._honour_annotations = disruption_annotations
         self.memory = memory
         self._interval = retry_interval
         self._fast_poll = fast_poll
@@ -335,6 +345,23 @@ class DrainManager:
             message=f"Eviction to drain node {job.node} refused: {text}",
         )
 
+    def _holds(self, job: _Job, pod: dict[str, Any], key: str, deadline: float) -> str | None:
+        """Why this round leaves ``pod`` alone (its disruption annotation), or None."""
+        if not self._honour_annotations:
+            return None
+        blocker = disruption_blocker((pod.get("metadata") or {}).get("annotations"))
+        remaining = deadline - trio.current_time()
+        if blocker is None or not protected_wait(pod, remaining, self._interval):
+            return None
+        if self._events is not None and key not in job.held_reported:  # once per drain
+            job.held_reported.add(key)
+            self._events.record(
+                pod_object(pod), reason=REASON_DISRUPTION_BLOCKED, type="Warning",
+                message=f"Drain of node {job.node} for reclaim {job.instruction_id} evicts "
+                f"this Pod last, near its deadline (in {int(remaining)} s): {blocker}",
+            )
+        return f"held until the deadline: {blocker}"
+
     # ------------------------------------------------------------------ one drain
     async def _drain(self, job: _Job) -> None:
         deadline = trio.current_time() + job.grace
@@ -513,6 +540,10 @@ class DrainManager:
                 if meta.get("deletionTimestamp"):
                     pending[key] = "terminating"
                     terminating = True
+                    continue
+                held = self._holds(job, pod, key, deadline)
+                if held is not None:
+                    pending[key] = held
                     continue
                 result = await self._evict_one(job, pod, key, deadline)
                 if result is None:

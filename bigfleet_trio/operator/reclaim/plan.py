@@ -17,6 +17,7 @@ from typing import Any, Final, Literal
 from bigfleet_trio.kube.errors import ApiError, KubeTransportError
 
 __all__ = [
+    "protected_wait",
     "DEFAULT_GRACE_SECONDS",
     "DEFAULT_SHUTDOWN_TIMEOUT",
     "FAST_POLL_SECONDS",
@@ -116,6 +117,21 @@ def skip_reason(pod: Mapping[str, Any]) -> str | None:
     if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return "terminal"
     return None
+
+
+def protected_wait(pod: Mapping[str, Any], remaining: float, interval: float) -> bool:
+    """A Pod whose disruption annotations protect it waits while the drain has more time left
+    than the Pod's own grace plus two rounds: it is evicted last, at the deadline, with just
+    the time to stop cleanly (docs/rules.md#disruption-annotations).
+
+    Args:
+        pod: the Pod (its ``spec.terminationGracePeriodSeconds``; 30 s if unset).
+        remaining: seconds left before the drain's deadline.
+        interval: seconds between eviction rounds.
+    """
+    own = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+    own_s = int(own) if isinstance(own, int) and own >= 0 else DEFAULT_POD_GRACE
+    return remaining > own_s + 2 * interval
 
 
 def effective_grace(grace_period_seconds: int) -> float:
