@@ -143,6 +143,22 @@ class KubeNodeHooks:
             await self.client.patch(LEASES, meta["name"], {"spec": lease["spec"]},
                                     NODE_LEASE_NAMESPACE)
 
+    async def existing_nodes(self, cluster_id: str) -> list[tuple[str, str]]:
+        """``(name, providerID)`` of the cluster's Nodes with a ``sim://`` provider ID (a
+        restarted shard's machines), their heartbeats resumed: they are this shard's Nodes.
+        ``cluster_id`` is the client's cluster (one client, one cluster)."""
+        from bigfleet_trio.kube.resources import NODES
+
+        listing = await self.client.list(NODES)
+        out: list[tuple[str, str]] = []
+        for node in listing.get("items", ()):
+            meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+            provider = spec.get("providerID") or ""
+            if isinstance(provider, str) and provider.startswith("sim://") and meta.get("name"):
+                out.append((meta["name"], provider))
+                self.heartbeats.add(meta["name"], meta.get("uid", ""))
+        return out
+
     async def on_machine_released(self, machine: MachineInfo) -> None:
         """Stop the machine's Node heartbeats and delete the Node."""
         from bigfleet_trio.kube.errors import NotFound
