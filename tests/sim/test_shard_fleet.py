@@ -111,7 +111,7 @@ def test_a_machine_reclaimed_from_one_cluster_is_bootstrapped_into_another() -> 
     d.rollup("a", need("8"))
     d.run(5)
     d.rollup("b", need("4"))  # the pool is empty: b is short
-    assert d.fleet.engine("b").needs[0].short == ("cpu",)
+    assert d.fleet.engine("b").needs[0].short == ("machines",)  # none at all
     d.rollup("a", need("4"))  # a gives one back (surplus)
     d.run(15)
     assert states(d.fleet, "a") == {"CONFIGURED": 1}

@@ -271,8 +271,9 @@ class SimShard:
         """The engine's event log (bounded), oldest first."""
         return list(self.engine.events)
 
-    def snapshot(self) -> dict[str, Any]:
-        """A JSON-ready summary for progress displays.
+    def snapshot(self, cluster_id: str | None = None) -> dict[str, Any]:
+        """A JSON-ready summary for progress displays, of ``cluster_id`` (default: the first
+        cluster's engine).
 
         Keys: ``connected``, ``cluster_id``, ``machines`` (:meth:`machines_by_state`), ``needs``
         (in the last accepted roll-up), ``short_needs``, ``reclaims_issued``, ``reclaims_acked``,
@@ -281,9 +282,10 @@ class SimShard:
         (attempts after a failure), ``node_hooks_pending`` (Nodes with a retry waiting),
         ``rejections``.
         """
-        eng = self.engine
+        eng = self.engine if cluster_id is None else self.fleet.engine(cluster_id)
         return {
-            "connected": self.connected,
+            "connected": (self.connected if cluster_id is None
+                          else cluster_id in self._sessions),
             "cluster_id": eng.cluster_id,
             "machines": eng.machines_by_state(),
             "needs": len(eng.needs),
