@@ -14,7 +14,8 @@ from scripts.realkube import BUILD_HINT
 from tests.interop._peer import NO_GO
 from tests.support.realkube import SKIP_REASON as REALKUBE_SKIP
 
-__all__ = ["CHROMIUM_SKIP", "HELM_SKIP", "MATPLOTLIB_SKIP", "PROMTOOL_SKIP", "TIERS", "pytest_terminal_summary"]
+__all__ = ["CHROMIUM_SKIP", "HELM_SKIP", "MATPLOTLIB_SKIP", "PROMTOOL_SKIP", "TIERS",
+           "pytest_terminal_summary"]
 
 HELM_SKIP = f"helm not built: run `{BUILD_HINT}`"
 PROMTOOL_SKIP = f"promtool not built: run `{BUILD_HINT}`"
