@@ -42,6 +42,7 @@ SLOW_PATHS: tuple[str, ...] = (
     "tests/sim/test_apiserver_serve.py",
     "tests/sim/test_apiserver_scale.py",
     "tests/sim/test_demo_e2e.py",
+    "tests/sim/test_demo_page_chromium.py",
     "tests/sim/test_pieces_path.py",
     "tests/sim/test_reclaim_events_kubectl.py",
     "tests/shard/test_send_timeout_at_the_wire.py",

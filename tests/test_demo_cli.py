@@ -70,7 +70,8 @@ def test_json_without_quiet_is_pure_json_on_stdout(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "web.yaml").write_text(DEPLOYMENT % "100m")
-    rc = cli.main(["demo", "--workloads", str(tmp_path), "--json", "--timeout", "60s"])
+    rc = cli.main(["demo", "--workloads", str(tmp_path), "--json", "--timeout", "60s",
+                   "--clusters", "1"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     s = json.loads(captured.out)  # the whole of stdout is one JSON document
@@ -85,7 +86,8 @@ def test_failed_demo_keeps_last_observed_numbers(
 ) -> None:
     # 2 Pods asking for more CPU than any machine has: CRs appear, no machine ever fits them
     (tmp_path / "web.yaml").write_text(DEPLOYMENT % "100000")
-    rc = cli.main(["demo", "--workloads", str(tmp_path), "--quiet", "--json", "--timeout", "8s"])
+    rc = cli.main(["demo", "--workloads", str(tmp_path), "--quiet", "--json", "--timeout", "8s",
+                   "--clusters", "1"])
     captured = capsys.readouterr()
     assert rc == 1
     s = json.loads(captured.out)

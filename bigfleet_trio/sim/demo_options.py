@@ -11,13 +11,17 @@ from bigfleet_trio.knobs import (
     DURATION,
     ConfigFileError,
     Settings,
+    at_least_one,
     knob,
     listen_addr,
     positive,
     rebased,
 )
 
-__all__ = ["DemoOptions"]
+__all__ = ["DemoOptions", "MAX_CLUSTERS"]
+
+MAX_CLUSTERS = 8
+"""Each cluster is an apiserver, a pod controller and an operator in one process."""
 
 
 @dataclass(init=False, eq=True)
@@ -39,6 +43,12 @@ class DemoOptions(Settings):
         None, "write the embedded apiserver's kubeconfig here", metavar="PATH"
     )
     seed: int = knob(1, "simulated shard seed")
+    clusters: int = knob(3, "simulated clusters, each its own apiserver, pod controller and "
+                         "operator, sharing the shard's pool (at most 8)", check=at_least_one)
+    page_addr: str = knob(
+        "127.0.0.1:0", "the live page (one HTML page fed over a WebSocket); port 0 picks a "
+        "free one, 0 disables", metavar="ADDR", check=listen_addr,
+    )
     metrics_addr: str = knob(
         "127.0.0.1:0", "/metrics, /healthz, /readyz, /events of the demo's operator and pod "
         "controller (one process); port 0 picks a free one, 0 disables", metavar="ADDR",
@@ -52,8 +62,11 @@ class DemoOptions(Settings):
         """Check the options.
 
         Raises:
-            ConfigError: a missing workloads directory, a non-positive timeout, a bad log flag.
+            ConfigError: a missing workloads directory, a non-positive timeout, a bad log flag,
+                more than :data:`MAX_CLUSTERS` clusters.
         """
+        if self.clusters > MAX_CLUSTERS:
+            raise ConfigFileError(f"--clusters: {self.clusters}: at most {MAX_CLUSTERS}")
         if self.workloads_dir is not None and not os.path.isdir(self.workloads_dir):
             raise ConfigFileError(f"--workloads: {self.workloads_dir}: not a directory")
         self.check_knobs()

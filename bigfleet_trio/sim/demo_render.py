@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TextIO
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
 
 from bigfleet_trio.sim.demo_options import DemoOptions
 from bigfleet_trio.sim.shard.session import SimShard
@@ -19,7 +20,44 @@ from bigfleet_trio.sim.shard.session import SimShard
 from .demo_world import DemoSummary, World
 
 
-def progress_line(elapsed: float, world: World, shard: SimShard, stage: str) -> str:
+def fleet_line(rigs: Sequence[Any], worlds: Mapping[str, World], shard: SimShard) -> str:
+    """One live line for the fleet: per cluster Pods bound and machines, then the moves."""
+    parts = []
+    for rig in rigs:
+        world = worlds.get(rig.name)
+        bound = rig.view.engine.bound_machines()
+        spot = sum(1 for m in bound if m.spot)
+        pods = f"{world.bound()}/{len(world.live_pods)}" if world is not None else "-"
+        parts.append(f"{rig.name} pods {pods} machines {len(bound)}"
+                     + (f" ({spot} spot)" if spot else ""))
+    moves = shard.fleet.moves
+    return ("         fleet      " + " | ".join(parts)
+            + f" | moved {len(moves)}"
+            + (f" (preempted {sum(1 for m in moves if m.why == 'preempted')})" if moves else ""))
+
+
+def fleet_story(s: DemoSummary) -> list[str]:
+    """What moved where and why, one sentence each (the summary's ``story``)."""
+    lines = []
+    for m in s.moves:
+        why = {"surplus": "no need there took it any more (surplus reclaim)",
+               "preempted": "higher-priority demand needed it (preempted)",
+               "failed": "its bootstrap failed there"}.get(m["why"], m["why"])
+        lines.append(f"{m['instance_type']} {m['node']} moved {m['from']} -> {m['to']} at "
+                     f"{m['t']:.1f}s: {why}")
+    spot = [c for c in s.clusters if c["spot_machines"]]
+    for c in spot:
+        lines.append(f"{c['name']} runs {c['spot_machines']} spot machines: its batch work "
+                     "tolerates interruption (penalty $0) and spot machines cost less; work "
+                     "without a low interruption penalty stays on on-demand machines")
+    for c in s.clusters:
+        if c["pods_pending"]:
+            lines.append(f"{c['name']}: {len(c['pods_pending'])} Pods Pending "
+                         f"({', '.join(c['pods_pending'][:3])}): {c['pending_why']}")
+    return lines
+
+
+def progress_line(elapsed: float, world: World, shard: Any, stage: str) -> str:
     """One line of live progress."""
     snap = world.shard
     machines = {k: v for k, v in snap["machines"].items() if k != "FREE"}
@@ -77,6 +115,18 @@ def render_summary(s: DemoSummary, *, live: bool = False) -> str:
                                        f"(${s.final_hourly_cost:.2f}/h)"),
         ("total wall time", f"{t.get('total', 0):.1f}s"),
     ]
+    if len(s.clusters) > 1:
+        rows.append(("clusters", str(len(s.clusters))))
+        for c in s.clusters:
+            rows.append((f"  {c['name']}",
+                         f"{c['pods_bound']}/{c['pods']} Pods bound, {c['machines']} machines "
+                         f"({c['spot_machines']} spot, ${c['hourly_cost']:.2f}/h), "
+                         f"{c['reclaims']} reclaimed ({c['preempted']} preempted)"))
+        rows.append(("machines moved between clusters",
+                     f"{len(s.moves)} ({s.preemptions} preemptions, {s.spot_machines} spot "
+                     "machines in use)"))
+    if s.page and live:
+        rows.append(("live page", s.page))
     width = max(len(k) for k, _ in rows)
     lines = ["", "BigFleet demo summary" + ("" if s.ok else " (FAILED)"),
              "-" * (width + 40)]
@@ -87,6 +137,10 @@ def render_summary(s: DemoSummary, *, live: bool = False) -> str:
     lines.append("machine states in the live lines: creating -> configuring -> configured (a "
                  "Node of this cluster); idle = warm in the shard's pool, bound to no cluster "
                  "(released machines return there)")
+    if s.story:
+        lines.append("")
+        lines.append("what moved where, and why:")
+        lines += [f"  {line}" for line in s.story]
     if s.failure:
         lines.append(f"{'did not converge':<{width}}  {s.failure}")
     return "\n".join(lines)
@@ -134,6 +188,12 @@ def print_keep_running_banner(summary: DemoSummary, out: TextIO) -> None:
                 "get upcomingnodes",
                 "get availablecapacities"):
         print(f"  {kubectl} {cmd}", file=out)
+    for c in summary.clusters[1:]:
+        print(f"  {kubectl} --kubeconfig {c['kubeconfig']} get pods -A -o wide   "
+              f"# {c['name']}", file=out)
+    if summary.page:
+        print(f"Live page (every cluster, machines moving between them): {summary.page}",
+              file=out)
     if summary.diagnostics:
         addr = summary.diagnostics
         print("Diagnostics (operator and pod controller):", file=out)

@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, TextIO
 
@@ -29,27 +29,39 @@ from bigfleet_trio.observability.events import EventFeed
 from bigfleet_trio.sim.demo_options import DemoOptions
 from bigfleet_trio.sim.shard.catalog import Catalog
 from bigfleet_trio.sim.shard.cli import serve_sim_shard
-from bigfleet_trio.sim.shard.nodes import KubeNodeHooks
+from bigfleet_trio.sim.shard.nodes import ClusterNodeHooks, KubeNodeHooks
 from bigfleet_trio.sim.shard.session import SimShard
 
 from .binder import Binder
-from .demo_render import diagnostics_urls, failure_line, progress_line
+from .demo_render import diagnostics_urls, failure_line, fleet_line, fleet_story, progress_line
 from .demo_world import (
-    CLUSTER_ID,
+    BURST_REPLICAS,
+    FLEET_NAMESPACE,
+    FLEET_POOL,
+    IDLE_WORKLOAD,
+    WEB_WORKLOAD,
+    ClusterView,
     DemoSummary,
     DemoTiming,
     World,
     add_extended_resource_tolerations,
     bundled_workloads_dir,
+    burst_cluster,
+    cluster_names,
+    cluster_row,
     converged_down,
+    converged_fleet,
     converged_up,
     demo_catalog,
+    fleet_manifests,
     hourly_cost,
     manifest_paths,
+    move_row,
     pick_scale_down,
     pod_body,
     read_world,
     reclaimed_binding_left,
+    with_fleet_shapes,
     workload_of,
 )
 
@@ -159,9 +171,13 @@ class Workloads:
         return changes
 
 
-async def apply_workloads(client: KubeClient, directory: str | os.PathLike[str],
-                          out: Callable[[str], None]) -> tuple[Workloads, list[dict[str, Any]]]:
+async def apply_workloads(client: KubeClient, directory: str | os.PathLike[str] | None,
+                          out: Callable[[str], None], extra: Iterable[Mapping[str, Any]] = (),
+                          ) -> tuple[Workloads, list[dict[str, Any]]]:
     """Apply PriorityClasses/RuntimeClasses, then create the Pods the workloads expand to.
+
+    ``directory``: the manifests (None: only ``extra``); ``extra``: more objects (the fleet
+    workloads, :func:`~.demo_world.fleet_manifests`) applied after them.
 
     Returns:
         The :class:`Workloads` keeping them, and the Pods as created.
@@ -171,7 +187,8 @@ async def apply_workloads(client: KubeClient, directory: str | os.PathLike[str],
     """
     from bigfleet_trio.sim.expand import load_manifests
 
-    objs = load_manifests(manifest_paths(directory))
+    objs = load_manifests(manifest_paths(directory)) if directory is not None else []
+    objs += [dict(o) for o in extra]
     classes = 0
     for obj in objs:
         kind = obj.get("kind")
@@ -181,7 +198,8 @@ async def apply_workloads(client: KubeClient, directory: str | os.PathLike[str],
             classes += 1
     workloads = Workloads(client, objs)
     created = await workloads.apply(objs)
-    out(f"applied {len(objs)} objects from {directory}: {classes} Priority/RuntimeClasses, "
+    source = directory if directory is not None else "the fleet workloads"
+    out(f"applied {len(objs)} objects from {source}: {classes} Priority/RuntimeClasses, "
         f"{len(workloads.desired)} workloads -> {len(created)} Pods")
     for w, n in sorted(workloads.desired.items()):
         out(f"  {w:<40} {n:>3} Pods")
@@ -194,6 +212,70 @@ class _Clock:
 
     def __call__(self) -> float:
         return time.monotonic() - self.t0
+
+
+@dataclass
+class ClusterRig:
+    """One simulated cluster of the demo: its apiserver, clients, pod controller, operator and
+    binder, and its share of the shard (``view``)."""
+
+    name: str
+    server: Any
+    url: str
+    kubeconfig: str
+    client: KubeClient
+    pod_controller: Any
+    operator: Any
+    binder: Binder
+    feed: EventFeed
+    view: ClusterView
+    diagnostics: str = ""
+    workloads: Workloads | None = None
+    clients: list[KubeClient] = field(default_factory=list)
+
+
+async def _start_cluster(nursery: trio.Nursery, name: str, kubeconfig: str, shard: Any,
+                         hooks: ClusterNodeHooks, port: int, timing: DemoTiming,
+                         opts: DemoOptions, metrics_addr: str,
+                         say: Callable[[str], None]) -> ClusterRig:
+    """Start one cluster: apiserver, kubeconfig, its Nodes' hooks on the shard, the pod
+    controller, the operator (dialling the shard over grpclib), diagnostics, the binder."""
+    from bigfleet_trio.operator.app import Operator
+    from bigfleet_trio.podcontroller.controller import PodController
+    from bigfleet_trio.shard.grpc import GrpcConnector
+    from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
+
+    server = ApiServer(gc_dangling=False)
+    url = await nursery.start(serve, server)
+    write_kubeconfig(url, kubeconfig)
+    kcfg = load_kubeconfig(kubeconfig, env={})
+    client = KubeClient(kcfg, qps=500, burst=1000)
+    op_client = KubeClient(kcfg, qps=200, burst=400)
+    pc_client = KubeClient(kcfg, qps=200, burst=400)
+    clients = [client, op_client, pc_client]
+    hooks.add(name, KubeNodeHooks(client))
+    pod_controller = PodController(pc_client, resync_period=60.0, orphan_grace=5.0)
+    await nursery.start(pod_controller.run)
+    cfg = OperatorConfig(
+        cluster_id=name, shard_addr=f"127.0.0.1:{port}", kubeconfig=kubeconfig,
+        rollup_interval=timing.rollup_interval, metrics_addr="0",
+        drain_shutdown_timeout=1.0, reconnect_initial_backoff=0.2,
+        reconnect_max_backoff=2.0, log_level=opts.log_level,
+        log_format=opts.log_format,
+    )
+    cfg.validate()
+    connector = GrpcConnector("127.0.0.1", port, keepalive_time=None)
+    feed = EventFeed()
+    operator = Operator(cfg, client=op_client, connector=connector, feed=feed)
+    await nursery.start(operator.run)
+    diagnostics = await _serve_diagnostics(
+        nursery, metrics_addr, operator, pod_controller, feed) or ""
+    binder = Binder(client, interval=timing.binder_interval)
+    await nursery.start(binder.run)
+    say(f"cluster        {name}: apiserver {url} (kubeconfig {kubeconfig}), pod controller, "
+        f"operator (roll-up every {timing.rollup_interval:g}s over grpclib), binder")
+    return ClusterRig(name, server, url, kubeconfig, client, pod_controller, operator, binder,
+                      feed, ClusterView(shard, name), diagnostics, clients=clients)
 
 
 async def run_scenario(
@@ -209,22 +291,23 @@ async def run_scenario(
 
     Args:
         opts: demo options (``workloads_dir``, ``timeout``, ``quiet``, ``seed``,
-            ``kubeconfig_out``).
+            ``kubeconfig_out``, ``clusters``, ``page_addr``).
         out: where progress lines go (None = nowhere).
         timing: world speed (default :class:`DemoTiming`).
         keep_running: called with the summary once the scenario ended; awaited if it returns an
             awaitable (the CLI prints and waits for Ctrl-C there), with everything still running.
         inspect: test hook, called with ``{"server", "client", "shard", "operator",
-            "pod_controller", "binder", "summary"}`` after the scenario, before shutdown; awaited
-            if it returns an awaitable.
-        catalog: the shard's inventory (default :func:`demo_catalog`; ``demo --catalog``).
+            "pod_controller", "binder", "summary"}`` of the first cluster (``shard``: its
+            :class:`~.demo_world.ClusterView`), ``"fleet"`` (the :class:`SimShard`) and
+            ``"clusters"`` (every :class:`ClusterRig`) after the scenario, before shutdown;
+            awaited if it returns an awaitable.
+        catalog: the shard's inventory (default :func:`demo_catalog`; ``demo --catalog``); with
+            more than one cluster the fleet pool (:func:`~.demo_world.fleet_shapes`) is added.
 
     Returns:
         The :class:`DemoSummary` (``ok`` False with ``failure`` on timeout).
     """
     from bigfleet_trio.shard.bridge import open_loop
-    from bigfleet_trio.shard.grpc import GrpcConnector
-    from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
 
     timing = timing or DemoTiming()
     clock = _Clock()
@@ -235,6 +318,7 @@ async def run_scenario(
             print(line, file=out, flush=True)
 
     workloads_dir = opts.workloads_dir or str(bundled_workloads_dir())
+    names = cluster_names(opts.clusters)
     with contextlib.ExitStack() as stack:
         if opts.kubeconfig_out:
             kubeconfig = os.path.abspath(opts.kubeconfig_out)  # noqa: ASYNC240 - no I/O
@@ -242,66 +326,57 @@ async def run_scenario(
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bigfleet-demo-"))
             kubeconfig = os.path.join(tmp, "kubeconfig")
         summary.kubeconfig = kubeconfig
+        rigs: list[ClusterRig] = []
         async with open_loop(), trio.open_nursery() as nursery:
-            server = ApiServer(gc_dangling=False)
-            url = await nursery.start(serve, server)
-            write_kubeconfig(url, kubeconfig)
-            say(f"apiserver      {url}  (kubeconfig {kubeconfig})")
-            kcfg = load_kubeconfig(kubeconfig, env={})
-            client = KubeClient(kcfg, qps=500, burst=1000)
-            op_client = KubeClient(kcfg, qps=200, burst=400)
-            pc_client = KubeClient(kcfg, qps=200, burst=400)
-            stack_clients = [client, op_client, pc_client]
             try:
-                shard = SimShard(demo_catalog() if catalog is None else catalog,
-                                 timing.engine_config(opts.seed),
-                                 hooks=KubeNodeHooks(client))
+                hooks = ClusterNodeHooks()
+                inventory = with_fleet_shapes(demo_catalog() if catalog is None else catalog,
+                                              opts.clusters)
+                shard = SimShard(inventory, timing.engine_config(opts.seed), hooks=hooks)
                 port = await nursery.start(
                     partial(serve_sim_shard, shard, host="127.0.0.1", port=0))
                 say(f"sim shard      grpc://127.0.0.1:{port}  "
-                    f"({sum(s.count for s in shard.engine.catalog)} machines in "
-                    f"{len(shard.engine.catalog)} shapes, seed {opts.seed})")
+                    f"({sum(s.count for s in inventory)} machines in {len(inventory)} shapes, "
+                    f"seed {opts.seed}, one pool for {len(names)} "
+                    f"cluster{'s' if len(names) > 1 else ''})")
+                started: dict[int, ClusterRig] = {}
 
-                from bigfleet_trio.podcontroller.controller import PodController
+                async def start(i: int, name: str) -> None:
+                    # the first cluster's listener is --metrics-addr; the others' (their /events
+                    # feeds the live page follows) pick free loopback ports
+                    addr = opts.metrics_addr if i == 0 or opts.metrics_addr == "0" else (
+                        "127.0.0.1:0")
+                    started[i] = await _start_cluster(
+                        nursery, name, kubeconfig if i == 0 else f"{kubeconfig}-{name}",
+                        shard, hooks, port, timing, opts, addr, say)
 
-                pod_controller = PodController(pc_client, resync_period=60.0, orphan_grace=5.0)
-                await nursery.start(pod_controller.run)
-                say("pod controller synced")
-
-                from bigfleet_trio.operator.app import Operator
-
-                cfg = OperatorConfig(
-                    cluster_id=CLUSTER_ID, shard_addr=f"127.0.0.1:{port}", kubeconfig=kubeconfig,
-                    rollup_interval=timing.rollup_interval, metrics_addr="0",
-                    drain_shutdown_timeout=1.0, reconnect_initial_backoff=0.2,
-                    reconnect_max_backoff=2.0, log_level=opts.log_level,
-                    log_format=opts.log_format,
-                )
-                cfg.validate()
-                connector = GrpcConnector("127.0.0.1", port, keepalive_time=None)
-                feed = EventFeed()
-                operator = Operator(cfg, client=op_client, connector=connector, feed=feed)
-                await nursery.start(operator.run)
-                say(f"operator       cluster {CLUSTER_ID}, roll-up every "
-                    f"{timing.rollup_interval:g}s, session to the shard over grpclib")
-                summary.diagnostics = await _serve_diagnostics(
-                    nursery, opts.metrics_addr, operator, pod_controller, feed) or ""
+                # the clusters start side by side (each waits for its informers); every task
+                # they leave running belongs to the scenario's nursery
+                async with trio.open_nursery() as starting:
+                    for i, name in enumerate(names):
+                        starting.start_soon(start, i, name)
+                rigs += [started[i] for i in range(len(names))]
+                summary.diagnostics = rigs[0].diagnostics
                 if summary.diagnostics:
                     say(f"diagnostics    {diagnostics_urls(summary.diagnostics)}")
+                if opts.page_addr != "0":
+                    from .demo_page import serve_page
 
-                binder = Binder(client, interval=timing.binder_interval)
-                await nursery.start(binder.run)
-                say("binder         (kube-scheduler stand-in) running")
+                    summary.page = await nursery.start(partial(
+                        serve_page, opts.page_addr, shard, rigs, clock))
+                    say(f"live page      {summary.page}")
                 say("")
 
-                await _drive(opts, operator, client, shard, binder, workloads_dir, timing,
-                             clock, summary, say)
+                await _drive(opts, rigs, shard, workloads_dir, timing, clock, summary, say)
                 with contextlib.suppress(Exception):
-                    summary.operator = asdict(operator.statistics())
+                    summary.operator = asdict(rigs[0].operator.statistics())
                 if inspect is not None:
-                    ret = inspect({"server": server, "client": client, "shard": shard,
-                                   "operator": operator, "pod_controller": pod_controller,
-                                   "binder": binder, "summary": summary})
+                    first = rigs[0]
+                    ret = inspect({"server": first.server, "client": first.client,
+                                   "shard": first.view, "operator": first.operator,
+                                   "pod_controller": first.pod_controller,
+                                   "binder": first.binder, "summary": summary,
+                                   "fleet": shard, "clusters": rigs})
                     if hasattr(ret, "__await__"):
                         await ret
                 if keep_running is not None:
@@ -311,9 +386,10 @@ async def run_scenario(
             finally:
                 nursery.cancel_scope.cancel()
                 with trio.CancelScope(shield=True):
-                    for c in stack_clients:
-                        with contextlib.suppress(Exception):
-                            await c.aclose()
+                    for rig in rigs:
+                        for c in rig.clients:
+                            with contextlib.suppress(Exception):
+                                await c.aclose()
     return summary
 
 
@@ -349,7 +425,7 @@ def _drains(operator: Any) -> tuple[int, int]:
             int(st.drains_completed) + int(st.drains_failed) + int(st.drains_abandoned))
 
 
-def _drains_pending(operator: Any, shard: SimShard, floor: int, drains_floor: int) -> list[str]:
+def _drains_pending(operator: Any, shard: Any, floor: int, drains_floor: int) -> list[str]:
     active, finished = _drains(operator)
     recs = len(shard.reclaims_issued) - floor
     why = []
@@ -360,93 +436,171 @@ def _drains_pending(operator: Any, shard: SimShard, floor: int, drains_floor: in
     return why
 
 
-async def _drive(opts: DemoOptions, operator: Any, client: KubeClient, shard: SimShard,
-                 binder: Binder,
+async def _drive(opts: DemoOptions, rigs: list[ClusterRig], shard: SimShard,
                  workloads_dir: str, timing: DemoTiming, clock: _Clock, summary: DemoSummary,
                  say: Callable[[str], None]) -> None:
+    first = rigs[0]
+    operator, view = first.operator, first.view
     stage = "apply"
     last_world: list[World] = []
+    worlds: dict[str, World] = {}
 
     async def progress() -> None:
         while True:
             await trio.sleep(timing.progress_interval)
             if last_world:
-                say(progress_line(clock(), last_world[-1], shard, stage))
+                say(progress_line(clock(), last_world[-1], view, stage))
+                if len(rigs) > 1:
+                    say(fleet_line(rigs, worlds, shard))
 
-    async def wait_for(check: Callable[[World], list[str]]) -> World:
+    async def wait_for(check: Callable[[dict[str, World]], list[str]]) -> World:
         while True:
-            world = await read_world(client, shard)
-            if await workloads.reconcile(world.live_pods):
-                world = await read_world(client, shard)
-            last_world.append(world)
+            for rig in rigs:
+                world = await read_world(rig.client, rig.view)
+                assert rig.workloads is not None
+                if await rig.workloads.reconcile(world.live_pods):
+                    world = await read_world(rig.client, rig.view)
+                worlds[rig.name] = world
+            last_world.append(worlds[first.name])
             del last_world[:-1]
-            why = check(world)
+            why = check(worlds)
             if not why:
-                return world
+                return worlds[first.name]
             summary.failure = "; ".join(why)
             await trio.sleep(timing.poll_interval)
 
-    workloads: Workloads
     # the scale-down's starting counts (read after a timeout too): reclaims, drains, shard
     # bindings started and ended by a failure
     floor = drains_floor = 0
     floors = (0, 0, 0)
+    fleet_floors: dict[str, int] = {}
+    burst = rigs[burst_cluster(len(rigs))] if len(rigs) > 1 else None
     deadline = trio.current_time() + opts.timeout
     async with trio.open_nursery() as nursery:
         nursery.start_soon(progress)
         with trio.move_on_at(deadline) as scope:
-            workloads, created = await apply_workloads(client, workloads_dir, say)
-            summary.workloads = sorted(workloads.desired)
-            summary.pods_created = len(created)
+            for i, rig in enumerate(rigs):
+                fleet = fleet_manifests(i, len(rigs))
+                rig.workloads, created = await apply_workloads(
+                    rig.client, workloads_dir if i == 0 else None,
+                    _prefixed(say, rig.name) if len(rigs) > 1 else say, fleet)
+                rig.binder.kick()
+                if i == 0:
+                    summary.workloads = sorted(rig.workloads.desired)
+                    summary.pods_created = len(created)
             summary.timings["applied"] = round(clock(), 2)
-            binder.kick()
             stage = "scale-up"
-            world = await wait_for(lambda w: converged_up(w, shard))
+            world = await wait_for(lambda ws: _every_cluster(rigs, ws, converged_up))
             summary.timings["all_bound"] = round(clock(), 2)
-            say(progress_line(clock(), world, shard, stage))
-            _fill_up(summary, world, shard)
+            say(progress_line(clock(), world, view, stage))
+            _fill_up(summary, world, view)
             say(f"converged: {len(world.live_pods)} Pods bound on {summary.machines_configured} "
                 f"machines (${summary.hourly_cost:.2f}/h) in {summary.timings['all_bound']:.1f}s")
 
-            victim = pick_scale_down(world.live_pods)
+            victim = pick_scale_down(p for p in world.live_pods if not _is_fleet(p))
             if victim is None:
                 raise RuntimeError("no workload to scale down")
             victims = [p for p in world.live_pods if workload_of(p) == victim]
             summary.scaled_down = victim
             summary.pods_deleted = len(victims)
-            floor = len(shard.reclaims_issued)
+            floor = len(view.reclaims_issued)
             drains_floor = _drains(operator)[1]
-            floors = (floor, shard.engine.binds, shard.engine.failed)
+            floors = (floor, view.engine.binds, view.engine.failed)
+            fleet_floors = {r.name: len(r.view.reclaims_issued) for r in rigs}
             t_down = clock()
             say("")
             say(f"scaling {victim} down to 0: deleting {len(victims)} Pods")
-            workloads.desired[victim] = 0
-            await workloads.reconcile(world.live_pods)
+            assert first.workloads is not None
+            first.workloads.desired[victim] = 0
+            if IDLE_WORKLOAD in first.workloads.desired:
+                say(f"scaling {first.name} {IDLE_WORKLOAD} down to 0: its machine goes back "
+                    "to the pool")
+                first.workloads.desired[IDLE_WORKLOAD] = 0
+            await first.workloads.reconcile(world.live_pods)
+            if IDLE_WORKLOAD in first.workloads.desired:
+                # the burst comes once the idle machine is on its way back to the pool, so the
+                # run shows both: a reclaimed machine moving on, and a preemption for the rest
+                await wait_for(lambda ws: [] if _fleet_reclaim_issued(view, floor) else [
+                    f"{first.name}: {IDLE_WORKLOAD}'s machine not reclaimed yet"])
+            if burst is not None and burst.workloads is not None:
+                say(f"burst in {burst.name}: {WEB_WORKLOAD} (priority 1000) 1 -> "
+                    f"{BURST_REPLICAS} replicas; the fleet pool is empty")
+                burst.workloads.desired[WEB_WORKLOAD] = BURST_REPLICAS
+                await burst.workloads.reconcile(worlds[burst.name].live_pods)
             stage = "reclaim"
-            world = await wait_for(lambda w: converged_down(w, shard, floor)
-                                   + _drains_pending(operator, shard, floor, drains_floor))
+
+            def down(ws: dict[str, World]) -> list[str]:
+                why = converged_down(ws[first.name], view, floor)
+                why += _drains_pending(operator, view, floor, drains_floor)
+                why = [f"{first.name}: {w}" for w in why] if len(rigs) > 1 else why
+                for rig in rigs[1:]:
+                    why += [f"{rig.name}: {w}" for w in converged_fleet(
+                        ws[rig.name], rig.view, fleet_floors[rig.name])]
+                if burst is not None and not any(
+                        m.to_cluster == burst.name for m in shard.fleet.moves):
+                    why.append(f"no machine moved to {burst.name} yet")
+                return why
+
+            world = await wait_for(down)
             summary.timings["reclaim"] = round(clock() - t_down, 2)
-            say(progress_line(clock(), world, shard, stage))
-            _fill_down(summary, world, shard, floors)
-            summary.pods_replaced = workloads.replaced
+            say(progress_line(clock(), world, view, stage))
+            _fill_down(summary, world, view, floors)
+            summary.pods_replaced = first.workloads.replaced
             summary.drains_completed = _drains(operator)[1] - drains_floor
             summary.failure = None
             summary.ok = True
         nursery.cancel_scope.cancel()
     summary.timings["total"] = round(clock(), 2)
+    _fill_fleet(summary, rigs, worlds, shard, clock)
     if scope.cancelled_caught:
         summary.ok = False
         # Keep what was last observed (the live lines showed it) rather than zeros.
         if last_world and stage == "scale-up":
-            _fill_up(summary, last_world[-1], shard)
+            _fill_up(summary, last_world[-1], view)
         elif last_world and stage == "reclaim":
-            _fill_down(summary, last_world[-1], shard, floors)
+            _fill_down(summary, last_world[-1], view, floors)
             summary.drains_completed = _drains(operator)[1] - drains_floor
         summary.failure = failure_line(opts.timeout, stage, summary.failure)
 
 
+def _fleet_reclaim_issued(view: ClusterView, floor: int) -> bool:
+    """A fleet pool machine of the first cluster is being reclaimed since ``floor``."""
+    for rec in view.reclaims_issued[floor:]:
+        m = view.engine.machine(rec.machine_id)
+        if m is not None and FLEET_POOL in m.labels:
+            return True
+    return False
 
-def _fill_up(s: DemoSummary, world: World, shard: SimShard) -> None:
+
+def _prefixed(say: Callable[[str], None], name: str) -> Callable[[str], None]:
+    return lambda line: say(f"{name}: {line}")
+
+
+def _is_fleet(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("metadata") or {}).get("namespace") == FLEET_NAMESPACE
+
+
+def _every_cluster(rigs: list[ClusterRig], worlds: dict[str, World],
+                   check: Callable[[World, Any], list[str]]) -> list[str]:
+    if len(rigs) == 1:
+        return check(worlds[rigs[0].name], rigs[0].view)
+    return [f"{r.name}: {w}" for r in rigs for w in check(worlds[r.name], r.view)]
+
+
+def _fill_fleet(s: DemoSummary, rigs: list[ClusterRig], worlds: dict[str, World],
+                shard: SimShard, clock: _Clock) -> None:
+    """The per-cluster rows, the moves and the story (what moved where, and why)."""
+    s.clusters = [cluster_row(r.name, r.kubeconfig, r.diagnostics, worlds.get(r.name), r.view)
+                  for r in rigs]
+    t0 = trio.current_time() - clock()
+    s.moves = [move_row(m, t0) for m in shard.fleet.moves]
+    recs = [rec for r in rigs for rec in r.view.reclaims_issued]
+    s.preemptions = sum(1 for rec in recs if rec.reason == "preempted")
+    s.spot_machines = sum(row["spot_machines"] for row in s.clusters)
+    s.story = fleet_story(s)
+
+
+def _fill_up(s: DemoSummary, world: World, shard: Any) -> None:
     last = shard.last_rollup
     s.crs = len(world.crs)
     s.needs = len(last.needs) if last is not None else 0
@@ -460,7 +614,7 @@ def _fill_up(s: DemoSummary, world: World, shard: SimShard) -> None:
     s.hourly_cost = hourly_cost(shard)
 
 
-def _fill_down(s: DemoSummary, world: World, shard: SimShard,
+def _fill_down(s: DemoSummary, world: World, shard: Any,
                floors: tuple[int, int, int]) -> None:
     floor, binds_floor, failed_floor = floors
     recs = shard.reclaims_issued[floor:]

@@ -18,14 +18,18 @@ from typing import Any
 
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.resources import CAPACITY_REQUESTS, NODES, PODS, UPCOMING_NODES
-from bigfleet_trio.sim.shard.catalog import Catalog, ShapeTaint, offer
-from bigfleet_trio.sim.shard.engine import EngineConfig, ReclaimRecord
+from bigfleet_trio.sim.shard.catalog import LABEL_SPOT, Catalog, MachineShape, ShapeTaint, offer
+from bigfleet_trio.sim.shard.engine import EngineConfig, ReclaimRecord, ShardEngine
 from bigfleet_trio.sim.shard.session import SimShard
 
 from .binder import is_terminal
 
 __all__ = [
-    "CLUSTER_ID", "GPU", "GPU_TAINT", "OWNED_BY_POD", "DemoSummary", "DemoTiming", "World",
+    "BURST_REPLICAS", "CLUSTER_ID", "FLEET_NAMESPACE", "FLEET_POOL", "IDLE_WORKLOAD",
+    "WEB_WORKLOAD", "ClusterView", "burst_cluster", "cluster_row", "converged_fleet",
+    "move_row", "cluster_names", "fleet_manifests",
+    "fleet_shapes", "with_fleet_shapes", "GPU", "GPU_TAINT", "OWNED_BY_POD", "DemoSummary",
+    "DemoTiming", "World",
     "add_extended_resource_tolerations", "bound_machines", "bundled_workloads_dir",
     "converged_down", "converged_up", "demo_catalog", "hourly_cost", "manifest_paths",
     "pick_scale_down", "pod_body", "read_world", "reclaimed_binding_left", "reclaims_pending",
@@ -41,6 +45,123 @@ GPU_TAINT = ShapeTaint(GPU, "present", "NoSchedule")
 def bundled_workloads_dir() -> Path:
     """Directory of the real manifests shipped with the package."""
     return Path(__file__).resolve().parent / "workloads"
+
+
+def cluster_names(n: int) -> list[str]:
+    """The demo's cluster IDs: ``demo-cluster`` (the one the bundled workloads go to, the ID a
+    one-cluster demo always had), then ``demo-cluster-2`` ... ``demo-cluster-<n>``."""
+    return [CLUSTER_ID] + [f"{CLUSTER_ID}-{i}" for i in range(2, n + 1)]
+
+
+#: Label and taint key of the fleet pool: the machines the clusters' fleet workloads share and
+#: move between (tainted, so the bundled workloads never land there).
+FLEET_POOL = "demo.bigfleet.io/pool"
+FLEET_TAINT = ShapeTaint(FLEET_POOL, "fleet", "NoSchedule")
+
+
+def fleet_shapes(clusters: int) -> list[MachineShape]:
+    """The fleet pool for ``clusters`` clusters (none for one): on-demand ``fleet-od-4`` machines,
+    one per cluster's fleet workload at the start (so the pool is empty then: scarcity), and two
+    cheaper ``fleet-spot-4`` spot machines (``bigfleet.io/spot: "true"``), all warm, one zone,
+    labelled and tainted :data:`FLEET_POOL`."""
+    if clusters < 2:
+        return []
+    labels = {FLEET_POOL: "fleet"}
+    # c1 idle work, c2 reports, one web per cluster from the third (c1's for two clusters)
+    on_demand = 2 + max(1, clusters - 2)
+    return [
+        MachineShape("fleet-od-4", "sim-zone-a", {"cpu": "4", "memory": "16Gi", "pods": "110"},
+                     0.20, count=on_demand, warm=on_demand, extra_labels=labels,
+                     taints=(FLEET_TAINT,)),
+        MachineShape("fleet-spot-4", "sim-zone-a", {"cpu": "4", "memory": "16Gi", "pods": "110"},
+                     0.06, count=2, warm=2, extra_labels={**labels, LABEL_SPOT: "true"},
+                     taints=(FLEET_TAINT,)),
+    ]
+
+
+def with_fleet_shapes(catalog: Catalog, clusters: int) -> Catalog:
+    """``catalog`` plus the :func:`fleet_shapes` it does not have yet (by shape key)."""
+    have = {s.key for s in catalog}
+    return Catalog([*catalog, *(s for s in fleet_shapes(clusters) if s.key not in have)])
+
+
+def _fleet_deployment(name: str, replicas: int, priority_class: str,
+                      interruption_penalty: str | None = None) -> dict[str, Any]:
+    """A fleet Deployment: 3-cpu Pods on the fleet pool. Without an interruption penalty the
+    Pods keep off spot Nodes (required node affinity ``bigfleet.io/spot`` DoesNotExist, as
+    interruption-sensitive work does); with one (``"0"``: $0) they select spot Nodes, which the
+    shard gives only to demand with a low interruption penalty (docs/rules.md#simulated-fleet).
+    Either way the scheduler puts each Pod where the shard bound a machine for its need."""
+    annotations = ({"bigfleet.lucy.sh/interruption-penalty": interruption_penalty}
+                   if interruption_penalty is not None else {})
+    selector = {FLEET_POOL: "fleet"}
+    if interruption_penalty is not None:
+        selector[LABEL_SPOT] = "true"
+    affinity = {} if interruption_penalty is not None else {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": LABEL_SPOT, "operator": "DoesNotExist"}]}]}}}}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "fleet"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": annotations},
+                "spec": {
+                    "priorityClassName": priority_class,
+                    **affinity,
+                    "nodeSelector": selector,
+                    "tolerations": [{"key": FLEET_POOL, "operator": "Equal", "value": "fleet",
+                                     "effect": "NoSchedule"}],
+                    "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                                    "resources": {"requests": {"cpu": "3", "memory": "4Gi"}}}],
+                },
+            },
+        },
+    }
+
+
+FLEET_CLASSES = [
+    {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+     "metadata": {"name": "fleet-low"}, "value": 10,
+     "description": "batch and reports: yields to the fleet's web tier under scarcity"},
+    {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+     "metadata": {"name": "fleet-high"}, "value": 1000,
+     "description": "the web tier: preempts lower-priority work in other clusters"},
+]
+
+#: The fleet workload of each role: ``idle`` (scaled down: its machine moves), ``batch``
+#: (interruption-tolerant: spot), ``reports`` (low priority on-demand: preempted), ``web``
+#: (high priority: bursts).
+BURST_REPLICAS = 3
+FLEET_NAMESPACE = "fleet"
+IDLE_WORKLOAD = "Deployment/fleet-idle"
+WEB_WORKLOAD = "Deployment/fleet-web"
+
+
+def fleet_manifests(index: int, clusters: int) -> list[dict[str, Any]]:
+    """The fleet workloads of cluster ``index`` (0-based) of ``clusters`` (none for one):
+    the first runs ``fleet-idle`` (scaled to 0 later), the second ``fleet-batch`` (2 replicas,
+    interruption penalty $0: spot) and ``fleet-reports`` (low priority), every one from the
+    third ``fleet-web`` (high priority; the third's bursts to :data:`BURST_REPLICAS`). With two
+    clusters the first also runs ``fleet-web``. PriorityClasses come first."""
+    if clusters < 2:
+        return []
+    out: list[dict[str, Any]] = [dict(c) for c in FLEET_CLASSES]
+    if index == 0:
+        out.append(_fleet_deployment("fleet-idle", 1, "fleet-low"))
+    if index == 1:
+        out.append(_fleet_deployment("fleet-batch", 2, "fleet-low", interruption_penalty="0"))
+        out.append(_fleet_deployment("fleet-reports", 1, "fleet-low"))
+    if index >= 2 or (clusters == 2 and index == 0):
+        out.append(_fleet_deployment("fleet-web", 1, "fleet-high"))
+    return out
+
+
+def burst_cluster(clusters: int) -> int:
+    """Index of the cluster whose ``fleet-web`` bursts (the third, or the first of two)."""
+    return 2 if clusters >= 3 else 0
 
 
 def demo_catalog() -> Catalog:
@@ -146,6 +267,18 @@ class DemoSummary:
     operator: dict[str, Any] = field(default_factory=dict)
     diagnostics: str = ""
     """``HOST:PORT`` of the demo's /metrics, /healthz, /readyz and /events ("" = disabled)."""
+    clusters: list[dict[str, Any]] = field(default_factory=list)
+    """Per cluster: ``name``, ``kubeconfig``, ``pods``, ``pods_bound``, ``pods_pending`` (with
+    why), ``machines`` (Configured), ``spot_machines``, ``hourly_cost``, ``diagnostics``."""
+    moves: list[dict[str, Any]] = field(default_factory=list)
+    """Machines that moved between clusters: ``machine``, ``node``, ``instance_type``, ``from``,
+    ``to``, ``why`` (surplus, preempted, failed), ``spot``, ``t`` (seconds into the run)."""
+    preemptions: int = 0
+    spot_machines: int = 0
+    story: list[str] = field(default_factory=list)
+    """What moved where and why, one sentence each."""
+    page: str = ""
+    """URL of the live page ("" = disabled)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready view."""
@@ -267,7 +400,7 @@ class World:
         return sum(1 for n in self.nodes if node_ready(n))
 
 
-async def read_world(client: KubeClient, shard: SimShard) -> World:
+async def read_world(client: KubeClient, shard: Any) -> World:
     """List Pods, CRs, UpcomingNodes and Nodes; snapshot the shard."""
     pods = (await client.list(PODS)).items
     crs = (await client.list(CAPACITY_REQUESTS)).items
@@ -276,7 +409,35 @@ async def read_world(client: KubeClient, shard: SimShard) -> World:
     return World(pods, crs, upcoming, nodes, shard.snapshot())
 
 
-def rollup_matches_crs(shard: SimShard, crs: list[dict[str, Any]]) -> bool:
+class ClusterView:
+    """One cluster's share of a fleet shard, with the :class:`SimShard` views the checks and the
+    progress line read (``engine``, ``last_rollup``, ``reclaims_issued``, :meth:`snapshot`)."""
+
+    def __init__(self, shard: SimShard, cluster_id: str) -> None:
+        self.shard = shard
+        self.cluster_id = cluster_id
+
+    @property
+    def engine(self) -> ShardEngine:
+        """The cluster's engine."""
+        return self.shard.engine_of(self.cluster_id)
+
+    @property
+    def last_rollup(self) -> Any:
+        """The cluster's last accepted roll-up."""
+        return self.engine.last_rollup
+
+    @property
+    def reclaims_issued(self) -> list[ReclaimRecord]:
+        """Every ReclaimInstruction issued to the cluster, in order."""
+        return list(self.engine.reclaims)
+
+    def snapshot(self) -> dict[str, Any]:
+        """:meth:`SimShard.snapshot` of this cluster."""
+        return self.shard.snapshot(self.cluster_id)
+
+
+def rollup_matches_crs(shard: Any, crs: list[dict[str, Any]]) -> bool:
     """The shard's last accepted roll-up carries exactly the needs built from scratch over the
     CRs (as multisets of encoded needs; order is not part of the contract)."""
     from bigfleet_trio.operator.rollup.aggregate import build_from_scratch
@@ -289,17 +450,17 @@ def rollup_matches_crs(shard: SimShard, crs: list[dict[str, Any]]) -> bool:
     return want == have
 
 
-def bound_machines(shard: SimShard) -> list[Any]:
+def bound_machines(shard: Any) -> list[Any]:
     """The shard's machines bound to the cluster."""
     return list(shard.engine.bound_machines())
 
 
-def hourly_cost(shard: SimShard) -> float:
+def hourly_cost(shard: Any) -> float:
     """USD/hour of every bound machine."""
     return round(float(sum(m.shape.price_per_hour for m in bound_machines(shard))), 2)
 
 
-def converged_up(world: World, shard: SimShard) -> list[str]:
+def converged_up(world: World, shard: Any) -> list[str]:
     """Why the scale-up phase is not done yet ([] = converged)."""
     why: list[str] = []
     live = world.live_pods
@@ -332,7 +493,7 @@ def converged_up(world: World, shard: SimShard) -> list[str]:
 _RECLAIM_PHASES = ("Draining", "Drained")
 
 
-def reclaimed_binding_left(world: World, shard: SimShard,
+def reclaimed_binding_left(world: World, shard: Any,
                            rec: ReclaimRecord) -> tuple[bool, bool, bool]:
     """Whether the binding ``rec`` reclaimed is over: ``(released, upcoming_gone, node_gone)``.
 
@@ -358,7 +519,7 @@ def reclaimed_binding_left(world: World, shard: SimShard,
     return released, un_gone, node_gone
 
 
-def reclaims_pending(world: World, shard: SimShard, reclaim_floor: int) -> list[str]:
+def reclaims_pending(world: World, shard: Any, reclaim_floor: int) -> list[str]:
     """Why the reclaims issued since ``reclaim_floor`` are not done yet ([] = done): each
     acknowledged, its binding released, that binding's UpcomingNode and Node deleted."""
     why: list[str] = []
@@ -381,10 +542,71 @@ def reclaims_pending(world: World, shard: SimShard, reclaim_floor: int) -> list[
     return why
 
 
-def converged_down(world: World, shard: SimShard, reclaim_floor: int) -> list[str]:
+def converged_down(world: World, shard: Any, reclaim_floor: int) -> list[str]:
     """Why the scale-down phase is not done yet ([] = converged): :func:`reclaims_pending`, then
     the scale-up checks over what is left (machines bound again included)."""
     why = reclaims_pending(world, shard, reclaim_floor)
     why += [w for w in converged_up(world, shard) if not w.startswith("no Pods")]
     return why
 
+
+
+def converged_fleet(world: World, view: ClusterView, reclaim_floor: int) -> list[str]:
+    """Why a fleet cluster (not the first) is not settled after the scale-down and the burst
+    ([] = settled): its reclaims since ``reclaim_floor`` done (:func:`reclaims_pending`), and the
+    scale-up checks; a cluster that lost machines to preemption may keep short needs and Pending
+    Pods (nothing free fits them: that is what preemption means), everything else must hold."""
+    recs = view.reclaims_issued[reclaim_floor:]
+    why = reclaims_pending(world, view, reclaim_floor) if recs else []
+    preempted = any(r.reason == "preempted" for r in recs)
+    for w in converged_up(world, view):
+        if preempted and ("short of machines" in w or "not bound to a node" in w):
+            continue
+        why.append(w)
+    return why
+
+
+def cluster_row(name: str, kubeconfig: str, diagnostics: str, world: World | None,
+                view: ClusterView) -> dict[str, Any]:
+    """One cluster's line of the summary (see :attr:`DemoSummary.clusters`)."""
+    eng = view.engine
+    bound = eng.bound_machines()
+    configured = [m for m in bound if m.state.name == "CONFIGURED"]
+    recs = eng.reclaims
+    preempted = sum(1 for r in recs if r.reason == "preempted")
+    live = world.live_pods if world is not None else []
+    pending = sorted(f"{(p.get('metadata') or {}).get('namespace')}/"
+                     f"{(p.get('metadata') or {}).get('name')}"
+                     for p in live if not (p.get("spec") or {}).get("nodeName"))
+    short = [n for n in eng.needs if n.short]
+    if pending and preempted:
+        pending_why = (f"{preempted} of its machines were preempted by higher-priority demand "
+                       "in another cluster and nothing free fits")
+    elif pending:
+        pending_why = f"{len(short)} needs short of machines" if short else "being placed"
+    else:
+        pending_why = ""
+    return {
+        "name": name,
+        "kubeconfig": kubeconfig,
+        "diagnostics": diagnostics,
+        "pods": len(live),
+        "pods_bound": world.bound() if world is not None else 0,
+        "pods_pending": pending,
+        "pending_why": pending_why,
+        "machines": len(configured),
+        "spot_machines": sum(1 for m in configured if m.spot),
+        "hourly_cost": round(float(sum(m.shape.price_per_hour for m in bound)), 2),
+        "short_needs": len(short),
+        "reclaims": len(recs),
+        "preempted": preempted,
+    }
+
+
+def move_row(move: Any, t0: float) -> dict[str, Any]:
+    """A :class:`~bigfleet_trio.sim.shard.fleet.Move` as a summary row (``t``: seconds since
+    ``t0``, the run's start on the same clock)."""
+    return {"machine": move.machine_id, "node": move.node_name,
+            "instance_type": move.instance_type, "from": move.from_cluster,
+            "to": move.to_cluster, "why": move.why, "spot": move.spot,
+            "t": round(move.time - t0, 2)}

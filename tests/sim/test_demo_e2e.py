@@ -117,8 +117,8 @@ async def test_demo_scenario_end_to_end(tmp_path: Any) -> None:
         summary = await run_scenario(opts, out=out, timing=DemoTiming(), inspect=inspect)
     assert summary.ok, f"{summary.failure}\n{out.getvalue()}"
     assert checked.get("ok"), out.getvalue()
-    assert summary.pods_created == 61
-    assert summary.crs == 61
+    assert summary.pods_created == 62  # the bundled 61 and the fleet's fleet-idle
+    assert summary.crs == 62
     assert summary.scaled_down
     assert summary.reclaims_issued == summary.reclaims_acked >= 1
     assert summary.upcoming_deleted == summary.reclaims_issued

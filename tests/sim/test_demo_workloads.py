@@ -60,7 +60,7 @@ def test_demo_workloads_dir_quiet_json_summary(
     # a non-manifest file next to it is ignored (only *.yaml, *.yml, *.json are applied)
     (workloads / "README.md").write_text("not a manifest\n")
 
-    rc = cli.main(["demo", "--workloads", str(workloads), "--quiet", "--json",
+    rc = cli.main(["demo", "--workloads", str(workloads), "--quiet", "--json", "--clusters", "1",
                    "--timeout", "60s", "--kubeconfig-out", str(tmp_path / "kubeconfig")])
     captured = capsys.readouterr()
     assert rc == 0, captured.err

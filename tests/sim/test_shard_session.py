@@ -371,3 +371,65 @@ async def test_a_slow_node_registration_holds_only_its_own_machines_frames(
         got = await recv_until(op, is_state(S.CONFIGURED))
         assert [m.node_name for m in hooks.configured] == [got[-1][1].node_name]
         assert trio.current_time() - t0 >= 21  # and only after its Node
+
+
+class ListingHooks(RecordingHooks):
+    """Hooks that list the Nodes a shard process before this one registered."""
+
+    def __init__(self, nodes: list[tuple[str, str]], fail: bool = False) -> None:
+        super().__init__()
+        self.nodes = nodes
+        self.list_fails = fail
+
+    async def existing_nodes(self, cluster_id: str) -> list[tuple[str, str]]:
+        await trio.lowlevel.checkpoint()
+        if self.list_fails:
+            raise RuntimeError("apiserver down")
+        return list(self.nodes)
+
+
+async def test_a_restarted_shard_replays_the_clusters_nodes_as_configured(
+        autojump_clock: trio.abc.Clock) -> None:
+    async with running() as (shard, nursery):
+        _, node = await configured_session(shard, nursery)
+        provider = next(m.provider_id for m in shard.engine.machines if m.node_name == node)
+    # a new process with the same seed: the machine is back in its pool until the Nodes say
+    async with running(ListingHooks([(node, provider)])) as (shard, nursery):
+        op = await open_session(shard, nursery)
+        with trio.fail_after(30):
+            assert (await recv(op))[0] == "ack"
+            kind, u = await recv(op)
+        assert (kind, u.node_name, u.state) == ("node_state_update", node, S.CONFIGURED)
+        await op.send(rollup_msg("1"))  # the same demand: kept, nothing bound or reclaimed
+        with trio.fail_after(30):
+            got = await recv_until(op, lambda k, v: k == "ack" and v.echo == "rollup")
+        await trio.sleep(5)
+        assert shard.engine.binds == 0 and shard.reclaims_issued == []
+        assert [k for k, _ in got if k == "bootstrap_request"] == []
+
+
+async def test_a_restart_that_cannot_list_nodes_starts_with_no_bindings(
+        autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture) -> None:
+    async with running(ListingHooks([], fail=True)) as (shard, nursery):
+        op = await open_session(shard, nursery)
+        assert (await recv(op))[0] == "ack"
+        assert (await recv(op))[0] == "available_capacity"
+        assert "could not list the Nodes of cluster=c1" in caplog.text
+
+
+async def test_two_clusters_are_served_at_once_from_one_pool(
+        autojump_clock: trio.abc.Clock) -> None:
+    async with running() as (shard, nursery):
+        op1 = await open_session(shard, nursery)
+        op2, sh2 = memory_stream_pair()
+        nursery.start_soon(shard.serve_session, sh2)
+        await op2.send(hello("c2"))
+        assert (await recv(op2))[0] == "ack"
+        await shard.wait_until(lambda s: s.clusters == ["c1", "c2"])
+        with trio.fail_after(30):
+            await op1.send(rollup_msg("2"))  # the warm one of the three 2-cpu machines
+            await recv_until(op1, lambda k, v: k == "bootstrap_request")
+            got = await recv_until(op2, lambda k, v: k == "available_capacity"
+                                   and v.available_count == 2)
+        # c2 sees what c1 took from the pool: two left, none of them created (MEDIUM)
+        assert got[-1][1].confidence == pb.AvailableCapacityUpdateConfidence.CONFIDENCE_MEDIUM

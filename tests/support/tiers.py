@@ -14,11 +14,13 @@ from scripts.realkube import BUILD_HINT
 from tests.interop._peer import NO_GO
 from tests.support.realkube import SKIP_REASON as REALKUBE_SKIP
 
-__all__ = ["HELM_SKIP", "MATPLOTLIB_SKIP", "PROMTOOL_SKIP", "TIERS", "pytest_terminal_summary"]
+__all__ = ["CHROMIUM_SKIP", "HELM_SKIP", "MATPLOTLIB_SKIP", "PROMTOOL_SKIP", "TIERS",
+           "pytest_terminal_summary"]
 
 HELM_SKIP = f"helm not built: run `{BUILD_HINT}`"
 PROMTOOL_SKIP = f"promtool not built: run `{BUILD_HINT}`"
 MATPLOTLIB_SKIP = "matplotlib not installed: pip install -e '.[bench]'"
+CHROMIUM_SKIP = "chromium not installed: apt-get install chromium (Debian's package)"
 
 TIERS = {
     "realkube": REALKUBE_SKIP,
@@ -26,6 +28,7 @@ TIERS = {
     "promtool": PROMTOOL_SKIP,
     "interop": NO_GO,
     "bench plots": MATPLOTLIB_SKIP,
+    "chromium": CHROMIUM_SKIP,
 }
 """Tier -> the skip reason its tests give."""
 

@@ -3,6 +3,7 @@
 - :mod:`.catalog`: :class:`MachineShape`, :class:`Catalog`, :func:`default_catalog`,
   :func:`load_catalog` (YAML files; format in ``catalog.example.yaml``), :class:`CatalogError`.
 - :mod:`.engine`: :class:`ShardEngine` (pure, deterministic, seeded) and its effects.
+- :mod:`.fleet`: :class:`FleetEngine` (one pool, one engine per cluster), :class:`Move`.
 - :mod:`.session`: :class:`SimShard` (serves ``ShardStream`` sessions on the Trio clock),
   :class:`NodeHooks` / :class:`NoopNodeHooks`, :class:`SessionRejected`.
 - :mod:`.nodes`: :class:`KubeNodeHooks` (Nodes through the Kubernetes API), :func:`node_manifest`.
@@ -24,6 +25,7 @@ from .catalog import (
 )
 from .cli import run_cli, serve_sim_shard
 from .engine import *  # noqa: F403 - engine.__all__: ShardEngine, its model and effects
+from .fleet import FleetEngine, Move
 from .nodes import KubeNodeHooks, node_manifest
 from .session import NodeHooks, NoopNodeHooks, SessionRejected, SimShard
 
@@ -32,6 +34,6 @@ __all__ = [
     "CatalogError", "EXAMPLE_CATALOG", "load_catalog", "parse_catalog",
     "KubeNodeHooks", "node_manifest",
     "NodeHooks", "NoopNodeHooks", "SessionRejected", "SimShard",
-    "run_cli", "serve_sim_shard",
+    "run_cli", "serve_sim_shard", "FleetEngine", "Move",
 ]
 __all__ += engine.__all__

@@ -35,6 +35,9 @@ LABEL_REGION = "topology.kubernetes.io/region"
 LABEL_HOSTNAME = "kubernetes.io/hostname"
 LABEL_OS = "kubernetes.io/os"
 LABEL_ARCH = "kubernetes.io/arch"
+#: A spot machine's label (value ``"true"``): cheaper, interruptible; it serves only demand that
+#: tolerates interruption (docs/rules.md#simulated-fleet). A catalog sets it through ``labels``.
+LABEL_SPOT = "bigfleet.io/spot"
 
 
 @dataclass(frozen=True)

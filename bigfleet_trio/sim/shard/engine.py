@@ -52,6 +52,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import replace
 from fractions import Fraction
 
@@ -114,10 +115,14 @@ class ShardEngine(MachineLifecycle):
     ``shortfalls`` and ``events`` (bounded logs of :class:`EngineEvent`).
     """
 
-    def __init__(self, catalog: Catalog, config: EngineConfig | None = None) -> None:
+    def __init__(self, catalog: Catalog, config: EngineConfig | None = None, *,
+                 pool: list[Machine] | None = None, cluster_id: str = "") -> None:
         self.catalog = catalog
         self.config = config or EngineConfig()
-        self.cluster_id = ""
+        self.cluster_id = cluster_id
+        # A fleet member (pool given) shares the inventory with the other clusters' engines and
+        # owns only the machines bound to its cluster (docs/rules.md#simulated-fleet).
+        self._fleet = pool is not None
         self.last_rollup: pb.ClusterCapacityNeeds | None = None
         self.rollups_accepted = 0
         self.rollups_rejected = 0
@@ -136,7 +141,9 @@ class ShardEngine(MachineLifecycle):
         self._ac_last: dict[str, float] = {}
         self._ac_due: float | None = None
         self._need_reqs: dict[str, list[pb.NodeSelectorRequirement]] = {}
-        self.machines: list[Machine] = build_inventory(catalog, self.config.seed)
+        self._parsed: list[tuple[pb.CapacityNeed, dict[str, Fraction], dict[str, Fraction]]] = []
+        self.machines: list[Machine] = (
+            pool if pool is not None else build_inventory(catalog, self.config.seed))
         self._by_id = {m.machine_id: m for m in self.machines}
         self._by_shape: dict[str, list[Machine]] = {}
         for m in self.machines:
@@ -150,15 +157,19 @@ class ShardEngine(MachineLifecycle):
         """The machine with this id, or None."""
         return self._by_id.get(machine_id)
 
+    def owns(self, m: Machine) -> bool:
+        """``m`` is bound to this engine's cluster (alone: bound at all)."""
+        return m.bound and (not self._fleet or m.cluster == self.cluster_id)
+
     def bound_machines(self) -> list[Machine]:
         """Machines bound to the cluster, catalog order."""
-        return [m for m in self.machines if m.bound]
+        return [m for m in self.machines if self.owns(m)]
 
     def machines_by_state(self) -> dict[str, int]:
         """Counts of bound machines per state name (``"CONFIGURED"``…) plus ``"FREE"`` (pool)."""
         out: Counter[str] = Counter()
         for m in self.machines:
-            if m.bound:
+            if self.owns(m):
                 out[m.state.name or str(int(m.state))] += 1
             elif m.free:
                 out["FREE"] += 1
@@ -166,7 +177,7 @@ class ShardEngine(MachineLifecycle):
 
     def next_deadline(self) -> float | None:
         """The earliest time :meth:`advance` has work to do, or None."""
-        dues = [m.due for m in self.machines if m.due is not None]
+        dues = [m.due for m in self.machines if m.due is not None and self.owns(m)]
         if self._ac_due is not None:
             dues.append(self._ac_due)
         return min(dues) if dues else None
@@ -182,6 +193,8 @@ class ShardEngine(MachineLifecycle):
         The caller sends the ``Ack{echo:"hello"}`` first.
         """
         if self.cluster_id and cluster_id != self.cluster_id:
+            if self._fleet:
+                raise ValueError(f"engine of cluster {self.cluster_id!r} got {cluster_id!r}")
             self._event(now, "cluster_changed", old=self.cluster_id, new=cluster_id)
         self.cluster_id = cluster_id
         self._event(now, "connected", cluster=cluster_id)
@@ -241,7 +254,58 @@ class ShardEngine(MachineLifecycle):
                         rollup.cluster_id, self.cluster_id)
         self.last_rollup = rollup
         self.rollups_accepted += 1
+        self._parsed = parsed
         return self._plan(parsed, now)
+
+    def replan(self, now: float) -> list[Effect]:
+        """Plan the last accepted roll-up again (the fleet calls it when machines came back to
+        the pool and this cluster is short); nothing before the first roll-up."""
+        if self.last_rollup is None:
+            return []
+        return self._plan(self._parsed, now)
+
+    def short_priority(self) -> int | None:
+        """The highest priority among the short needs of the last plan, or None."""
+        return max((n.priority for n in self.needs if n.short), default=None)
+
+    def adopt(self, nodes: Iterable[tuple[str, str]], now: float) -> list[str]:
+        """Rebuild bindings from the cluster's Nodes after a restart: every free machine whose
+        ``(node_name, provider_id)`` is among ``nodes`` is bound Configured to this cluster, as
+        it was before (its next roll-up keeps it or reclaims it). Called before
+        :meth:`on_connect`, so the agent hears CONFIGURED, never an Idle machine it holds Ready.
+        Nodes of no machine here are left alone. Returns the adopted machine ids.
+        """
+        wanted = dict(nodes)
+        adopted: list[str] = []
+        for m in self.machines:
+            if not m.free or wanted.get(m.node_name) != m.provider_id:
+                continue
+            m.bound = True
+            m.cluster = self.cluster_id
+            m.binding += 1
+            m.state = State(State.CONFIGURED)
+            m.due = None
+            m.seq = next(self._seq)
+            m.need = None
+            adopted.append(m.machine_id)
+            self._event(now, "adopted", machine=m.machine_id, node=m.node_name,
+                        cluster=self.cluster_id)
+        return adopted
+
+    def preempt(self, m: Machine, now: float, preemptor_priority: int,
+                for_need: str = "") -> list[Effect]:
+        """Reclaim ``m`` (Configured, bound here) for higher-priority demand elsewhere
+        (``for_need``: ``<cluster>/<need key>``); the instruction carries the preemptor's
+        priority.
+
+        Raises:
+            ValueError: ``m`` is not a Configured machine of this cluster without a reclaim.
+        """
+        if not self.owns(m) or m.reclaim is not None or m.state != State.CONFIGURED:
+            raise ValueError(f"machine {m.machine_id} cannot be preempted from {self.cluster_id}")
+        m.need = None
+        return self._issue_reclaim(m, now, reason="preempted",
+                                   preemptor_priority=preemptor_priority, for_need=for_need)
 
     def on_bootstrap_response(self, resp: pb.BootstrapBlobResponse, now: float) -> list[Effect]:
         """The agent answered a BootstrapRequest.
@@ -273,7 +337,8 @@ class ShardEngine(MachineLifecycle):
         """The agent cordoned the node and started the drain: wait ``drain_wait``, then Draining."""
         m = next(
             (x for x in self.machines
-             if x.reclaim is not None and x.reclaim.instruction_id == ack.instruction_id),
+             if x.reclaim is not None and x.reclaim.instruction_id == ack.instruction_id
+             and self.owns(x)),
             None,
         )
         if m is None or m.reclaim is None:
@@ -294,7 +359,8 @@ class ShardEngine(MachineLifecycle):
         """Fire every timer due at or before ``now`` (in due-time order) and return the effects."""
         out: list[Effect] = []
         while True:
-            due = [m for m in self.machines if m.due is not None and m.due <= now]
+            due = [m for m in self.machines
+                   if m.due is not None and m.due <= now and self.owns(m)]
             if not due:
                 break
             due.sort(key=lambda m: (m.due, m.seq, m.machine_id))
@@ -319,7 +385,7 @@ class ShardEngine(MachineLifecycle):
     ) -> list[Effect]:
         order = sorted(range(len(parsed)), key=lambda i: (-parsed[i][0].priority, i))
         supply = [m for m in self.machines
-                  if m.bound and m.reclaim is None and m.state in SUPPLY_RANK]
+                  if self.owns(m) and m.reclaim is None and m.state in SUPPLY_RANK]
         claimed: set[str] = set()
         pool = [m for m in self.machines if m.free]
         pool_lanes: dict[str, list[list[Machine]]] = {}
@@ -370,6 +436,8 @@ class ShardEngine(MachineLifecycle):
                 claimed.add(m.machine_id)
                 m.need = key
                 m.priority = need.priority
+                m.interruption_bucket = int(need.interruption_penalty_bucket)
+                m.reclamation_bucket = int(need.reclamation_penalty_bucket)
                 m.surplus_count = 0
             for m in plan.new:
                 used_pool.add(m.machine_id)
@@ -389,7 +457,10 @@ class ShardEngine(MachineLifecycle):
                 ev = self._event(now, "shortfall", need=key, reason="no machine fits",
                                  missing=",".join(plan.short))
                 self.shortfalls.append(ev)
-                log.warning("shortfall need=%s missing=%s", key, ",".join(plan.short))
+                # INFO: under scarcity a shortfall is the fleet working as meant (preemption,
+                # waiting low-priority work), and the agent hears of it; a warning per short
+                # need filled the demo's --quiet output
+                log.info("shortfall need=%s missing=%s", key, ",".join(plan.short))
             if plan.short:
                 self._short_needs.add(key)
             else:
@@ -397,14 +468,18 @@ class ShardEngine(MachineLifecycle):
             # Bind the new machines (bootstrapping the deficit).
             for m in plan.new:
                 m.bound = True
+                m.cluster = self.cluster_id
                 m.binding += 1
                 self.binds += 1
                 m.need = key
                 m.priority = need.priority
+                m.interruption_bucket = int(need.interruption_penalty_bucket)
+                m.reclamation_bucket = int(need.reclamation_penalty_bucket)
                 m.seq = next(self._seq)
                 m.surplus_count = 0
                 self._event(now, "bind", machine=m.machine_id, node=m.node_name, need=key,
-                            shape=m.shape.key)
+                            shape=m.shape.key, cluster=self.cluster_id,
+                            previous=m.last_cluster, spot=m.spot)
         self._need_reqs.update(need_reqs)
         # Start the lifecycle of newly bound machines (after planning, so frames follow the plan).
         for i in order:
@@ -420,7 +495,7 @@ class ShardEngine(MachineLifecycle):
         self._short_needs &= {s.key for s in self.needs}
         # Surplus: bound machines no need took.
         for m in self.machines:
-            if not m.bound or m.machine_id in claimed or m.reclaim is not None:
+            if not self.owns(m) or m.machine_id in claimed or m.reclaim is not None:
                 continue
             m.need = None
             if m.state != State.CONFIGURED:

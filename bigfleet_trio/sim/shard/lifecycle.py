@@ -82,6 +82,8 @@ class MachineLifecycle:
             if m.reclaim is not None:
                 self._record_reclaim(m, replace(m.reclaim, released_at=now))
             m.bound = False
+            m.last_cluster, m.cluster = m.cluster, ""
+            m.left_because = m.reclaim.reason if m.reclaim is not None else "surplus"
             m.need = None
             m.reclaim = None
             m.surplus_count = 0
@@ -109,6 +111,8 @@ class MachineLifecycle:
         self.shortfalls.append(ev)
         # The machine exists (it was created); it goes back to the pool, warm.
         m.bound = False
+        m.last_cluster, m.cluster = m.cluster, ""
+        m.left_because = "failed"
         m.need = None
         m.state = State(State.IDLE)
         m.due = None
@@ -160,10 +164,11 @@ class MachineLifecycle:
             instruction_id=m.reclaim.instruction_id,
             nodes=[m.node_name],
             grace_period_seconds=m.reclaim.grace_seconds,
-            preemptor_priority=0,
+            preemptor_priority=m.reclaim.preemptor_priority,
         )))
 
-    def _issue_reclaim(self, m: Machine, now: float) -> list[Effect]:
+    def _issue_reclaim(self, m: Machine, now: float, *, reason: str = "surplus",
+                       preemptor_priority: int = 0, for_need: str = "") -> list[Effect]:
         grace = (self.config.reclaim_grace_seconds
                  if self.config.reclaim_grace_seconds is not None
                  else grace_for_priority(m.priority))
@@ -174,12 +179,17 @@ class MachineLifecycle:
             grace_seconds=grace,
             issued_at=now,
             binding=m.binding,
+            cluster_id=self.cluster_id,
+            reason=reason,
+            preemptor_priority=preemptor_priority,
+            for_need=for_need,
         )
         m.reclaim = rec
         m.due = now + self.config.reclaim_ack_timeout
         self.reclaims.append(rec)
         self._event(now, "reclaim_issued", machine=m.machine_id, node=m.node_name,
-                    instruction_id=rec.instruction_id, grace_seconds=grace)
+                    instruction_id=rec.instruction_id, grace_seconds=grace, reason=reason,
+                    cluster=self.cluster_id)
         log.info("reclaim issued instruction=%s machine=%s node=%s grace=%ss",
                  rec.instruction_id, m.machine_id, m.node_name, grace)
         return [self._reclaim_frame(m)]

@@ -18,7 +18,7 @@ from typing import Any
 
 from bigfleet_trio.proto import pb
 
-from .catalog import LABEL_HOSTNAME, Catalog, MachineShape, ShapeTaint
+from .catalog import LABEL_HOSTNAME, LABEL_SPOT, Catalog, MachineShape, ShapeTaint
 
 State = pb.MachineState
 Op = pb.NodeSelectorRequirementOperator
@@ -114,6 +114,7 @@ class MachineInfo:
     allocatable: Mapping[str, str]
     taints: tuple[ShapeTaint, ...]
     price_per_hour: float
+    cluster_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,10 @@ class ReclaimRecord:
     ``binding``: which binding of the machine it ends (:attr:`Machine.binding`); ``released_at``:
     when the machine walked back to the pool (None while that binding lasts). A released machine
     may be bound again later (a warm one is the cheapest pick), so "reclaimed" is a fact about
-    one binding, never about the machine for good.
+    one binding, never about the machine for good. ``cluster_id``: the cluster it was reclaimed
+    from; ``reason``: ``"surplus"`` (no need of that cluster took it) or ``"preempted"``
+    (higher-priority demand of another cluster, ``preemptor_priority``, needs it for the need
+    ``for_need``, ``<cluster>/<need key>``: docs/rules.md#simulated-fleet).
     """
 
     instruction_id: str
@@ -187,6 +191,10 @@ class ReclaimRecord:
     nodes_started: int | None = None
     binding: int = 0
     released_at: float | None = None
+    cluster_id: str = ""
+    reason: str = "surplus"
+    preemptor_priority: int = 0
+    for_need: str = ""
 
 
 class InvalidRollup(ValueError):
@@ -209,6 +217,10 @@ class Machine:
     are the free pool, in state SPECULATIVE (not created yet) or IDLE (created, warm).
     ``binding``: how many times it was bound (0 = never); each binding is one life in the cluster,
     ended by a release or a failure. The node name stays the same across bindings.
+    ``cluster``: the cluster it is bound to ("" in the pool); ``last_cluster``: the cluster of its
+    previous binding (a machine bound elsewhere next has *moved*); ``interruption_bucket`` and
+    ``reclamation_bucket``: the penalty buckets of the need it serves (preemption picks by them);
+    ``left_because``: how its last binding ended (``surplus``, ``preempted``, ``failed``).
     """
 
     machine_id: str
@@ -229,6 +241,11 @@ class Machine:
     index: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     alloc: dict[str, Fraction] = field(default_factory=dict)
+    cluster: str = ""
+    last_cluster: str = ""
+    interruption_bucket: int = 0
+    reclamation_bucket: int = 0
+    left_because: str = ""
 
     def info(self) -> MachineInfo:
         """An immutable snapshot for hooks and views."""
@@ -242,7 +259,14 @@ class Machine:
             allocatable=dict(self.shape.allocatable),
             taints=self.shape.taints,
             price_per_hour=self.shape.price_per_hour,
+            cluster_id=self.cluster,
         )
+
+    @property
+    def spot(self) -> bool:
+        """A spot machine: cheaper, interruptible (its shape carries ``bigfleet.io/spot: "true"``;
+        docs/rules.md#simulated-fleet)."""
+        return self.labels.get(LABEL_SPOT) == "true"
 
     @property
     def free(self) -> bool:

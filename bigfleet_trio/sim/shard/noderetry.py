@@ -52,15 +52,23 @@ def retry_delay(failures: int) -> float:
     return min(BACKOFF_INITIAL * float(2 ** min(failures - 1, 7)), BACKOFF_CAP)
 
 
-def node_hook_due(kind: HookKind, machine: Machine | None) -> bool:
+def node_hook_due(kind: HookKind, machine: Machine | None, cluster_id: str = "") -> bool:
     """Whether a pending ``kind`` retry still matches the machine (the engine's current view).
 
     ``register`` is due while the machine is bound and CONFIGURED or DRAINING (its Node should
     exist); ``deregister`` while it is not (unbound, back in the pool, or bound again but not
-    Configured yet). ``machine`` None (unknown id) counts as not bound.
+    Configured yet). ``machine`` None (unknown id) counts as not bound. ``cluster_id``: the
+    cluster the Node belongs to; a machine since bound to another cluster has no Node here.
     """
-    has_node = machine is not None and machine.bound and machine.state in _NODE_STATES
+    has_node = (machine is not None and machine.bound and machine.cluster == cluster_id
+                and machine.state in _NODE_STATES)
     return has_node if kind == "register" else not has_node
+
+
+def _node_key(machine: MachineInfo) -> str:
+    # One Node per cluster and name: a machine that moved has a Node to delete in one cluster
+    # and one to create in another, and neither call may cancel the other.
+    return f"{machine.cluster_id}/{machine.node_name}"
 
 
 @dataclass
@@ -121,14 +129,14 @@ class NodeHookRunner:
         """
         if self._nursery is None:
             raise RuntimeError("NodeHookRunner.run() must be running")
-        old = self._pending.get(machine.node_name)
+        old = self._pending.get(_node_key(machine))
         if old is not None:
             old.scope.cancel()
             await old.done.wait()
         if await self._attempt(kind, machine, failures=0):
             return
         pending = _Pending(kind)
-        self._pending[machine.node_name] = pending
+        self._pending[_node_key(machine)] = pending
         self._nursery.start_soon(self._retry, kind, machine, pending)
 
     async def _attempt(self, kind: HookKind, machine: MachineInfo, failures: int) -> bool:
@@ -169,7 +177,7 @@ class NodeHookRunner:
                         return
                     failures += 1
         finally:
-            if self._pending.get(machine.node_name) is pending:
-                del self._pending[machine.node_name]
+            if self._pending.get(_node_key(machine)) is pending:
+                del self._pending[_node_key(machine)]
             pending.done.set()
             self.on_change()

@@ -143,6 +143,22 @@ class KubeNodeHooks:
             await self.client.patch(LEASES, meta["name"], {"spec": lease["spec"]},
                                     NODE_LEASE_NAMESPACE)
 
+    async def existing_nodes(self, cluster_id: str) -> list[tuple[str, str]]:
+        """``(name, providerID)`` of the cluster's Nodes with a ``sim://`` provider ID (a
+        restarted shard's machines), their heartbeats resumed: they are this shard's Nodes.
+        ``cluster_id`` is the client's cluster (one client, one cluster)."""
+        from bigfleet_trio.kube.resources import NODES
+
+        listing = await self.client.list(NODES)
+        out: list[tuple[str, str]] = []
+        for node in listing.items:
+            meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+            provider = spec.get("providerID") or ""
+            if isinstance(provider, str) and provider.startswith("sim://") and meta.get("name"):
+                out.append((meta["name"], provider))
+                self.heartbeats.add(meta["name"], meta.get("uid", ""))
+        return out
+
     async def on_machine_released(self, machine: MachineInfo) -> None:
         """Stop the machine's Node heartbeats and delete the Node."""
         from bigfleet_trio.kube.errors import NotFound
@@ -154,3 +170,48 @@ class KubeNodeHooks:
         except NotFound:
             pass
         log.info("node deleted node=%s machine=%s", machine.node_name, machine.machine_id)
+
+
+class ClusterNodeHooks:
+    """:class:`KubeNodeHooks` per cluster, behind one hooks object for a fleet shard: each call
+    goes to the hooks of ``machine.cluster_id`` (a machine's Node lives in the cluster it is
+    bound to). :meth:`run` owns every cluster's heartbeats, also of clusters added later.
+
+    Raises (from the hook calls): KeyError for a cluster never :meth:`add` ed, so the shard
+    retries until the cluster is added (docs/deviations.md, "Node registration retried").
+    """
+
+    def __init__(self) -> None:
+        self.hooks: dict[str, KubeNodeHooks] = {}
+        self._nursery: trio.Nursery | None = None
+
+    def add(self, cluster_id: str, hooks: KubeNodeHooks) -> None:
+        """Route ``cluster_id``'s Nodes to ``hooks`` (its heartbeats start if :meth:`run` runs)."""
+        self.hooks[cluster_id] = hooks
+        if self._nursery is not None:
+            self._nursery.start_soon(hooks.run)
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep every cluster's Nodes alive until cancelled."""
+        try:
+            async with trio.open_nursery() as nursery:
+                for hooks in self.hooks.values():
+                    nursery.start_soon(hooks.run)
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+
+    async def on_machine_configured(self, machine: MachineInfo) -> None:
+        """Register the Node in the machine's cluster."""
+        await self.hooks[machine.cluster_id].on_machine_configured(machine)
+
+    async def on_machine_released(self, machine: MachineInfo) -> None:
+        """Delete the Node from the machine's cluster."""
+        await self.hooks[machine.cluster_id].on_machine_released(machine)
+
+    async def existing_nodes(self, cluster_id: str) -> list[tuple[str, str]]:
+        """The cluster's Nodes of this shard (none for a cluster never added)."""
+        hooks = self.hooks.get(cluster_id)
+        return [] if hooks is None else await hooks.existing_nodes(cluster_id)

@@ -63,11 +63,26 @@ def tolerated(m: Machine, need: pb.CapacityNeed) -> bool:
     return True
 
 
+SPOT_MAX_INTERRUPTION_BUCKET = 5
+"""The highest interruption penalty bucket a spot machine serves: 5 is "at most $4"."""
+
+
+def spot_allowed(m: Machine, need: pb.CapacityNeed) -> bool:
+    """Whether ``need`` may run on ``m`` as far as interruption goes: an on-demand machine serves
+    any need; a spot machine only one whose interruption penalty bucket is 1..5 (ZERO up to $4).
+    Unspecified (0) counts as sensitive: work that never said it tolerates interruption stays on
+    on-demand machines, and cheap spot machines go to the work that said so
+    (docs/rules.md#simulated-fleet)."""
+    if not m.spot:
+        return True
+    return 1 <= int(need.interruption_penalty_bucket) <= SPOT_MAX_INTERRUPTION_BUCKET
+
+
 def serves(m: Machine, need: pb.CapacityNeed, unit: Mapping[str, Fraction]) -> bool:
-    """Whether ``m`` can serve ``need``: its labels match, its taints are :func:`tolerated`
-    and its allocatable holds ``unit``."""
+    """Whether ``m`` can serve ``need``: its labels match, its taints are :func:`tolerated`,
+    it is :func:`spot_allowed` and its allocatable holds ``unit``."""
     return (labels_match(need.requirements, m.labels) and tolerated(m, need)
-            and covers(m.alloc, unit))
+            and spot_allowed(m, need) and covers(m.alloc, unit))
 
 
 def serves_memo(need: pb.CapacityNeed,
@@ -84,7 +99,7 @@ def serves_memo(need: pb.CapacityNeed,
         hit = memo.get(m.shape.key)
         if hit is None:
             hit = memo[m.shape.key] = (labels_match(reqs, m.labels) and tolerated(m, need)
-                                       and covers(m.alloc, unit))
+                                       and spot_allowed(m, need) and covers(m.alloc, unit))
         return hit
 
     return serves_shape

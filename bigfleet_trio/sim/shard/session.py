@@ -4,7 +4,11 @@ Shard-side session rules, as a real shard applies them: the first
 frame must be a Hello with a non-empty ``cluster_id`` (else the stream is closed with
 InvalidArgument); the shard answers ``Ack{echo:"hello"}`` and then ``Ack{echo:"rollup"}`` for each
 roll-up it accepts; a new session for the cluster replaces (and closes) the previous one; on each
-(re)connect the current NodeStateUpdate of every bound machine is replayed.
+(re)connect the current NodeStateUpdate of every bound machine is replayed. Sessions are keyed
+by cluster ID: several clusters are served at once from one pool
+(:class:`~.fleet.FleetEngine`, docs/rules.md#simulated-fleet). A cluster's first session in this
+process rebuilds its bindings from the cluster's Nodes when the hooks can list them
+(:class:`NodeLister`), so a restarted shard never replays a machine the agent holds Ready as Idle.
 
 All decisions live in :class:`~bigfleet_trio.sim.shard.engine.ShardEngine` (sans-IO). This module
 only moves frames: one task per session receives frames and feeds the engine, one clock task calls
@@ -43,6 +47,7 @@ from .engine import (
     SendFrame,
     ShardEngine,
 )
+from .fleet import FleetEngine
 from .noderetry import HookKind, NodeHookRunner, node_hook_due
 from .stats import ShardStats
 
@@ -101,6 +106,16 @@ class HeartbeatNodeHooks(NodeHooks, Protocol):
         """Keep the registered Nodes alive until cancelled."""
 
 
+@runtime_checkable
+class NodeLister(Protocol):
+    """:class:`NodeHooks` that can list the Nodes they registered in a cluster earlier (by this
+    process or one before it): what a restarted shard rebuilds its bindings from."""
+
+    async def existing_nodes(self, cluster_id: str) -> list[tuple[str, str]]:
+        """``(node name, spec.providerID)`` of every Node in the cluster with a ``sim://``
+        provider ID."""
+
+
 class NoopNodeHooks:
     """:class:`NodeHooks` that does nothing (the default)."""
 
@@ -139,7 +154,8 @@ class _Session:
 
 
 class SimShard:
-    """A simulated shard: one :class:`ShardEngine` driven on the Trio clock, serving sessions.
+    """A simulated shard: a :class:`~.fleet.FleetEngine` driven on the Trio clock, serving one
+    session per cluster from one pool.
 
     Usage::
 
@@ -170,18 +186,20 @@ class SimShard:
         hook_timeout: float = 30.0,
         stats: ShardStats | None = None,
     ) -> None:
-        self.engine = ShardEngine(catalog or default_catalog(), config)
+        self.fleet = FleetEngine(catalog or default_catalog(), config)
         self.hooks: NodeHooks = hooks or NoopNodeHooks()
         self.node_hooks = NodeHookRunner(self.hooks, self._hook_due, timeout=hook_timeout,
                                          on_change=self._pulse)
         self.hello_timeout = (
-            hello_timeout if hello_timeout is not None else self.engine.config.bootstrap_timeout
+            hello_timeout if hello_timeout is not None else self.fleet.config.bootstrap_timeout
         )
         self.stats = stats
         self.sessions_started = 0
         self.rejections: list[str] = []
         self._gen = 0
-        self._current: _Session | None = None
+        self._sessions: dict[str, _Session] = {}  # cluster ID -> its current session
+        self._live: dict[int, _Session] = {}  # generation -> current session
+        self._adopted: set[str] = set()  # clusters whose Nodes were read back
         self._running = False
         self._wake = trio.Event()
         self._changed = trio.Event()
@@ -190,6 +208,15 @@ class SimShard:
         self._hook_limit = trio.CapacityLimiter(HOOK_CONCURRENCY)
 
     # ---------------------------------------------------------------- views for the demo
+
+    @property
+    def engine(self) -> ShardEngine:
+        """The first cluster's engine (the only one of a single-cluster shard)."""
+        return self.fleet.primary
+
+    def engine_of(self, cluster_id: str) -> ShardEngine:
+        """The engine of ``cluster_id`` (created, sharing the pool, on first use)."""
+        return self.fleet.engine(cluster_id)
 
     @property
     def hook_timeout(self) -> float:
@@ -207,8 +234,13 @@ class SimShard:
 
     @property
     def connected(self) -> bool:
-        """A session with a valid Hello is up."""
-        return self._current is not None
+        """A session with a valid Hello is up (for any cluster)."""
+        return bool(self._sessions)
+
+    @property
+    def clusters(self) -> list[str]:
+        """Cluster IDs with a session up, in connect order."""
+        return list(self._sessions)
 
     @property
     def cluster_id(self) -> str:
@@ -239,8 +271,9 @@ class SimShard:
         """The engine's event log (bounded), oldest first."""
         return list(self.engine.events)
 
-    def snapshot(self) -> dict[str, Any]:
-        """A JSON-ready summary for progress displays.
+    def snapshot(self, cluster_id: str | None = None) -> dict[str, Any]:
+        """A JSON-ready summary for progress displays, of ``cluster_id`` (default: the first
+        cluster's engine).
 
         Keys: ``connected``, ``cluster_id``, ``machines`` (:meth:`machines_by_state`), ``needs``
         (in the last accepted roll-up), ``short_needs``, ``reclaims_issued``, ``reclaims_acked``,
@@ -249,9 +282,10 @@ class SimShard:
         (attempts after a failure), ``node_hooks_pending`` (Nodes with a retry waiting),
         ``rejections``.
         """
-        eng = self.engine
+        eng = self.engine if cluster_id is None else self.fleet.engine(cluster_id)
         return {
-            "connected": self.connected,
+            "connected": (self.connected if cluster_id is None
+                          else cluster_id in self._sessions),
             "cluster_id": eng.cluster_id,
             "machines": eng.machines_by_state(),
             "needs": len(eng.needs),
@@ -295,11 +329,11 @@ class SimShard:
 
     async def _clock(self) -> None:
         while True:
-            deadline = self.engine.next_deadline()
+            deadline = self.fleet.next_deadline()
             with trio.move_on_at(deadline if deadline is not None else math.inf):
                 await self._wake.wait()
             self._wake = trio.Event()
-            self._enqueue(self._current_gen(), self.engine.advance(trio.current_time()))
+            self._enqueue_tagged(self.fleet.advance(trio.current_time()))
 
     async def _executor(self) -> None:
         # A real shard does not wait on one machine's kubelet to talk to the agent: a Node
@@ -333,8 +367,8 @@ class SimShard:
     async def _apply(self, gen: int, eff: Effect,
                      held: dict[str, list[tuple[int, Effect]]], hooks: trio.Nursery) -> None:
         if isinstance(eff, SendFrame):
-            cur = self._current
-            if cur is None or cur.gen != gen:
+            cur = self._live.get(gen)
+            if cur is None:
                 log.debug("frame dropped (no session for it): %s",
                           betterproto.which_one_of(eff.frame, "payload")[0])
                 return
@@ -360,7 +394,7 @@ class SimShard:
     def _hook_due(self, kind: HookKind, machine: MachineInfo) -> bool:
         # Not tied to the agent's session: the machine stays bound (and is replayed on
         # reconnect) while no agent is connected, and so does its Node.
-        return node_hook_due(kind, self.engine.machine(machine.machine_id))
+        return node_hook_due(kind, self.fleet.machine(machine.machine_id), machine.cluster_id)
 
     def _enqueue(self, gen: int, effects: list[Effect]) -> None:
         for eff in effects:
@@ -374,8 +408,15 @@ class SimShard:
     def _kick(self) -> None:
         self._wake.set()
 
-    def _current_gen(self) -> int:
-        return self._current.gen if self._current is not None else 0
+    def _enqueue_tagged(self, effects: list[tuple[str, Effect]]) -> None:
+        """Effects of several clusters: each to its cluster's current session."""
+        for cluster_id, eff in effects:
+            self._fx_send.send_nowait((self._gen_of(cluster_id), eff))
+        self._pulse()
+
+    def _gen_of(self, cluster_id: str) -> int:
+        cur = self._sessions.get(cluster_id)
+        return cur.gen if cur is not None else 0
 
     # ---------------------------------------------------------------- sessions
 
@@ -417,28 +458,27 @@ class SimShard:
             await self._close(stream)
             return
 
-        previous = self._current
-        if previous is not None and previous.cluster_id != hello.cluster_id:
-            # Sessions are keyed by cluster ID: another cluster never replaces this one. The
-            # simulated shard models one cluster's machines, so it refuses the second cluster
-            # while the first is connected (a real shard serves both).
-            await self._reject(
-                stream, f"this simulated shard serves one cluster at a time and cluster "
-                f"{previous.cluster_id!r} is connected; Hello.cluster_id {hello.cluster_id!r} "
-                "refused", status=Status.FAILED_PRECONDITION)
+        # Sessions are keyed by cluster ID: another cluster never replaces this one.
+        previous = self._sessions.get(hello.cluster_id)
         if previous is not None:
             log.warning("session for cluster=%s replaced by a newer one for the same cluster",
                         previous.cluster_id)
             previous.replaced = True
             previous.cancel_scope.cancel()
+        if hello.cluster_id not in self._adopted:
+            self._adopted.add(hello.cluster_id)
+            await self._adopt(hello.cluster_id)
         self._gen += 1
         self.sessions_started += 1
         session = _Session(stream, self._gen, hello.cluster_id, trio.CancelScope())
-        self._current = session
+        if previous is not None:
+            self._live.pop(previous.gen, None)
+        self._sessions[hello.cluster_id] = session
+        self._live[session.gen] = session
         now = trio.current_time()
         log.info("session up cluster=%s", hello.cluster_id)
-        replay: list[Effect] = [SendFrame(self.engine.ack("hello"))]
-        replay += self.engine.on_connect(hello.cluster_id, now)
+        replay: list[Effect] = [SendFrame(self.fleet.engine(hello.cluster_id).ack("hello"))]
+        replay += [e for _, e in self.fleet.on_connect(hello.cluster_id, now)]
         self._enqueue(session.gen, replay)
         self._kick()
         try:
@@ -451,9 +491,10 @@ class SimShard:
         except StreamClosed as exc:
             log.info("session closed cluster=%s: %s", session.cluster_id, exc.reason)
         finally:
-            if self._current is session:
-                self._current = None
-                self.engine.on_disconnect(trio.current_time())
+            self._live.pop(session.gen, None)
+            if self._sessions.get(session.cluster_id) is session:
+                del self._sessions[session.cluster_id]
+                self.fleet.on_disconnect(session.cluster_id, trio.current_time())
                 self._pulse()
             if session.replaced:
                 # Say why: a bare close reads "peer closed" on the agent, and two agents with
@@ -470,31 +511,55 @@ class SimShard:
         except Exception:
             log.warning("ignored a frame that is not an OperatorMessage: %r", type(msg).__name__)
             return
-        effects: list[Effect] = []
+        cid = session.cluster_id
+        effects: list[tuple[str, Effect]] = []
         if kind == "rollup":
             try:
-                effects = [SendFrame(self.engine.ack("rollup"))]
-                effects += self.engine.on_rollup(val, now)
+                effects = [(cid, SendFrame(self.fleet.engine(cid).ack("rollup")))]
+                effects += self.fleet.on_rollup(cid, val, now)
             except InvalidRollup as exc:
                 log.warning("rollup rejected cluster=%s: %s (keeping the last good demand)",
-                            session.cluster_id, exc)
+                            cid, exc)
                 return
         elif kind == "bootstrap_response":
-            effects = self.engine.on_bootstrap_response(val, now)
+            effects = self.fleet.on_bootstrap_response(cid, val, now)
         elif kind == "reclaim_ack":
-            effects = self.engine.on_reclaim_ack(val, now)
+            effects = self.fleet.on_reclaim_ack(cid, val, now)
         elif kind == "hello":
-            log.warning("duplicate Hello ignored cluster=%s", session.cluster_id)
+            log.warning("duplicate Hello ignored cluster=%s", cid)
         else:
             log.warning("unknown OperatorMessage payload %r ignored", kind)
-        self._enqueue(session.gen, effects)
+        # frames of this session go to it even if a newer one for the cluster came meanwhile
+        self._fx_send_all(session, effects)
         self._kick()
+
+    def _fx_send_all(self, session: _Session, effects: list[tuple[str, Effect]]) -> None:
+        for cluster_id, eff in effects:
+            gen = session.gen if cluster_id == session.cluster_id else self._gen_of(cluster_id)
+            self._fx_send.send_nowait((gen, eff))
+        self._pulse()
+
+    async def _adopt(self, cluster_id: str) -> None:
+        """Read back the cluster's Nodes of this shard's machines (restart); best effort: an
+        unreachable apiserver leaves the cluster with no bindings, as before, with one line."""
+        if not isinstance(self.hooks, NodeLister):
+            return
+        try:
+            with trio.fail_after(self.hook_timeout):
+                nodes = await self.hooks.existing_nodes(cluster_id)
+        except Exception as exc:  # a restart must not fail on the apiserver
+            log.warning("could not list the Nodes of cluster=%s to rebuild bindings: %s; "
+                        "machines bound before a restart are not known", cluster_id, exc)
+            return
+        adopted = self.fleet.adopt(cluster_id, nodes, trio.current_time())
+        if adopted:
+            log.info("rebuilt %d bindings of cluster=%s from its Nodes", len(adopted), cluster_id)
 
     async def _reject(self, stream: ShardStream, reason: str,
                       status: Status = Status.INVALID_ARGUMENT) -> NoReturn:
         log.error("session rejected: %s", reason)
         self.rejections.append(reason)
-        self.engine.events.append(
+        self.fleet.primary.events.append(
             EngineEvent(time=trio.current_time(), kind="session_rejected",
                         fields={"reason": reason})
         )
