@@ -33,6 +33,7 @@ from bigfleet_trio.sim.shard.nodes import KubeNodeHooks
 from bigfleet_trio.sim.shard.session import SimShard
 
 from .binder import Binder
+from .demo_causes import observed_causes
 from .demo_render import diagnostics_urls, failure_line, progress_line
 from .demo_world import (
     CLUSTER_ID,
@@ -443,6 +444,10 @@ async def _drive(opts: DemoOptions, operator: Any, client: KubeClient, shard: Si
             _fill_down(summary, last_world[-1], shard, floors)
             summary.drains_completed = _drains(operator)[1] - drains_floor
         summary.failure = failure_line(opts.timeout, stage, summary.failure)
+        causes = await observed_causes(client, last_world[-1] if last_world else None, shard,
+                                       binder)
+        if causes:  # what it saw holding it back, not only what was missing
+            summary.failure += "; seen: " + "; ".join(causes)
 
 
 
