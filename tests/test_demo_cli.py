@@ -226,3 +226,23 @@ def test_json_summary_has_no_kubeconfig_that_is_gone(
                      "--timeout", "60s"]) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["kubeconfig"] is None  # its temporary directory was removed at exit
+
+
+def test_a_quantity_kube_apiserver_refuses_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "web.yaml").write_text(DEPLOYMENT % "100m" + "---\n" + DEPLOYMENT % "lots")
+    assert cli.main(["demo", "--workloads", str(tmp_path), "--quiet"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line == (
+        f"demo: {tmp_path / 'web.yaml'}: document 2 of 2: Deployment web: "
+        "spec.template.spec.containers[0].resources.requests[cpu]: quantities must match the "
+        "regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$' (kube-apiserver "
+        "refuses it: 400 BadRequest)")
+    (tmp_path / "web.yaml").write_text(DEPLOYMENT % "-1")
+    assert demo.check_workloads(str(tmp_path)) == (
+        f"{tmp_path / 'web.yaml'}: document 1 of 1: Deployment web: "
+        "spec.template.spec.containers[0].resources.requests[cpu]: Invalid value: \"-1\": must "
+        "be greater than or equal to 0 (kube-apiserver refuses it: 422 Invalid)")

@@ -91,6 +91,11 @@ def _not_a_manifest(doc: dict[str, Any]) -> str | None:
     meta = doc.get("metadata")
     if not isinstance(meta, dict) or not (meta.get("name") or meta.get("generateName")):
         return f"{doc['kind']} without metadata.name"
+    from bigfleet_trio.sim.apiserver.podresources import refusal
+
+    refused = refusal(doc)  # refused now, not after the timeout with a Pod that never came
+    if refused:
+        return f"{doc['kind']} {meta.get('name') or meta.get('generateName')}: {refused}"
     return None
 
 

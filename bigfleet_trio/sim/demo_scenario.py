@@ -33,6 +33,7 @@ from bigfleet_trio.sim.shard.nodes import ClusterNodeHooks, KubeNodeHooks
 from bigfleet_trio.sim.shard.session import SimShard
 
 from .binder import Binder
+from .demo_causes import observed_causes
 from .demo_render import diagnostics_urls, failure_line, fleet_line, fleet_story, progress_line
 from .demo_world import (
     BURST_REPLICAS,
@@ -561,6 +562,10 @@ async def _drive(opts: DemoOptions, rigs: list[ClusterRig], shard: SimShard,
             _fill_down(summary, last_world[-1], view, floors)
             summary.drains_completed = _drains(operator)[1] - drains_floor
         summary.failure = failure_line(opts.timeout, stage, summary.failure)
+        causes = await observed_causes(first.client, last_world[-1] if last_world else None,
+                                       shard, first.binder)
+        if causes:  # what it saw holding it back, not only what was missing
+            summary.failure += "; seen: " + "; ".join(causes)
 
 
 def _fleet_reclaim_issued(view: ClusterView, floor: int) -> bool:

@@ -7,6 +7,7 @@ Expected CR specs are worked out by hand from the Pod manifests below.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -347,10 +348,14 @@ async def test_unparseable_annotation_event_and_fallback(
 
 async def test_invalid_pod_gets_event_and_no_cr(autojump_clock: trio.testing.MockClock) -> None:
     server = ApiServer()
+    # kube-apiserver (and the sim, docs/deviations.md#pod-quantities) refuses this quantity on a
+    # write, so the Pod is put past validation, as a store written by an older server could hold
+    # it: the controller must still refuse it with an Event, not crash
+    stored = server.create(server.find("pods"), "default", pod("bad"))
+    bad = copy.deepcopy(stored)
+    bad["spec"]["overhead"] = {"cpu": "a lot"}
+    server.store.put(server.find("pods"), bad, stored)
     async with running(server) as (ctl, client):
-        bad = pod("bad")
-        bad["spec"]["overhead"] = {"cpu": "a lot"}
-        await client.create(PODS, bad)
         await client.create(PODS, pod("good"))
         await eventually(lambda: _pending_count(client, 1))
         await eventually(lambda: ctl.outcomes["invalid_pod"] >= 1)

@@ -250,6 +250,28 @@ async def test_table_uses_printer_columns(client: httpx.AsyncClient) -> None:
     ]
 
 
+async def test_table_rows_carry_what_include_object_asks_for(client: httpx.AsyncClient) -> None:
+    # kube-apiserver: Metadata (the default) a PartialObjectMetadata, Object the object as
+    # served (kind and apiVersion set), None a null; any other value is a 400
+    await client.post(CR_PATH, json=cr_body("req1"))
+    for query, want in (({}, "PartialObjectMetadata"), ({"includeObject": "Metadata"},
+                        "PartialObjectMetadata"), ({"includeObject": "Object"}, "CapacityRequest")):
+        for path in (CR_PATH, f"{CR_PATH}/req1"):
+            row = (await client.get(path, params=query, headers={"accept": TABLE})).json()
+            obj = row["rows"][0]["object"]
+            assert obj["kind"] == want, (path, query)
+            assert obj["metadata"]["name"] == "req1"
+            assert ("spec" in obj) == (want == "CapacityRequest")
+            if want == "CapacityRequest":
+                assert obj["apiVersion"] == "bigfleet.lucy.sh/v1alpha1"
+    none = (await client.get(CR_PATH, params={"includeObject": "None"},
+                             headers={"accept": TABLE})).json()
+    assert none["rows"][0]["object"] is None
+    bad = await client.get(CR_PATH, params={"includeObject": "All"}, headers={"accept": TABLE})
+    assert bad.status_code == 400
+    assert bad.json()["message"] == 'unrecognized includeObject value: "All"'
+
+
 def test_human_duration() -> None:
     assert human_duration(5) == "5s"
     assert human_duration(119) == "119s"

@@ -655,3 +655,19 @@ async def test_readme_get_cr_upn_avc_all_namespaces(kube: Kube) -> None:
     await kube.out("create", "-f", "-", stdin=CR_YAML)
     out = await kube.out("get", "cr,upn,avc", "-A")
     assert "capacityrequest.bigfleet.lucy.sh/req1" in out
+
+
+async def test_get_events_sorted_by_last_timestamp(kube: Kube) -> None:
+    """``--sort-by`` asks for ``includeObject=Object``: kubectl sorts the rows by a field of the
+    object each row carries, so rows carrying only metadata printed "No resources found"."""
+    events = kube.api.find("events")
+    for name, at in (("late", "2026-11-30T10:00:00Z"), ("early", "2026-11-30T09:00:00Z")):
+        kube.api.create(events, "default", {
+            "metadata": {"name": name},
+            "involvedObject": {"kind": "Pod", "name": "web-1", "namespace": "default"},
+            "reason": "Scheduled", "message": f"{name} event", "type": "Normal",
+            "firstTimestamp": at, "lastTimestamp": at, "count": 1})
+    out = await kube.out("get", "events", "--sort-by=.lastTimestamp")
+    assert "No resources found" not in out
+    messages = [line for line in out.splitlines() if "event" in line and "MESSAGE" not in line]
+    assert [m.split()[-2] for m in messages] == ["early", "late"], out

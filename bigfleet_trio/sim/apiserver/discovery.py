@@ -327,20 +327,43 @@ def column_definitions(res: ResourceType) -> list[dict[str, Any]]:
     return cols
 
 
+#: ``includeObject`` values of a Table request (meta.k8s.io/v1 TableOptions).
+INCLUDE_OBJECT = ("None", "Metadata", "Object")
+
+
+def include_object(value: str | None) -> str:
+    """The ``includeObject`` query of a Table request: ``Metadata`` when absent or empty.
+
+    Raises:
+        ValueError: not one of :data:`INCLUDE_OBJECT` (kube-apiserver answers 400).
+    """
+    if not value:
+        return "Metadata"
+    if value not in INCLUDE_OBJECT:
+        raise ValueError(f"unrecognized includeObject value: {value!r}".replace("'", '"'))
+    return value
+
+
+def _row_object(res: ResourceType, obj: dict[str, Any], include: str) -> dict[str, Any] | None:
+    # As kube-apiserver: Object is the object as a GET serves it (kubectl asks for it to sort
+    # or filter on a field, e.g. ``get events --sort-by=.lastTimestamp``), Metadata (the
+    # default) a PartialObjectMetadata, None a null.
+    if include == "None":
+        return None
+    if include == "Object":
+        return {"kind": res.kind, "apiVersion": res.api_version, **obj}
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+            "metadata": obj["metadata"]}
+
+
 def table_row(
-    res: ResourceType, obj: dict[str, Any], now: _dt.datetime | None = None
+    res: ResourceType, obj: dict[str, Any], now: _dt.datetime | None = None,
+    include: str = "Metadata",
 ) -> dict[str, Any]:
-    """One Table row with a PartialObjectMetadata ``object``."""
+    """One Table row; its ``object`` as ``include`` (an :data:`INCLUDE_OBJECT` value) asks."""
     now = now or _dt.datetime.now(_dt.UTC)
     cells = [obj["metadata"].get("name")] + [_safe_cell(c, obj, now) for c in res.columns]
-    return {
-        "cells": cells,
-        "object": {
-            "kind": "PartialObjectMetadata",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": obj["metadata"],
-        },
-    }
+    return {"cells": cells, "object": _row_object(res, obj, include)}
 
 
 def table(
@@ -351,8 +374,9 @@ def table(
     cont: str = "",
     remaining: int | None = None,
     with_columns: bool = True,
+    include: str = "Metadata",
 ) -> dict[str, Any]:
-    """A meta.k8s.io/v1 Table for ``objs``."""
+    """A meta.k8s.io/v1 Table for ``objs``, rows as :func:`table_row` with ``include``."""
     now = _dt.datetime.now(_dt.UTC)
     meta: dict[str, Any] = {}
     if rv:
@@ -366,5 +390,5 @@ def table(
         "apiVersion": "meta.k8s.io/v1",
         "metadata": meta,
         "columnDefinitions": column_definitions(res) if with_columns else [],
-        "rows": [table_row(res, o, now) for o in objs],
+        "rows": [table_row(res, o, now, include) for o in objs],
     }

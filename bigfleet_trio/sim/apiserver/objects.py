@@ -84,12 +84,16 @@ def _pod_qos_unchecked(pod: dict[str, Any]) -> str:
 def validate_schema(
     res: ResourceType, obj: dict[str, Any], field_validation: str
 ) -> tuple[dict[str, Any], list[str]]:
-    """Prune/default and validate a custom resource; returns (object, warnings).
+    """Prune/default and validate a custom resource, check the quantities of a built-in Pod or
+    Pod template (:func:`check_pod_quantities`); returns (object, warnings).
 
     Raises:
-        ApiError: 400 unknown fields under ``Strict``; 422 schema violations.
+        ApiError: 400 unknown fields under ``Strict`` or an unparsable quantity; 422 schema
+            violations or invalid quantities.
     """
     if res.validator is None:
+        if not res.custom:
+            check_pod_quantities(res, obj)
         return obj, []
     pruned, unknown = res.validator.prune(obj)
     name = obj["metadata"].get("name") or obj["metadata"].get("generateName", "")
@@ -101,6 +105,26 @@ def validate_schema(
         raise E.invalid(res.kind, res.group, name, causes)
     warnings = [f'unknown field "{u}"' for u in unknown] if field_validation != "Ignore" else []
     return pruned, warnings
+
+
+def check_pod_quantities(res: ResourceType, obj: dict[str, Any]) -> None:
+    """Refuse the resource quantities kube-apiserver refuses in a Pod or a Pod template
+    (:mod:`.podresources`, docs/deviations.md#pod-quantities).
+
+    Raises:
+        ApiError: 400 a quantity that does not parse (kube-apiserver's decoding error); 422
+            one negative, fractional for an integer resource, or above its limit.
+    """
+    from .podresources import decode_problem, quantity_causes
+
+    bad = decode_problem(obj, res.kind)
+    if bad is not None:
+        raise E.bad_request(f'{res.kind} in version "{res.version}" cannot be handled as a '
+                            f"{res.kind}: {bad[1]}")
+    causes = quantity_causes(obj, res.kind)
+    if causes:
+        name = obj["metadata"].get("name") or obj["metadata"].get("generateName", "")
+        raise E.invalid(res.kind, res.group, name, causes)
 
 
 def check_body_meta(res: ResourceType, namespace: str | None, body: Any) -> dict[str, Any]:

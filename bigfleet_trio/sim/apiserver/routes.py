@@ -62,6 +62,7 @@ class Call:
     sub: str | None
     verb: str
     as_table: bool = False
+    include_object: str = "Metadata"
     partial: bool = False
     field_validation: str = "Warn"
     dry_run: bool = False
@@ -237,6 +238,11 @@ def prepare(call: Call) -> None:
     accept = req.headers.get("accept", "")
     call.as_table = D.wants_table(accept)
     call.partial = not call.as_table and "as=PartialObjectMetadata" in accept.replace(" ", "")
+    if call.as_table:
+        try:
+            call.include_object = D.include_object(req.q("includeObject"))
+        except ValueError as exc:
+            raise E.bad_request(str(exc)) from None
     fv = req.q("fieldValidation") or "Warn"
     if fv not in ("Strict", "Warn", "Ignore"):
         raise E.bad_request(f"fieldValidation must be one of Strict, Warn, Ignore (got {fv!r})")
@@ -262,7 +268,8 @@ def _get(server: ApiState, c: Call) -> Result:
     assert c.name is not None
     obj = server.get(c.res, c.namespace, c.name)
     if c.as_table and c.sub is None:
-        return json_response(200, D.table(c.res, [obj]), D.TABLE_CT.encode())
+        return json_response(200, D.table(c.res, [obj], include=c.include_object),
+                             D.TABLE_CT.encode())
     if c.partial and c.sub is None:
         return json_response(200, partial_object(obj), PARTIAL_CT)
     return json_response(200, obj)
@@ -287,7 +294,8 @@ def _list(server: ApiState, c: Call) -> Result:
     if c.as_table:
         return json_response(
             200,
-            D.table(c.res, lst.items, rv=lst.rv, cont=lst.cont, remaining=lst.remaining),
+            D.table(c.res, lst.items, rv=lst.rv, cont=lst.cont, remaining=lst.remaining,
+                    include=c.include_object),
             D.TABLE_CT.encode(),
         )
     if c.partial:
@@ -318,6 +326,7 @@ def _watch(server: ApiState, c: Call) -> Result:
         # Like the watch cache: HTTP 200 with a single ERROR event, then close.
         return Response(200, dumps({"type": "ERROR", "object": err.status()}) + b"\n")
     plan.partial = c.partial
+    plan.include_object = c.include_object
     return plan
 
 

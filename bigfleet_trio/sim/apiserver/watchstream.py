@@ -32,7 +32,8 @@ def partial_object(obj: dict[str, Any]) -> dict[str, Any]:
 class WatchPlan:
     """A watch ready to stream: what to send first, the live watcher and the options."""
 
-    __slots__ = ("res", "initial", "watcher", "timeout", "bookmarks", "as_table", "partial")
+    __slots__ = ("res", "initial", "watcher", "timeout", "bookmarks", "as_table", "partial",
+                 "include_object")
 
     def __init__(
         self,
@@ -50,6 +51,7 @@ class WatchPlan:
         self.bookmarks = bookmarks
         self.as_table = as_table
         self.partial = False
+        self.include_object = "Metadata"
 
 
 def plan_watch(
@@ -93,6 +95,7 @@ def _encode_item(
     item: tuple[str, Any, bytes | None],
     table_state: list[bool] | None,
     partial: bool = False,
+    include: str = "Metadata",
 ) -> bytes:
     typ, obj, cached = item
     if typ == "BOOKMARK":
@@ -111,7 +114,8 @@ def _encode_item(
     if table_state is not None:
         first = not table_state[0]
         table_state[0] = True
-        t = D.table(res, [obj], rv=obj["metadata"].get("resourceVersion", ""), with_columns=first)
+        t = D.table(res, [obj], rv=obj["metadata"].get("resourceVersion", ""), with_columns=first,
+                    include=include)
         return dumps({"type": typ, "object": t}) + b"\n"
     if partial:
         return dumps({"type": typ, "object": partial_object(obj)}) + b"\n"
@@ -155,7 +159,8 @@ async def stream_watch(server: ApiState, plan: WatchPlan, receive: Receive, send
                     # holds N encoded events (kube-apiserver streams from its watch cache)
                     initial = plan.initial
                     for i in range(0, len(initial), 1000):
-                        part = [_encode_item(res, it, table_state, plan.partial)
+                        part = [_encode_item(res, it, table_state, plan.partial,
+                                             plan.include_object)
                                 for it in initial[i : i + 1000]]
                         await send(
                             {"type": "http.response.body", "body": b"".join(part),
@@ -169,11 +174,12 @@ async def stream_watch(server: ApiState, plan: WatchPlan, receive: Receive, send
                         item = await recv.receive()
                     except trio.EndOfChannel:
                         break
-                    out = [_encode_item(res, item, table_state, plan.partial)]
+                    out = [_encode_item(res, item, table_state, plan.partial, plan.include_object)]
                     while len(out) < 1000:
                         try:
                             out.append(
-                                _encode_item(res, recv.receive_nowait(), table_state, plan.partial)
+                                _encode_item(res, recv.receive_nowait(), table_state, plan.partial,
+                                         plan.include_object)
                             )
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
