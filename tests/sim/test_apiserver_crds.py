@@ -247,6 +247,10 @@ async def test_table_uses_printer_columns(client: httpx.AsyncClient) -> None:
         "Pod",
         "CPU",
         "Memory",
+        "Sent",
+        "Offered",
+        "Coming",
+        "Outcome",
     ]
 
 
