@@ -40,10 +40,15 @@ TYPES = frozenset(("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"))
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
-    """One watch event. ``object`` is the object dict (a ``Status`` dict for ERROR)."""
+    """One watch event. ``object`` is the object dict (a ``Status`` dict for ERROR).
+
+    ``unchanged``: True when the decoder already found that the event changes nothing the
+    informer keeps (``object`` may then be a head of the object only: kube/protowire.py
+    ``pod_head``), False when it asked and it does, None when nobody asked."""
 
     type: EventType
     object: dict[str, Any]
+    unchanged: bool | None = None
 
 
 class WatchDecodeError(ValueError):

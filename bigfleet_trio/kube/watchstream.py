@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import trio
@@ -47,6 +48,9 @@ class WatchStream:
         self._timeout = math.inf if inactivity_timeout is None else inactivity_timeout
         self._done = False
         self._frames: bytearray | None = bytearray() if protobuf else None
+        self.unchanged: Callable[[dict[str, Any]], bool] | None = None
+        """Asked about a MODIFIED Pod's head before the whole Pod is converted (a protobuf
+        stream only; the informer sets it: docs/kube-api.md#unchanged-pod-events)."""
 
     def __aiter__(self) -> WatchStream:
         return self
@@ -76,14 +80,15 @@ class WatchStream:
                 raise StopAsyncIteration
             await self._read(self._split_frames)
         try:
-            etype, obj = protowire.decode_watch_frame(self._lines.popleft())
+            etype, obj, verdict = protowire.decode_watch_frame_unless(
+                self._lines.popleft(), self.unchanged)
             if etype not in TYPES:
                 raise protowire.ProtobufDecodeError(f"unknown watch event type {etype!r}")
         except protowire.ProtobufDecodeError as exc:
             self._done = True
             self._lines.clear()
             raise KubeTransportError(f"watch frame undecodable: {exc}") from exc
-        return WatchEvent(etype, obj)  # type: ignore[arg-type]  # checked against TYPES
+        return WatchEvent(etype, obj, verdict)  # type: ignore[arg-type]  # checked: TYPES
 
     def _split_frames(self, chunk: bytes | None) -> None:
         """Buffer a chunk (None: the body ended) and queue its complete frames."""

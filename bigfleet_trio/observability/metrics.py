@@ -93,6 +93,14 @@ INFORMER_RELISTS = Counter(
     ["resource", "reason"],
 )
 
+INFORMER_UNCHANGED = Counter(
+    "bigfleet_informer_unchanged_events",
+    "Watch MODIFIED events an informer skipped before its projection because they change "
+    "nothing it keeps (a Pod's status heartbeat: docs/kube-api.md#unchanged-pod-events), by "
+    "resource plural.",
+    ["resource"],
+)
+
 INFORMER_SYNCED = Gauge(
     "bigfleet_informer_synced",
     "1 once the informer's cache holds its first complete LIST, 0 before (by resource plural); "

@@ -142,6 +142,9 @@ class PodController:
             freeze_heap=freeze_heap,
             watch_list=watch_list,
             protobuf=True,  # slim_pod reads only the schema's fields
+            # a status heartbeat is dropped before the projection (_on_pod_update would
+            # drop it after): docs/kube-api.md#unchanged-pod-events
+            unchanged=partial(proj.pod_unchanged, scope=scope),
         )
         self.crs = Informer(
             client,

@@ -31,6 +31,7 @@ __all__ = [
     "object_key",
     "owner_pod_name",
     "owner_uid",
+    "pod_unchanged",
     "resource_version",
     "slim_cr",
     "slim_pod",
@@ -38,7 +39,8 @@ __all__ = [
 
 _ANNOTATIONS_KEPT = (INTERRUPTION_PENALTY_ANNOTATION, RECLAMATION_PENALTY_ANNOTATION,
                      PIN_ANNOTATION, DO_NOT_DISRUPT, SAFE_TO_EVICT)
-_POD_META = ("name", "namespace", "uid", "deletionTimestamp")  # the Pod's owners are not read
+# the Pod's owners are not read; generation tells a spec change apart (pod_unchanged)
+_POD_META = ("name", "namespace", "uid", "generation", "deletionTimestamp")
 _POD_SPEC = (
     "nodeSelector",
     "overhead",
@@ -100,17 +102,7 @@ def slim_pod(obj: Mapping[str, Any], scope: PodScope | None = None) -> dict[str,
     spec = spec if isinstance(spec, Mapping) else {}
     status = obj.get("status")
     status = status if isinstance(status, Mapping) else {}
-    out_meta: dict[str, Any] = {k: meta[k] for k in _POD_META if k in meta}
-    annotations = meta.get("annotations")
-    if isinstance(annotations, Mapping):
-        kept = {k: annotations[k] for k in _ANNOTATIONS_KEPT if k in annotations}
-        if kept:
-            out_meta["annotations"] = kept
-    elif annotations is not None:
-        out_meta["annotations"] = annotations
-    labels = meta.get("labels")
-    if spec.get("nodeName") and isinstance(labels, Mapping) and labels.get(ZONE_LABEL):
-        out_meta["labels"] = _share(dict(labels))
+    out_meta = _slim_meta(meta, spec.get("nodeName"), scope)
     out_spec: dict[str, Any] = {k: spec[k] for k in _POD_SPEC if k in spec}
     if "containers" in spec:
         out_spec["containers"] = _slim_containers(spec["containers"], init=False)
@@ -130,9 +122,6 @@ def slim_pod(obj: Mapping[str, Any], scope: PodScope | None = None) -> dict[str,
             out_spec["affinity"] = slim_aff
     elif affinity is not None:
         out_spec["affinity"] = affinity
-    ns = out_meta.get("namespace")
-    if type(ns) is str:
-        out_meta["namespace"] = sys.intern(ns)
     out: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -141,18 +130,66 @@ def slim_pod(obj: Mapping[str, Any], scope: PodScope | None = None) -> dict[str,
     }
     if "phase" in status:
         out["status"] = _share({"phase": status["phase"]})
-    if scope is not None:
-        _scoped(out, spec, labels, scope)
     return out
 
 
-def _scoped(out: dict[str, Any], spec: Mapping[str, Any], labels: Any, scope: PodScope) -> None:
-    meta = out["metadata"]
-    node = spec.get("nodeName")
-    if scope.watches_nodes and isinstance(node, str) and node:
-        meta[NODE_NAME_KEY] = sys.intern(node)
-    if scope.pod_labels_excluded(labels if isinstance(labels, Mapping) else None):
-        meta[EXCLUDED_KEY] = True
+def _slim_meta(meta: Mapping[str, Any], node: Any, scope: PodScope | None) -> dict[str, Any]:
+    """:func:`slim_pod`'s ``metadata``, from the Pod's metadata and its ``spec.nodeName``: all
+    it reads besides the spec and the phase (:func:`pod_unchanged` compares exactly this)."""
+    out: dict[str, Any] = {k: meta[k] for k in _POD_META if k in meta}
+    annotations = meta.get("annotations")
+    if isinstance(annotations, Mapping):
+        kept = {k: annotations[k] for k in _ANNOTATIONS_KEPT if k in annotations}
+        if kept:
+            out["annotations"] = kept
+    elif annotations is not None:
+        out["annotations"] = annotations
+    labels = meta.get("labels")
+    if node and isinstance(labels, Mapping) and labels.get(ZONE_LABEL):
+        out["labels"] = _share(dict(labels))
+    ns = out.get("namespace")
+    if type(ns) is str:
+        out["namespace"] = sys.intern(ns)
+    if scope is not None:
+        if scope.watches_nodes and isinstance(node, str) and node:
+            out[NODE_NAME_KEY] = sys.intern(node)
+        if scope.pod_labels_excluded(labels if isinstance(labels, Mapping) else None):
+            out[EXCLUDED_KEY] = True
+    return out
+
+
+def pod_unchanged(old: Mapping[str, Any], new: Mapping[str, Any],
+                  scope: PodScope | None = None) -> bool:
+    """True when the MODIFIED Pod ``new`` would project (:func:`slim_pod`) to the cached ``old``
+    unchanged, decided without projecting its spec: the informer then skips the event before the
+    projection (docs/kube-api.md#unchanged-pod-events).
+
+    kube-apiserver bumps a Pod's ``metadata.generation`` on every change of its spec but the
+    binding's ``nodeName`` (which is read here), and never on a status write; so with the
+    generation unchanged, what is left to compare is ``metadata`` (as :func:`_slim_meta` keeps
+    it) and ``status.phase``. A Pod without a generation (an apiserver that does not set it)
+    is never skipped.
+
+    Args:
+        old: the cached projection (:func:`slim_pod` with the same ``scope``).
+        new: the incoming Pod, JSON-shaped: the whole object, or the head the protobuf decoder
+            builds (metadata, ``spec.nodeName``, ``status.phase``: kube/protowire.py).
+    """
+    meta = new.get("metadata")
+    old_meta = old.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(old_meta, Mapping):
+        return False
+    generation = meta.get("generation")
+    if generation is None or generation != old_meta.get("generation"):
+        return False
+    status = new.get("status")
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    old_status = old.get("status")
+    if phase != (old_status.get("phase") if isinstance(old_status, Mapping) else None):
+        return False
+    spec = new.get("spec")
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    return _slim_meta(meta, node, scope) == old_meta
 
 
 _SHARED_MAX = 4096
