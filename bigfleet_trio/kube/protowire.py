@@ -104,6 +104,12 @@ def _quantities(m: Any) -> dict[str, str]:
     return {k: v.string for k, v in m.items()}
 
 
+def _map(m: Any) -> dict[str, str]:
+    """A protobuf map field as a dict: indexing key by key is about twice as fast as
+    ``dict(m)`` on upb's map containers (``python -m scripts.bench kubewire``)."""
+    return {k: m[k] for k in m}
+
+
 def _generic(msg: Any) -> dict[str, Any]:
     """A small nested message (affinity terms, selectors, spread constraints) field by field:
     message fields recursively, maps as dicts, repeated fields as lists; empty strings left
@@ -112,7 +118,7 @@ def _generic(msg: Any) -> dict[str, Any]:
     for field, value in msg.ListFields():
         if field.message_type is not None:
             if field.message_type.GetOptions().map_entry:
-                out[field.name] = dict(value)
+                out[field.name] = _map(value)
             elif field.is_repeated:
                 out[field.name] = [_generic(v) for v in value]
             else:
@@ -139,9 +145,9 @@ def _meta(m: Any) -> dict[str, Any]:
     if m.HasField("deletionTimestamp"):
         out["deletionTimestamp"] = _time(m.deletionTimestamp)
     if m.labels:
-        out["labels"] = dict(m.labels)
+        out["labels"] = _map(m.labels)
     if m.annotations:
-        out["annotations"] = dict(m.annotations)
+        out["annotations"] = _map(m.annotations)
     return out
 
 
@@ -168,7 +174,7 @@ def _pod_spec(s: Any) -> dict[str, Any]:
         out["initContainers"] = [_container(c) for c in s.initContainers]
     out["containers"] = [_container(c) for c in s.containers]
     if s.nodeSelector:
-        out["nodeSelector"] = dict(s.nodeSelector)
+        out["nodeSelector"] = _map(s.nodeSelector)
     if s.nodeName:
         out["nodeName"] = s.nodeName
     if s.HasField("affinity"):
