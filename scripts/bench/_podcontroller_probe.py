@@ -130,11 +130,45 @@ async def create_pods(kubeconfig: str, n: int, conc: int = 32, classes: bool = F
         return await fan_out(n, conc, lambda i: client.create(PODS, pod(i, classes)))
 
 
-async def run_ours(kubeconfig: str, workers: int, protobuf: bool = True) -> None:
+def count_events(informers: dict[str, Informer]) -> dict[str, int]:
+    """Counters of what each informer hands its handlers, ``"<kind> <ADDED|MODIFIED|DELETED>"``
+    (a LIST's objects are ADDED), filled as events arrive; ``"<kind> MODIFIED skipped"`` is
+    read from the informer when :func:`write_counts` runs."""
+    counts: dict[str, int] = {}
+
+    def bump(key: str) -> None:
+        counts[key] = counts.get(key, 0) + 1
+
+    for kind, inf in informers.items():
+        inf.add_handler(on_add=lambda _n, k=kind: bump(f"{k} ADDED"),
+                        on_update=lambda _o, _n, k=kind: bump(f"{k} MODIFIED"),
+                        on_delete=lambda _o, k=kind: bump(f"{k} DELETED"))
+    return counts
+
+
+async def write_counts(path: str, counts: dict[str, int],
+                       informers: dict[str, Informer]) -> None:
+    """Rewrite ``path`` (JSON) with ``counts`` every 0.25 s until cancelled (the bench kills
+    the process: what it reads is at most 0.25 s old)."""
+    while True:
+        snapshot = dict(counts)
+        for kind, inf in informers.items():
+            snapshot[f"{kind} MODIFIED skipped"] = inf.unchanged_events
+        await trio.Path(path + ".tmp").write_text(json.dumps(snapshot))
+        os.replace(path + ".tmp", path)
+        await trio.sleep(0.25)
+
+
+async def run_ours(kubeconfig: str, workers: int, protobuf: bool = True,
+                   counts_path: str | None = None) -> None:
     async with KubeClient(load_kubeconfig(kubeconfig, env={}), **UNLIMITED,
                           protobuf=protobuf) as client:
         ctl = PodController(client, workers=workers, resync_period=3600)
+        informers = {"Pod": ctl.pods, "CapacityRequest": ctl.crs}
+        counts = count_events(informers)
         async with trio.open_nursery() as nursery:
+            if counts_path:
+                nursery.start_soon(write_counts, counts_path, counts, informers)
             await nursery.start(ctl.run)
             emit(event="synced", pods=len(ctl.pods.store))
             await trio.sleep_forever()
@@ -212,6 +246,8 @@ def main() -> int:
     ap.add_argument("--full-objects", action="store_true")
     ap.add_argument("--json", action="store_true",
                     help="ours: Pods in JSON (--kube-api-content-type application/json)")
+    ap.add_argument("--counts", metavar="FILE",
+                    help="ours: informer events by kind and type, rewritten to FILE (JSON)")
     ap.add_argument("--profile", metavar="FILE",
                     help="sample on-CPU stacks with py-spy (pip install py-spy); collapsed "
                     "stacks written to FILE when the process is stopped (SIGTERM) or ends")
@@ -220,7 +256,7 @@ def main() -> int:
     if args.profile:
         _profile_to(args.profile)
     if args.mode == "ours":
-        trio.run(run_ours, args.kubeconfig, args.workers, not args.json)
+        trio.run(run_ours, args.kubeconfig, args.workers, not args.json, args.counts)
     elif args.mode == "raw":
         trio.run(run_raw, args.kubeconfig, args.workers)
     else:

@@ -34,7 +34,7 @@ import tempfile
 import time
 from typing import Any
 
-from scripts.bench import _apiserver_metrics
+from scripts.bench import _apiserver_metrics, _profile_stages
 from scripts.bench import _common as C
 from scripts.bench import _podcontroller_probe as probe
 
@@ -86,7 +86,7 @@ def rotate(contestants: list[str], r: int) -> list[str]:
 
 
 def _contestant(who: str, kc: str, workers: int, profile: str | None = None,
-                go_bin: str | None = None) -> list[str]:
+                go_bin: str | None = None, counts: str | None = None) -> list[str]:
     if who == "go":
         assert go_bin is not None
         return [go_bin, "-kubeconfig", kc, "-workers", str(workers)]
@@ -95,7 +95,8 @@ def _contestant(who: str, kc: str, workers: int, profile: str | None = None,
     # ours-json: ours with Pods in JSON (--wire both), the protobuf lever's baseline
     mode = ["ours", "--json"] if who == "ours-json" else [who]
     return [sys.executable, "-m", "scripts.bench._podcontroller_probe", *mode, "--kubeconfig", kc,
-            "--workers", str(workers)] + (["--profile", profile] if profile else [])
+            "--workers", str(workers)] + (["--profile", profile] if profile else []) + (
+            ["--counts", counts] if counts and who in ("ours", "ours-json") else [])
 
 
 async def _watch_until_pending(kc: str, n: int, child: subprocess.Popen[Any],
@@ -224,7 +225,9 @@ def _round_one(who: str, n: int, workers: int, engine: str, timeout: float,
             m0 = real.scrape() if real is not None else None
             s0 = server.cpu()
             t0 = time.perf_counter()
-            child = subprocess.Popen(_contestant(who, contestant_kc, workers, profile, go_bin),
+            counts = os.path.join(tmp, "counts.json")
+            child = subprocess.Popen(_contestant(who, contestant_kc, workers, profile, go_bin,
+                                                 counts),
                                      stdout=subprocess.PIPE, text=True)
             try:
                 if who == "raw":
@@ -235,9 +238,14 @@ def _round_one(who: str, n: int, workers: int, engine: str, timeout: float,
                     res["wall_s"] = time.perf_counter() - t0
                 else:
                     res = trio.run(_watch_until_pending, kc, n, child, timeout)
+                    if who in ("ours", "ours-json"):
+                        time.sleep(0.3)  # its event counts file is rewritten every 0.25 s
             finally:
                 _stop(child)
             res["server_cpu_ms_per_pod"] = (server.cpu() - s0) / n * 1000
+            if os.path.exists(counts):
+                with open(counts) as fh:
+                    res["events_per_pod"] = {k: v / n for k, v in json.load(fh).items()}
             if real is not None and m0 is not None:
                 # the contestant's watches end with it: counted once the apiserver saw it go
                 time.sleep(1.0)
@@ -248,6 +256,9 @@ def _round_one(who: str, n: int, workers: int, engine: str, timeout: float,
     if "cpu_s" in res:
         res["cpu_ms_per_pod"] = res["cpu_s"] / n * 1000
         res["peak_rss_mb"] = res["peak_rss_kb"] / 1024
+    if profile and os.path.exists(profile):
+        with open(profile) as fh:
+            res["stage_shares"] = _profile_stages.stage_shares(_profile_stages.read(fh))
     log.info("podcontroller round who=%s %s", who, {k: v for k, v in res.items()
                                                      if k != "apiserver_per_pod"})
     return res
@@ -397,6 +408,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "no client-side rate limit for ours (kopf has none)",
     ]
     tables: dict[str, list[str]] = {}
+    events = {who: mean_rows([row["events_per_pod"] for row in rows if "events_per_pod" in row])
+              for who, rows in per.items() if any("events_per_pod" in row for row in rows)}
+    if events:
+        tables["informer events per Pod (ours; handed to the handlers, a LIST's objects as "
+               "ADDED; skipped: unchanged, docs/kube-api.md#unchanged-pod-events)"] = (
+            _apiserver_metrics.table(events, digits=3))
+    stages = {who: stage_ms(rows) for who, rows in per.items()
+              if any("stage_shares" in row for row in rows)}
+    if stages:
+        tables["CPU per Pod by stage, ms (py-spy samples' shares x the process's CPU per Pod; "
+               "--profile slows the process)"] = _apiserver_metrics.table(stages, digits=3)
     if is_real:
         server = {who: mean_per_pod([row["apiserver_per_pod"] for row in rows
                                      if "apiserver_per_pod" in row])
@@ -421,6 +443,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         per_extra = dict(per)
     return C.result("podcontroller", params, figs, notes, per_extra, tables)
+
+
+def mean_rows(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """The mean over rounds of flat ``{key: value}`` rows (a key missing in a round counts as
+    0 there)."""
+    out: dict[str, float] = {}
+    for r in rounds:
+        for k, v in r.items():
+            out[k] = out.get(k, 0.0) + v / len(rounds)
+    return out
+
+
+def stage_ms(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """CPU ms per Pod by stage: each profiled round's stage shares times its CPU per Pod,
+    averaged over those rounds; ``total`` is the mean CPU per Pod itself."""
+    done = [r for r in rows if "stage_shares" in r and "cpu_ms_per_pod" in r]
+    out = mean_rows([{k: share * r["cpu_ms_per_pod"] for k, share in r["stage_shares"].items()}
+                     for r in done])
+    if done:
+        out["total"] = sum(r["cpu_ms_per_pod"] for r in done) / len(done)
+    return out
 
 
 def mean_per_pod(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
