@@ -318,6 +318,11 @@ def report(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 "client limiter, cumulative", "count", cl["throttled_429"],
                 baseline=cl["requests"], baseline_label=f"requests sent; limiter waits "
                 f"{cl['limiter_wait_s']:.1f} s in all"))
+            if who == "pod-controller" and c["pods"]:
+                figures.append(C.figure(
+                    f"end of {ph}: Pod watch events skipped as unchanged (status heartbeats), "
+                    "cumulative, per live Pod", "events", cl.get("unchanged_events", 0)
+                    / c["pods"]))
         m = c.get("operator_metrics") or {}
         figures.append(C.figure(f"end of {ph}: outbox drops, reconnects", "count",
                                 sum(v for k, v in m.items() if "outbox_dropped" in k)

@@ -255,7 +255,9 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                     "requests": m.get("bigfleet_kube_client_rate_limiter_wait_seconds_count", 0),
                     "limiter_wait_s": m.get("bigfleet_kube_client_rate_limiter_wait_seconds_sum",
                                             0),
-                    "throttled_429": m.get("bigfleet_kube_client_throttled_total", 0)}
+                    "throttled_429": m.get("bigfleet_kube_client_throttled_total", 0),
+                    # docs/kube-api.md#unchanged-pod-events
+                    "unchanged_events": m.get("bigfleet_informer_unchanged_events_total", 0)}
             counts.append(s)
             print(f"-- end of {name}: {json.dumps(s)}", file=sys.stderr, flush=True)
 
