@@ -186,6 +186,9 @@ async def run_flow(w: World) -> None:
     stored = w.server.create(pods_res, "default", pod("stray", "1", node=nodes[0]))
     stray = copy.deepcopy(stored)
     stray["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
+    # a spec change moves the generation, as on any server (the pod controller skips a
+    # MODIFIED Pod whose generation did not: docs/kube-api.md#unchanged-pod-events)
+    stray["metadata"]["generation"] = stored["metadata"]["generation"] + 1
     w.server.store.put(pods_res, stray, stored)
     await w.admin.patch(PODS, "a", {"status": {"phase": "Succeeded"}}, "default",
                         subresource="status")
