@@ -83,6 +83,9 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
              f"bigfleet_unschedulable_pod_controller_reconciles_total{{{SEL}}}[5m]))")]),
         ("Work queue depth", "short", [
             ("{{name}}", f"sum by (name) (workqueue_depth{{{SEL}}})")]),
+        ("Longest-held key (a stuck worker grows here)", "s", [
+            ("{{pod}} {{name}}",
+             f"max by (pod, name) (workqueue_longest_running_processor_seconds{{{SEL}}})")]),
     ]),
     ("Kubernetes client and caches (both binaries)", [
         ("Apiserver requests / s", "ops", [

@@ -1,7 +1,7 @@
 """The private internals of our dependencies that product code relies on, one test each.
 
 Product code reaches into a few undocumented internals (trio's SSLStream, grpclib's client
-stream, buffer and event processor, tenacity's call state, trio-asyncio's loop variable) for
+stream, buffer and event processor, trio-asyncio's loop variable) for
 speed or to free memory at once. Each is in ``INTERNALS`` below with the file of ours that
 uses it; its test asserts the shape we rely on and, failing, names the distribution, its
 installed version and that file. pyproject.toml caps each such distribution below its next
@@ -102,16 +102,6 @@ def check_grpclib_channel_protocol() -> None:
     assert "self.processors = {" in src and "ConnectionTerminated" in src
 
 
-def check_tenacity_call_state() -> None:
-    import tenacity
-
-    params = list(inspect.signature(tenacity.RetryCallState).parameters)
-    assert params[:4] == ["retry_object", "fn", "args", "kwargs"], params
-    state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
-    state.attempt_number = 3
-    assert tenacity.stop_after_attempt(3)(state)
-
-
 def check_trio_asyncio_current_loop() -> None:
     import contextvars
 
@@ -145,11 +135,6 @@ INTERNALS: dict[str, tuple[Internal, Callable[[], None]]] = {
         Internal("grpclib", "bigfleet_trio/shard/grpc.py", ("_protocol",),
                  "Channel._protocol.processor.processors, keyed by h2 event classes"),
         check_grpclib_channel_protocol),
-    "tenacity-call-state": (
-        Internal("tenacity", "bigfleet_trio/kube/retry.py", (),
-                 "RetryCallState(retry_object, fn, args, kwargs) built without a Retrying, "
-                 "attempt_number set by hand"),
-        check_tenacity_call_state),
     "trio-asyncio-current-loop": (
         Internal("trio-asyncio", "bigfleet_trio/shard/bridge.py", (),
                  "trio_asyncio.current_loop, a ContextVar (None outside a loop)"),

@@ -90,6 +90,7 @@ def test_crds_are_the_packaged_ones() -> None:
 
 def test_every_document_is_a_kubernetes_object() -> None:
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+    assert {"Deployment", "ServiceAccount", "ClusterRole"} <= {d["kind"] for d in _docs()}
     for doc in _docs():
         assert doc.get("apiVersion") and doc.get("kind"), doc
         assert doc["metadata"].get("name"), doc
@@ -280,6 +281,7 @@ def test_pod_controller_rbac_is_exactly_what_the_code_needs() -> None:
 
 
 def test_no_wildcards_anywhere() -> None:
+    assert _by_kind("ClusterRole") and _by_kind("Role")  # not vacuous
     for kind in ("ClusterRole", "Role"):
         for role in _by_kind(kind).values():
             for rule in role["rules"]:

@@ -142,11 +142,14 @@ def _sleeps(fn: ast.AST) -> list[tuple[int, str]]:
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
         owner = node.func.value
-        if not isinstance(owner, ast.Name) or node.func.attr != "sleep":
+        if not isinstance(owner, ast.Name):
             continue
-        if owner.id == "time":
+        if owner.id == "time" and node.func.attr == "sleep":
             found.append((node.lineno, "time.sleep"))
-        elif owner.id == "trio" and node.args and not _is_zero(node.args[0]):
+        elif owner.id == "trio" and node.func.attr == "sleep_until":
+            found.append((node.lineno, "trio.sleep"))
+        elif (owner.id == "trio" and node.func.attr == "sleep" and node.args
+              and not _is_zero(node.args[0])):
             found.append((node.lineno, "trio.sleep"))
     return found
 
@@ -156,30 +159,72 @@ def _takes_clock(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return "autojump_clock" in params or "MockClock" in ast.unparse(fn)
 
 
+def _names_used(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """Names a function refers to: called or passed helpers, and its parameters (fixtures)."""
+    used = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name):
+            used.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            used.add(node.attr)
+    return used
+
+
+def module_sleep_offenders(rel: str, tree: ast.Module) -> list[str]:
+    """Real sleeps in one test module (``rel``, relative to tests/).
+
+    A ``time.sleep`` anywhere is one. A ``trio.sleep`` in a test is one unless the test runs
+    on a virtual clock; in a helper or fixture (any other top-level function or method), unless
+    the module uses a virtual clock and every test that reaches the helper, through its calls,
+    other helpers or its fixtures, runs on one (a clocked module's helper called by a test on
+    the real clock sleeps for real). Functions in :data:`REAL_TIME_ALLOWED` are skipped.
+    """
+    module_clocked = _uses_virtual_clock(ast.unparse(tree))
+    funcs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for node in tree.body:
+        members = node.body if isinstance(node, ast.ClassDef) else [node]
+        for fn in members:
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                funcs.setdefault(fn.name, fn)
+    allowed = {name for name in funcs if (rel, name) in REAL_TIME_ALLOWED}
+    out = []
+    sleepy: set[str] = set()
+    for name, fn in funcs.items():
+        if name in allowed:
+            continue
+        is_test = name.startswith("test_")
+        for line, what in _sleeps(fn):
+            if what == "trio.sleep":
+                if not is_test:
+                    sleepy.add(name)
+                if _takes_clock(fn) if is_test else module_clocked:
+                    continue
+            out.append(f"{rel}:{line} {what} in {name}")
+    helpers = {name: fn for name, fn in funcs.items()
+               if not name.startswith("test_") and name not in allowed}
+    grew = True
+    while grew:  # a helper reaching a sleepy helper sleeps too
+        grew = False
+        for name, fn in helpers.items():
+            if name not in sleepy and _names_used(fn) & (sleepy - {name}):
+                sleepy.add(name)
+                grew = True
+    for name, fn in funcs.items():
+        if not name.startswith("test_") or name in allowed or _takes_clock(fn):
+            continue
+        for helper in sorted(_names_used(fn) & sleepy):
+            out.append(f"{rel}:{fn.lineno} trio.sleep in {helper}, reached by {name} on the "
+                       "real clock")
+    return out
+
+
 def real_sleep_offenders() -> list[str]:
     out = []
     for path in _modules():
         rel = path.relative_to(TESTS).as_posix()
         if rel.split("/")[0] in REAL_TIME_DIRS or path.name == Path(__file__).name:
             continue
-        source = path.read_text()
-        tree = ast.parse(source, filename=str(path))
-        module_clocked = _uses_virtual_clock(source)
-        for fn in ast.walk(tree):
-            # top-level functions and methods; nested ones go with their enclosing function
-            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
-                continue
-            if fn not in tree.body and not any(fn in c.body for c in tree.body
-                                               if isinstance(c, ast.ClassDef)):
-                continue
-            if (rel, fn.name) in REAL_TIME_ALLOWED:
-                continue
-            for line, what in _sleeps(fn):
-                if what == "trio.sleep":
-                    clocked = _takes_clock(fn) if fn.name.startswith("test_") else module_clocked
-                    if clocked:
-                        continue
-                out.append(f"{rel}:{line} {what} in {fn.name}")
+        out += module_sleep_offenders(rel, ast.parse(path.read_text(), filename=str(path)))
     return out
 
 
@@ -218,3 +263,24 @@ def test_the_guards_catch_what_they_are_for() -> None:
     sleepy = ast.parse("async def f():\n    await trio.sleep(0)\n    await trio.sleep(0.1)\n"
                        "    time.sleep(1)\n")
     assert sorted(_sleeps(sleepy)) == [(3, "trio.sleep"), (4, "time.sleep")]
+    assert _sleeps(ast.parse("async def f():\n    await trio.sleep_until(5)\n")) == [
+        (2, "trio.sleep")]
+
+
+def test_a_clocked_modules_helper_is_judged_by_the_tests_that_reach_it() -> None:
+    """A helper's trio.sleep in a module that uses autojump_clock somewhere still sleeps for
+    real when a test on the real clock calls it, directly, through another helper or as a
+    fixture."""
+    tree = ast.parse(
+        "async def poll():\n    await trio.sleep(0.05)\n"
+        "async def twice():\n    await poll()\n    await poll()\n"
+        "async def test_clocked(autojump_clock):\n    await poll()\n"
+        "async def test_real():\n    await twice()\n"
+        "async def test_fixture(poll):\n    assert poll\n"
+        "async def test_none():\n    await trio.sleep(0)\n")
+    assert module_sleep_offenders("m.py", tree) == [
+        "m.py:8 trio.sleep in twice, reached by test_real on the real clock",
+        "m.py:10 trio.sleep in poll, reached by test_fixture on the real clock",
+    ]
+    unclocked = ast.parse("async def poll():\n    await trio.sleep(0.05)\n")
+    assert module_sleep_offenders("m.py", unclocked) == ["m.py:2 trio.sleep in poll"]

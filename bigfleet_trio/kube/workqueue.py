@@ -30,15 +30,24 @@ import itertools
 import math
 import sys
 import time
+import weakref
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Generic, Protocol, TypeVar
 
 import trio
 
 from bigfleet_trio.kube.retry import Backoff
 
-__all__ = ["ParkedKeys", "QueueCore", "QueueMetrics", "ShutDown", "WorkQueue", "backoff_delay"]
+__all__ = [
+    "ParkedKeys",
+    "QueueCore",
+    "QueueMetrics",
+    "ShutDown",
+    "WorkQueue",
+    "backoff_delay",
+    "in_flight_seconds",
+]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -70,6 +79,48 @@ class QueueMetrics(Protocol):
 
     def worked(self, seconds: float) -> None:
         """A worker held a key for ``seconds`` (get → done)."""
+
+    def watch(self, in_flight: Callable[[], tuple[float, float]]) -> None:
+        """The queue's probe of its work in progress, handed over once by its constructor (a
+        queue with a clock only): ``in_flight()`` is :func:`in_flight_seconds` of the keys
+        workers hold now, for a gauge read at scrape time. It keeps no queue alive, and reads
+        ``(0.0, 0.0)`` once the queue is gone or where its clock cannot be read (Trio's, outside
+        the run)."""
+
+
+def in_flight_seconds(starts: Iterable[float], now: float) -> tuple[float, float]:
+    """Work in progress as client-go's queue reports it (docs/operate.md#standard-metric-names).
+
+    Args:
+        starts: when each key a worker holds was taken (seconds, the clock of ``now``).
+        now: seconds.
+
+    Returns:
+        ``(unfinished, longest)``: the seconds of all of them summed
+        (``workqueue_unfinished_work_seconds``) and the oldest one's
+        (``workqueue_longest_running_processor_seconds``); ``(0.0, 0.0)`` for none. A start
+        after ``now`` counts as 0 s.
+    """
+    unfinished = longest = 0.0
+    for start in starts:
+        held = now - start
+        if held > 0:
+            unfinished += held
+            if held > longest:
+                longest = held
+    return unfinished, longest
+
+
+def _probe(ref: weakref.ref[QueueCore[K]], clock: Callable[[], float]) -> tuple[float, float]:
+    """:meth:`QueueMetrics.watch`'s probe: the queue behind ``ref`` at ``clock()``."""
+    queue = ref()
+    if queue is None or not queue.processing:
+        return 0.0, 0.0  # no clock read: nothing in progress (or no queue) reads the same
+    try:
+        now = clock()
+    except RuntimeError:  # Trio's clock outside its run (another thread, a run ended): no
+        return 0.0, 0.0  # worker runs there, and a scrape must not fail
+    return queue.in_flight(now)
 
 
 def backoff_delay(failures: int, base_delay: float, max_delay: float) -> float:
@@ -148,7 +199,12 @@ class QueueCore(Generic[K]):
     Args:
         base_delay, max_delay: per-key backoff (seconds), see :func:`backoff_delay`.
         metrics: optional :class:`QueueMetrics`.
+        clock: ``() -> seconds`` on the clock of the ``now`` arguments, for the metrics'
+            in-flight probe (:meth:`QueueMetrics.watch`); default :attr:`clock` (None here:
+            no probe; Trio's for :class:`WorkQueue`).
     """
+
+    clock: Callable[[], float] | None = None
 
     def __init__(
         self,
@@ -156,6 +212,7 @@ class QueueCore(Generic[K]):
         base_delay: float = DEFAULT_BASE_DELAY,
         max_delay: float = DEFAULT_MAX_DELAY,
         metrics: QueueMetrics | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if base_delay <= 0 or max_delay < base_delay:
             raise ValueError(f"bad backoff: base_delay={base_delay} max_delay={max_delay}")
@@ -174,6 +231,10 @@ class QueueCore(Generic[K]):
         self._seq = itertools.count()
         self._failures: dict[K, int] = {}
         self.shutting_down = False
+        if clock is not None:
+            self.clock = clock
+        if metrics is not None and self.clock is not None:
+            metrics.watch(functools.partial(_probe, weakref.ref(self), self.clock))
 
     # -- adding --------------------------------------------------------------------------------
 
@@ -323,6 +384,10 @@ class QueueCore(Generic[K]):
         """Keys held by workers."""
         return len(self._processing)
 
+    def in_flight(self, now: float) -> tuple[float, float]:
+        """:func:`in_flight_seconds` of the keys workers hold at ``now``: (sum, longest) s."""
+        return in_flight_seconds(self._processing.values(), now)
+
     def is_queued(self, key: K) -> bool:
         """True if ``key`` is ready or will be re-queued when its worker finishes."""
         return key in self._dirty
@@ -361,6 +426,7 @@ class WorkQueue(QueueCore[K]):
 
     # The constructor is QueueCore's; the one thing added, the workers' parking lot, is made on
     # first use.
+    clock: Callable[[], float] | None = staticmethod(trio.current_time)
     held_clock: Callable[[], float] = staticmethod(time.perf_counter)
     """Wall-clock seconds for :data:`GET_HOLD` (tests pass their own)."""
     _since: float | None = None  # when the loop last turned, as get() saw it

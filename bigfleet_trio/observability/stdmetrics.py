@@ -6,7 +6,9 @@ move together (docs/operate.md#standard-metric-names):
 
 * client-go work queue, labelled ``name`` (the queue's): ``workqueue_depth``,
   ``workqueue_adds_total``, ``workqueue_retries_total``, ``workqueue_queue_duration_seconds``,
-  ``workqueue_work_duration_seconds``; :class:`StandardQueueMetrics` is the
+  ``workqueue_work_duration_seconds``, and, read at scrape time from the start times of the
+  keys workers hold, ``workqueue_unfinished_work_seconds`` and
+  ``workqueue_longest_running_processor_seconds``; :class:`StandardQueueMetrics` is the
   :class:`~bigfleet_trio.kube.workqueue.QueueMetrics` a queue takes (one line per queue).
 * client-go REST client: ``rest_client_requests_total{code,method,host}`` and
   ``rest_client_request_duration_seconds{verb,host}`` (:func:`observe_request`).
@@ -21,6 +23,8 @@ Shared by both binaries (no binary prefix in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from bigfleet_trio.observability.metrics import LEADER, exponential_buckets
@@ -31,6 +35,8 @@ __all__ = [
     "QUEUE_LATENCY",
     "QUEUE_RETRIES",
     "QUEUE_WORK",
+    "QUEUE_UNFINISHED",
+    "QUEUE_LONGEST",
     "RECONCILE_ERRORS",
     "RECONCILE_RESULTS",
     "RECONCILE_TIME",
@@ -64,6 +70,19 @@ QUEUE_WORK = Histogram(
     "Seconds a worker holds a key (one reconcile).",
     ["name"],
     buckets=_QUEUE_BUCKETS,
+)
+
+QUEUE_UNFINISHED = Gauge(
+    "workqueue_unfinished_work_seconds",
+    "Seconds of work in progress not yet done: the time every key a worker holds has been held, "
+    "summed (client-go's name; read at scrape time). Large values indicate stuck workers.",
+    ["name"],
+)
+QUEUE_LONGEST = Gauge(
+    "workqueue_longest_running_processor_seconds",
+    "Seconds the longest-held key has been held by its worker (client-go's name; read at scrape "
+    "time).",
+    ["name"],
 )
 
 REST_REQUESTS = Counter(
@@ -117,6 +136,8 @@ class StandardQueueMetrics:
         self._retries = QUEUE_RETRIES.labels(name=name)
         self._latency = QUEUE_LATENCY.labels(name=name)
         self._work = QUEUE_WORK.labels(name=name)
+        self._unfinished = QUEUE_UNFINISHED.labels(name=name)
+        self._longest = QUEUE_LONGEST.labels(name=name)
 
     def added(self) -> None:
         self._adds.inc()
@@ -132,6 +153,12 @@ class StandardQueueMetrics:
 
     def worked(self, seconds: float) -> None:
         self._work.observe(seconds)
+
+    def watch(self, in_flight: Callable[[], tuple[float, float]]) -> None:
+        """Read the two in-flight gauges from ``in_flight()`` at each scrape (a later queue of
+        the same name replaces an earlier one's probe)."""
+        self._unfinished.set_function(lambda: in_flight()[0])
+        self._longest.set_function(lambda: in_flight()[1])
 
 
 def observe_request(method: str, status: int, host: str, seconds: float) -> None:

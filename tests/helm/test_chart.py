@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bigfleet_trio.observability.authz import PROTECTED_PATHS
 from bigfleet_trio.sim.apiserver.testing import find_kubectl
 from tests.support.helm import CHART, helm, template
 
@@ -151,7 +152,7 @@ def test_full_values_render_every_optional_part() -> None:
     spec = op["spec"]["template"]["spec"]
     args = spec["containers"][0]["args"]
     assert "--tls-cert=/etc/bigfleet/tls/tls.crt" in args and "--ack-concurrency=32" in args
-    assert "--drain-shutdown-timeout=60s" in args
+    assert "--drain-shutdown-timeout=60s" in args and "--enable-profiling=true" in args
     assert spec["terminationGracePeriodSeconds"] == 75
     assert spec["priorityClassName"] == "system-cluster-critical"
     assert {v["name"]: v for v in spec["volumes"]}["bootstrap-template"]["configMap"][
@@ -173,6 +174,30 @@ def test_a_pdb_only_where_replicas_exceed_one() -> None:
     two = template(*REQUIRED, "--set", "operator.replicas=2")
     pdbs = [d for d in two if d["kind"] == "PodDisruptionBudget"]
     assert [p["metadata"]["name"] for p in pdbs] == ["bigfleet-operator"]
+
+
+def test_profiling_renders_its_flag_and_role_only_when_on() -> None:
+    """``enableProfiling`` (off by default, so the defaults stay config/default's objects):
+    ``--enable-profiling=true`` for both binaries and the ClusterRole that may get the two
+    /debug paths behind metrics.auth (docs/helm.md#values, docs/operate.md#profiling)."""
+    def rendered(*args: str) -> tuple[list[list[str]], list[dict[str, Any]]]:
+        docs = template(*REQUIRED, *args)
+        deps = sorted((d for d in docs if d["kind"] == "Deployment"),
+                      key=lambda d: d["metadata"]["name"])
+        flags = [[a for a in d["spec"]["template"]["spec"]["containers"][0]["args"]
+                  if a.startswith("--enable-profiling")] for d in deps]
+        roles = [d for d in docs if d["kind"] == "ClusterRole"
+                 and d["metadata"]["name"] == "bigfleet-profiler"]
+        return flags, roles
+
+    assert rendered() == ([[], []], [])
+    assert rendered("--set", "enableProfiling=false") == ([[], []], [])
+    flags, roles = rendered("--set", "enableProfiling=true")
+    assert flags == [["--enable-profiling=true"]] * 2
+    assert [r["rules"] for r in roles] == [[{
+        "nonResourceURLs": ["/debug/tasks", "/debug/pprof/profile"], "verbs": ["get"]}]]
+    assert set(roles[0]["rules"][0]["nonResourceURLs"]) == {
+        p for p in PROTECTED_PATHS if p.startswith("/debug/")}
 
 
 def test_helm_test_leaves_nothing_behind() -> None:

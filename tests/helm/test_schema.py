@@ -69,6 +69,11 @@ def _unmanaged(value: Any) -> list[str]:
     return [f"--unmanaged-node-selector={v}" for v in value] or ["--unmanaged-node-selector="]
 
 
+def _profiling(value: Any) -> list[str]:
+    """Off (the default): no flag, as config/manager renders; anything else as ``_one``."""
+    return [] if value is False else _one("--enable-profiling")(value)
+
+
 def _exclude_pods(value: Any) -> list[str]:
     return [f"--exclude-pod-selector={value}"] if value else []
 
@@ -116,6 +121,10 @@ MAPPED: dict[tuple[str, str], Mapped] = {
         "leaderElection", _one("--leader-elect"), BOOLS, NOT_BOOLS),
     ("pod-controller", "--leader-elect"): Mapped(
         "leaderElection", _one("--leader-elect"), BOOLS, NOT_BOOLS),
+    ("operator", "--enable-profiling"): Mapped(
+        "enableProfiling", _profiling, BOOLS, NOT_BOOLS),
+    ("pod-controller", "--enable-profiling"): Mapped(
+        "enableProfiling", _profiling, BOOLS, NOT_BOOLS),
     ("operator", "--metrics-auth"): Mapped(
         "metrics.auth", _one("--metrics-auth"), BOOLS, NOT_BOOLS),
     ("pod-controller", "--metrics-auth"): Mapped(
@@ -151,14 +160,14 @@ EXTRA_ARGS_ONLY: dict[str, frozenset[str]] = {
         "--leader-elect-renew-deadline", "--leader-elect-retry-period", "--watch-list",
         "--kube-api-content-type", "--sync-timeout", "--log-level", "--rollup-interval",
         "--dispatch-concurrency", "--send-timeout", "--reconnect-initial-backoff",
-        "--reconnect-max-backoff", "--enable-profiling", "--logging-format"}),
+        "--reconnect-max-backoff", "--logging-format"}),
     "pod-controller": frozenset({
         "--workers", "--disruption-annotations", "--kubeconfig", "--qps", "--burst",
         "--metrics-cert-name",
         "--metrics-cert-key", "--metrics-plain-http", "--leader-election-namespace",
         "--leader-election-id", "--leader-elect-lease-duration", "--leader-elect-renew-deadline",
         "--leader-elect-retry-period", "--watch-list", "--kube-api-content-type",
-        "--sync-timeout", "--log-level", "--enable-profiling", "--logging-format"}),
+        "--sync-timeout", "--log-level", "--logging-format"}),
 }
 """Flags with no value of their own: ``operator.extraArgs`` / ``podController.extraArgs`` carry
 them and the binary checks them at start (docs/helm.md#values)."""

@@ -284,7 +284,6 @@ async def test_conflict_retrying_leaves_no_reference_cycle(autojump_clock: objec
     async def run(outcomes: list[Exception | None]) -> weakref.ref[object]:
         retrying = conflict_retrying(3, also=(ServerError,))
         ref = weakref.ref(retrying)
-        strategies.append(weakref.ref(retrying._retry))
         try:
             async for attempt in retrying:
                 with attempt:
@@ -295,15 +294,73 @@ async def test_conflict_retrying_leaves_no_reference_cycle(autojump_clock: objec
             pass
         return ref
 
-    strategies: list[weakref.ref[object]] = []
     gc.collect()
     gc.disable()
     try:
-        refs = [await run([Conflict(409, "Conflict", "x"), None]),  # re-planned, then done
+        refs = [await run([None]),  # done at once
+                await run([Conflict(409, "Conflict", "x"), None]),  # re-planned, then done
                 await run([Conflict(409, "Conflict", str(i)) for i in range(3)]),  # no more tries
                 await run([NotFound(404, "NotFound", "x")])]  # not re-planned
-        assert [ref() for ref in refs] == [None, None, None]
-        # one retry strategy for them all (tenacity's refers to itself): none made per loop
-        assert len({id(ref()) for ref in strategies}) == 1
+        assert [ref() for ref in refs] == [None, None, None, None]
+        assert gc.collect() == 0  # and nothing else of theirs waits for the collector
     finally:
         gc.enable()
+
+
+async def test_conflict_retrying_waits_its_backoff_between_attempts(autojump_clock: object) -> None:
+    starts: list[float] = []
+    t0 = trio.current_time()
+    with pytest.raises(Conflict):
+        async for attempt in conflict_retrying(
+                4, backoff=Backoff(0.1, cap=0.3, jitter=0, reset_after=None)):
+            with attempt:
+                starts.append(trio.current_time() - t0)
+                raise Conflict(409, "Conflict", "x")
+    assert starts == pytest.approx([0.0, 0.1, 0.3, 0.6])  # 0.1, 0.2, then capped at 0.3
+
+
+async def test_conflict_retrying_ends_on_cancellation(autojump_clock: object) -> None:
+    tries = 0
+    with trio.move_on_after(0.25) as scope:  # inside the second wait (0.1 s, then 0.2 s)
+        async for attempt in conflict_retrying(
+                8, backoff=Backoff(0.1, cap=5, jitter=0, reset_after=None)):
+            with attempt:
+                tries += 1
+                raise Conflict(409, "Conflict", "x")
+    assert scope.cancelled_caught and tries == 2
+
+    tries = 0
+    with trio.move_on_after(1) as scope:  # a cancellation inside an attempt is not re-planned
+        async for attempt in conflict_retrying(8, also=(Exception,)):
+            with attempt:
+                tries += 1
+                await trio.sleep_forever()
+    assert scope.cancelled_caught and tries == 1
+
+
+def test_conflict_retrying_needs_one_attempt() -> None:
+    with pytest.raises(ValueError, match="attempts"):
+        conflict_retrying(0)
+
+
+def test_every_retry_loop_is_our_own() -> None:
+    """One retry mechanism (docs/kube-api.md#retries): the loops of kube.retry, no retry
+    library beside them, in product code or in the runtime dependencies."""
+    import ast
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    root = Path(__file__).resolve().parents[2]
+    libraries = {"tenacity", "backoff", "retrying", "stamina"}
+    found = []
+    for path in sorted((root / "bigfleet_trio").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(root)}: {n}" for n in names
+                      if n.split(".")[0] in libraries]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    found += [f"pyproject.toml: {d}" for d in deps if Requirement(d).name in libraries]
+    assert not found

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import trio
 import trio.testing
 
-from bigfleet_trio.kube.workqueue import QueueCore, ShutDown, WorkQueue, backoff_delay
+from bigfleet_trio.kube.workqueue import (
+    QueueCore,
+    ShutDown,
+    WorkQueue,
+    backoff_delay,
+    in_flight_seconds,
+)
 
 
 class Recorder:
@@ -18,6 +25,7 @@ class Recorder:
         self.retries = 0
         self.waits: list[float] = []
         self.works: list[float] = []
+        self.probes: list[Callable[[], tuple[float, float]]] = []
 
     def added(self) -> None:
         self.adds += 1
@@ -34,8 +42,56 @@ class Recorder:
     def worked(self, seconds: float) -> None:
         self.works.append(seconds)
 
+    def watch(self, in_flight: Callable[[], tuple[float, float]]) -> None:
+        self.probes.append(in_flight)
+
 
 # -- pure core --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("starts", "now", "expected"), [
+    ([], 10.0, (0.0, 0.0)),  # nothing in flight
+    ([10.0], 10.0, (0.0, 0.0)),  # just taken
+    ([4.0], 10.0, (6.0, 6.0)),
+    ([4.0, 7.0, 9.5], 10.0, (6.0 + 3.0 + 0.5, 6.0)),  # sum of all; the longest is the oldest
+    ([7.0, 4.0], 10.0, (9.0, 6.0)),  # in any order
+    ([12.0, 4.0], 10.0, (6.0, 6.0)),  # a start after now (another clock's) counts as 0
+])
+def test_in_flight_seconds_is_client_gos_unfinished_and_longest(
+        starts: list[float], now: float, expected: tuple[float, float]) -> None:
+    assert in_flight_seconds(starts, now) == pytest.approx(expected)
+
+
+def test_core_hands_its_metrics_a_probe_of_work_in_progress_on_its_clock() -> None:
+    now = [0.0]
+    rec = Recorder()
+    q: QueueCore[str] = QueueCore(metrics=rec, clock=lambda: now[0])
+    (probe,) = rec.probes  # once, at construction
+    assert probe() == (0.0, 0.0)
+    for key in "abc":
+        q.add(key, 0)
+    assert probe() == (0.0, 0.0)  # queued is not in progress
+    assert q.pop(1) == "a"
+    assert q.pop(3) == "b"
+    now[0] = 4.0
+    assert probe() == pytest.approx((3.0 + 1.0, 3.0))
+    q.done("a", 4)
+    now[0] = 6.0
+    assert probe() == pytest.approx((3.0, 3.0))
+    q.add("b", 6)  # dirty while processing: still in progress
+    assert probe() == pytest.approx((3.0, 3.0))
+    q.done("b", 6)  # re-queued: waiting, not in progress
+    assert probe() == (0.0, 0.0)
+    assert q.pop(7) == "c"
+    q.unpop("c", 7)  # given back unworked
+    now[0] = 9.0
+    assert probe() == (0.0, 0.0)
+
+
+def test_core_without_a_clock_hands_no_probe() -> None:
+    rec = Recorder()
+    QueueCore(metrics=rec)
+    assert rec.probes == []
 
 
 def test_add_deduplicates_and_keeps_fifo_order() -> None:

@@ -79,8 +79,10 @@ STANDARD = [  # client-go's and controller-runtime's names, in both binaries
     "rest_client_requests",
     "workqueue_adds",
     "workqueue_depth",
+    "workqueue_longest_running_processor_seconds",
     "workqueue_queue_duration_seconds",
     "workqueue_retries",
+    "workqueue_unfinished_work_seconds",
     "workqueue_work_duration_seconds",
 ]
 

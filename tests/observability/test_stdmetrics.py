@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import trio
+import trio.testing
 from prometheus_client import REGISTRY
 
 from bigfleet_trio.kube.leader import LeaderElector
@@ -61,6 +62,54 @@ async def test_queue_metrics_plug_in_with_the_queue_name(autojump_clock: object)
     assert _v("workqueue_queue_duration_seconds_sum", name="std-q") == 1.5
     queue.done(key)
     assert _v("workqueue_work_duration_seconds_count", name="std-q") == 1
+
+
+async def test_queue_work_in_progress_is_read_at_scrape_time(autojump_clock: object) -> None:
+    """client-go's workqueue_unfinished_work_seconds (the seconds of every key a worker holds,
+    summed) and workqueue_longest_running_processor_seconds (the oldest one's), computed when
+    the registry is read (docs/operate.md#standard-metric-names)."""
+    def scrape() -> tuple[float, float]:
+        return (_v("workqueue_unfinished_work_seconds", name="std-flight"),
+                _v("workqueue_longest_running_processor_seconds", name="std-flight"))
+
+    queue: WorkQueue[str] = WorkQueue(metrics=stdmetrics.StandardQueueMetrics("std-flight"))
+    queue.add("a")
+    queue.add("b")
+    await trio.sleep(5)
+    assert scrape() == (0.0, 0.0)  # waiting keys are not work in progress
+    a = await queue.get()
+    await trio.sleep(2)
+    assert scrape() == (2.0, 2.0)  # no event since the get: the scrape computes it
+    b = await queue.get()
+    await trio.sleep(0.5)
+    assert scrape() == (2.5 + 0.5, 2.5)
+    queue.done(a)
+    assert scrape() == (0.5, 0.5)
+    queue.done(b)
+    assert scrape() == (0.0, 0.0)
+
+    queue.add("c")
+    c = await queue.get()
+    await trio.sleep(1)
+    assert scrape() == (1.0, 1.0)
+    del queue, c  # a queue gone (reference counting) reports nothing and is not kept alive
+    assert scrape() == (0.0, 0.0)
+
+
+def test_queue_work_in_progress_reads_zero_outside_a_trio_run() -> None:
+    """Trio's clock is readable only inside a run (a scrape from another thread, or after the
+    run ended): no worker runs there, and the scrape must not fail."""
+    queue: WorkQueue[str] = WorkQueue(metrics=stdmetrics.StandardQueueMetrics("std-outside"))
+
+    async def take() -> None:
+        queue.add("a")
+        assert await queue.get() == "a"
+        assert queue.in_flight(trio.current_time()) == (0.0, 0.0)
+
+    trio.run(take, clock=trio.testing.MockClock())
+    assert queue.processing == 1  # never done
+    assert _v("workqueue_unfinished_work_seconds", name="std-outside") == 0.0
+    assert _v("workqueue_longest_running_processor_seconds", name="std-outside") == 0.0
 
 
 def test_reconcile_results_and_errors() -> None:

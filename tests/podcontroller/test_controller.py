@@ -498,7 +498,37 @@ async def test_leader_election_only_leader_writes(autojump_clock: trio.testing.M
         nursery.cancel_scope.cancel()
 
 
+async def watch_crs_until(client: KubeClient,
+                          done: Callable[[dict[str, dict[str, Any]]], bool]) -> None:
+    """Follow the default namespace's CRs (a list, then a watch from it) until ``done(CRs by
+    name)`` holds: each check on an event, no polling (for tests on the real clock)."""
+    listing = await client.list(CAPACITY_REQUESTS, "default")
+    state = {cr["metadata"]["name"]: cr for cr in listing.items}
+    rv = listing.resource_version
+    while not done(state):
+        async with client.watch(CAPACITY_REQUESTS, "default", resource_version=rv) as stream:
+            async for event in stream:
+                assert event.type != "ERROR", event.object
+                rv = event.object["metadata"]["resourceVersion"]
+                if event.type == "BOOKMARK":
+                    continue
+                name = event.object["metadata"]["name"]
+                if event.type == "DELETED":
+                    state.pop(name, None)
+                else:
+                    state[name] = event.object
+                if done(state):
+                    return
+
+
+def _all_pending(n: int) -> Callable[[dict[str, dict[str, Any]]], bool]:
+    return lambda crs: len(crs) == n and all(
+        (cr.get("status") or {}).get("phase") == "Pending" for cr in crs.values())
+
+
 async def test_real_socket_end_to_end(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Over a real loopback socket (so on the real clock: a virtual one would jump past the
+    socket's answers), waiting on watch events, never on a sleep."""
     server = ApiServer()
     url = await nursery.start(serve, server)
     kc = tmp_path / "kubeconfig"
@@ -508,12 +538,13 @@ async def test_real_socket_end_to_end(nursery: trio.Nursery, tmp_path: Path) -> 
             ctl = PodController(client)
             async with trio.open_nursery() as inner:
                 await inner.start(ctl.run)
-                for i in range(5):
-                    await client.create(PODS, pod(f"s{i}"))
-                await eventually(lambda: _pending_count(client, 5), step=0.01)
+                uids = [(await client.create(PODS, pod(f"s{i}")))["metadata"]["uid"]
+                        for i in range(5)]
+                await watch_crs_until(client, _all_pending(5))
                 await client.delete(PODS, "s0", "default")
-                await eventually(lambda: _count(client, 4), step=0.01)
-                assert await _count(client, 4)
+                await watch_crs_until(client, lambda crs: len(crs) == 4)
+                owners = {cr["metadata"]["labels"][LABEL] for cr in await crs(client)}
+                assert owners == set(uids[1:])  # the deleted Pod's CR went, no other
                 inner.cancel_scope.cancel()
 
 
