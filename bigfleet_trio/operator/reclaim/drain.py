@@ -42,6 +42,7 @@ from .plan import (
     STATUS_WRITE_TIMEOUT,
     DrainResult,
     EvictionOutcome,
+    budget_refusal,
     classify_eviction_error,
     drain_failure_message,
     error_text,
@@ -49,6 +50,7 @@ from .plan import (
     eviction_result_label,
     pod_key,
     protected_wait,
+    refusal_text,
     skip_reason,
 )
 from .resume import RESUMED_INSTRUCTION_ID, expired_drain_message, resumed_failure_message
@@ -335,14 +337,15 @@ class DrainManager:
                 type="Warning",
             )
 
-    def _eviction_blocked(self, job: _Job, pod: dict[str, Any], key: str, text: str) -> None:
-        """The first refused eviction of ``pod`` in this drain becomes a Warning Event."""
+    def _eviction_blocked(self, job: _Job, pod: dict[str, Any], key: str, why: str) -> None:
+        """The first refused eviction of ``pod`` in this drain becomes a Warning Event
+        (``why``: ``": <error>"`` or ``" by PodDisruptionBudget ns/name: ..."``)."""
         if self._events is None or key in job.blocked_reported:
             return
         job.blocked_reported.add(key)
         self._events.record(
             pod_object(pod), reason=REASON_EVICTION_BLOCKED, type="Warning",
-            message=f"Eviction to drain node {job.node} refused: {text}",
+            message=f"Eviction to drain node {job.node} refused{why}",
         )
 
     def _holds(self, job: _Job, pod: dict[str, Any], key: str, deadline: float) -> str | None:
@@ -485,11 +488,13 @@ class DrainManager:
         except KubeError as exc:
             outcome = classify_eviction_error(exc)
             metrics.EVICTIONS.labels(eviction_result_label(outcome)).inc()
-            text = error_text(exc)
+            text = refusal_text(exc, meta.get("namespace", ""))
             if outcome is EvictionOutcome.GONE:
                 log.info("drain: pod already gone node=%s pod=%s", job.node, key)
                 return None
-            self._eviction_blocked(job, pod, key, text)
+            # the budget leads the text: "refused by PodDisruptionBudget ns/name: ..."
+            why = f" by {text}" if budget_refusal(exc) is not None else f": {text}"
+            self._eviction_blocked(job, pod, key, why)
             if outcome is EvictionOutcome.STOP:
                 log.warning(
                     "drain: eviction refused, giving up on pod node=%s pod=%s error=%s",
@@ -497,14 +502,14 @@ class DrainManager:
                     key,
                     text,
                 )
-                return "stopped", f"eviction refused, not retried: {text}"
+                return "stopped", f"eviction refused, not retried{why}"
             log.info(
                 "drain: eviction blocked, will retry node=%s pod=%s error=%s",
                 job.node,
                 key,
                 text,
             )
-            return "blocked", f"eviction blocked: {text}"
+            return "blocked", f"eviction blocked{why}"
         metrics.EVICTIONS.labels("evicted").inc()
         log.info("drain: evicted node=%s pod=%s", job.node, key)
         if self._events is not None:
