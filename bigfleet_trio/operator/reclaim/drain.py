@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import random
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import trio
@@ -53,7 +55,12 @@ from .plan import (
     refusal_text,
     skip_reason,
 )
-from .resume import RESUMED_INSTRUCTION_ID, expired_drain_message, resumed_failure_message
+from .resume import (
+    RESUMED_INSTRUCTION_ID,
+    expired_drain_message,
+    resumed_failure_message,
+    utc_now,
+)
 
 __all__ = ["DrainManager"]
 
@@ -115,6 +122,8 @@ class DrainManager:
             ``cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`` is evicted last, only
             near the deadline (:func:`~.plan.protected_wait`), with a ``DisruptionBlocked``
             Event; False (``--disruption-annotations=false``) evicts it like any other.
+        wall_clock: the wall clock (aware) a ``karpenter.sh/do-not-disrupt`` duration expires
+            by (from the Pod's ``status.startTime``); tests inject one.
     """
 
     def __init__(
@@ -131,9 +140,11 @@ class DrainManager:
         events: EventRecorder | None = None,
         feed: EventFeed | None = None,
         disruption_annotations: bool = True,
+        wall_clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._client = client
         self._honour_annotations = disruption_annotations
+        self._wall_clock = wall_clock
         self.memory = memory
         self._interval = retry_interval
         self._fast_poll = fast_poll
@@ -352,7 +363,10 @@ class DrainManager:
         """Why this round leaves ``pod`` alone (its disruption annotation), or None."""
         if not self._honour_annotations:
             return None
-        blocker = disruption_blocker((pod.get("metadata") or {}).get("annotations"))
+        blocker = disruption_blocker(
+            (pod.get("metadata") or {}).get("annotations"),
+            started=(pod.get("status") or {}).get("startTime"), now=self._wall_clock(),
+        )
         remaining = deadline - trio.current_time()
         if blocker is None or not protected_wait(pod, remaining, self._interval):
             return None
@@ -360,8 +374,9 @@ class DrainManager:
             job.held_reported.add(key)
             self._events.record(
                 pod_object(pod), reason=REASON_DISRUPTION_BLOCKED, type="Warning",
-                message=f"Drain of node {job.node} for reclaim {job.instruction_id} evicts "
-                f"this Pod last, near its deadline (in {int(remaining)} s): {blocker}",
+                message=f"Drain of node {job.node} for reclaim {job.instruction_id} leaves "
+                "this Pod for last while its annotation protects it, evicting it near the "
+                f"deadline (in {int(remaining)} s) at the latest: {blocker}",
             )
         return f"held until the deadline: {blocker}"
 
