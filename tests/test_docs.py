@@ -280,6 +280,7 @@ NOT_OUR_CLASSES = {
     "NoCapacityOffered", "NoMachineCame", "DisruptionBlocked",
     "EvictionBlocked",
     "DisruptionBudget",  # kube-apiserver's eviction StatusCause reason
+    "InvalidDoNotDisruptAnnotation",
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from bigfleet_trio.durations import parse_go_duration
 
-__all__ = ["DO_NOT_DISRUPT", "SAFE_TO_EVICT", "disruption_blocker"]
+__all__ = ["DO_NOT_DISRUPT", "SAFE_TO_EVICT", "disruption_blocker", "invalid_do_not_disrupt"]
 
 DO_NOT_DISRUPT: Final = "karpenter.sh/do-not-disrupt"
 SAFE_TO_EVICT: Final = "cluster-autoscaler.kubernetes.io/safe-to-evict"
@@ -53,13 +53,34 @@ def disruption_blocker(
     return None
 
 
-def _duration_protects(value: str, started: object, now: datetime | None) -> str | None:
+def invalid_do_not_disrupt(annotations: object) -> str | None:
+    """The Warning for a ``karpenter.sh/do-not-disrupt`` value that protects nothing (neither
+    ``"true"`` nor a positive Go duration: ``"600"``, ``"True"``, ``"false"``, ``"0s"``), as
+    Karpenter's ``InvalidDoNotDisruptAnnotation`` warns of it; None when absent or valid.
+
+    Args:
+        annotations: ``metadata.annotations`` as found (anything not a mapping: none).
+    """
+    if not isinstance(annotations, Mapping) or DO_NOT_DISRUPT not in annotations:
+        return None
+    value = annotations[DO_NOT_DISRUPT]
+    if value == "true" or (isinstance(value, str) and _positive(value)):
+        return None
+    return (f'annotation {DO_NOT_DISRUPT}="{value}" protects nothing and is ignored: use '
+            '"true" or a Go duration such as "30m"')
+
+
+def _positive(value: str) -> bool:
     try:
-        seconds = parse_go_duration(value)
+        return parse_go_duration(value) > 0
     except ValueError:
+        return False
+
+
+def _duration_protects(value: str, started: object, now: datetime | None) -> str | None:
+    if not _positive(value):
         return None
-    if seconds <= 0:
-        return None
+    seconds = parse_go_duration(value)
     text = f"annotation {DO_NOT_DISRUPT}={value}"
     start = _time(started)
     if start is None:

@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 import trio
 
-from bigfleet_trio.kube.disruption import DO_NOT_DISRUPT, SAFE_TO_EVICT, disruption_blocker
+from bigfleet_trio.kube.disruption import (
+    DO_NOT_DISRUPT,
+    SAFE_TO_EVICT,
+    disruption_blocker,
+    invalid_do_not_disrupt,
+)
 from bigfleet_trio.kube.resources import EVENTS, PODS
 from bigfleet_trio.operator.kubeevents import EventRecorder
 from bigfleet_trio.operator.reclaim.drain import DrainManager
@@ -75,6 +80,24 @@ def test_a_duration_protects_from_the_pods_start_for_that_long(
 ) -> None:
     annotations = {DO_NOT_DISRUPT: value}
     assert disruption_blocker(annotations, started=started, now=T0 + after) == blocker
+
+
+@pytest.mark.parametrize(("annotations", "invalid"), [
+    ({DO_NOT_DISRUPT: "600"}, "600"), ({DO_NOT_DISRUPT: "True"}, "True"),
+    ({DO_NOT_DISRUPT: "false"}, "false"), ({DO_NOT_DISRUPT: "0s"}, "0s"),
+    ({DO_NOT_DISRUPT: "-5m"}, "-5m"), ({DO_NOT_DISRUPT: ""}, ""), ({DO_NOT_DISRUPT: 1}, "1"),
+    ({DO_NOT_DISRUPT: "true"}, None), ({DO_NOT_DISRUPT: "30m"}, None),
+    ({SAFE_TO_EVICT: "maybe"}, None),  # cluster-autoscaler's reads only "false": not ours
+    ({}, None), (None, None),
+])
+def test_a_do_not_disrupt_value_that_protects_nothing_is_named(
+    annotations: Any, invalid: str | None,
+) -> None:
+    """As Karpenter's InvalidDoNotDisruptAnnotation: the value, and what would work."""
+    expected = None if invalid is None else (
+        f'annotation {DO_NOT_DISRUPT}="{invalid}" protects nothing and is ignored: use "true" '
+        'or a Go duration such as "30m"')
+    assert invalid_do_not_disrupt(annotations) == expected
 
 
 def test_without_a_clock_a_duration_protects() -> None:
@@ -204,3 +227,28 @@ async def test_a_duration_holds_the_pod_only_until_its_protection_ends(
             if e["reason"] == "DisruptionBlocked"}
     assert sorted(held) == ["long", "short"]
     assert held["short"].endswith(f"annotation {DO_NOT_DISRUPT}=2m until 2026-03-01T12:01:00Z")
+
+
+async def test_a_drain_warns_once_of_a_value_that_protects_nothing(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
+) -> None:
+    kube = cluster(nursery)
+    seed(kube, "db", {DO_NOT_DISRUPT: "600"})  # seconds? Go wants a unit: no protection
+    t0 = trio.current_time()
+    await drain(kube)
+    assert evicted_at(kube)["db"] - t0 < 5
+    warned = [e for e in kube.objects(EVENTS).values()
+              if e["reason"] == "InvalidDoNotDisruptAnnotation"]
+    assert [(e["type"], e["involvedObject"]["name"]) for e in warned] == [("Warning", "db")]
+    assert warned[0]["message"] == invalid_do_not_disrupt({DO_NOT_DISRUPT: "600"})
+    assert not any(reason == "DisruptionBlocked" for *_, reason in seen(kube))
+
+
+async def test_with_the_opt_out_no_warning_either(
+    nursery: trio.Nursery, autojump_clock: trio.abc.Clock,
+) -> None:
+    kube = cluster(nursery)
+    seed(kube, "db", {DO_NOT_DISRUPT: "600"})
+    await drain(kube, honour=False)
+    assert not any(e["reason"] == "InvalidDoNotDisruptAnnotation"
+                   for e in kube.objects(EVENTS).values())

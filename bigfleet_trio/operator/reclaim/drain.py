@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from bigfleet_trio.kube.api import KubeAPI
-from bigfleet_trio.kube.disruption import disruption_blocker
+from bigfleet_trio.kube.disruption import disruption_blocker, invalid_do_not_disrupt
 from bigfleet_trio.kube.errors import KubeError
 from bigfleet_trio.kube.resources import PODS
 from bigfleet_trio.observability import events as kinds
@@ -30,6 +30,7 @@ from bigfleet_trio.operator.kubeevents import (
     REASON_DRAINED,
     REASON_EVICTED,
     REASON_EVICTION_BLOCKED,
+    REASON_INVALID_DO_NOT_DISRUPT,
     EventRecorder,
     pod_object,
 )
@@ -77,6 +78,7 @@ class _Job:
     pods_left: dict[str, str] = field(default_factory=dict)
     blocked_reported: set[str] = field(default_factory=set)  # Pods with an EvictionBlocked Event
     held_reported: set[str] = field(default_factory=set)  # Pods with a DisruptionBlocked Event
+    invalid_reported: set[str] = field(default_factory=set)  # ... an InvalidDoNotDisrupt... one
     resumed_deadline: str | None = None  # a drain resumed after a restart: its recorded deadline
 
 
@@ -363,9 +365,15 @@ class DrainManager:
         """Why this round leaves ``pod`` alone (its disruption annotation), or None."""
         if not self._honour_annotations:
             return None
+        annotations = (pod.get("metadata") or {}).get("annotations")
+        invalid = invalid_do_not_disrupt(annotations)
+        if invalid is not None and self._events is not None and key not in job.invalid_reported:
+            job.invalid_reported.add(key)  # once per drain, as DisruptionBlocked
+            self._events.record(pod_object(pod), reason=REASON_INVALID_DO_NOT_DISRUPT,
+                                type="Warning", message=invalid)
         blocker = disruption_blocker(
-            (pod.get("metadata") or {}).get("annotations"),
-            started=(pod.get("status") or {}).get("startTime"), now=self._wall_clock(),
+            annotations, started=(pod.get("status") or {}).get("startTime"),
+            now=self._wall_clock(),
         )
         remaining = deadline - trio.current_time()
         if blocker is None or not protected_wait(pod, remaining, self._interval):
