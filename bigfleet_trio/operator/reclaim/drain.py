@@ -78,7 +78,7 @@ class _Job:
     pods_left: dict[str, str] = field(default_factory=dict)
     blocked_reported: set[str] = field(default_factory=set)  # Pods with an EvictionBlocked Event
     held_reported: set[str] = field(default_factory=set)  # Pods with a DisruptionBlocked Event
-    invalid_reported: set[str] = field(default_factory=set)  # ... an InvalidDoNotDisrupt... one
+    invalid_reported: set[str] = field(default_factory=set)  # Pods warned of a do-not-disrupt value
     resumed_deadline: str | None = None  # a drain resumed after a restart: its recorded deadline
 
 
