@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["parse_duration", "format_duration"]
+__all__ = ["parse_duration", "parse_go_duration", "format_duration"]
 
 # Seconds per unit, as in Go's time package (``µs`` and ``μs`` are both micro).
 _UNITS: dict[str, float] = {
@@ -78,6 +78,33 @@ def parse_duration(text: str) -> float:
         total += float(number) * _UNITS[unit]
         pos = m.end()
     return sign * total
+
+
+_GO_MAX_SECONDS = 9223372036.854775807
+"""The longest ``time.Duration`` (int64 nanoseconds); Go refuses a longer one as an overflow."""
+
+
+def parse_go_duration(text: str) -> float:
+    """Parse exactly what Go's ``time.ParseDuration`` accepts, into seconds: a value another
+    Go program reads (an annotation such as ``karpenter.sh/do-not-disrupt: "30m"``) means here
+    what it means there.
+
+    Stricter than :func:`parse_duration`: no plain seconds (but ``0``, signed or not), no
+    surrounding blanks, nothing past the int64-nanosecond range.
+
+    Raises:
+        ValueError: anything Go refuses, with a message naming the value.
+    """
+    if not isinstance(text, str) or text != text.strip() or not text:
+        raise ValueError(f"invalid duration {text!r}")
+    if text.lstrip("+-") == "0" and len(text) <= 2:
+        return 0.0
+    if _PLAIN.fullmatch(text):
+        raise ValueError(f"invalid duration {text!r}: missing unit")
+    seconds = parse_duration(text)
+    if abs(seconds) > _GO_MAX_SECONDS:
+        raise ValueError(f"invalid duration {text!r}: overflow")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:

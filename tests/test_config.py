@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bigfleet_trio.config import OperatorConfig, PodControllerConfig
-from bigfleet_trio.durations import format_duration, parse_duration
+from bigfleet_trio.durations import format_duration, parse_duration, parse_go_duration
 from bigfleet_trio.knobs import ConfigError, split_host_port
 from bigfleet_trio.sim.demo_options import DemoOptions
 
@@ -49,6 +49,24 @@ def test_parse_duration_accepts_go_and_plain_forms(text: str, seconds: float) ->
 def test_parse_duration_rejects_garbage(text: str) -> None:
     with pytest.raises(ValueError, match="invalid duration"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30m", 1800.0), ("1h30m", 5400.0), ("1.5h", 5400.0), (".5s", 0.5), ("1.s", 1.0),
+    ("+5m", 300.0), ("-5m", -300.0), ("0", 0.0), ("+0", 0.0), ("-0", 0.0), ("0s", 0.0),
+    ("300ms", 0.3), ("2562047h", 2562047 * 3600.0),  # under Go's int64 nanoseconds
+])
+def test_parse_go_duration_is_go_time_parse_duration(text: str, seconds: float) -> None:
+    assert parse_go_duration(text) == pytest.approx(seconds, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("text", [
+    "10", "0.5", "-10",  # plain seconds: Go wants a unit on anything but 0
+    " 5m", "5m ", "", "+", "5M", "1d", "true", "false", "5m-", "2562048h",  # the last: overflow
+])
+def test_parse_go_duration_refuses_what_go_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_go_duration(text)
 
 
 def test_parse_duration_error_names_unit() -> None:

@@ -279,6 +279,8 @@ NOT_OUR_CLASSES = {
     "NoneFits", "NothingCame", "CapacityRequested", "CapacityRequestExcluded",
     "NoCapacityOffered", "NoMachineCame", "DisruptionBlocked",
     "EvictionBlocked",
+    "DisruptionBudget",  # kube-apiserver's eviction StatusCause reason
+    "InvalidDoNotDisruptAnnotation",
 }
 
 

@@ -13,9 +13,10 @@ Reasons (reclaim: :mod:`.reclaim`): ``Reclaim``, ``Cordoned``, ``Drained`` (Norm
 ``DrainFailed`` (Warning, the UpcomingNode's ``lastError``) on the Node; ``Evicted`` (Normal) and
 ``EvictionBlocked`` (Warning, the apiserver's refusal naming the PodDisruptionBudget; once per
 Pod per drain) and ``DisruptionBlocked`` (Warning, the disruption annotation that holds the Pod
-until the deadline; once per Pod per drain) on the Pod. Outcomes (:mod:`.outcomes`):
-``CapacityRequested``, ``MachineComing`` (Normal), ``CapacityRequestExcluded``,
-``NoCapacityOffered``, ``NoMachineCame`` (Warning) on the Pod.
+until the deadline; once per Pod per drain) and ``InvalidDoNotDisruptAnnotation`` (Warning, a
+``karpenter.sh/do-not-disrupt`` value that protects nothing; once per Pod per drain) on the Pod.
+Outcomes (:mod:`.outcomes`): ``CapacityRequested``, ``MachineComing`` (Normal),
+``CapacityRequestExcluded``, ``NoCapacityOffered``, ``NoMachineCame`` (Warning) on the Pod.
 Shard frames (:mod:`.upcoming`, :mod:`.available`): ``WriteRefused`` (Warning) on the
 UpcomingNode or AvailableCapacity whose write the apiserver refused for good (422 Invalid and the
 like; docs/rules.md#level-triggered-operator).
@@ -40,6 +41,7 @@ __all__ = [
     "REASON_DISRUPTION_BLOCKED",
     "REASON_DRAIN_FAILED",
     "REASON_EVICTED",
+    "REASON_INVALID_DO_NOT_DISRUPT",
     "REASON_EVICTION_BLOCKED",
     "REASON_RECLAIM",
     "REASON_WRITE_REFUSED",
@@ -61,6 +63,7 @@ REASON_DRAINED = "Drained"
 REASON_DRAIN_FAILED = "DrainFailed"
 REASON_WRITE_REFUSED = "WriteRefused"
 REASON_DISRUPTION_BLOCKED = "DisruptionBlocked"
+REASON_INVALID_DO_NOT_DISRUPT = "InvalidDoNotDisruptAnnotation"  # Karpenter's reason
 
 #: Events waiting to be written before :meth:`EventRecorder.record` drops new ones.
 DEFAULT_CAPACITY = 1024

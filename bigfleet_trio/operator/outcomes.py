@@ -4,8 +4,9 @@ The pure half (:func:`plan_conditions`, :func:`conditions_patch`, :func:`transit
 turns one cached CR, the shard's offers (AvailableCapacity specs) and the UpcomingNodes into
 three ``metav1.Condition`` entries (docs/rules.md#outcomes-conditions-and-pod-events):
 
-- ``Sent``: True once the CR is Acknowledged (in a roll-up); False, reason ``Excluded``,
-  naming the field, when the roll-up cannot carry it.
+- ``Sent``: True once the CR is Acknowledged (in a roll-up queued on the shard session; the
+  shard's receipt is not awaited); False, reason ``Excluded``, naming the field, when the
+  roll-up cannot carry it.
 - ``CapacityOffered``: an AvailableCapacity compatible with the CR offers at least one machine.
 - ``MachineComing``: an UpcomingNode whose labels meet the CR's requirements and whose
   resources hold its request; reason ``NothingCame`` (a Warning) once the CR was sent longer
@@ -304,9 +305,11 @@ def plan_conditions(
     if _phase(cr) != "Acknowledged":
         return None
     c = contribution
+    # Acknowledged means queued, never received: docs/rules.md#acknowledgement
     sent = cond(COND_SENT, "True", R_IN_ROLLUP,
-                "in the roll-up the operator sends to the shard"
-                + (f" (co-location group {c.group})" if c.group else ""))
+                "in a roll-up queued on the shard session (the shard's receipt is not awaited; "
+                "every roll-up carries the request while it exists)"
+                + (f"; co-location group {c.group}" if c.group else ""))
     if offers is None:
         offered = cond(COND_CAPACITY_OFFERED, "Unknown", R_NO_HINTS,
                        "the shard has sent no AvailableCapacity since the operator started")
@@ -367,7 +370,7 @@ def transition_events(
             continue
         kind, reason, msg = c["type"], c["reason"], c["message"]
         if kind == COND_SENT:
-            out.append(PodEvent("Normal", EV_SENT, f"demand sent to the fleet: {msg}")
+            out.append(PodEvent("Normal", EV_SENT, f"demand queued for the fleet: {msg}")
                        if reason == R_IN_ROLLUP else PodEvent("Warning", EV_EXCLUDED, msg))
         elif kind == COND_CAPACITY_OFFERED and reason == R_NO_OFFER:
             out.append(PodEvent("Warning", EV_NO_OFFER, msg))

@@ -238,7 +238,7 @@ def build_operator(
     kube_events = EventRecorder(client)
     drains = DrainManager(
         client, memory, shutdown_timeout=cfg.drain_shutdown_timeout, events=kube_events,
-        feed=feed, disruption_annotations=cfg.disruption_annotations,
+        feed=feed, disruption_annotations=cfg.disruption_annotations, wall_clock=wall_clock,
     )
     acknowledger = Acknowledger(client, concurrency=cfg.ack_concurrency or 16, feed=feed)
     source = CapacityRequestRollup(

@@ -68,6 +68,19 @@ def test_served_cr_is_sent_offered_and_has_a_machine_coming() -> None:
     assert {c["lastTransitionTime"] for c in got} == {"2026-03-01T12:00:00Z"}
 
 
+def test_sent_says_queued_not_received() -> None:
+    """Sent is True once a roll-up carrying the CR was queued on the shard session; the operator
+    never waits for the shard to receive or acknowledge it, and the words say so."""
+    got = oc.plan_conditions(cr(), offers=None, upcoming=[], now=NOW)
+    assert got is not None
+    queued = ("in a roll-up queued on the shard session (the shard's receipt is not awaited; "
+              "every roll-up carries the request while it exists)")
+    assert got[0]["message"] == queued
+    [sent] = [e for e in oc.transition_events(cr(), got) if e.reason == "CapacityRequested"]
+    assert sent.message == f"demand queued for the fleet: {queued}"
+    assert "acknowledg" not in sent.message.lower() and "sent" not in sent.message.lower()
+
+
 def test_too_big_a_request_is_offered_nothing_and_gets_no_machine() -> None:
     got = oc.plan_conditions(cr(memory="1Ti"), offers=[offer()], upcoming=[upcoming()],
                              now=NOW)

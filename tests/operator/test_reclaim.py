@@ -593,8 +593,9 @@ async def test_pdb_never_allows_fails_at_deadline(
     assert status == {
         "phase": "Failed",
         "lastError": "drain of node n-1 did not finish within 10s; pods left: prod/db "
-        "(eviction blocked: 429: Cannot evict pod as it would violate the pod's disruption "
-        "budget.)",
+        "(eviction blocked by PodDisruptionBudget prod/db: The disruption budget db needs 1 "
+        "healthy pods and has 1 currently (429: Cannot evict pod as it would violate the pod's "
+        "disruption budget.))",
     }
     assert drains.results["n-1"].outcome == "failed"
     assert upcoming(c)["un-m-1"]["status"]["phase"] == "Failed"
@@ -1081,7 +1082,7 @@ async def test_apiserver_pdb_never_allows_fails_at_deadline(
     assert un["status"]["phase"] == "Failed"
     assert un["status"]["lastError"].startswith(
         "drain of node n-1 did not finish within 10s; pods left: "
-        "default/web (eviction blocked: 429:"
+        "default/web (eviction blocked by PodDisruptionBudget default/web: "
     )
     assert await _pod_names(client) == ["agent", "web"]
 

@@ -326,7 +326,7 @@ async def test_resumed_drain_fails_at_the_recorded_deadline(
     assert obj["status"]["phase"] == "Failed"
     assert obj["status"]["lastError"].startswith(
         f"drain of node n-1 (resumed after an operator restart) did not finish by its deadline "
-        f"{deadline}; pods left: default/web (eviction blocked: 429:"
+        f"{deadline}; pods left: default/web (eviction blocked by PodDisruptionBudget default/web: "
     )
     assert await _cordoned(client)
 

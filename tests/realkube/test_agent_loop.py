@@ -209,6 +209,10 @@ async def test_reclaim_cordons_and_drains_against_a_real_pod_disruption_budget(
         blocked_events = [e for e in (await kube.list(EVENTS, ns)).items
                           if e["reason"] == "EvictionBlocked"]
         assert any("disruption budget" in e["message"] for e in blocked_events), blocked_events
+        # the Event names the budget, read from kube-apiserver's own refusal
+        assert any(f"refused by PodDisruptionBudget {ns}/guarded: The disruption budget guarded "
+                   "needs 2 healthy pods and has 2 currently (429: " in e["message"]
+                   for e in blocked_events), blocked_events
 
         async def loose_evicted() -> bool:
             return "Evicted" in await reasons("Pod", "loose")

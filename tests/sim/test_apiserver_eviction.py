@@ -97,13 +97,59 @@ async def test_pdb_allows_one_then_blocks(client: httpx.AsyncClient) -> None:
     body = r.json()
     assert body["reason"] == "TooManyRequests"
     assert body["message"] == "Cannot evict pod as it would violate the pod's disruption budget."
+    # more healthy than desired, yet no disruption left: kube-apiserver's default wording
     assert body["details"]["causes"] == [
         {
             "reason": "DisruptionBudget",
-            "message": "The disruption budget pdb1 needs 1 healthy pods and has 2 currently",
+            "message": "The disruption budget pdb1 does not allow evicting pods currently",
         }
     ]
     assert (await client.get(f"{PODS}/b")).status_code == 200
+
+
+async def test_no_disruption_left_says_why_as_kube_apiserver_does(
+    client: httpx.AsyncClient,
+) -> None:
+    await running_pod(client, "a")
+    await make_pdb(client, allowed=0, healthy=1)
+    causes = (await client.post(f"{PODS}/a/eviction", json=eviction("a"))).json()["details"]
+    assert causes == {"causes": [{
+        "reason": "DisruptionBudget",
+        "message": "The disruption budget pdb1 needs 1 healthy pods and has 1 currently",
+    }]}
+    for reason, message, expected in [
+        ("SyncFailed", "no controller",
+         "The disruption budget pdb1 does not allow evicting pods currently because it failed "
+         "sync: no controller"),
+        ("InsufficientPods", "too few", "The disruption budget pdb1 does not allow evicting "
+         "pods currently (InsufficientPods): too few"),
+    ]:
+        await patch(client, f"{PDBS}/pdb1/status", {"status": {
+            "currentHealthy": 2 if reason != "SyncFailed" else 1,
+            "conditions": [{"type": "DisruptionAllowed", "status": "False", "reason": reason,
+                            "message": message, "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        }})
+        r = await client.post(f"{PODS}/a/eviction", json=eviction("a"))
+        assert r.json()["details"]["causes"][0]["message"] == expected
+
+
+async def test_negative_disruptions_allowed_is_403_naming_the_budget(
+    client: httpx.AsyncClient,
+) -> None:
+    await running_pod(client, "a")
+    await make_pdb(client, allowed=-1)
+    r = await client.post(f"{PODS}/a/eviction", json=eviction("a"))
+    assert r.status_code == 403
+    body = r.json()
+    assert (body["reason"], body["message"]) == (
+        "Forbidden",
+        'poddisruptionbudget.policy "pdb1" is forbidden: pdb disruptions allowed is negative')
+    assert body["details"] == {
+        "name": "pdb1", "group": "policy", "kind": "poddisruptionbudget",
+        "causes": [{"reason": "DisruptionBudget", "message": "The disruption budget pdb1 does "
+                    "not allow evicting pods currently: pdb disruptions allowed is negative"}],
+    }
+    assert (await client.get(f"{PODS}/a")).status_code == 200
 
 
 async def test_pdb_not_observed_yet(client: httpx.AsyncClient) -> None:

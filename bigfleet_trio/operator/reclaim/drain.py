@@ -10,13 +10,15 @@ from __future__ import annotations
 import logging
 import random
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import trio
 
 from bigfleet_trio.kube.api import KubeAPI
-from bigfleet_trio.kube.disruption import disruption_blocker
+from bigfleet_trio.kube.disruption import disruption_blocker, invalid_do_not_disrupt
 from bigfleet_trio.kube.errors import KubeError
 from bigfleet_trio.kube.resources import PODS
 from bigfleet_trio.observability import events as kinds
@@ -28,6 +30,7 @@ from bigfleet_trio.operator.kubeevents import (
     REASON_DRAINED,
     REASON_EVICTED,
     REASON_EVICTION_BLOCKED,
+    REASON_INVALID_DO_NOT_DISRUPT,
     EventRecorder,
     pod_object,
 )
@@ -42,6 +45,7 @@ from .plan import (
     STATUS_WRITE_TIMEOUT,
     DrainResult,
     EvictionOutcome,
+    budget_refusal,
     classify_eviction_error,
     drain_failure_message,
     error_text,
@@ -49,9 +53,15 @@ from .plan import (
     eviction_result_label,
     pod_key,
     protected_wait,
+    refusal_text,
     skip_reason,
 )
-from .resume import RESUMED_INSTRUCTION_ID, expired_drain_message, resumed_failure_message
+from .resume import (
+    RESUMED_INSTRUCTION_ID,
+    expired_drain_message,
+    resumed_failure_message,
+    utc_now,
+)
 
 __all__ = ["DrainManager"]
 
@@ -68,6 +78,7 @@ class _Job:
     pods_left: dict[str, str] = field(default_factory=dict)
     blocked_reported: set[str] = field(default_factory=set)  # Pods with an EvictionBlocked Event
     held_reported: set[str] = field(default_factory=set)  # Pods with a DisruptionBlocked Event
+    invalid_reported: set[str] = field(default_factory=set)  # Pods warned of a do-not-disrupt value
     resumed_deadline: str | None = None  # a drain resumed after a restart: its recorded deadline
 
 
@@ -113,6 +124,8 @@ class DrainManager:
             ``cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`` is evicted last, only
             near the deadline (:func:`~.plan.protected_wait`), with a ``DisruptionBlocked``
             Event; False (``--disruption-annotations=false``) evicts it like any other.
+        wall_clock: the wall clock (aware) a ``karpenter.sh/do-not-disrupt`` duration expires
+            by (from the Pod's ``status.startTime``); tests inject one.
     """
 
     def __init__(
@@ -129,9 +142,11 @@ class DrainManager:
         events: EventRecorder | None = None,
         feed: EventFeed | None = None,
         disruption_annotations: bool = True,
+        wall_clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._client = client
         self._honour_annotations = disruption_annotations
+        self._wall_clock = wall_clock
         self.memory = memory
         self._interval = retry_interval
         self._fast_poll = fast_poll
@@ -335,21 +350,31 @@ class DrainManager:
                 type="Warning",
             )
 
-    def _eviction_blocked(self, job: _Job, pod: dict[str, Any], key: str, text: str) -> None:
-        """The first refused eviction of ``pod`` in this drain becomes a Warning Event."""
+    def _eviction_blocked(self, job: _Job, pod: dict[str, Any], key: str, why: str) -> None:
+        """The first refused eviction of ``pod`` in this drain becomes a Warning Event
+        (``why``: ``": <error>"`` or ``" by PodDisruptionBudget ns/name: ..."``)."""
         if self._events is None or key in job.blocked_reported:
             return
         job.blocked_reported.add(key)
         self._events.record(
             pod_object(pod), reason=REASON_EVICTION_BLOCKED, type="Warning",
-            message=f"Eviction to drain node {job.node} refused: {text}",
+            message=f"Eviction to drain node {job.node} refused{why}",
         )
 
     def _holds(self, job: _Job, pod: dict[str, Any], key: str, deadline: float) -> str | None:
         """Why this round leaves ``pod`` alone (its disruption annotation), or None."""
         if not self._honour_annotations:
             return None
-        blocker = disruption_blocker((pod.get("metadata") or {}).get("annotations"))
+        annotations = (pod.get("metadata") or {}).get("annotations")
+        invalid = invalid_do_not_disrupt(annotations)
+        if invalid is not None and self._events is not None and key not in job.invalid_reported:
+            job.invalid_reported.add(key)  # once per drain, as DisruptionBlocked
+            self._events.record(pod_object(pod), reason=REASON_INVALID_DO_NOT_DISRUPT,
+                                type="Warning", message=invalid)
+        blocker = disruption_blocker(
+            annotations, started=(pod.get("status") or {}).get("startTime"),
+            now=self._wall_clock(),
+        )
         remaining = deadline - trio.current_time()
         if blocker is None or not protected_wait(pod, remaining, self._interval):
             return None
@@ -357,8 +382,9 @@ class DrainManager:
             job.held_reported.add(key)
             self._events.record(
                 pod_object(pod), reason=REASON_DISRUPTION_BLOCKED, type="Warning",
-                message=f"Drain of node {job.node} for reclaim {job.instruction_id} evicts "
-                f"this Pod last, near its deadline (in {int(remaining)} s): {blocker}",
+                message=f"Drain of node {job.node} for reclaim {job.instruction_id} leaves "
+                "this Pod for last while its annotation protects it, evicting it near the "
+                f"deadline (in {int(remaining)} s) at the latest: {blocker}",
             )
         return f"held until the deadline: {blocker}"
 
@@ -485,11 +511,13 @@ class DrainManager:
         except KubeError as exc:
             outcome = classify_eviction_error(exc)
             metrics.EVICTIONS.labels(eviction_result_label(outcome)).inc()
-            text = error_text(exc)
+            text = refusal_text(exc, meta.get("namespace", ""))
             if outcome is EvictionOutcome.GONE:
                 log.info("drain: pod already gone node=%s pod=%s", job.node, key)
                 return None
-            self._eviction_blocked(job, pod, key, text)
+            # the budget leads the text: "refused by PodDisruptionBudget ns/name: ..."
+            why = f" by {text}" if budget_refusal(exc) is not None else f": {text}"
+            self._eviction_blocked(job, pod, key, why)
             if outcome is EvictionOutcome.STOP:
                 log.warning(
                     "drain: eviction refused, giving up on pod node=%s pod=%s error=%s",
@@ -497,14 +525,14 @@ class DrainManager:
                     key,
                     text,
                 )
-                return "stopped", f"eviction refused, not retried: {text}"
+                return "stopped", f"eviction refused, not retried{why}"
             log.info(
                 "drain: eviction blocked, will retry node=%s pod=%s error=%s",
                 job.node,
                 key,
                 text,
             )
-            return "blocked", f"eviction blocked: {text}"
+            return "blocked", f"eviction blocked{why}"
         metrics.EVICTIONS.labels("evicted").inc()
         log.info("drain: evicted node=%s pod=%s", job.node, key)
         if self._events is not None:

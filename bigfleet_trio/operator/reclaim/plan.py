@@ -9,6 +9,7 @@ time (:func:`drain_failure_message`). No I/O: :mod:`.drain` and :mod:`.handler` 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -17,7 +18,10 @@ from typing import Any, Final, Literal
 from bigfleet_trio.kube.errors import ApiError, KubeTransportError
 
 __all__ = [
+    "BudgetRefusal",
+    "budget_refusal",
     "protected_wait",
+    "refusal_text",
     "DEFAULT_GRACE_SECONDS",
     "DEFAULT_SHUTDOWN_TIMEOUT",
     "FAST_POLL_SECONDS",
@@ -169,6 +173,67 @@ def error_text(exc: BaseException) -> str:
     if isinstance(exc, ApiError):
         return f"{exc.status}: {exc.message or exc.reason}"
     return f"{type(exc).__name__}: {exc}"
+
+
+_BUDGET_CAUSE: Final = re.compile(r"The disruption budget (\S+) ")
+"""How every kube-apiserver ``DisruptionBudget`` cause message begins (``The disruption budget
+NAME needs 2 healthy pods and has 2 currently``, ``... is still being processed by the server.``,
+``... does not allow evicting pods currently``)."""
+
+
+@dataclass(frozen=True)
+class BudgetRefusal:
+    """The PodDisruptionBudget an eviction was refused for.
+
+    Attributes:
+        name: the budget's name (it lives in the Pod's namespace).
+        cause: the apiserver's ``DisruptionBudget`` cause message ("" when it sent none).
+    """
+
+    name: str
+    cause: str
+
+
+def budget_refusal(exc: BaseException) -> BudgetRefusal | None:
+    """The PodDisruptionBudget named by kube-apiserver's refusal of an eviction, or None.
+
+    kube-apiserver answers a budget with no room 429 (``disruptionsAllowed`` 0, or a status
+    that lags the spec) and a budget with ``disruptionsAllowed`` below 0 403; both carry a
+    ``details.causes[]`` entry of reason ``DisruptionBudget`` whose message begins ``The
+    disruption budget NAME ``, and the 403 names it in ``details`` (``kind``
+    ``poddisruptionbudget``). Anything else (throttling, a disruption webhook, two budgets'
+    500, RBAC) names no budget: None. Karpenter's ``DisruptionBlocked`` names the budget
+    the same way (docs/rules.md#disruption-annotations).
+    """
+    if not isinstance(exc, ApiError) or not isinstance(exc.body, Mapping):
+        return None
+    details = exc.body.get("details")
+    if not isinstance(details, Mapping):
+        return None
+    causes = details.get("causes")
+    for cause in causes if isinstance(causes, list) else ():
+        if not isinstance(cause, Mapping) or cause.get("reason") != "DisruptionBudget":
+            continue
+        message = str(cause.get("message") or "")
+        found = _BUDGET_CAUSE.match(message)
+        if found is not None:
+            return BudgetRefusal(found.group(1), message)
+    name = details.get("name")
+    if details.get("kind") == "poddisruptionbudget" and isinstance(name, str) and name:
+        return BudgetRefusal(name, "")
+    return None
+
+
+def refusal_text(exc: BaseException, namespace: str) -> str:
+    """:func:`error_text` of a refused eviction, led by the budget when it names one:
+    ``"PodDisruptionBudget prod/web: The disruption budget web needs ... (429: Cannot evict
+    pod ...)"`` (the Event's and ``lastError``'s text)."""
+    text = error_text(exc)
+    refusal = budget_refusal(exc)
+    if refusal is None:
+        return text
+    lead = f"PodDisruptionBudget {namespace}/{refusal.name}"
+    return f"{lead}: {refusal.cause} ({text})" if refusal.cause else f"{lead} ({text})"
 
 
 DrainOutcome = Literal["drained", "failed", "abandoned"]

@@ -50,6 +50,27 @@ def _ready(pod: dict[str, Any]) -> bool:
     )
 
 
+def _no_room(name: str, pst: dict[str, Any], cur_h: int, des_h: int) -> str:
+    """The cause message of a budget with no disruption left, worded as kube-apiserver's
+    ``checkAndDecrement`` words it (a failed sync first, then too few healthy Pods, then the
+    ``DisruptionAllowed`` condition's own message)."""
+    conds = pst.get("conditions")
+    reason, said = "", ""
+    for c in conds if isinstance(conds, list) else ():
+        if (isinstance(c, dict) and c.get("type") == "DisruptionAllowed"
+                and c.get("status") == "False"):
+            reason, said = str(c.get("reason") or ""), str(c.get("message") or "")
+    if said and reason == "SyncFailed":
+        return (f"The disruption budget {name} does not allow evicting pods currently because "
+                f"it failed sync: {said}")
+    if cur_h <= des_h:
+        return f"The disruption budget {name} needs {des_h} healthy pods and has {cur_h} currently"
+    if said:
+        return (f"The disruption budget {name} does not allow evicting pods currently "
+                f"({reason}): {said}")
+    return f"The disruption budget {name} does not allow evicting pods currently"
+
+
 def plan_eviction(
     pod: dict[str, Any], pdbs: list[dict[str, Any]], now: str
 ) -> dict[str, Any] | None:
@@ -70,7 +91,9 @@ def plan_eviction(
         disruption used) before deleting the pod.
 
     Raises:
-        ApiError: 429 with a ``DisruptionBudget`` cause; 500 with more than one PDB.
+        ApiError: 429 with a ``DisruptionBudget`` cause (no disruption left, or a status
+            that lags the spec); 403 naming the PDB when ``disruptionsAllowed`` is negative;
+            500 with more than one PDB.
     """
     phase = (pod.get("status") or {}).get("phase")
     if pod["metadata"].get("deletionTimestamp") or phase in ("Succeeded", "Failed", "Pending"):
@@ -104,16 +127,29 @@ def plan_eviction(
             retry_after=10,
         )
     allowed = to_int(pst.get("disruptionsAllowed", 0))
-    if allowed <= 0:
+    if allowed < 0:
+        raise E.ApiError(
+            403,
+            "Forbidden",
+            f'poddisruptionbudget.policy "{pname}" is forbidden: pdb disruptions allowed is '
+            "negative",
+            {
+                "name": pname,
+                "group": "policy",
+                "kind": "poddisruptionbudget",
+                "causes": [
+                    {
+                        "reason": "DisruptionBudget",
+                        "message": f"The disruption budget {pname} does not allow evicting pods "
+                        "currently: pdb disruptions allowed is negative",
+                    }
+                ],
+            },
+        )
+    if allowed == 0:
         raise E.too_many_requests(
             _REFUSED,
-            [
-                {
-                    "reason": "DisruptionBudget",
-                    "message": f"The disruption budget {pname} needs {des_h} healthy pods and has "
-                    f"{cur_h} currently",
-                }
-            ],
+            [{"reason": "DisruptionBudget", "message": _no_room(pname, pst, cur_h, des_h)}],
         )
     disrupted = pst.get("disruptedPods")
     disrupted = disrupted if isinstance(disrupted, dict) else {}
