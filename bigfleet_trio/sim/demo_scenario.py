@@ -381,6 +381,7 @@ async def run_scenario(
                     if hasattr(ret, "__await__"):
                         await ret
                 if keep_running is not None:
+                    await _start_workload_controllers(nursery, rigs, say)
                     ret = keep_running(summary)
                     if hasattr(ret, "__await__"):
                         await ret
@@ -392,6 +393,20 @@ async def run_scenario(
                             with contextlib.suppress(Exception):
                                 await c.aclose()
     return summary
+
+
+async def _start_workload_controllers(nursery: trio.Nursery, rigs: list[ClusterRig],
+                                      say: Callable[[str], None]) -> None:
+    """After the scenario, with ``--keep-running``: the workload controllers ``sim cluster``
+    runs (Deployment, ReplicaSet, StatefulSet, Job), one set per cluster, so what a user
+    applies with kubectl gets Pods; the binder places them as it placed the scenario's. The
+    scenario's own Pods stay the demo's (their owners are not objects in the apiserver)."""
+    from bigfleet_trio.sim.cluster import WorkloadControllers
+
+    for rig in rigs:
+        await nursery.start(WorkloadControllers(rig.client).run)
+    say(f"workload controllers (Deployment, ReplicaSet, StatefulSet, Job) running in "
+        f"{len(rigs)} cluster{'s' if len(rigs) > 1 else ''}")
 
 
 async def _serve_diagnostics(nursery: trio.Nursery, addr: str, operator: Any,
