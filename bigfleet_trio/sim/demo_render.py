@@ -180,7 +180,9 @@ def print_keep_running_banner(summary: DemoSummary, out: TextIO) -> None:
     kubectl = os.path.join(bin_dir, "kubectl")
     kubectl = kubectl if os.path.exists(kubectl) else "kubectl"
     print("", file=out)
-    print("The simulated cluster keeps running. Explore it with kubectl:", file=out)
+    print("The simulated cluster keeps running. Explore it with kubectl (the Deployment, "
+          "ReplicaSet, StatefulSet and Job controllers run: what you apply gets Pods, and "
+          "machines from the shard):", file=out)
     print(f"  export KUBECONFIG={summary.kubeconfig}", file=out)
     for cmd in ("get nodes -L node.kubernetes.io/instance-type,topology.kubernetes.io/zone",
                 "get pods -A -o wide",

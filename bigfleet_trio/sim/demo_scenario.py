@@ -381,6 +381,7 @@ async def run_scenario(
                     if hasattr(ret, "__await__"):
                         await ret
                 if keep_running is not None:
+                    await _start_workload_controllers(nursery, rigs, say)
                     ret = keep_running(summary)
                     if hasattr(ret, "__await__"):
                         await ret
@@ -392,6 +393,20 @@ async def run_scenario(
                             with contextlib.suppress(Exception):
                                 await c.aclose()
     return summary
+
+
+async def _start_workload_controllers(nursery: trio.Nursery, rigs: list[ClusterRig],
+                                      say: Callable[[str], None]) -> None:
+    """After the scenario, with ``--keep-running``: the workload controllers ``sim cluster``
+    runs (Deployment, ReplicaSet, StatefulSet, Job), one set per cluster, so what a user
+    applies with kubectl gets Pods; the binder places them as it placed the scenario's. The
+    scenario's own Pods stay the demo's (their owners are not objects in the apiserver)."""
+    from bigfleet_trio.sim.cluster import WorkloadControllers
+
+    for rig in rigs:
+        await nursery.start(WorkloadControllers(rig.client).run)
+    say(f"workload controllers (Deployment, ReplicaSet, StatefulSet, Job) running in "
+        f"{len(rigs)} cluster{'s' if len(rigs) > 1 else ''}")
 
 
 async def _serve_diagnostics(nursery: trio.Nursery, addr: str, operator: Any,
@@ -555,11 +570,8 @@ async def _drive(opts: DemoOptions, rigs: list[ClusterRig], shard: SimShard,
     _fill_fleet(summary, rigs, worlds, shard, clock)
     if scope.cancelled_caught:
         summary.ok = False
-        # Keep what was last observed (the live lines showed it) rather than zeros.
-        if last_world and stage == "scale-up":
-            _fill_up(summary, last_world[-1], view)
-        elif last_world and stage == "reclaim":
-            _fill_down(summary, last_world[-1], view, floors)
+        fill_stalled(summary, stage, last_world[-1] if last_world else None, view, floors)
+        if stage == "reclaim":
             summary.drains_completed = _drains(operator)[1] - drains_floor
         summary.failure = failure_line(opts.timeout, stage, summary.failure)
         causes = await observed_causes(first.client, last_world[-1] if last_world else None,
@@ -590,6 +602,22 @@ def _every_cluster(rigs: list[ClusterRig], worlds: dict[str, World],
     if len(rigs) == 1:
         return check(worlds[rigs[0].name], rigs[0].view)
     return [f"{r.name}: {w}" for r in rigs for w in check(worlds[r.name], r.view)]
+
+
+def fill_stalled(s: DemoSummary, stage: str, world: World | None, view: Any,
+                 floors: tuple[int, int, int]) -> None:
+    """Fill the summary of a run that ran out of time in ``stage`` (``apply``, ``scale-up``,
+    ``reclaim``) from what was last observed, ``world`` (None: nothing read yet), rather than
+    zeros; ``view``: the first cluster's share of the shard; ``floors``: the scale-down's
+    starting (reclaims, binds, failed bindings). The machines Configured at the end are the
+    last observed ones in every stage (the scale-down's rows stay 0 before it started)."""
+    if world is None:
+        return
+    if stage == "reclaim":
+        _fill_down(s, world, view, floors)
+    else:
+        _fill_up(s, world, view)
+        _fill_final(s, world, view)
 
 
 def _fill_fleet(s: DemoSummary, rigs: list[ClusterRig], worlds: dict[str, World],
@@ -630,6 +658,10 @@ def _fill_down(s: DemoSummary, world: World, shard: Any,
     s.upcoming_deleted = sum(1 for r in recs if reclaimed_binding_left(world, shard, r)[1])
     s.machines_bound_while_reclaiming = shard.engine.binds - binds_floor
     s.machines_failed_while_reclaiming = shard.engine.failed - failed_floor
+    _fill_final(s, world, shard)
+
+
+def _fill_final(s: DemoSummary, world: World, shard: Any) -> None:
     s.final_pods = len(world.live_pods)
     s.final_machines_configured = world.shard["machines"].get("CONFIGURED", 0)
     s.final_hourly_cost = hourly_cost(shard)

@@ -1,6 +1,8 @@
 """Resource quantities of Pods and Pod templates, refused where kube-apiserver refuses them:
 an unparsable one while decoding (400), a negative, fractional-for-an-integer-resource or
-above-its-limit one by validation (422, docs/deviations.md#pod-quantities)."""
+above-its-limit one by validation (422, docs/deviations.md#pod-quantities). The corpus of
+tests/support/podquantities.py gets the answers kube-apiserver gives it (the realkube tier
+checks that: tests/realkube/test_pod_quantities.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from bigfleet_trio.sim.apiserver.podresources import (
     quantity_causes,
 )
 from bigfleet_trio.sim.apiserver.testing import pod_body
+from tests.support.podquantities import CASES, QuantityCase, answer
 
 PODS = "/api/v1/namespaces/default/pods"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
@@ -134,3 +137,14 @@ async def test_the_apiserver_refuses_invalid_quantities_with_422(
     body = copy.deepcopy(ok.json())
     body["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
     assert (await client.put(f"{PODS}/hog", json=body)).status_code == 400
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+async def test_the_quantity_corpus_is_answered_as_kube_apiserver_answers_it(
+        client: httpx.AsyncClient, case: QuantityCase) -> None:
+    r = await client.post(case.path, params={"dryRun": "All"}, json=case.body)
+    code, reason, _, causes = answer(r)
+    assert (code, tuple(f for f, _, _ in causes)) == (case.code, case.fields), r.text
+    assert reason == {201: "", 400: "BadRequest", 422: "Invalid"}[case.code]
+    name = case.body["metadata"]["name"]
+    assert (await client.get(f"{case.path}/{name}")).status_code == 404  # a dry run stores none

@@ -9,7 +9,7 @@ cluster. What the fleet adds to the engines (docs/rules.md#simulated-fleet):
   so it is bootstrapped into another cluster without waiting for that cluster's next roll-up;
 - under scarcity (a need short after planning, nothing in the pool fits) Configured machines of
   other clusters serving lower-priority needs are preempted for it: lowest priority first, then
-  lowest reclamation penalty bucket, then cheapest, until the need would be covered
+  lowest reclamation penalty bucket, then the most expensive, until the need would be covered
   (:func:`pick_victims`);
 - every cluster hears the pool's AvailableCapacity when another cluster changed it.
 
