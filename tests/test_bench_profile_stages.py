@@ -1,4 +1,5 @@
-"""The bench's CPU-per-stage classifier over py-spy's collapsed stacks (scripts/bench/_profile_stages.py)."""
+"""The bench's CPU-per-stage classifier over py-spy's collapsed stacks
+(scripts/bench/_profile_stages.py)."""
 
 from __future__ import annotations
 
