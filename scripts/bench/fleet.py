@@ -244,9 +244,9 @@ async def _drive(args: argparse.Namespace, fleet: Fleet, obs: Observed,
                 read_histogram, fleet.metrics_port,
                 "bigfleet_operator_node_state_update_duration_seconds")
             # where a machine's wait for a node-state worker goes (docs/wire.md#the-session)
-            for key, name, having in NSU_WAIT_HISTOGRAMS:
-                s[key] = await trio.to_thread.run_sync(read_histogram, fleet.metrics_port, name,
-                                                       having)
+            for key, family, having in NSU_WAIT_HISTOGRAMS:  # not `name`: the phase's, printed
+                s[key] = await trio.to_thread.run_sync(read_histogram, fleet.metrics_port,
+                                                       family, having)
             s["client"] = {}
             for who, port in (("operator", fleet.metrics_port),
                               ("pod-controller", fleet.pc_metrics_port)):

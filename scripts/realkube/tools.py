@@ -2,7 +2,7 @@
 the same cache as the control plane (never into the repository): ``helm`` (the chart under
 charts/) and ``promtool`` (the alert rules under config/monitoring/).
 
-Layout: ``<cache>/tools/helm-v3.22.0/helm``, ``<cache>/tools/promtool-v0.316.0/promtool``.
+Layout: ``<cache>/tools/helm-v3.21.4/helm``, ``<cache>/tools/promtool-v0.316.0/promtool``.
 Idempotent: a tool that exists is not rebuilt; a new pin is a new directory.
 """
 
@@ -19,7 +19,7 @@ from .build import BuildError, cache_dir
 
 __all__ = ["HELM_VERSION", "PROMTOOL_VERSION", "TOOLS", "build_tools", "find_tool"]
 
-HELM_VERSION = "v3.22.0"
+HELM_VERSION = "v3.21.4"
 PROMTOOL_VERSION = "v0.316.0"
 TOOLS = {
     "helm": ("helm.sh/helm/v3/cmd/helm", HELM_VERSION),
