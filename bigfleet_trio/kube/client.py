@@ -27,7 +27,7 @@ from .retry import TRANSIENT, write_retry_on
 from .transport import release_response
 from .watchstream import WatchStream
 
-__all__ = ["KubeClient", "ObjectList", "PatchType", "rfc3339", "rfc3339_micro"]
+__all__ = ["KubeClient", "ObjectList", "PatchType", "parse_rfc3339", "rfc3339", "rfc3339_micro"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,19 @@ def rfc3339(when: dt.datetime | None = None) -> str:
     """``2026-11-21T13:03:09Z`` (Kubernetes Time) for ``when`` (default: now, UTC)."""
     when = when or dt.datetime.now(dt.UTC)
     return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: object) -> dt.datetime | None:
+    """A Kubernetes Time or MicroTime read back: RFC 3339 with a date, a ``T`` and an offset
+    (``Z`` or ``+hh:mm``) -> an aware datetime; None for anything else (not a string, no
+    offset, not a timestamp)."""
+    if not isinstance(text, str) or "T" not in text:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else None
 
 
 class KubeClient(RequestCore):

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from bigfleet_trio.durations import parse_go_duration
+from bigfleet_trio.kube.client import parse_rfc3339
 
 __all__ = ["DO_NOT_DISRUPT", "SAFE_TO_EVICT", "disruption_blocker", "invalid_do_not_disrupt"]
 
@@ -82,20 +83,10 @@ def _duration_protects(value: str, started: object, now: datetime | None) -> str
         return None
     seconds = parse_go_duration(value)
     text = f"annotation {DO_NOT_DISRUPT}={value}"
-    start = _time(started)
+    start = parse_rfc3339(started)
     if start is None:
         return text
     until = start + timedelta(seconds=seconds)
     if now is not None and now >= until:
         return None
     return f"{text} until {until.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
-
-
-def _time(text: object) -> datetime | None:
-    if not isinstance(text, str) or "T" not in text:
-        return None
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return when if when.tzinfo is not None else None

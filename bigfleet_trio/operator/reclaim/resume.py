@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
+from bigfleet_trio.kube.client import parse_rfc3339
 from bigfleet_trio.operator.upcoming.plan import PHASE_DRAINING, rfc3339
 
 from .plan import MAX_LAST_ERROR
@@ -53,15 +54,8 @@ def drain_annotations(node: str, deadline: datetime) -> dict[str, str]:
     return {DRAIN_DEADLINE_ANNOTATION: rfc3339(deadline), DRAIN_NODE_ANNOTATION: node}
 
 
-def parse_deadline(text: object) -> datetime | None:
-    """An RFC 3339 timestamp with an offset (``Z`` or ``+hh:mm``) -> aware datetime, else None."""
-    if not isinstance(text, str) or "T" not in text:
-        return None
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return when if when.tzinfo is not None else None
+parse_deadline = parse_rfc3339
+"""A drain deadline annotation read back (:func:`~bigfleet_trio.kube.client.parse_rfc3339`)."""
 
 
 @dataclass(frozen=True)
