@@ -13,16 +13,7 @@ from bigfleet_trio.sim.demo_world import World, converged_down, reclaims_pending
 from bigfleet_trio.sim.shard.catalog import Catalog, MachineShape
 from bigfleet_trio.sim.shard.engine import EngineConfig, Machine, State
 from bigfleet_trio.sim.shard.session import SimShard
-
-IT = "node.kubernetes.io/instance-type"
-
-
-def _rollup(cpu: str) -> pb.ClusterCapacityNeeds:
-    need = pb.CapacityNeed(
-        requirements=[pb.NodeSelectorRequirement(
-            key=IT, operator=pb.NodeSelectorRequirementOperator.OPERATOR_EXISTS)],
-        aggregate_resources={"cpu": cpu}, min_unit={"cpu": "1"})
-    return pb.ClusterCapacityNeeds(cluster_id="c1", needs=[need])
+from tests.support.rollup import cpu_rollup
 
 
 def _configure(shard: SimShard, effects: list[Any], now: float) -> float:
@@ -49,15 +40,15 @@ def _reused() -> tuple[SimShard, Machine, float]:
                                   reclaim_grace_seconds=1))
     eng = shard.engine
     eng.on_connect("c1", 0.0)
-    now = _configure(shard, eng.on_rollup(_rollup("3"), 1.0), 1.0)
-    eng.on_rollup(_rollup("1"), now)
+    now = _configure(shard, eng.on_rollup(cpu_rollup("3"), 1.0), 1.0)
+    eng.on_rollup(cpu_rollup("1"), now)
     [rec] = eng.reclaims
     eng.on_reclaim_ack(pb.ReclaimAck(rec.instruction_id, 1), now)
     eng.advance(now + 1.0)  # drain_wait -> Draining
     eng.advance(now + 1.5)  # drain_step (and the 1 s grace window) over -> Idle, released
     m = eng.machine(rec.machine_id)
     assert m is not None and not m.bound
-    now = _configure(shard, eng.on_rollup(_rollup("3"), now + 2), now + 2)
+    now = _configure(shard, eng.on_rollup(cpu_rollup("3"), now + 2), now + 2)
     assert m.bound and m.state == State.CONFIGURED
     return shard, m, now
 
@@ -91,8 +82,8 @@ def test_a_reclaimed_machine_not_released_yet_is_still_bound() -> None:
                      EngineConfig(surplus_rollups=1))
     eng = shard.engine
     eng.on_connect("c1", 0.0)
-    now = _configure(shard, eng.on_rollup(_rollup("3"), 1.0), 1.0)
-    eng.on_rollup(_rollup("1"), now)
+    now = _configure(shard, eng.on_rollup(cpu_rollup("3"), 1.0), 1.0)
+    eng.on_rollup(cpu_rollup("1"), now)
     [rec] = eng.reclaims
     world = _world(shard, {f"un-{x.machine_id}": "Ready" for x in eng.bound_machines()})
     assert reclaims_pending(world, shard, 0) == [

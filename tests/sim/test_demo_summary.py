@@ -15,16 +15,7 @@ from bigfleet_trio.sim.demo_world import DemoSummary, World
 from bigfleet_trio.sim.shard.catalog import Catalog, MachineShape
 from bigfleet_trio.sim.shard.engine import EngineConfig, State
 from bigfleet_trio.sim.shard.session import SimShard
-
-IT = "node.kubernetes.io/instance-type"
-
-
-def _rollup(cpu: str) -> pb.ClusterCapacityNeeds:
-    need = pb.CapacityNeed(
-        requirements=[pb.NodeSelectorRequirement(
-            key=IT, operator=pb.NodeSelectorRequirementOperator.OPERATOR_EXISTS)],
-        aggregate_resources={"cpu": cpu}, min_unit={"cpu": "1"})
-    return pb.ClusterCapacityNeeds(cluster_id="c1", needs=[need])
+from tests.support.rollup import cpu_rollup
 
 
 def _four_configured() -> SimShard:
@@ -33,7 +24,7 @@ def _four_configured() -> SimShard:
                      EngineConfig())
     eng = shard.engine
     eng.on_connect("c1", 0.0)
-    now, effects = 1.0, eng.on_rollup(_rollup("7"), 1.0)
+    now, effects = 1.0, eng.on_rollup(cpu_rollup("7"), 1.0)
     while not all(m.state == State.CONFIGURED for m in eng.bound_machines()):
         for e in effects:
             kind, msg = betterproto.which_one_of(getattr(e, "frame", pb.ShardMessage()),
