@@ -399,12 +399,17 @@ async def _start_workload_controllers(nursery: trio.Nursery, rigs: list[ClusterR
                                       say: Callable[[str], None]) -> None:
     """After the scenario, with ``--keep-running``: the workload controllers ``sim cluster``
     runs (Deployment, ReplicaSet, StatefulSet, Job), one set per cluster, so what a user
-    applies with kubectl gets Pods; the binder places them as it placed the scenario's. The
-    scenario's own Pods stay the demo's (their owners are not objects in the apiserver)."""
-    from bigfleet_trio.sim.cluster import WorkloadControllers
+    applies with kubectl gets Pods; the binder places them as it placed the scenario's, and a
+    Job's Pods finish after their run time as ``sim cluster``'s kubelet finishes them (the
+    rest of that kubelet is the binder's: it reports a bound Pod Running). The scenario's own
+    Pods stay the demo's (their owners are not objects in the apiserver)."""
+    from bigfleet_trio.sim.cluster import JobPodFinisher, WorkloadControllers
 
     for rig in rigs:
-        await nursery.start(WorkloadControllers(rig.client).run)
+        controllers = WorkloadControllers(rig.client)
+        finisher = JobPodFinisher(rig.client, controllers.pods)  # its handler before the sync
+        await nursery.start(controllers.run)
+        await nursery.start(finisher.run)
     say(f"workload controllers (Deployment, ReplicaSet, StatefulSet, Job) running in "
         f"{len(rigs)} cluster{'s' if len(rigs) > 1 else ''}")
 

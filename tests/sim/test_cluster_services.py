@@ -214,7 +214,7 @@ async def test_job_pods_finish_and_the_job_completes(
         pods = await pods_of(client, "batch-")
         assert len(pods) == 5
         assert {p["status"]["phase"] for p in pods} == {"Succeeded"}
-        assert services.scheduler.succeeded == 5
+        assert services.scheduler.jobs.succeeded == 5
 
 
 async def test_pods_of_a_deleted_node_are_replaced(autojump_clock: trio.testing.MockClock) -> None:

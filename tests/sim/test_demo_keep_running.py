@@ -21,7 +21,8 @@ import trio
 
 from bigfleet_trio.kube.client import KubeClient
 from bigfleet_trio.kube.config import load_kubeconfig
-from bigfleet_trio.kube.resources import DEPLOYMENTS, PODS
+from bigfleet_trio.kube.resources import DEPLOYMENTS, JOBS, PODS
+from bigfleet_trio.sim.cluster.scheduler import RUN_SECONDS_ANNOTATION
 from bigfleet_trio.sim.demo import run_scenario
 from bigfleet_trio.sim.demo_options import DemoOptions
 from tests.support.kubectl import KUBECTL, run_kubectl
@@ -138,3 +139,56 @@ async def test_a_pod_applied_with_kubectl_shows_on_the_live_page(tmp_path: Path)
     assert before["name"] == "demo-cluster"
     assert not any(d["cpu"] == "2" for d in before["demand"])  # the scenario's was 500m
     assert shows_it(states[-1])
+
+
+def _job(name: str, run_seconds: str) -> dict[str, Any]:
+    """A one-Pod Job whose Pod runs ``run_seconds`` (the simulation's kubelet reads the
+    annotation) once it is Running."""
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"completions": 1, "parallelism": 1, "template": {
+            "metadata": {"annotations": {RUN_SECONDS_ANNOTATION: run_seconds}},
+            "spec": {"restartPolicy": "Never", "containers": [
+                {"name": "work", "image": "registry.k8s.io/pause:3.10",
+                 "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}}}]}}},
+    }
+
+
+async def _job_until(client: KubeClient, name: str,
+                     done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The Job ``name`` in the default namespace once ``done`` holds for it (a get, its watch)."""
+    job = await client.get(JOBS, name, "default")
+    if done(job):
+        return job
+    rv = job["metadata"]["resourceVersion"]
+    async with client.watch(JOBS, "default", resource_version=rv) as events:
+        async for ev in events:
+            if ev.type == "MODIFIED" and ev.object["metadata"]["name"] == name and done(ev.object):
+                return ev.object
+    raise AssertionError(f"the Job watch ended before {name} was done")
+
+
+async def test_a_job_created_after_the_scenario_runs_to_completion(tmp_path: Path) -> None:
+    done: dict[str, Any] = {}
+
+    def succeeded(pods: Pods) -> bool:
+        return any((p.get("status") or {}).get("phase") == "Succeeded"
+                   and any(r.get("kind") == "Job" and r.get("name") == "batch"
+                           for r in p["metadata"].get("ownerReferences") or [])
+                   for p in pods.values())
+
+    async def explore(summary: Any) -> None:
+        assert summary.ok, summary.failure
+        cfg = load_kubeconfig(summary.kubeconfig, env={})
+        async with KubeClient(cfg, qps=0) as client:
+            await client.create(JOBS, _job("batch", "1"), "default")
+            with trio.fail_after(60):  # before: the Pod was bound and ran for ever
+                await _pods_until(client, succeeded)
+            with trio.fail_after(30):  # the Job controller then counts it
+                done.update(await _job_until(client, "batch", lambda j: (
+                    j.get("status") or {}).get("succeeded") == 1))
+
+    with trio.fail_after(200):
+        await run_scenario(_opts(tmp_path), out=io.StringIO(), keep_running=explore)
+    assert done["status"]["succeeded"] == 1

@@ -3,13 +3,16 @@
 Kubernetes clients over HTTP, so they run beside any apiserver (``bigfleet-trio sim cluster``).
 
 - :mod:`.workloads`: pure plans and statuses; :mod:`.controllers`: :class:`WorkloadControllers`;
-- :mod:`.scheduler`: :class:`PodScheduler` (binding, Running/Ready, Job Pods finishing, podgc);
+- :mod:`.scheduler`: :class:`PodScheduler` (binding, Running/Ready, podgc);
+- :mod:`.jobpods`: :class:`JobPodFinisher` (Job Pods succeed after their run time);
 - :mod:`.queue`: the work queue; :mod:`.service`: :func:`run_cluster_services`, :func:`run_cli`.
 """
 
 from .controllers import WorkloadControllers
-from .scheduler import RUN_SECONDS_ANNOTATION, PodScheduler
+from .jobpods import RUN_SECONDS_ANNOTATION, JobPodFinisher
+from .scheduler import PodScheduler
 from .service import ClusterServices, run_cli, run_cluster_services
 
-__all__ = ["ClusterServices", "PodScheduler", "RUN_SECONDS_ANNOTATION", "WorkloadControllers",
+__all__ = ["ClusterServices", "JobPodFinisher", "PodScheduler", "RUN_SECONDS_ANNOTATION",
+           "WorkloadControllers",
            "run_cli", "run_cluster_services"]

@@ -17,10 +17,8 @@ like the small binder's most-allocated score. Pods naming a node are filtered No
 
 from __future__ import annotations
 
-import heapq
 import json
 import logging
-import math
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
@@ -49,14 +47,12 @@ from bigfleet_trio.sim.binder import (
 )
 
 from .controllers import rfc3339_now
-from .workloads import controller_ref
+from .jobpods import RUN_SECONDS_ANNOTATION, JobPodFinisher
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PodScheduler", "RUN_SECONDS_ANNOTATION"]
+__all__ = ["PodScheduler", "RUN_SECONDS_ANNOTATION"]  # the annotation re-exported
 
-#: Per-Job (template) annotation: seconds a Job Pod runs before it succeeds (overrides the default).
-RUN_SECONDS_ANNOTATION = "sim.bigfleet.lucy.sh/run-seconds"
 
 
 def _key(obj: Mapping[str, Any]) -> str:
@@ -120,7 +116,7 @@ class PodScheduler:
         on_event: optional ``(kind, fields)`` callback (``bound``, ``succeeded``), for benchmarks.
 
     Attributes:
-        bound, succeeded, gc_deleted, errors, passes: counters.
+        bound, gc_deleted, errors, passes: counters; ``jobs.succeeded``: Job Pods finished.
     """
 
     def __init__(
@@ -152,15 +148,15 @@ class PodScheduler:
         self._to_start: dict[str, dict[str, Any]] = {}
         self._binding: set[str] = set()
         self._addresses = PodAddresses()
-        self._finishing: list[tuple[float, str, str]] = []
-        self._scheduled_finish: set[str] = set()
         self._wake = trio.Event()
         self._limiter = trio.CapacityLimiter(write_concurrency)
         self.bound = 0
-        self.succeeded = 0
         self.gc_deleted = 0
         self.errors = 0
         self.passes = 0
+        self.jobs = JobPodFinisher(
+            client, self.pods, job_run_seconds=job_run_seconds, limiter=self._limiter,
+            on_succeeded=lambda ns, name: self._emit("succeeded", namespace=ns, name=name))
         self.pods.add_handler(on_add=self._pod_event, on_update=lambda _o, n: self._pod_event(n),
                               on_delete=self._pod_gone)
         self.nodes.add_handler(on_add=lambda _n: self._kick(),
@@ -199,8 +195,6 @@ class PodScheduler:
                     and not pod["metadata"].get("deletionTimestamp")):
                 self._to_start[key] = pod
                 self._kick()
-            elif phase == "Running":
-                self._maybe_schedule_finish(pod)
             return
         self._charge(key, None, None)
         if key in self._assumed:
@@ -241,7 +235,7 @@ class PodScheduler:
             await self.pods.wait_synced()
             await self.nodes.wait_synced()
             nursery.start_soon(self._loop)
-            nursery.start_soon(self._finisher)
+            await nursery.start(self.jobs.run)
             log.info("scheduler synced nodes=%d pods=%d", len(self.nodes.store),
                      len(self.pods.store))
             task_status.started()
@@ -419,85 +413,6 @@ class PodScheduler:
                                         meta.get("namespace"), subresource="status")
         except (ApiError, KubeTransportError) as exc:
             log.info("pod start failed pod=%s: %s", _key(pod), exc)
-
-    def _run_seconds(self, pod: Mapping[str, Any]) -> float | None:
-        ref = controller_ref(pod)
-        if ref is None or ref.get("kind") != "Job":
-            return None
-        text = ((pod.get("metadata") or {}).get("annotations") or {}).get(RUN_SECONDS_ANNOTATION)
-        if text is not None:
-            try:
-                return max(0.0, float(text))
-            except ValueError:
-                log.warning("ignoring %s=%r on pod=%s", RUN_SECONDS_ANNOTATION, text, _key(pod))
-        return self.job_run_seconds
-
-    def _maybe_schedule_finish(self, pod: Mapping[str, Any]) -> None:
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
-        if not uid or uid in self._scheduled_finish:
-            return
-        seconds = self._run_seconds(pod)
-        if seconds is None or not math.isfinite(seconds):
-            return
-        self._scheduled_finish.add(uid)
-        heapq.heappush(self._finishing, (trio.current_time() + seconds, _key(pod), uid))
-        self._kick_finisher()
-
-    _finisher_wake: trio.Event | None = None
-
-    def _kick_finisher(self) -> None:
-        if self._finisher_wake is not None:
-            self._finisher_wake.set()
-
-    async def _finisher(self) -> None:
-        """Kubelet: a Job's Pod that ran its time succeeds (phase Succeeded, not Ready)."""
-        while True:
-            self._finisher_wake = trio.Event()
-            due = self._finishing[0][0] if self._finishing else math.inf
-            with trio.move_on_at(due):
-                await self._finisher_wake.wait()
-            now = trio.current_time()
-            batch: list[tuple[str, str]] = []
-            while self._finishing and self._finishing[0][0] <= now:
-                _, key, uid = heapq.heappop(self._finishing)
-                self._scheduled_finish.discard(uid)
-                batch.append((key, uid))
-            if batch:
-                async with trio.open_nursery() as nursery:
-                    for key, uid in batch:
-                        nursery.start_soon(self._succeed, key, uid)
-
-    async def _succeed(self, key: str, uid: str) -> None:
-        pod = self.pods.store.get(key)
-        if pod is None or pod["metadata"].get("uid") != uid or is_terminal(pod):
-            return
-        ns, name = key.split("/", 1)
-        stamp = rfc3339_now()
-        status = {
-            "phase": "Succeeded",
-            "conditions": [
-                {"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp},
-                {"type": "Ready", "status": "False", "reason": "PodCompleted",
-                 "lastTransitionTime": stamp},
-                {"type": "ContainersReady", "status": "False", "reason": "PodCompleted",
-                 "lastTransitionTime": stamp},
-            ],
-            "containerStatuses": [
-                {"name": c.get("name", ""), "image": c.get("image", ""), "ready": False,
-                 "started": False, "restartCount": 0,
-                 "state": {"terminated": {"exitCode": 0, "reason": "Completed",
-                                          "finishedAt": stamp}}}
-                for c in (pod.get("spec") or {}).get("containers") or [] if isinstance(c, Mapping)
-            ],
-        }
-        try:
-            async with self._limiter:
-                await self.client.patch(PODS, name, {"status": status}, ns, subresource="status")
-        except (ApiError, KubeTransportError) as exc:
-            log.info("pod finish failed pod=%s: %s", key, exc)
-            return
-        self.succeeded += 1
-        self._emit("succeeded", namespace=ns, name=name)
 
     async def _gc_pods(self, node: str, keys: list[str]) -> None:
         """podgc: the Node is gone; its Pods are deleted (controllers recreate them)."""
