@@ -4,6 +4,10 @@
 the README's block and run as written, except free ports and paths for the README's fixed ones
 and a few speed flags (1 s roll-up, 5 s Jobs).
 
+The last test scrapes the same pieces with a real Prometheus (built from its Go module, like
+promtool) holding the shipped alert rules: quiet while a Deployment is served, the three outcome
+alerts firing for a Pod no machine holds and a Pod the roll-up cannot carry.
+
 A Deployment applied with kubectl -> its Pods -> one CapacityRequest each -> the shard provisions
 machines, UpcomingNodes go Ready, Nodes register -> the Pods are bound; ``kubectl scale
 --replicas=0`` -> the shard reclaims the machines -> the operator drains them -> UpcomingNodes and
@@ -76,10 +80,11 @@ class Pieces:
         self.events_argv: list[str] = []
         self.apply_argv: list[str] = []
 
-    async def start(self, nursery: trio.Nursery, name: str, *args: str) -> None:
+    async def start(self, nursery: trio.Nursery, name: str, *args: str,
+                    executable: str = BIN) -> None:
         log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115, ASYNC230 - a local file
         proc = await nursery.start(
-            partial(trio.run_process, [BIN, *args], stdout=log, stderr=log, check=False)
+            partial(trio.run_process, [executable, *args], stdout=log, stderr=log, check=False)
         )
         self.procs.append(proc)
 
@@ -145,7 +150,8 @@ def localize(argv: list[str], subst: dict[str, str]) -> list[str]:
 
 
 @asynccontextmanager
-async def pieces(tmp: Path, real: RealKube | None = None) -> AsyncIterator[Pieces]:
+async def pieces(tmp: Path, real: RealKube | None = None,
+                 operator_args: tuple[str, ...] = ()) -> AsyncIterator[Pieces]:
     p = Pieces(tmp)
     shard_port, op_port, pc_port = free_port(), free_port(), free_port()
     subst = {
@@ -167,7 +173,8 @@ async def pieces(tmp: Path, real: RealKube | None = None) -> AsyncIterator[Piece
     extra = {
         "cluster": ["--job-run-seconds", "5"],
         "pod-controller": ["--health-probe-addr", f"127.0.0.1:{free_port()}"],
-        "operator": ["--health-probe-addr", f"127.0.0.1:{free_port()}", "--rollup-interval", "1s"],
+        "operator": ["--health-probe-addr", f"127.0.0.1:{free_port()}", "--rollup-interval", "1s",
+                     *operator_args],
     }
     async with trio.open_nursery() as nursery:
         if real is not None:  # the real control plane stands where `sim cluster` would
@@ -302,3 +309,147 @@ def _not_bootstrap_failed(ups: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def _ok(run: Awaitable[str]) -> bool:
     return bool(await run)
+
+
+# -- the shipped alerts, evaluated by a real Prometheus over the pieces' /metrics -------------
+
+#: Pods no machine can serve and Pods the roll-up cannot carry, beside a servable Deployment.
+UNSERVABLE = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: too-big, namespace: default}
+spec:
+  containers:
+  - {name: app, image: nginx, resources: {requests: {cpu: "1", memory: 64Ti}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: gt-affinity, namespace: default}
+spec:
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+        - matchExpressions:
+          - {key: example.com/generation, operator: Gt, values: ["3"]}
+  containers:
+  - {name: app, image: nginx, resources: {requests: {cpu: 500m, memory: 1Gi}}}
+"""
+
+OUTCOME_ALERTS = {"BigFleetCapacityRequestsExcluded", "BigFleetDemandNotServed",
+                  "BigFleetNoCapacityOffered"}
+
+
+def prometheus_files(tmp: Path, targets: dict[str, str]) -> Path:
+    """A Prometheus config scraping ``targets`` (job -> HOST:PORT) every second, with the
+    shipped alert rules as written but every ``for`` cut to 2 s (the expressions are what is
+    tested; the durations are the runbooks' and promtool's, tests/helm/test_monitoring.py)."""
+    import yaml
+
+    from tests.support.monitoring import MONITORING
+
+    rules = yaml.safe_load((MONITORING / "alerts.yaml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = "2s"
+    (tmp / "rules.yaml").write_text(yaml.safe_dump(rules))
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(tmp / "rules.yaml")],
+        "scrape_configs": [
+            {"job_name": job, "static_configs": [
+                {"targets": [addr], "labels": {"namespace": "bigfleet-system"}}]}
+            for job, addr in targets.items()],
+    }
+    path = tmp / "prometheus.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+async def alerts(http: httpx.AsyncClient, base: str) -> dict[str, str]:
+    """Alert name -> its state (``pending`` or ``firing``) as Prometheus holds it now."""
+    answer = await http.get(f"{base}/api/v1/alerts")
+    if answer.status_code != 200:
+        return {}
+    states: dict[str, str] = {}
+    for alert in answer.json()["data"]["alerts"]:
+        name = alert["labels"]["alertname"]
+        if states.get(name) != "firing":
+            states[name] = alert["state"]
+    return states
+
+
+async def rule_evaluations(http: httpx.AsyncClient, base: str) -> str:
+    """The newest ``lastEvaluation`` over Prometheus's rule groups ('' before the first)."""
+    answer = await http.get(f"{base}/api/v1/rules")
+    if answer.status_code != 200:
+        return ""
+    return max((g.get("lastEvaluation", "") for g in answer.json()["data"]["groups"]), default="")
+
+
+async def test_outcome_alerts_fire_in_prometheus_over_the_pieces(tmp_path: Path) -> None:
+    """The README's pieces on the sim, scraped by a real Prometheus with the shipped rules:
+    quiet while the one Deployment is served; then a Pod no machine holds (64 Ti of memory)
+    and a Pod with a ``Gt`` requirement fire BigFleetNoCapacityOffered, BigFleetDemandNotServed
+    (after ``--outcome-wait``) and BigFleetCapacityRequestsExcluded."""
+    from scripts.realkube.tools import find_tool
+    from tests.support.realkube import REQUIRE_ENV
+    from tests.support.tiers import PROMETHEUS_SKIP
+
+    binary = find_tool("prometheus")
+    if binary is None:
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{PROMETHEUS_SKIP} ({REQUIRE_ENV} is set)", pytrace=False)
+        pytest.skip(PROMETHEUS_SKIP)
+    async with pieces(tmp_path, operator_args=("--outcome-wait", "3s")) as p, \
+            httpx.AsyncClient(timeout=10) as http:
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        config = prometheus_files(tmp_path, {"bigfleet-operator": p.operator_addr,
+                                             "bigfleet-pod-controller": p.pod_controller_addr})
+        async with trio.open_nursery() as nursery:
+            await p.start(nursery, "prometheus", f"--config.file={config}",
+                          f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                          f"--web.listen-address=127.0.0.1:{port}", executable=binary)
+
+            async def both_scraped() -> bool:
+                try:
+                    answer = await http.get(f"{base}/api/v1/query", params={"query": "up == 1"})
+                except httpx.TransportError:
+                    return False
+                return answer.status_code == 200 and len(answer.json()["data"]["result"]) == 2
+
+            await p.until("Prometheus scraping the operator and the pod controller", both_scraped)
+            await p.until("the apiserver", lambda: _ok(p.kubectl("get", "ns", ok=False)))
+            await p.kubectl("apply", "-f", "-", stdin=DEPLOYMENT.replace("replicas: 3",
+                                                                         "replicas: 1"))
+
+            async def served() -> bool:
+                pods = await p.items("pods", "-l", "app=web")
+                return len(pods) == 1 and bool(pods[0]["spec"].get("nodeName"))
+
+            await p.until("the Deployment's Pod bound on a shard machine", served)
+            # Quiet: several evaluations after the Pod is served, no alert is even pending
+            # (every `for` is 2 s here, so one would be firing by now).
+            first = await rule_evaluations(http, base)
+            marks = {first}
+
+            async def evaluated_thrice_more() -> bool:
+                marks.add(await rule_evaluations(http, base))
+                return len(marks) >= 4
+
+            await p.until("three more rule evaluations", evaluated_thrice_more)
+            assert await alerts(http, base) == {}, p.logs()
+
+            await p.kubectl("apply", "-f", "-", stdin=UNSERVABLE)
+
+            async def outcome_alerts_firing() -> bool:
+                states = await alerts(http, base)
+                return all(states.get(a) == "firing" for a in OUTCOME_ALERTS)
+
+            await p.until("the three outcome alerts firing", outcome_alerts_firing, 120)
+            states = await alerts(http, base)
+            # nothing but the outcomes: the plumbing stays healthy throughout
+            assert set(states) == OUTCOME_ALERTS, states
+            nursery.cancel_scope.cancel()

@@ -14,11 +14,13 @@ from scripts.realkube import BUILD_HINT
 from tests.interop._peer import NO_GO
 from tests.support.realkube import SKIP_REASON as REALKUBE_SKIP
 
-__all__ = ["CHROMIUM_SKIP", "HELM_SKIP", "MATPLOTLIB_SKIP", "PROMTOOL_SKIP", "TIERS",
+__all__ = ["CHROMIUM_SKIP", "HELM_SKIP", "MATPLOTLIB_SKIP", "PROMETHEUS_SKIP", "PROMTOOL_SKIP",
+           "TIERS",
            "pytest_terminal_summary"]
 
 HELM_SKIP = f"helm not built: run `{BUILD_HINT}`"
 PROMTOOL_SKIP = f"promtool not built: run `{BUILD_HINT}`"
+PROMETHEUS_SKIP = f"prometheus not built: run `{BUILD_HINT}`"
 MATPLOTLIB_SKIP = "matplotlib not installed: pip install -e '.[bench]'"
 CHROMIUM_SKIP = "chromium not installed: apt-get install chromium (Debian's package)"
 
@@ -26,6 +28,7 @@ TIERS = {
     "realkube": REALKUBE_SKIP,
     "helm": HELM_SKIP,
     "promtool": PROMTOOL_SKIP,
+    "prometheus": PROMETHEUS_SKIP,
     "interop": NO_GO,
     "bench plots": MATPLOTLIB_SKIP,
     "chromium": CHROMIUM_SKIP,
