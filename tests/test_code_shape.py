@@ -164,3 +164,44 @@ def test_one_free_port_and_one_capacity_request_builder() -> None:
     copies = [path for path, node in _test_functions("cr", "_cr")
               if path != "support/capacity.py" and "capacity.cr(" not in ast.unparse(node)]
     assert set(copies) <= _KUBE_LAYER_CR_FIXTURES, sorted(set(copies) - _KUBE_LAYER_CR_FIXTURES)
+
+
+# Package archives and compiled binaries are built or downloaded, never committed
+# (CONTRIBUTING.md "House style": tools build into ~/.cache, packages come from the index);
+# compressed data the code reads (a .json.gz schema) is not one.
+_BUILT_SUFFIXES = (".whl", ".egg", ".tar.gz", ".tgz", ".zip", ".so", ".exe", ".jar", ".pyc")
+_BINARY_MAGIC = (b"\x7fELF", b"PK\x03\x04", b"MZ", b"\xcf\xfa\xed\xfe")
+
+
+def _built_artifact(path: str, head: bytes) -> bool:
+    """True for a package archive or a compiled binary, by name or by its first bytes."""
+    return path.endswith(_BUILT_SUFFIXES) or head.startswith(_BINARY_MAGIC)
+
+
+@pytest.mark.parametrize(("path", "head", "expected"), [
+    ("h2-4.4.1-py3-none-any.whl", b"PK\x03\x04", True),
+    ("bin/kube-apiserver", b"\x7fELF\x02\x01", True),
+    ("dist/x.tar.gz", b"\x1f\x8b\x08", True),
+    ("bigfleet_trio/sim/apiserver/builtin-schemas.json.gz", b"\x1f\x8b\x08", False),
+    ("docs/images/demo-page.png", b"\x89PNG\r\n", False),
+    ("scripts/build-goshard", b"#!/usr/bin/env bash", False),
+    ("README.md", b"# bigfleet-trio", False),
+])
+def test_built_artifact_detector(path: str, head: bytes, expected: bool) -> None:
+    assert _built_artifact(path, head) is expected
+
+
+def test_no_archive_or_binary_is_committed() -> None:
+    import subprocess
+
+    repo = ROOT.parent
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=repo, check=True,
+                             capture_output=True).stdout.decode().split("\0")
+    files = [p for p in tracked if p and (repo / p).is_file()]
+    assert files, "git ls-files listed nothing"
+    found = []
+    for path in files:
+        with open(repo / path, "rb") as fh:
+            if _built_artifact(path, fh.read(8)):
+                found.append(path)
+    assert found == []
