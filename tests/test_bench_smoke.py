@@ -22,7 +22,7 @@ def test_every_scenario_registers() -> None:
     names = load_scenarios(sub, parent)
     assert {
         "rollup", "informer", "nodestate", "podcontroller", "reclaim", "connect", "apiserver",
-        "stream",
+        "stream", "kubehttp",
     } <= set(names)
 
 
