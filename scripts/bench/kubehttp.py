@@ -33,14 +33,6 @@ NAMESPACE = "bench-kubehttp"
 _STACKS = ("ours", "httpcore-h1", "httpcore-h2")
 
 
-def _proc_cpu(pid: int) -> float:
-    """utime + stime of ``pid`` in seconds (Linux /proc)."""
-    import os
-
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _configmap(name: str) -> bytes:
     import orjson
 
@@ -127,6 +119,7 @@ async def _run_stack(stack: str, kubeconfig: str, pods: int, workers: int, prefi
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import trio
 
+    from scripts.bench._podcontroller_probe import cpu_seconds
     from scripts.bench.podcontroller import rotate
 
     pods = args.pods or (200 if args.quick else 2000)
@@ -139,7 +132,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         R.binaries()
     except SystemExit as exc:
         return C.result("kubehttp", params, [], [f"skipped: {exc}"])
-    notes: list[str] = []
     stacks = list(_STACKS)
 
     with tempfile.TemporaryDirectory(prefix="bench-kubehttp-") as tmp:
@@ -160,10 +152,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 trio.run(_run_stack, stack, kubeconfig, 20, args.workers, f"warm-{stack}")
             for rnd in range(rounds):
                 for stack in rotate(stacks, rnd):
-                    s0 = _proc_cpu(server_pid)
+                    s0 = cpu_seconds(server_pid)
                     secs, used = trio.run(_run_stack, stack, kubeconfig, pods, args.workers,
                                           f"r{rnd}-{stack}")
-                    server[stack].append((_proc_cpu(server_pid) - s0) / (2 * pods) * 1e3)
+                    server[stack].append((cpu_seconds(server_pid) - s0) / (2 * pods) * 1e3)
                     cpu[stack].append(used / (2 * pods) * 1e3)
                     wall[stack].append(secs)
         finally:
@@ -180,7 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                 baseline_label="ours"))
     for stack in stacks:
         figures.append(C.figure(f"{stack} wall time for {2 * pods} requests", "s", wall[stack]))
-    return C.result("kubehttp", params, figures, notes)
+    return C.result("kubehttp", params, figures, [])
 
 
 def register(sub: Any) -> None:
